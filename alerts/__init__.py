@@ -1,0 +1,1 @@
+"""Prometheus alert rules generated from the metric catalogue."""

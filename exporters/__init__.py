@@ -1,0 +1,1 @@
+"""Sidecar exporters: engine scrapes, GPU telemetry and tenant metering, in one schema."""

@@ -1,0 +1,45 @@
+"""The two small interfaces every sidecar component implements.
+
+A ``Collector`` turns one source (the engine's /metrics, NVML, a dcgm-exporter) into
+catalogue families; the sidecar times it, bounds it, and reports its success. A
+``ReadinessSource`` contributes conditions to ``/readyz`` so that a replica with a dead
+engine, a broken GPU or failing quality probes drops out of every router by itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from prometheus_client.core import Metric
+
+
+@runtime_checkable
+class Collector(Protocol):
+    #: value of the ``collector`` label on ``inferwatch_collector_*`` self-metrics
+    name: str
+
+    async def collect(self) -> Sequence[Metric]:
+        """Read the source once and return filled catalogue families.
+
+        Raise on failure: the sidecar turns the exception into ``collector_success 0`` and a
+        log line, and keeps serving every other collector's metrics.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One reason a replica should, or should not, take traffic."""
+
+    name: str
+    ok: bool
+    reason: str = ""
+
+
+@runtime_checkable
+class ReadinessSource(Protocol):
+    def readiness(self) -> Sequence[Condition]:
+        """Current conditions; must be cheap and must not block (no I/O)."""
+        ...

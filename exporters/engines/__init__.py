@@ -1,0 +1,1 @@
+"""Engine adapters: one module per engine maps its /metrics onto the catalogue."""

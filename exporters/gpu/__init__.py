@@ -1,0 +1,1 @@
+"""GPU telemetry: NVML, dcgm-exporter and recorded replays behind one interface."""

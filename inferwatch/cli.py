@@ -1,0 +1,60 @@
+"""The ``inferwatch`` console script.
+
+Subcommands live next to the code they drive and are imported only when used, so that
+``inferwatch scrape`` does not pay for the simulator's imports. Every option has an
+environment twin, ``INFERWATCH_<SUBCOMMAND>_<OPTION>`` (shown in each ``--help``).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from inferwatch import __version__, logs
+
+# name -> (module, attribute) of a click command
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "sidecar": ("inferwatch.exporters.sidecar_cli", "sidecar"),
+    "scrape": ("inferwatch.exporters.sidecar_cli", "scrape"),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in SUBCOMMANDS:
+            return None
+        module_name, attribute = SUBCOMMANDS[cmd_name]
+        command = getattr(importlib.import_module(module_name), attribute)
+        assert isinstance(command, click.Command)
+        return command
+
+
+@click.group(
+    cls=LazyGroup,
+    context_settings={
+        "auto_envvar_prefix": "INFERWATCH",
+        "show_default": True,
+        "help_option_names": ["-h", "--help"],
+    },
+)
+@click.version_option(__version__, prog_name="inferwatch")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_envvar=True,
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["auto", "json", "text"]),
+    default="auto",
+    show_envvar=True,
+    help="auto: JSON lines unless stderr is a terminal.",
+)
+def main(log_level: str, log_format: str) -> None:
+    """Observability and SRE toolkit for LLM inference fleets."""
+    logs.configure(log_level, None if log_format == "auto" else log_format == "json")

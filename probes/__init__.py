@@ -1,0 +1,1 @@
+"""Golden-answer quality probes and degeneracy detectors."""

@@ -1,0 +1,1 @@
+"""Runbooks and the automation that acts on alerts."""
