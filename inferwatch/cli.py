@@ -17,6 +17,12 @@ from inferwatch import __version__, logs
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sidecar": ("inferwatch.exporters.sidecar_cli", "sidecar"),
     "scrape": ("inferwatch.exporters.sidecar_cli", "scrape"),
+    "capacity": ("inferwatch.capacity_cli", "capacity"),
+    "sim": ("inferwatch.sim.cli", "sim"),
+    "demo": ("inferwatch.demo", "demo"),
+    "proxy": ("inferwatch.exporters.tenancy.cli", "proxy"),
+    "probe": ("inferwatch.probes.cli", "probe"),
+    "gate": ("inferwatch.probes.cli", "gate"),
 }
 
 
