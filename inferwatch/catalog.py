@@ -104,8 +104,13 @@ class Catalog(Mapping[str, MetricSpec]):
     def __len__(self) -> int:
         return len(self._specs)
 
-    def family(self, key: str) -> Metric:
-        """A fresh, empty family for ``key``."""
+    def family(self, key: str) -> Any:
+        """A fresh, empty family for ``key``.
+
+        It is the prometheus_client ``CounterMetricFamily``, ``GaugeMetricFamily`` or
+        ``HistogramMetricFamily`` the entry's type calls for; typed ``Any`` because their
+        ``add_metric`` signatures differ and the caller knows which one it asked for.
+        """
         return self[key].new_family()
 
     def by_collector(self, collector: str) -> list[MetricSpec]:
@@ -143,8 +148,17 @@ def _parse_alias(raw: Any, where: str) -> Alias:
 
 
 _ENTRY_FIELDS = {
-    "key", "name", "type", "unit", "help", "collector", "identity", "labels", "sources",
-    "aggregate", "semconv",
+    "key",
+    "name",
+    "type",
+    "unit",
+    "help",
+    "collector",
+    "identity",
+    "labels",
+    "sources",
+    "aggregate",
+    "semconv",
 }
 
 

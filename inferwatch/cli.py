@@ -17,6 +17,7 @@ from inferwatch import __version__, logs
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sidecar": ("inferwatch.exporters.sidecar_cli", "sidecar"),
     "scrape": ("inferwatch.exporters.sidecar_cli", "scrape"),
+    "generate": ("inferwatch.generate", "generate"),
     "capacity": ("inferwatch.capacity_cli", "capacity"),
     "sim": ("inferwatch.sim.cli", "sim"),
     "demo": ("inferwatch.demo", "demo"),

@@ -7,10 +7,16 @@ exist at once; the guard below fails the run when that happens.
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import os
 import shutil
+import socket
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -21,9 +27,7 @@ BARE_NAMES = ("exporters", "probes", "dashboards", "alerts", "runbooks")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    leaked = sorted(
-        name for name in sys.modules if name.split(".")[0] in BARE_NAMES
-    )
+    leaked = sorted(name for name in sys.modules if name.split(".")[0] in BARE_NAMES)
     if leaked:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         print(f"\nimport-mapping guard: bare top-level modules were imported: {leaked}")
@@ -73,3 +77,112 @@ def golden(request: pytest.FixtureRequest) -> Callable[[Path, str], None]:
         )
 
     return check
+
+
+class _PageHandler(BaseHTTPRequestHandler):
+    """Serves engine pages the way real and broken engines do; see ``page_server``."""
+
+    server: _PageServer
+
+    def log_message(self, format: str, *args: object) -> None:  # keep test output clean
+        pass
+
+    def do_GET(self) -> None:
+        self.server.hits[self.path] = self.server.hits.get(self.path, 0) + 1
+        mode, _, rest = self.path.strip("/").partition("/")
+        if mode == "fixture":
+            name = rest.removesuffix("/metrics")
+            self._send(200, (FIXTURES / "engines" / f"{name}.prom").read_bytes())
+        elif mode == "page":
+            self._send(200, self.server.page)
+        elif mode == "slow":
+            time.sleep(float(rest.split("/")[0]))
+            self._send(200, self.server.page)
+        elif mode == "hang":  # headers, then silence until the test ends
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            self.server.release.wait(30)
+        elif mode == "html":
+            self._send(200, b"<html><body>502 Bad Gateway</body></html>", "text/html")
+        elif mode == "html-as-text":
+            self._send(200, b"<html><body>Loading model...</body></html>\n")
+        elif mode == "error":
+            self._send(500, b"Internal Server Error\n")
+        elif mode == "empty":
+            self._send(200, b"")
+        elif mode == "huge":
+            self._send(200, b"# padding\n" * 200_000)
+        elif mode == "gzip":
+            self._send(200, gzip.compress(self.server.page), encoding="gzip")
+        else:
+            self._send(404, b"not found\n")
+
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "text/plain; version=0.0.4",
+        encoding: str | None = None,
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if encoding:
+            self.send_header("Content-Encoding", encoding)
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            self.wfile.write(body)
+
+
+class _PageServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _PageHandler)
+        self.hits: dict[str, int] = {}
+        self.page = b""
+        self.release = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture
+def page_server() -> Iterator[_PageServer]:
+    """A local HTTP server standing in for an engine (the one remote thing tests lack).
+
+    Paths: /fixture/<name>/metrics serves tests/fixtures/engines/<name>.prom; /page/metrics
+    serves ``server.page``; /slow/<seconds>/metrics, /hang/metrics, /html/metrics,
+    /html-as-text/metrics, /error/metrics, /empty/metrics, /huge/metrics (2 MB), and
+    /gzip/metrics (``server.page`` gzip-encoded) behave as their names say.
+    """
+    server = _PageServer()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def new_port() -> Callable[[], int]:
+    """A factory of free loopback ports, for tests that start several servers."""
+    return free_port
+
+
+@pytest.fixture
+def unused_port() -> int:
+    """A loopback port nothing listens on (for 'engine down' and for servers under test)."""
+    return free_port()

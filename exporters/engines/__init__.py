@@ -1,1 +1,120 @@
-"""Engine adapters: one module per engine maps its /metrics onto the catalogue."""
+"""Engine adapters: map an engine's /metrics page onto the catalogue's engine signals.
+
+The catalogue says how each engine spells each signal; ``mapping`` reads those spellings off
+a parsed page; the module of each engine holds only what is particular to it (its model
+label, its rank labels, the signals it yields through arithmetic, its version endpoint).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+
+import httpx
+from prometheus_client.core import Metric
+
+from inferwatch import catalog
+from inferwatch.exporters.engines import llamacpp, mapping, sglang, tgi, triton, vllm
+from inferwatch.exporters.textformat import Exposition
+
+ENGINES: tuple[str, ...] = ("vllm", "sglang", "tgi", "llamacpp", "triton")
+
+_ADAPTERS: dict[str, mapping.Adapter] = {
+    adapter.name: adapter
+    for adapter in (
+        vllm.ADAPTER,
+        sglang.ADAPTER,
+        tgi.ADAPTER,
+        llamacpp.ADAPTER,
+        triton.ADAPTER,
+    )
+}
+
+#: family-name prefixes (``:`` read as ``_``) that identify an engine, checked in this order.
+#: TensorRT-LLM's gauges come first and Triton's core families last because Triton's vLLM
+#: backend re-exports ``vllm:`` families next to ``nv_inference_*``: that page is read as
+#: vLLM's, which it mostly is.
+DETECTION_RULES: tuple[tuple[str, str], ...] = (
+    ("nv_trt_llm_", "triton"),
+    ("vllm_", "vllm"),
+    ("sglang_", "sglang"),
+    ("tgi_", "tgi"),
+    ("llamacpp_", "llamacpp"),
+    ("nv_inference_", "triton"),
+)
+
+
+def detect(exposition: Exposition) -> str | None:
+    """The engine that served this page, or None when no known engine's families are on it."""
+    names = [name.replace(":", "_") for name in exposition.families]
+    for prefix, engine in DETECTION_RULES:
+        if any(name.startswith(prefix) for name in names):
+            return engine
+    return None
+
+
+def normalize(exposition: Exposition, engine: str, identity: Mapping[str, str]) -> list[Metric]:
+    """Catalogue families for every engine signal this page has data for, in catalogue order.
+
+    A signal the page lacks yields no family (absent, not zero). ``identity`` gives the
+    catalogue's engine identity labels (missing ones are ""). Its ``model`` (and Triton's
+    ``model_version``) applies only to samples without a model label of their own, and on a
+    vLLM or SGLang page that names exactly one model, those samples take that model.
+    """
+    return _plan(engine).run(exposition, identity)
+
+
+@functools.cache
+def wanted(engine: str) -> Callable[[str], bool]:
+    """Family-name filter for ``textformat.parse(wanted=...)``: the families ``normalize``
+    reads on this engine's pages (with the engine known, the rest need not be parsed)."""
+    return _plan(engine).family_filter()
+
+
+@functools.cache
+def _plan(engine: str) -> mapping.Plan:
+    return mapping.plan(catalog.load(), _adapter(engine))
+
+
+def _adapter(engine: str) -> mapping.Adapter:
+    try:
+        return _ADAPTERS[engine]
+    except KeyError:
+        raise ValueError(
+            f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}"
+        ) from None
+
+
+async def read_version(client: httpx.AsyncClient, base_url: str, engine: str) -> dict[str, str]:
+    """``engine_version`` and ``model`` from the engine's info endpoint; {} when unavailable.
+
+    Best effort: a missing endpoint, an error status, a body that is not a JSON object or a
+    connection failure all give {}; endpoints are tried in the adapter's order.
+    """
+    adapter = _ADAPTERS.get(engine)
+    if adapter is None:
+        return {}
+    for endpoint in adapter.version_endpoints:
+        try:
+            response = await client.get(base_url.rstrip("/") + endpoint.path)
+            document = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError):
+            continue
+        if isinstance(document, dict):
+            found = _fields(document, endpoint.fields)
+            if found:
+                return found
+    return {}
+
+
+def _fields(
+    document: Mapping[str, object], fields: Mapping[str, tuple[str, ...]]
+) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for key, names in fields.items():
+        for name in names:
+            value = document.get(name)
+            if isinstance(value, (str, int, float)) and not isinstance(value, bool) and value != "":
+                found[key] = str(value)
+                break
+    return found

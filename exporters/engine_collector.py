@@ -1,0 +1,175 @@
+"""The engine collector: one scrape of the engine, mapped onto the catalogue.
+
+It also keeps the engine's health: ``inferwatch_engine_up``, scrape errors by reason,
+malformed lines and page size are emitted on every sidecar scrape, including the ones where
+the engine is down, and the ``engine`` readiness condition follows the last outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+from prometheus_client.core import Metric
+
+from inferwatch import catalog
+from inferwatch.exporters import engines, textformat
+from inferwatch.exporters.collector import Condition
+from inferwatch.exporters.engine_scrape import EngineScraper, ScrapeFailure
+from inferwatch.logs import log_event
+
+log = logging.getLogger("inferwatch.engine")
+
+#: identity labels the engine itself can tell us (read from its version endpoint)
+DISCOVERABLE = ("engine_version", "model")
+VERSION_RETRY_SECONDS = 60.0
+
+
+class EngineCollector:
+    """Collector and readiness source for one engine behind one /metrics URL."""
+
+    name = "engine"
+
+    def __init__(
+        self,
+        scraper: EngineScraper,
+        identity: Mapping[str, str],
+        *,
+        engine: str | None = None,
+        base_url: str | None = None,
+    ):
+        """``identity`` holds the values given by flags; empty ones may be discovered.
+
+        ``engine`` fixes the engine type instead of detecting it from each page, and
+        ``base_url`` is where its version endpoint lives (default: the scrape URL's origin).
+        """
+        self.scraper = scraper
+        self.fixed_engine = engine
+        self.base_url = base_url or _origin(scraper.url)
+        self._given = {k: v for k, v in identity.items() if v}
+        self._discovered: dict[str, str] = {}
+        self._version_task: asyncio.Task[None] | None = None
+        self._version_checked_at = -VERSION_RETRY_SECONDS
+        self.engine: str | None = engine
+        self.up = False
+        self.last_error = "no scrape yet"
+        self.last_outcome_at = 0.0
+        self.errors: Counter[str] = Counter()
+        self.malformed_lines = 0
+        self.page_size = 0
+
+    @property
+    def identity(self) -> dict[str, str]:
+        labels = {label: "" for label in catalog.load().identities["engine"]}
+        labels.update(self._discovered)
+        labels.update(self._given)
+        labels["engine"] = self.engine or self._given.get("engine", "")
+        return labels
+
+    async def collect(self, deadline: float | None = None) -> Sequence[Metric]:
+        try:
+            families = await self._collect(deadline)
+        except ScrapeFailure as failure:
+            self._record_failure(failure)
+            raise
+        except Exception as exc:  # a page that trips a bug in an adapter must not take us down
+            log.exception("engine page could not be mapped")
+            failure = ScrapeFailure("internal", f"{type(exc).__name__}: {exc}")
+            self._record_failure(failure)
+            raise failure from exc
+        self.up = True
+        self.last_error = ""
+        self.last_outcome_at = time.monotonic()
+        return families
+
+    async def _collect(self, deadline: float | None) -> list[Metric]:
+        page = await self.scraper.fetch(deadline)
+        self.page_size = len(page.body)
+        exposition = textformat.parse(page.body)
+        self.malformed_lines += exposition.malformed_lines
+        if not exposition.families:
+            raise ScrapeFailure("not_metrics", "the page holds no metric samples")
+        engine = self.fixed_engine or engines.detect(exposition)
+        if engine is None:
+            raise ScrapeFailure(
+                "unknown_engine",
+                "no known engine's metrics on the page; set --engine to one of "
+                + ", ".join(engines.ENGINES),
+            )
+        self.engine = engine
+        self._maybe_discover_version(engine)
+        return engines.normalize(exposition, engine, self.identity)
+
+    def _record_failure(self, failure: ScrapeFailure) -> None:
+        self.errors[failure.reason] += 1
+        if self.up or failure.detail != self.last_error:
+            log_event(
+                log,
+                logging.WARNING,
+                "engine scrape failed",
+                reason=failure.reason,
+                detail=failure.detail,
+                url=self.scraper.url,
+            )
+        self.up = False
+        self.last_error = failure.detail
+        self.last_outcome_at = time.monotonic()
+
+    def _maybe_discover_version(self, engine: str) -> None:
+        """Ask the engine's version endpoint in the background, now and then, until it answers."""
+        if all(self._given.get(k) or self._discovered.get(k) for k in DISCOVERABLE):
+            return
+        if self._version_task is not None and not self._version_task.done():
+            return
+        now = time.monotonic()
+        if now - self._version_checked_at < VERSION_RETRY_SECONDS:
+            return
+        self._version_checked_at = now
+        self._version_task = asyncio.create_task(self._discover_version(engine))
+
+    async def _discover_version(self, engine: str) -> None:
+        found = await engines.read_version(self.scraper.client, self.base_url, engine)
+        self._discovered.update({k: v for k, v in found.items() if k in DISCOVERABLE and v})
+        if found:
+            log_event(log, logging.INFO, "engine identified", engine=engine, **found)
+
+    def status_families(self) -> list[Metric]:
+        """Health of the engine scrape; emitted whether or not the last scrape succeeded."""
+        cat = catalog.load()
+        identity = self.identity
+        up = cat.family("engine_up")
+        up.add_metric([identity[label] for label in cat["engine_up"].label_names], int(self.up))
+        errors = cat.family("engine_scrape_errors")
+        for reason, count in sorted(self.errors.items()):
+            errors.add_metric([reason], count)
+        malformed = cat.family("engine_scrape_parse_errors")
+        malformed.add_metric([], self.malformed_lines)
+        size = cat.family("engine_scrape_size")
+        size.add_metric([], self.page_size)
+        return [up, errors, malformed, size]
+
+    def readiness(self) -> Sequence[Condition]:
+        if self.up:
+            return [Condition("engine", True, f"{self.engine} answering")]
+        return [Condition("engine", False, self.last_error)]
+
+    async def refresh(self, max_age: float) -> None:
+        """Scrape again when the last outcome is older than ``max_age`` seconds (for /readyz)."""
+        if time.monotonic() - self.last_outcome_at < max_age:
+            return
+        with contextlib.suppress(ScrapeFailure):  # recorded; readiness reports it
+            await self.collect()
+
+    async def aclose(self) -> None:
+        if self._version_task is not None:
+            self._version_task.cancel()
+        await self.scraper.aclose()
+
+
+def _origin(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0]}"

@@ -1,0 +1,694 @@
+"""Reading catalogue signals off a parsed engine page: the mechanics every adapter shares.
+
+A page is indexed once per scrape by *folded* family name (``:`` read as ``_``, a trailing
+``_total`` dropped), so ``vllm:prompt_tokens_total``, ``vllm_prompt_tokens_total`` and a
+TGI-style ``tgi_request_success`` without ``_total`` are all found under the spelling the
+catalogue writes. Only the families an alias names are ever visited sample by sample.
+
+Each source sample is mapped to the output label values it determines (the engine's model
+label, the entry's own labels). Samples that map to the same values are combined, which is
+how vLLM's data-parallel ``engine`` ranks and SGLang's rank labels are aggregated away:
+counters, gauges and histogram buckets are summed, ``aggregate: max`` entries take the
+largest value. Histograms keep the source's bucket boundaries, scaled to base units.
+
+An entry's aliases are tried in catalogue order and the first one with data on the page
+wins, so a release that still shows a deprecated name next to its replacement is not
+counted twice. Signals an engine only yields through arithmetic are declared per engine as
+a ``Derivation`` and computed here with the same readers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from prometheus_client.core import Metric
+from prometheus_client.samples import Sample as OutputSample
+from prometheus_client.utils import floatToGoString
+
+from inferwatch.catalog import Alias, Catalog, MetricSpec
+from inferwatch.exporters.textformat import Exposition, Sample
+
+#: output label values a sample determines; None where the sample lacks the source label
+Key = tuple[str | None, ...]
+
+_UNTYPED = frozenset({"unknown", "untyped", ""})
+_WITH_CREATED = frozenset({"counter", "histogram", "summary"})
+_STRAY_SUFFIXES = ("_bucket", "_count", "_sum", "_created", "_total")
+
+
+def fold(name: str) -> str:
+    """The spelling under which aliases and page families meet."""
+    try:
+        return _FOLDED[name]
+    except KeyError:
+        pass
+    folded = name.replace(":", "_")
+    if folded.endswith("_total"):
+        folded = folded[:-6]
+    if len(_FOLDED) < 100_000:  # names recur every scrape; a hostile page must not grow memory
+        _FOLDED[name] = folded
+    return folded
+
+
+_FOLDED: dict[str, str] = {}
+#: how prometheus_client writes ``le`` (1.0, 2.5, +Inf); it is untyped, hence the annotation
+_format_boundary: Callable[[float], str] = floatToGoString
+
+
+# --------------------------------------------------------------------------------------------
+# The page index
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Entry:
+    type: str
+    samples: list[Sample]
+
+
+class Page:
+    """An exposition's families by folded name, built once per scrape.
+
+    Series a parser filed as untyped families of their own although their stem has a typed
+    family (prometheus_client's OpenMetrics writer declares ``# TYPE vllm:x counter`` but
+    writes ``vllm_x_total``) are put back under that family; untyped ``_bucket`` series of
+    a page without ``# TYPE`` lines become a histogram of their stem.
+    """
+
+    __slots__ = ("entries",)
+
+    def __init__(self, exposition: Exposition):
+        entries: dict[str, _Entry] = {}
+        strays = []
+        for name, family in exposition.families.items():
+            if family.type in _UNTYPED:
+                strays.append(family)
+            else:
+                entries[fold(name)] = _Entry(family.type, family.samples)
+        if strays:
+            strays.sort(key=lambda family: not family.name.endswith("_bucket"))
+            for family in strays:
+                stem = _stem(family.name)
+                home = entries.get(stem) if stem else None
+                if home is not None and home.type in _UNTYPED:
+                    home = None  # an untyped `x_created` next to an untyped `x_total`
+                if home is None and stem and family.name.endswith("_bucket"):
+                    home = entries[stem] = _Entry("histogram", [])
+                if home is None:
+                    entries[fold(family.name)] = _Entry(family.type, family.samples)
+                else:
+                    home.samples = home.samples + family.samples
+        self.entries = entries
+
+    def find(self, how: Reading) -> tuple[_Entry, str] | None:
+        """The entry a reading names, and the series suffix it selects ('' for all).
+
+        An alias ending in ``_sum`` or ``_count`` that names no family of its own reads that
+        series of the histogram or summary it belongs to.
+        """
+        entry = self.entries.get(how.name)
+        if entry is not None:
+            return entry, ""
+        if how.part:
+            entry = self.entries.get(how.name[: -len(how.part)])
+            if entry is not None and entry.type in ("histogram", "summary"):
+                return entry, how.part
+        return None
+
+
+def _stem(name: str) -> str | None:
+    """The folded family name a series name belongs to, if it has a series suffix."""
+    name = name.replace(":", "_")
+    for suffix in _STRAY_SUFFIXES:
+        if name.endswith(suffix):
+            return fold(name[: -len(suffix)])
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Readers
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One alias of one entry on one engine, prepared once per engine.
+
+    ``name`` is the alias folded; ``part`` is ``_sum``/``_count`` when the alias may name
+    that series of a histogram. ``sources`` are the source labels behind the output labels
+    that vary per sample, and ``slots`` their positions among the entry's label names.
+    """
+
+    alias: Alias
+    name: str
+    part: str
+    sources: tuple[str, ...]
+    slots: tuple[int, ...]
+    match: tuple[tuple[str, str], ...]
+    value_label: str | None = None
+
+
+def reading(
+    spec: MetricSpec,
+    alias: Alias,
+    identity_sources: Mapping[str, str],
+    value_label: str | None = None,
+) -> Reading:
+    """How to read ``alias`` for ``spec`` on an engine whose identity labels come from
+    ``identity_sources`` (our label -> the engine's, e.g. model -> model_name)."""
+    sources: list[str] = []
+    slots: list[int] = []
+    for slot, label in enumerate(spec.label_names):
+        if label in spec.labels:
+            sources.append(alias.labels.get(label, label))
+        elif label in identity_sources:
+            sources.append(identity_sources[label])
+        else:
+            continue
+        slots.append(slot)
+    name = fold(alias.metric)
+    part = next((p for p in ("_sum", "_count") if name.endswith(p)), "")
+    return Reading(
+        alias,
+        name,
+        part,
+        tuple(sources),
+        tuple(slots),
+        tuple(alias.match.items()),
+        value_label,
+    )
+
+
+def read_values(
+    page: Page, how: Reading, aggregate: str, replica_labels: frozenset[str] = frozenset()
+) -> dict[Key, float]:
+    """Counter or gauge values by output key, in base units; empty when nothing matches.
+
+    Series that differ only in ``replica_labels`` report the same work (every tensor-parallel
+    rank of an SGLang scheduler sees the same batch): they collapse by max first.
+    """
+    found = page.find(how)
+    if found is None:
+        return {}
+    entry, part = found
+    if not part and entry.type in ("histogram", "summary"):
+        return {}
+    skip_created = not part and entry.type in _WITH_CREATED
+    match = how.match
+    sources = how.sources
+    scale = how.alias.scale
+    value_label = how.value_label
+    take_max = aggregate == "max"
+    values: dict[Key, float] = {}
+    replicas: dict[tuple[Key, tuple[tuple[str, str], ...]], float] = {}
+    for sample in entry.samples:
+        name = sample.name
+        if part:
+            if not name.endswith(part):
+                continue
+        elif skip_created and name.endswith("_created"):
+            continue
+        labels = sample.labels
+        if match and any(labels.get(k) != v for k, v in match):
+            continue
+        if value_label is None:
+            value = sample.value
+        else:
+            label_value = _number(labels.get(value_label))
+            if label_value is None:
+                continue
+            value = label_value
+        if scale != 1.0:
+            value = to_base_unit(value, scale)
+        key = tuple(map(labels.get, sources))
+        if replica_labels and not replica_labels.isdisjoint(labels):
+            work = (key, tuple(sorted(i for i in labels.items() if i[0] not in replica_labels)))
+            seen = replicas.get(work)
+            if seen is None or value > seen:
+                replicas[work] = value
+            continue
+        _combine(values, key, value, take_max)
+    for (key, _), value in replicas.items():
+        _combine(values, key, value, take_max)
+    return values
+
+
+def _combine(values: dict[Key, float], key: Key, value: float, take_max: bool) -> None:
+    seen = values.get(key)
+    if seen is None:
+        values[key] = value
+    elif take_max:
+        if value > seen:
+            values[key] = value
+    else:
+        values[key] = seen + value
+
+
+@dataclass(slots=True)
+class _Histogram:
+    """One output series being merged from one or more source series."""
+
+    buckets: dict[str, float] = field(default_factory=dict)
+    sum: float | None = None
+    count: float = 0.0
+    series: int = 0  # source series merged in (their _count samples)
+    bucket_samples: int = 0
+    common: frozenset[str] | None = None  # set only when the series' boundaries differ
+
+
+def read_histograms(page: Page, how: Reading) -> dict[Key, _Histogram]:
+    """Histogram series by output key, bucket counts summed over the labels the key drops."""
+    found = page.find(how)
+    if found is None or found[1] or found[0].type != "histogram":
+        return {}
+    samples = found[0].samples
+    match = how.match
+    sources = how.sources
+    groups: dict[Key, _Histogram] = {}
+    for sample in samples:
+        labels = sample.labels
+        if match and any(labels.get(k) != v for k, v in match):
+            continue
+        key = tuple(map(labels.get, sources))
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = _Histogram()
+        name = sample.name
+        if name.endswith("_bucket"):
+            le = labels.get("le")
+            if le is not None:
+                buckets = group.buckets
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+                group.bucket_samples += 1
+        elif name.endswith("_count"):
+            group.count += sample.value
+            group.series += 1
+        elif name.endswith("_sum"):
+            group.sum = sample.value if group.sum is None else group.sum + sample.value
+    for key, group in groups.items():
+        if group.series > 1 and len(group.buckets) * group.series != group.bucket_samples:
+            group.common = _common_boundaries(samples, how, key)
+    return groups
+
+
+def _common_boundaries(samples: list[Sample], how: Reading, key: Key) -> frozenset[str]:
+    """Boundaries every source series of ``key`` has (ranks with differing buckets)."""
+    per_series: dict[tuple[tuple[str, str], ...], set[str]] = {}
+    for sample in samples:
+        labels = sample.labels
+        if not sample.name.endswith("_bucket") or "le" not in labels:
+            continue
+        if any(labels.get(k) != v for k, v in how.match):
+            continue
+        if tuple(map(labels.get, how.sources)) != key:
+            continue
+        series = tuple(sorted(item for item in labels.items() if item[0] != "le"))
+        per_series.setdefault(series, set()).add(labels["le"])
+    return frozenset(set.intersection(*per_series.values())) if per_series else frozenset()
+
+
+def histogram_buckets(group: _Histogram, scale: float = 1.0) -> list[tuple[str, float]] | None:
+    """Sorted ``(le, cumulative count)`` pairs in base units, ending with ``+Inf``.
+
+    Only boundaries that every merged series has are kept: ranks configured with different
+    buckets cannot be merged exactly otherwise. None when the series cannot form a valid
+    histogram (no ``_sum``, or neither a ``+Inf`` bucket nor a ``_count``).
+    """
+    if group.sum is None:
+        return None
+    bounds: list[tuple[float, str, float]] = []
+    infinite: float | None = None
+    common = group.common
+    for le, value in group.buckets.items():
+        if common is not None and le not in common:
+            continue
+        bound = _boundary(le, scale)
+        if bound is None:
+            continue
+        if bound[1] == "+Inf":
+            infinite = value
+        else:
+            bounds.append((bound[0], bound[1], value))
+    if infinite is None:
+        if not group.series:
+            return None
+        infinite = group.count
+    bounds.sort()
+    return [(text, value) for _, text, value in bounds] + [("+Inf", infinite)]
+
+
+_BOUNDARIES: dict[tuple[str, float], tuple[float, str] | None] = {}
+
+
+def _boundary(le: str, scale: float) -> tuple[float, str] | None:
+    """``le`` in base units, as a number and as written; cached, since the same few strings
+    recur on every scrape."""
+    try:
+        return _BOUNDARIES[le, scale]
+    except KeyError:
+        pass
+    number = _number(le)
+    bound = None
+    if number is not None:
+        number = to_base_unit(number, scale)
+        bound = (number, _format_boundary(number))
+    if len(_BOUNDARIES) < 100_000:  # a page with ever-new boundaries must not grow memory
+        _BOUNDARIES[le, scale] = bound
+    return bound
+
+
+def _number(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return None if math.isnan(value) else value
+
+
+def to_base_unit(value: float, scale: float) -> float:
+    """``value * scale``, dividing where the scale is 1/n so that 300 ms is exactly 0.3 s."""
+    if scale == 1.0:
+        return value
+    if scale < 1.0:
+        inverse = round(1.0 / scale)
+        if inverse * scale == 1.0:
+            return value / inverse
+    return value * scale
+
+
+# --------------------------------------------------------------------------------------------
+# Derivations an engine module may declare
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LabelValue:
+    """The value sits in a label of an info-style gauge (``cache_config_info{block_size}``)."""
+
+    metric: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Total:
+    """A counter or gauge that is the sum of several source series.
+
+    Every ``required`` series must be on the page; ``optional`` ones are added where present.
+    """
+
+    required: tuple[Alias, ...]
+    optional: tuple[Alias, ...] = ()
+
+
+@dataclass(frozen=True)
+class SumCount:
+    """A histogram known only by its sum and count, written with a single ``+Inf`` bucket.
+
+    ``sum`` series (all required) add up to the histogram's sum; ``count`` is its count.
+    The result has no distribution, but rate(sum)/rate(count) gives the mean.
+    """
+
+    sum: tuple[Alias, ...]
+    count: Alias
+
+
+Derivation = LabelValue | Total | SumCount
+
+
+@dataclass(frozen=True)
+class VersionEndpoint:
+    """A JSON endpoint that tells the engine's version or model: our key -> its fields."""
+
+    path: str
+    fields: Mapping[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """What is particular to one engine; everything it names is plain data."""
+
+    name: str
+    #: our identity label -> the engine's label carrying it (model -> model_name)
+    identity_labels: Mapping[str, str] = field(default_factory=dict)
+    #: labels whose values are replicas of the same work (collapsed by max, not summed)
+    replica_labels: frozenset[str] = frozenset()
+    #: a family every page has whose model label names the one model the server serves;
+    #: series without a model label (vLLM's cache_config_info) are given that model
+    served_model_family: str | None = None
+    #: catalogue key -> how the signal is computed where the catalogue has no alias for it
+    derived: Mapping[str, Derivation] = field(default_factory=dict)
+    #: tried in order by read_version
+    version_endpoints: tuple[VersionEndpoint, ...] = ()
+
+
+# --------------------------------------------------------------------------------------------
+# Plans: what to read for each catalogue entry on one engine, built once per engine
+# --------------------------------------------------------------------------------------------
+
+
+class Step(Protocol):
+    @property
+    def spec(self) -> MetricSpec:
+        """The catalogue entry the step fills."""
+        ...
+
+    @property
+    def readings(self) -> tuple[Reading, ...]:
+        """Every alias the step may read."""
+        ...
+
+    def emit(self, page: Page, identity: Mapping[str, str]) -> Metric | None:
+        """The filled family, or None when the page has no data for it."""
+        ...
+
+
+class _Labels:
+    """Output label values: the caller's identity, overridden by what a sample carries."""
+
+    __slots__ = ("template",)
+
+    def __init__(self, spec: MetricSpec, identity: Mapping[str, str]):
+        self.template = [identity.get(label, "") for label in spec.identity]
+        self.template += [""] * len(spec.labels)
+
+    def values(self, how: Reading, key: Key) -> list[str]:
+        values = list(self.template)
+        for slot, value in zip(how.slots, key, strict=True):
+            if value is not None:
+                values[slot] = value
+        return values
+
+
+def _add_histogram(
+    family: Metric,
+    spec: MetricSpec,
+    values: list[str],
+    buckets: list[tuple[str, float]],
+    total: float,
+) -> None:
+    """The samples ``HistogramMetricFamily.add_metric`` would add, built three times faster
+    (it runs for every bucket of every histogram on every scrape)."""
+    labels = dict(zip(spec.label_names, values, strict=True))
+    bucket = family.name + "_bucket"
+    family.samples += [OutputSample(bucket, {**labels, "le": le}, n) for le, n in buckets]
+    family.samples.append(OutputSample(family.name + "_count", labels, buckets[-1][1]))
+    family.samples.append(OutputSample(family.name + "_sum", labels, total))
+
+
+def _sort_key(key: Key) -> tuple[str, ...]:
+    return tuple("" if value is None else value for value in key)
+
+
+def _scalar_family(
+    spec: MetricSpec, identity: Mapping[str, str], how: Reading, values: Mapping[Key, float]
+) -> Metric:
+    family = spec.new_family()
+    labels = _Labels(spec, identity)
+    for key in sorted(values, key=_sort_key):
+        family.add_metric(labels.values(how, key), values[key])  # type: ignore[attr-defined]
+    return family
+
+
+@dataclass(frozen=True)
+class AliasStep:
+    """An entry read through its catalogue aliases, first alias with data wins."""
+
+    spec: MetricSpec
+    readings: tuple[Reading, ...]
+    replica_labels: frozenset[str] = frozenset()
+
+    def emit(self, page: Page, identity: Mapping[str, str]) -> Metric | None:
+        if self.spec.type == "histogram":
+            return self._histogram(page, identity)
+        for how in self.readings:
+            values = read_values(page, how, self.spec.aggregate, self.replica_labels)
+            if values:
+                return _scalar_family(self.spec, identity, how, values)
+        return None
+
+    def _histogram(self, page: Page, identity: Mapping[str, str]) -> Metric | None:
+        for how in self.readings:
+            groups = read_histograms(page, how)
+            if not groups:
+                continue
+            family = self.spec.new_family()
+            labels = _Labels(self.spec, identity)
+            scale = how.alias.scale
+            for key in sorted(groups, key=_sort_key):
+                group = groups[key]
+                buckets = histogram_buckets(group, scale)
+                if buckets is not None and group.sum is not None:
+                    total = to_base_unit(group.sum, scale)
+                    _add_histogram(family, self.spec, labels.values(how, key), buckets, total)
+            if family.samples:
+                return family
+        return None
+
+
+@dataclass(frozen=True)
+class TotalStep:
+    spec: MetricSpec
+    required: tuple[Reading, ...]
+    optional: tuple[Reading, ...]
+    replica_labels: frozenset[str] = frozenset()
+
+    @property
+    def readings(self) -> tuple[Reading, ...]:
+        return self.required + self.optional
+
+    def emit(self, page: Page, identity: Mapping[str, str]) -> Metric | None:
+        aggregate = self.spec.aggregate
+        values = read_values(page, self.required[0], aggregate, self.replica_labels)
+        for how in self.required[1:]:
+            more = read_values(page, how, aggregate, self.replica_labels)
+            values = {key: value + more[key] for key, value in values.items() if key in more}
+        for how in self.optional:
+            more = read_values(page, how, aggregate, self.replica_labels)
+            values = {key: value + more.get(key, 0.0) for key, value in values.items()}
+        if not values:
+            return None
+        return _scalar_family(self.spec, identity, self.required[0], values)
+
+
+@dataclass(frozen=True)
+class SumCountStep:
+    spec: MetricSpec
+    sums: tuple[Reading, ...]
+    count: Reading
+
+    @property
+    def readings(self) -> tuple[Reading, ...]:
+        return (*self.sums, self.count)
+
+    def emit(self, page: Page, identity: Mapping[str, str]) -> Metric | None:
+        counts = read_values(page, self.count, "sum")
+        totals = dict.fromkeys(counts, 0.0)
+        for how in self.sums:
+            part = read_values(page, how, "sum")
+            totals = {key: total + part[key] for key, total in totals.items() if key in part}
+        if not totals:
+            return None
+        family = self.spec.new_family()
+        labels = _Labels(self.spec, identity)
+        for key in sorted(totals, key=_sort_key):
+            values = labels.values(self.count, key)
+            _add_histogram(family, self.spec, values, [("+Inf", counts[key])], totals[key])
+        return family
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything needed to map one engine's pages, built once per engine."""
+
+    steps: tuple[Step, ...]
+    served_model: tuple[str, str] | None  # (folded family, model label)
+
+    def run(self, exposition: Exposition, identity: Mapping[str, str]) -> list[Metric]:
+        """Catalogue families for the page, in catalogue order; signals it lacks are absent."""
+        page = Page(exposition)
+        model = self._served_model(page)
+        if model is not None:
+            identity = {**identity, "model": model}
+        families = []
+        for step in self.steps:
+            family = step.emit(page, identity)
+            if family is not None:
+                families.append(family)
+        return families
+
+    def _served_model(self, page: Page) -> str | None:
+        if self.served_model is None:
+            return None
+        family, label = self.served_model
+        entry = page.entries.get(family)
+        models = {s.labels.get(label) for s in entry.samples} if entry else set()
+        models.discard(None)
+        return models.pop() if len(models) == 1 else None
+
+    def family_filter(self) -> Callable[[str], bool]:
+        """A ``wanted`` predicate for the parser: True for family names the plan may read."""
+        names = set()
+        for step in self.steps:
+            for how in step.readings:
+                names.add(how.name[: -len(how.part)] if how.part else how.name)
+                names.add(how.name)
+        if self.served_model is not None:
+            names.add(self.served_model[0])
+        folded = frozenset(names)
+        answers: dict[str, bool] = {}  # the same names come back on every scrape
+
+        def wanted(name: str) -> bool:
+            answer = answers.get(name)
+            if answer is None:
+                answer = fold(name) in folded or (
+                    not name.endswith("_created") and _stem(name) in folded
+                )
+                if len(answers) < 100_000:
+                    answers[name] = answer
+            return answer
+
+        return wanted
+
+
+def plan(catalog: Catalog, adapter: Adapter) -> Plan:
+    """What to read for every catalogue engine signal on this engine's pages."""
+    unknown = sorted(set(adapter.derived) - set(catalog))
+    if unknown:
+        raise KeyError(f"{adapter.name}: derived signals {unknown} are not in the catalogue")
+    steps: list[Step] = []
+    ids = adapter.identity_labels
+    replicas = adapter.replica_labels
+    for spec in catalog.by_collector("engine"):
+        aliases = spec.sources.get(adapter.name, ())
+        derivation = adapter.derived.get(spec.key)
+        if aliases and derivation is not None:
+            raise ValueError(
+                f"{spec.key}: {adapter.name} has both catalogue aliases and a derivation"
+            )
+        if aliases:
+            readings = tuple(reading(spec, alias, ids) for alias in aliases)
+            steps.append(AliasStep(spec, readings, replicas))
+        elif isinstance(derivation, LabelValue):
+            how = reading(spec, Alias(derivation.metric), ids, value_label=derivation.label)
+            steps.append(AliasStep(spec, (how,), replicas))
+        elif isinstance(derivation, Total):
+            steps.append(
+                TotalStep(
+                    spec,
+                    tuple(reading(spec, alias, ids) for alias in derivation.required),
+                    tuple(reading(spec, alias, ids) for alias in derivation.optional),
+                    replicas,
+                )
+            )
+        elif isinstance(derivation, SumCount):
+            sums = tuple(reading(spec, alias, ids) for alias in derivation.sum)
+            steps.append(SumCountStep(spec, sums, reading(spec, derivation.count, ids)))
+    served_model = None
+    if adapter.served_model_family is not None and "model" in adapter.identity_labels:
+        served_model = (fold(adapter.served_model_family), adapter.identity_labels["model"])
+    return Plan(tuple(steps), served_model)

@@ -1,0 +1,32 @@
+"""SGLang (``--enable-metrics``), under either spelling, ``sglang:`` or ``sglang_``.
+
+Scheduler series carry ``tp_rank``, ``pp_rank`` and ``moe_ep_rank`` (plus ``dp_rank``,
+``engine_type``, ``priority`` and operator-added labels); request series carry
+``is_streaming``. By default only attention-TP rank 0 reports, but with
+``--enable-metrics-for-all-schedulers`` every tensor/pipeline/expert-parallel rank reports the
+same batch, so those three labels are treated as replicas (collapsed by max) while data-parallel
+ranks and request partitions are summed. The KV-cache geometry is published as labels of
+``sglang:cache_config_info`` (``page_size``, ``num_pages``).
+"""
+
+from __future__ import annotations
+
+from inferwatch.exporters.engines.mapping import Adapter, LabelValue, VersionEndpoint
+
+ADAPTER = Adapter(
+    name="sglang",
+    identity_labels={"model": "model_name"},
+    served_model_family="sglang:num_running_reqs",
+    replica_labels=frozenset({"tp_rank", "pp_rank", "moe_ep_rank"}),
+    derived={
+        "engine_kv_cache_block_size": LabelValue("sglang:cache_config_info", "page_size"),
+        "engine_kv_cache_blocks": LabelValue("sglang:cache_config_info", "num_pages"),
+    },
+    version_endpoints=(
+        VersionEndpoint(
+            "/get_server_info",
+            {"engine_version": ("version",), "model": ("served_model_name", "model_path")},
+        ),
+        VersionEndpoint("/version", {"engine_version": ("version",)}),
+    ),
+)

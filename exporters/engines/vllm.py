@@ -1,0 +1,28 @@
+"""vLLM: the V1 engine, and the V0-era names still running in the field.
+
+Every engine series carries ``model_name`` and ``engine``, the index of the EngineCore that
+produced it; under data parallelism one endpoint shows one series per rank. Consumers that
+keep "the last sample" silently drop ranks, so the mapping sums counters, gauges and
+histogram buckets over ``engine`` and takes the fullest rank's KV-cache usage. Names renamed
+between releases (``gpu_cache_usage_perc`` -> ``kv_cache_usage_perc``,
+``time_per_output_token_seconds`` -> ``inter_token_latency_seconds``, ...) are aliases in the
+catalogue. The cache geometry exists only as labels of the info gauge
+``vllm:cache_config_info`` (one series per rank, without ``model_name``): block size is the
+same on every rank, GPU blocks add up across ranks, and the model is the one the page's
+other series name.
+"""
+
+from __future__ import annotations
+
+from inferwatch.exporters.engines.mapping import Adapter, LabelValue, VersionEndpoint
+
+ADAPTER = Adapter(
+    name="vllm",
+    identity_labels={"model": "model_name"},
+    served_model_family="vllm:num_requests_running",
+    derived={
+        "engine_kv_cache_block_size": LabelValue("vllm:cache_config_info", "block_size"),
+        "engine_kv_cache_blocks": LabelValue("vllm:cache_config_info", "num_gpu_blocks"),
+    },
+    version_endpoints=(VersionEndpoint("/version", {"engine_version": ("version",)}),),
+)

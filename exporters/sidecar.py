@@ -1,0 +1,191 @@
+"""The sidecar's HTTP face: one canonical /metrics, /healthz and /readyz for one replica.
+
+Each GET /metrics runs every collector concurrently under one deadline, a little shorter
+than the scraping Prometheus' own timeout (its ``X-Prometheus-Scrape-Timeout-Seconds``
+header), so a slow source costs its own metrics and never the whole scrape. /readyz is the
+local isolation path: any failing condition (engine, GPU, quality) returns 503, and the pod's
+readiness probe takes the replica out of every Service without any API permission.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+import platform
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+
+from prometheus_client.core import Metric
+from prometheus_client.exposition import choose_encoder
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from inferwatch import __version__, catalog
+from inferwatch.exporters.collector import Collector, Condition, ReadinessSource
+from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine_scrape import ScrapeFailure
+from inferwatch.logs import log_event
+
+log = logging.getLogger("inferwatch.sidecar")
+
+#: time kept back from Prometheus' scrape timeout for rendering and the network
+SCRAPE_TIMEOUT_MARGIN = 0.5
+
+
+@dataclass
+class CollectorRun:
+    families: Sequence[Metric]
+    success: bool
+    duration: float
+
+
+class _Families:
+    """The minimal registry shape prometheus_client's encoders accept."""
+
+    def __init__(self, families: Iterable[Metric]):
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+class Sidecar:
+    def __init__(
+        self,
+        engine: EngineCollector,
+        collectors: Sequence[Collector] = (),
+        readiness: Sequence[ReadinessSource] = (),
+        *,
+        readiness_max_age: float = 5.0,
+    ):
+        self.engine = engine
+        self.collectors: list[Collector] = [engine, *collectors]
+        self.readiness_sources: list[ReadinessSource] = [engine, *readiness]
+        self.readiness_max_age = readiness_max_age
+        self._failing: set[str] = set()
+
+    async def gather(self, deadline: float) -> list[Metric]:
+        """All families for one scrape: every collector's, then the sidecar's own."""
+        runs = await asyncio.gather(*(self._run(c, deadline) for c in self.collectors))
+        families: list[Metric] = []
+        for run in runs:
+            families.extend(run.families)
+        families.extend(self.engine.status_families())
+        families.extend(self._self_families(zip(self.collectors, runs, strict=True)))
+        return families
+
+    async def _run(self, collector: Collector, deadline: float) -> CollectorRun:
+        started = time.perf_counter()
+        # The engine collector gets the deadline itself, so that running out of time is
+        # recorded as a scrape failure (engine_up 0) rather than a bare cancellation.
+        run = self.engine.collect(deadline) if collector is self.engine else collector.collect()
+        try:
+            families = await asyncio.wait_for(run, deadline + 0.05)
+        except Exception as exc:  # a failing source costs its own metrics, never the scrape
+            self._note_failure(collector.name, exc)
+            return CollectorRun((), False, time.perf_counter() - started)
+        if collector.name in self._failing:
+            self._failing.discard(collector.name)
+            log_event(log, logging.INFO, "collector recovered", collector=collector.name)
+        return CollectorRun(families, True, time.perf_counter() - started)
+
+    def _note_failure(self, name: str, exc: BaseException) -> None:
+        if name in self._failing:
+            return  # logged when it started failing; the metric carries it from here
+        self._failing.add(name)
+        # The engine collector logs its own scrape failures with their reason.
+        if name != self.engine.name:
+            reason = "timeout" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+            log_event(log, logging.WARNING, "collector failed", collector=name, error=reason)
+
+    @staticmethod
+    def _self_families(runs: Iterable[tuple[Collector, CollectorRun]]) -> list[Metric]:
+        cat = catalog.load()
+        build = cat.family("exporter_build_info")
+        build.add_metric([__version__, platform.python_version()], 1)
+        success = cat.family("collector_success")
+        duration = cat.family("collector_duration")
+        for collector, run in runs:
+            success.add_metric([collector.name], int(run.success))
+            duration.add_metric([collector.name], run.duration)
+        return [build, success, duration]
+
+    async def first_look(self) -> None:
+        """Tell the operator at start whether the engine answers, and what happens if not."""
+        try:
+            await self.engine.collect()
+        except ScrapeFailure:
+            log_event(
+                log,
+                logging.WARNING,
+                "engine not answering yet; serving inferwatch_engine_up 0 and /readyz 503 "
+                "until it does",
+                url=self.engine.scraper.url,
+            )
+        else:
+            log_event(log, logging.INFO, "engine answering", engine=self.engine.engine)
+
+    def conditions(self) -> list[Condition]:
+        return [c for source in self.readiness_sources for c in source.readiness()]
+
+    # ---- HTTP ------------------------------------------------------------------------------
+
+    async def metrics(self, request: Request) -> Response:
+        deadline = self.engine.scraper.timeout
+        prometheus_timeout = request.headers.get("x-prometheus-scrape-timeout-seconds")
+        if prometheus_timeout:
+            with suppress(ValueError):
+                deadline = min(deadline, float(prometheus_timeout) - SCRAPE_TIMEOUT_MARGIN)
+        families = await self.gather(max(deadline, 0.1))
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        body = encoder(_Families(families))  # type: ignore[arg-type]
+        headers = {"Content-Type": content_type}
+        if "gzip" in request.headers.get("accept-encoding", ""):
+            body = gzip.compress(body, compresslevel=5)
+            headers["Content-Encoding"] = "gzip"
+        return Response(body, headers=headers)
+
+    async def healthz(self, request: Request) -> Response:
+        return PlainTextResponse("ok\n")
+
+    async def readyz(self, request: Request) -> Response:
+        await self.engine.refresh(self.readiness_max_age)
+        conditions = self.conditions()
+        ready = all(c.ok for c in conditions)
+        body = {
+            "ready": ready,
+            "conditions": [{"name": c.name, "ok": c.ok, "reason": c.reason} for c in conditions],
+        }
+        return Response(
+            json.dumps(body) + "\n",
+            status_code=200 if ready else 503,
+            media_type="application/json",
+        )
+
+    def app(self) -> Starlette:
+        @asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            await self.first_look()
+            yield
+            await self.aclose()
+
+        return Starlette(
+            routes=[
+                Route("/metrics", self.metrics),
+                Route("/healthz", self.healthz),
+                Route("/readyz", self.readyz),
+            ],
+            lifespan=lifespan,
+        )
+
+    async def aclose(self) -> None:
+        for collector in self.collectors:
+            close = getattr(collector, "aclose", None)
+            if close is not None:
+                await close()

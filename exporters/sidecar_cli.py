@@ -1,0 +1,264 @@
+"""``inferwatch sidecar`` and ``inferwatch scrape``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+import click
+import uvicorn
+from prometheus_client.core import Metric
+
+from inferwatch.exporters import engines
+from inferwatch.exporters.collector import Collector, ReadinessSource
+from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine_scrape import EngineScraper, ScrapeFailure
+from inferwatch.exporters.sidecar import Sidecar
+from inferwatch.logs import log_event
+
+log = logging.getLogger("inferwatch.sidecar")
+
+ENGINE_CHOICES = click.Choice(["auto", *engines.ENGINES])
+
+
+def metrics_url(url: str) -> str:
+    """The engine's metrics URL: a bare origin gets ``/metrics`` appended."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise click.BadParameter(f"{url!r} is not an http(s) URL", param_hint="--engine-url")
+    return url if parts.path not in ("", "/") else url.rstrip("/") + "/metrics"
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``:9400``, ``0.0.0.0:9400``, ``[::1]:9400`` -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise click.BadParameter(f"{value!r} is not HOST:PORT", param_hint="--listen")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def engine_options(command: click.Command) -> click.Command:
+    """Options shared by every command that scrapes an engine."""
+    options = [
+        click.option(
+            "--engine",
+            type=ENGINE_CHOICES,
+            default="auto",
+            show_envvar=True,
+            help="Engine type; auto detects it from each page.",
+        ),
+        click.option(
+            "--engine-timeout",
+            type=click.FloatRange(min=0.1),
+            default=5.0,
+            show_envvar=True,
+            help="Seconds allowed for one engine scrape (lowered to fit Prometheus' timeout).",
+        ),
+        click.option(
+            "--max-page-bytes",
+            type=click.IntRange(min=1024),
+            default=16 * 1024 * 1024,
+            show_envvar=True,
+            help="Engine pages larger than this are refused (after decompression).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+@click.command()
+@click.option(
+    "--engine-url",
+    required=True,
+    show_envvar=True,
+    help="The engine's base URL or its /metrics URL, e.g. http://127.0.0.1:8000.",
+)
+@click.option("--listen", default=":9400", show_envvar=True, help="HOST:PORT to serve on.")
+@engine_options
+@click.option("--model", default="", show_envvar=True, help="Model label when the engine has none.")
+@click.option("--model-version", default="", show_envvar=True)
+@click.option(
+    "--engine-version",
+    default="",
+    show_envvar=True,
+    help="Engine version; read from the engine's version endpoint when empty.",
+)
+@click.option("--prompt-version", default="", show_envvar=True)
+@click.option(
+    "--pod",
+    default=lambda: os.environ.get("POD_NAME", ""),
+    show_envvar=True,
+    show_default="$POD_NAME (Kubernetes downward API)",
+)
+@click.option(
+    "--namespace",
+    default=lambda: os.environ.get("POD_NAMESPACE", ""),
+    show_envvar=True,
+    show_default="$POD_NAMESPACE",
+)
+@click.option(
+    "--node",
+    default=lambda: os.environ.get("NODE_NAME", ""),
+    show_envvar=True,
+    show_default="$NODE_NAME",
+)
+@click.option(
+    "--gpu",
+    default="auto",
+    show_envvar=True,
+    help="GPU telemetry: auto, nvml, dcgm=URL, replay=FILE or none.",
+)
+def sidecar(
+    engine_url: str,
+    listen: str,
+    engine: str,
+    engine_timeout: float,
+    max_page_bytes: int,
+    model: str,
+    model_version: str,
+    engine_version: str,
+    prompt_version: str,
+    pod: str,
+    namespace: str,
+    node: str,
+    gpu: str,
+) -> None:
+    """Serve one canonical /metrics, /healthz and /readyz for one engine replica.
+
+    Each scrape of /metrics scrapes the engine, maps its metrics onto inferwatch's schema and
+    adds GPU telemetry. When the engine does not answer, the sidecar keeps serving: /metrics
+    reports inferwatch_engine_up 0 with the failure reason counted, and /readyz answers 503.
+    """
+    host, port = parse_listen(listen)
+    identity = {
+        "model": model,
+        "model_version": model_version,
+        "engine_version": engine_version,
+        "prompt_version": prompt_version,
+        "pod": pod,
+        "namespace": namespace,
+        "node": node,
+    }
+    url = metrics_url(engine_url)
+    collectors, readiness = _gpu_sources(gpu)
+    engine_collector = EngineCollector(
+        EngineScraper(url, timeout=engine_timeout, max_bytes=max_page_bytes),
+        identity,
+        engine=None if engine == "auto" else engine,
+    )
+    app = Sidecar(engine_collector, collectors, readiness).app()
+    log_event(
+        log, logging.INFO, "sidecar starting", listen=f"{host}:{port}", engine_url=url, gpu=gpu
+    )
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+
+
+def _gpu_sources(spec: str) -> tuple[list[Collector], list[ReadinessSource]]:
+    from inferwatch.exporters import gpu
+
+    try:
+        backend = gpu.open_backend(spec)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--gpu") from None
+    return [backend], [backend]
+
+
+@click.command()
+@click.argument("url")
+@engine_options
+def scrape(url: str, engine: str, engine_timeout: float, max_page_bytes: int) -> None:
+    """Print the canonical view of one scrape of the engine at URL, as a table."""
+    logging.getLogger("inferwatch.engine").setLevel(logging.ERROR)  # the error below says it
+    collector = EngineCollector(
+        EngineScraper(metrics_url(url), timeout=engine_timeout, max_bytes=max_page_bytes),
+        {},
+        engine=None if engine == "auto" else engine,
+    )
+
+    async def once() -> Sequence[Metric]:
+        try:
+            return await collector.collect()
+        finally:
+            await collector.aclose()
+
+    try:
+        families = asyncio.run(once())
+    except ScrapeFailure as failure:
+        raise click.ClickException(f"scrape of {collector.scraper.url} failed: {failure}") from None
+    click.echo(f"engine: {collector.engine}   model: {collector.identity['model'] or '-'}")
+    click.echo(render_table(families, hide=set(collector.identity)))
+
+
+def render_table(families: Sequence[Metric], hide: set[str]) -> str:
+    """One row per series; histograms show count, mean and an estimated p50/p99."""
+    rows: list[tuple[str, str, str]] = []
+    for family in families:
+        if family.type == "histogram":
+            rows.extend(_histogram_rows(family, hide))
+            continue
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sample.labels.items() if k not in hide)
+            rows.append((sample.name, labels, _fmt(sample.value)))
+    widths = [
+        max([len(h), *(len(r[i]) for r in rows)])
+        for i, h in enumerate(("metric", "labels", "value"))
+    ]
+    lines = [
+        "  ".join(h.ljust(w) for h, w in zip(("metric", "labels", "value"), widths, strict=True))
+    ]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _histogram_rows(family: Metric, hide: set[str]) -> list[tuple[str, str, str]]:
+    buckets_by_series: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
+    sums: dict[tuple[tuple[str, str], ...], float] = {}
+    for sample in family.samples:
+        key = tuple((k, v) for k, v in sample.labels.items() if k not in hide and k != "le")
+        if sample.name.endswith("_bucket"):
+            bucket = (float(sample.labels["le"]), sample.value)
+            buckets_by_series.setdefault(key, []).append(bucket)
+        elif sample.name.endswith("_sum"):
+            sums[key] = sample.value
+    rows = []
+    for key, unsorted in buckets_by_series.items():
+        buckets = sorted(unsorted)
+        count = buckets[-1][1]
+        mean = sums.get(key, math.nan) / count if count else math.nan
+        summary = (
+            f"count={_fmt(count)} mean={_fmt(mean)} "
+            f"p50≈{_fmt(_quantile(buckets, 0.5))} p99≈{_fmt(_quantile(buckets, 0.99))}"
+        )
+        rows.append((family.name, ",".join(f"{k}={v}" for k, v in key), summary))
+    return rows
+
+
+def _quantile(buckets: list[tuple[float, float]], q: float) -> float:
+    """Prometheus' histogram_quantile: linear interpolation inside the bucket."""
+    if not buckets or buckets[-1][1] == 0:
+        return math.nan
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            width = count - lower_count
+            return lower_bound + (bound - lower_bound) * (
+                (rank - lower_count) / width if width else 0
+            )
+        lower_bound, lower_count = bound, count
+    return math.nan
+
+
+def _fmt(value: float) -> str:
+    if math.isnan(value):
+        return "-"
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.4g}"

@@ -1,0 +1,29 @@
+"""The README's metric table is generated from the catalogue and kept fresh."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from inferwatch import catalog, docs
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_readme_metric_table_is_fresh() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert docs.render_readme(text, catalog.load()) == text, (
+        "README.md's metric table is stale: run `inferwatch generate readme`"
+    )
+
+
+def test_every_catalogue_metric_has_a_row() -> None:
+    table = docs.metric_table(catalog.load())
+    for spec in catalog.load().values():
+        assert f"| `{spec.name}` |" in table
+
+
+def test_missing_markers_are_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="lacks the markers"):
+        docs.render_readme("# no table here\n", catalog.load())

@@ -1,0 +1,130 @@
+"""End to end: the real ``inferwatch sidecar`` process scraped by a real Prometheus."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from inferwatch import catalog
+from inferwatch.exporters import engines, textformat
+
+pytestmark = pytest.mark.e2e
+
+FIXTURE = "vllm-generated-0.33.0-specdec-lora"
+INFERWATCH = Path(sys.executable).parent / "inferwatch"
+
+
+def wait_until(check: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except (httpx.HTTPError, KeyError, IndexError) as exc:
+            last_error = exc
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what} (last error: {last_error})")
+
+
+@pytest.fixture
+def sidecar_url(page_server: Any, unused_port: int, tmp_path: Path) -> Iterator[str]:
+    log_path = tmp_path / "sidecar.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [
+                str(INFERWATCH),
+                "sidecar",
+                f"--engine-url={page_server.url}/fixture/{FIXTURE}/metrics",
+                f"--listen=127.0.0.1:{unused_port}",
+                "--gpu=none",
+                "--model-version=v1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={"INFERWATCH_SIDECAR_POD": "replica-0", "PATH": "/usr/bin:/bin"},
+        )
+    url = f"http://127.0.0.1:{unused_port}"
+    try:
+        wait_until(lambda: httpx.get(f"{url}/healthz").status_code == 200, 30, "the sidecar")
+        yield url
+    finally:
+        process.terminate()
+        # uvicorn shuts down gracefully, then re-raises SIGTERM as its exit status
+        assert process.wait(10) in (0, -signal.SIGTERM), log_path.read_text()
+        assert "Traceback" not in log_path.read_text()
+
+
+@pytest.fixture
+def prometheus_url(
+    prometheus_bin: str, sidecar_url: str, tmp_path: Path, new_port: Callable[[], int]
+) -> Iterator[str]:
+    port = new_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, scrape_timeout: 900ms}\n"
+        "scrape_configs:\n"
+        "  - job_name: inferwatch\n"
+        f"    static_configs: [{{targets: ['{sidecar_url.removeprefix('http://')}']}}]\n"
+    )
+    with (tmp_path / "prometheus.log").open("w") as log:
+        process = subprocess.Popen(
+            [
+                prometheus_bin,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: httpx.get(f"{url}/-/ready").status_code == 200, 30, "Prometheus")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def query(prometheus_url: str, promql: str) -> list[Any]:
+    response = httpx.get(f"{prometheus_url}/api/v1/query", params={"query": promql})
+    response.raise_for_status()
+    result: list[Any] = response.json()["data"]["result"]
+    return result
+
+
+def expected_signals() -> list[str]:
+    """The canonical names the fixture feeds, by the unit-tested adapter (the oracle here)."""
+    page = (Path(__file__).parent / "fixtures" / "engines" / f"{FIXTURE}.prom").read_bytes()
+    families = engines.normalize(textformat.parse(page), "vllm", {})
+    return sorted({family.name for family in families})
+
+
+def test_prometheus_scrapes_every_canonical_signal(prometheus_url: str) -> None:
+    wait_until(
+        lambda: query(prometheus_url, "inferwatch_engine_up == 1"), 30, "a successful scrape"
+    )
+    signals = expected_signals()
+    cat = catalog.load()
+    assert len(signals) >= 10, signals
+    missing = []
+    for name in signals:
+        spec = cat.by_name(name) or cat.by_name(name + "_total")
+        assert spec is not None, f"{name} is not a catalogue metric"
+        series = f"{spec.name}_bucket" if spec.type == "histogram" else spec.name
+        result = query(prometheus_url, f'{series}{{engine="vllm",model_version="v1"}}')
+        if not result:
+            missing.append(series)
+    assert not missing, f"no data in Prometheus for {missing}"
+    up = query(prometheus_url, "inferwatch_engine_up")
+    assert up[0]["metric"]["pod"] == "replica-0"

@@ -1,0 +1,219 @@
+"""The sidecar's HTTP behaviour against real and broken engine pages."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from inferwatch.exporters.collector import Condition
+from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine_scrape import EngineScraper
+from inferwatch.exporters.sidecar import Sidecar
+
+FIXTURES = Path(__file__).parent / "fixtures"
+VLLM_PAGE = "fixture/vllm-generated-0.33.0-1engine/metrics"
+
+
+def make_sidecar(
+    url: str, *, timeout: float = 1.0, max_bytes: int = 1 << 20, **kwargs: Any
+) -> Sidecar:
+    scraper = EngineScraper(url, timeout=timeout, max_bytes=max_bytes)
+    return Sidecar(EngineCollector(scraper, {"model": "m", "pod": "p-0"}), **kwargs)
+
+
+async def _get(sidecar: Sidecar, path: str, **headers: str) -> httpx.Response:
+    transport = httpx.ASGITransport(app=sidecar.app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://sidecar") as client:
+        return await client.get(path, headers=headers)
+
+
+def get(sidecar: Sidecar, path: str, **headers: str) -> httpx.Response:
+    return asyncio.run(_get(sidecar, path, **headers))
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(text: str, name: str, **labels: str) -> float | None:
+    """The one sample called ``name`` whose labels include ``labels``."""
+    found = [
+        v
+        for (sample_name, sample_labels), v in samples(text).items()
+        if sample_name == name and set(labels.items()) <= sample_labels
+    ]
+    assert len(found) <= 1, f"{name}{labels} is ambiguous"
+    return found[0] if found else None
+
+
+def test_healthy_vllm_page_becomes_canonical_metrics(page_server: Any) -> None:
+    sidecar = make_sidecar(f"{page_server.url}/{VLLM_PAGE}")
+    response = get(sidecar, "/metrics")
+    assert response.status_code == 200
+    text = response.text
+    assert value(text, "inferwatch_engine_up", engine="vllm", pod="p-0") == 1
+    assert value(text, "inferwatch_collector_success", collector="engine") == 1
+    assert value(text, "inferwatch_engine_requests_running", engine="vllm") is not None
+    page_size = len(fixture_page(VLLM_PAGE))
+    assert value(text, "inferwatch_engine_scrape_size_bytes") == page_size
+    assert "vllm:" not in text, "engine-native names must not leak into the canonical page"
+    assert get(sidecar, "/readyz").status_code == 200
+
+
+def fixture_page(page: str) -> bytes:
+    name = page.split("/")[1]
+    return (FIXTURES / "engines" / f"{name}.prom").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("hang/metrics", "timeout"),
+        ("slow/3/metrics", "timeout"),
+        ("html/metrics", "not_metrics"),
+        ("html-as-text/metrics", "not_metrics"),
+        ("error/metrics", "http_status"),
+        ("empty/metrics", "empty"),
+        ("huge/metrics", "too_large"),
+    ],
+)
+def test_broken_engine_pages_are_counted_not_fatal(
+    page_server: Any, path: str, reason: str
+) -> None:
+    sidecar = make_sidecar(f"{page_server.url}/{path}", timeout=0.5)
+    response = get(sidecar, "/metrics")
+    assert response.status_code == 200
+    assert value(response.text, "inferwatch_engine_up") == 0
+    assert value(response.text, "inferwatch_engine_scrape_errors_total", reason=reason) == 1
+    assert value(response.text, "inferwatch_collector_success", collector="engine") == 0
+    assert value(response.text, "inferwatch_exporter_build_info") == 1
+    ready = get(sidecar, "/readyz")
+    assert ready.status_code == 503
+    assert json.loads(ready.text)["conditions"][0]["name"] == "engine"
+
+
+def test_engine_down_is_a_connect_error(unused_port: int) -> None:
+    sidecar = make_sidecar(f"http://127.0.0.1:{unused_port}/metrics")
+    text = get(sidecar, "/metrics").text
+    assert value(text, "inferwatch_engine_up") == 0
+    assert value(text, "inferwatch_engine_scrape_errors_total", reason="connect") == 1
+
+
+def test_unknown_engine_is_counted(page_server: Any) -> None:
+    page_server.page = b"# TYPE node_load1 gauge\nnode_load1 0.5\n"
+    text = get(make_sidecar(f"{page_server.url}/page/metrics"), "/metrics").text
+    assert value(text, "inferwatch_engine_scrape_errors_total", reason="unknown_engine") == 1
+
+
+def test_malformed_lines_are_counted_and_the_rest_is_used(page_server: Any) -> None:
+    page = fixture_page(VLLM_PAGE)
+    page_server.page = page.replace(
+        b"# HELP vllm:num_requests_waiting ",
+        b'vllm:broken{engine="0" 1 2 3\n# HELP vllm:num_requests_waiting ',
+    )
+    text = get(make_sidecar(f"{page_server.url}/page/metrics"), "/metrics").text
+    assert value(text, "inferwatch_engine_up") == 1
+    assert value(text, "inferwatch_engine_scrape_parse_errors_total") == 1
+    assert value(text, "inferwatch_engine_requests_waiting") is not None
+
+
+def test_prometheus_scrape_timeout_header_bounds_the_engine_scrape(page_server: Any) -> None:
+    sidecar = make_sidecar(f"{page_server.url}/hang/metrics", timeout=30)
+    response = get(sidecar, "/metrics", **{"X-Prometheus-Scrape-Timeout-Seconds": "1"})
+    assert value(response.text, "inferwatch_engine_scrape_errors_total", reason="timeout") == 1
+
+
+def test_concurrent_scrapes_share_one_upstream_request(page_server: Any) -> None:
+    page_server.page = fixture_page(VLLM_PAGE)
+    sidecar = make_sidecar(f"{page_server.url}/slow/0.3/metrics")
+
+    async def five_at_once() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=sidecar.app())
+        async with httpx.AsyncClient(transport=transport, base_url="http://s") as client:
+            return await asyncio.gather(*(client.get("/metrics") for _ in range(5)))
+
+    responses = asyncio.run(five_at_once())
+    assert all(value(r.text, "inferwatch_engine_up") == 1 for r in responses)
+    assert page_server.hits["/slow/0.3/metrics"] == 1
+
+
+def test_gzip_from_the_engine_and_to_the_scraper(page_server: Any) -> None:
+    page_server.page = fixture_page(VLLM_PAGE)
+    sidecar = make_sidecar(f"{page_server.url}/gzip/metrics")
+    transport = httpx.ASGITransport(app=sidecar.app())
+
+    async def raw() -> httpx.Response:
+        async with httpx.AsyncClient(transport=transport, base_url="http://s") as client:
+            request = client.build_request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
+            return await client.send(request, stream=True)
+
+    response = asyncio.run(raw())
+    assert response.headers["content-encoding"] == "gzip"
+    body = gzip.decompress(asyncio.run(_read(response)))
+    assert value(body.decode(), "inferwatch_engine_up") == 1
+
+
+async def _read(response: httpx.Response) -> bytes:
+    return b"".join([chunk async for chunk in response.aiter_raw()])
+
+
+def test_openmetrics_is_served_when_asked(page_server: Any) -> None:
+    sidecar = make_sidecar(f"{page_server.url}/{VLLM_PAGE}")
+    response = get(sidecar, "/metrics", Accept="application/openmetrics-text; version=1.0.0")
+    assert response.headers["content-type"].startswith("application/openmetrics-text")
+    assert response.text.endswith("# EOF\n")
+
+
+class _FailingCollector:
+    name = "flaky"
+
+    async def collect(self) -> list[Any]:
+        raise RuntimeError("device vanished")
+
+
+class _Quality:
+    def __init__(self) -> None:
+        self.ok = True
+
+    def readiness(self) -> list[Condition]:
+        return [Condition("quality", self.ok, "" if self.ok else "pass rate 0.40 < 0.80")]
+
+
+def test_a_failing_collector_costs_only_its_own_metrics(page_server: Any) -> None:
+    sidecar = make_sidecar(f"{page_server.url}/{VLLM_PAGE}", collectors=[_FailingCollector()])
+    text = get(sidecar, "/metrics").text
+    assert value(text, "inferwatch_collector_success", collector="flaky") == 0
+    assert value(text, "inferwatch_collector_success", collector="engine") == 1
+    assert value(text, "inferwatch_engine_requests_running") is not None
+
+
+def test_any_failing_readiness_condition_fails_readyz(page_server: Any) -> None:
+    quality = _Quality()
+    sidecar = make_sidecar(f"{page_server.url}/{VLLM_PAGE}", readiness=[quality])
+    assert get(sidecar, "/readyz").status_code == 200
+    quality.ok = False
+    response = get(sidecar, "/readyz")
+    assert response.status_code == 503
+    conditions = {c["name"]: c for c in json.loads(response.text)["conditions"]}
+    assert conditions["engine"]["ok"] is True
+    assert conditions["quality"] == {
+        "name": "quality",
+        "ok": False,
+        "reason": "pass rate 0.40 < 0.80",
+    }
+
+
+def test_healthz_answers_while_the_engine_is_down(unused_port: int) -> None:
+    sidecar = make_sidecar(f"http://127.0.0.1:{unused_port}/metrics")
+    assert get(sidecar, "/healthz").status_code == 200
