@@ -1,0 +1,183 @@
+"""What every GPU telemetry backend shares: a bounded poll, the health metric and readiness.
+
+Backends implement ``poll()``, a blocking read that returns filled catalogue families. This
+base runs it on a daemon thread of its own, so that a stuck NVML call or a hung HTTP read
+holds up neither the event loop nor the next scrape by more than ``timeout_s``, and at most
+one poll is ever in flight. A failed or late poll serves the last good families while they
+are younger than ``stale_s`` and says why in ``inferwatch_gpu_backend_up``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+
+from prometheus_client.core import Metric
+
+from inferwatch.exporters.collector import Condition
+from inferwatch.exporters.gpu.families import FamilySet
+from inferwatch.logs import log_event
+
+logger = logging.getLogger("inferwatch.gpu")
+
+
+class BackendDown(Exception):
+    """The backend cannot read GPUs now; ``reason`` is a short snake_case label value."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(detail or reason)
+        self.reason = reason
+        self.detail = detail or reason
+
+
+class FaultBook:
+    """GPU faults that take a GPU out of service, latched until the process restarts.
+
+    A GPU that needed a reset or a node reboot stays unready after the symptom fades (the
+    volatile ECC count does not drop, an XID is an event): only the repair, which restarts
+    the pods on the node, clears it. Written from poll and event threads, read by /readyz.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._faults: dict[str, dict[str, str]] = {}
+
+    def mark(self, gpu_uuid: str, reason: str, detail: str) -> bool:
+        """Record a fault; True when it is new (so the caller logs it once)."""
+        with self._lock:
+            reasons = self._faults.setdefault(gpu_uuid, {})
+            if reason in reasons:
+                return False
+            reasons[reason] = detail
+            return True
+
+    def faults(self) -> dict[str, dict[str, str]]:
+        with self._lock:
+            return {uuid: dict(reasons) for uuid, reasons in self._faults.items()}
+
+    def fill(self, families: FamilySet, gpu_uuids: Iterable[str]) -> None:
+        """``inferwatch_gpu_healthy`` for every known GPU and every faulted one."""
+        faults = self.faults()
+        for uuid in sorted(set(gpu_uuids) | set(faults)):
+            reasons = faults.get(uuid)
+            if not reasons:
+                families.add("gpu_healthy", 1, {"gpu_uuid": uuid})
+            for reason in sorted(reasons or ()):
+                families.add("gpu_healthy", 0, {"gpu_uuid": uuid, "reason": reason})
+
+    def condition(self) -> Condition:
+        faults = self.faults()
+        if not faults:
+            return Condition(name="gpu", ok=True)
+        reason = "; ".join(
+            f"{uuid}: {detail}"
+            for uuid, reasons in sorted(faults.items())
+            for _, detail in sorted(reasons.items())
+        )
+        return Condition(name="gpu", ok=False, reason=reason)
+
+
+class GpuTelemetry(abc.ABC):
+    """A GPU telemetry backend: a sidecar ``Collector`` and ``ReadinessSource``."""
+
+    #: value of the ``collector`` label on the sidecar's collector self-metrics
+    name = "gpu"
+    #: value of the ``backend`` label on ``inferwatch_gpu_backend_up``
+    backend = "none"
+
+    def __init__(self, *, timeout_s: float = 2.0, stale_s: float = 60.0) -> None:
+        self.timeout_s = timeout_s
+        self.stale_s = stale_s
+        self.faults = FaultBook()
+        self._inflight: Future[list[Metric]] | None = None
+        self._last_good: tuple[float, list[Metric]] | None = None
+        self._last_reason: str | None = None
+
+    @abc.abstractmethod
+    def poll(self) -> list[Metric]:
+        """Read every GPU once (blocking); raise ``BackendDown`` when no GPU can be read."""
+
+    def close(self) -> None:
+        """Stop background work; a poll still stuck in a driver call is abandoned."""
+        self._inflight = None
+
+    def readiness(self) -> Sequence[Condition]:
+        return [self.faults.condition()]
+
+    async def collect(self) -> list[Metric]:
+        if self._inflight is None or self._inflight.done():
+            self._inflight = self._start_poll()
+        try:
+            families = await asyncio.wait_for(
+                asyncio.shield(asyncio.wrap_future(self._inflight)), self.timeout_s
+            )
+        except TimeoutError:
+            return self._degraded("timeout", f"poll took longer than {self.timeout_s:g}s")
+        except BackendDown as down:
+            return self._degraded(down.reason, down.detail)
+        except Exception as error:  # a backend bug must not take the scrape down
+            logger.exception("gpu poll failed")
+            return self._degraded("error", f"{type(error).__name__}: {error}")
+        self._last_good = (time.monotonic(), families)
+        self._note("")
+        return [*families, self._health(1, "")]
+
+    def _start_poll(self) -> Future[list[Metric]]:
+        """Run ``poll`` on a daemon thread, so a call stuck in the driver cannot block exit."""
+        future: Future[list[Metric]] = Future()
+
+        def run() -> None:
+            future.set_running_or_notify_cancel()
+            try:
+                future.set_result(self.poll())
+            except BaseException as error:
+                future.set_exception(error)
+
+        name = f"inferwatch-gpu-{self.backend}"
+        threading.Thread(target=run, name=name, daemon=True).start()
+        return future
+
+    def _degraded(self, reason: str, detail: str) -> list[Metric]:
+        self._note(reason, detail)
+        kept: list[Metric] = []
+        if self._last_good and time.monotonic() - self._last_good[0] <= self.stale_s:
+            kept = self._last_good[1]
+        return [*kept, self._health(0, reason)]
+
+    def _note(self, reason: str, detail: str = "") -> None:
+        """One log line per change of state, not one per scrape."""
+        if reason == self._last_reason:
+            return
+        if reason:
+            log_event(
+                logger,
+                logging.WARNING,
+                "gpu telemetry unavailable",
+                backend=self.backend,
+                reason=reason,
+                detail=detail,
+            )
+        elif self._last_reason is not None:
+            log_event(logger, logging.INFO, "gpu telemetry recovered", backend=self.backend)
+        self._last_reason = reason
+
+    def _health(self, up: int, reason: str) -> Metric:
+        families = FamilySet()
+        families.add("gpu_backend_up", up, {"backend": self.backend, "reason": reason})
+        return families.families()[0]
+
+
+class NoGpuTelemetry(GpuTelemetry):
+    """No GPU telemetry (``--gpu none``, or ``auto`` on a host without an NVIDIA driver)."""
+
+    def __init__(self, reason: str, detail: str = "", **kwargs: float) -> None:
+        super().__init__(**kwargs)
+        self._down = BackendDown(reason, detail)
+
+    def poll(self) -> list[Metric]:
+        raise self._down

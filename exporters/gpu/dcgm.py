@@ -1,0 +1,293 @@
+"""GPU telemetry from a running dcgm-exporter, mapped onto the same metrics as NVML.
+
+Which DCGM field feeds which catalogue entry, and its scale to base units, comes from the
+catalogue's ``dcgm`` sources; this module adds only the fixed label each field stands for
+(``DCGM_FI_DEV_SM_CLOCK`` is ``clock="sm"``). It tolerates what real exporters do:
+
+- label spellings across versions and scrape setups: ``UUID``/``uuid``, ``Hostname``/
+  ``hostname``, ``pod``/``pod_name``/``exported_pod`` (and the same for namespace, container);
+- fields that are absent (no data, never zero) and the not-supported sentinels old versions
+  printed instead of omitting the series;
+- MIG instances (``GPU_I_ID``): memory and profiling fields are kept per instance, device-wide
+  fields once per GPU;
+- the sticky last-XID gauge and the windowed XID counts, both turned into XID counts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from prometheus_client.core import Metric
+
+from inferwatch import catalog
+from inferwatch.exporters.gpu.base import BackendDown, GpuTelemetry
+from inferwatch.exporters.gpu.families import CLOCK_EVENT_BITS, FamilySet, add_clock_events
+from inferwatch.exporters.gpu.xid import XidLog
+from inferwatch.exporters.textformat import Sample, parse
+from inferwatch.logs import log_event
+
+logger = logging.getLogger("inferwatch.gpu.dcgm")
+
+#: The label each field stands for, where one catalogue entry has several DCGM fields.
+FIELD_LABELS: Mapping[str, Mapping[str, str]] = {
+    "DCGM_FI_DEV_GPU_TEMP": {"sensor": "gpu"},
+    "DCGM_FI_DEV_MEMORY_TEMP": {"sensor": "memory"},
+    "DCGM_FI_DEV_SLOWDOWN_TEMP": {"threshold": "slowdown"},
+    "DCGM_FI_DEV_SHUTDOWN_TEMP": {"threshold": "shutdown"},
+    "DCGM_FI_DEV_SM_CLOCK": {"clock": "sm"},
+    "DCGM_FI_DEV_MEM_CLOCK": {"clock": "memory"},
+    "DCGM_FI_DEV_MAX_SM_CLOCK": {"clock": "sm"},
+    "DCGM_FI_DEV_MAX_MEM_CLOCK": {"clock": "memory"},
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": {"error": "corrected", "scope": "volatile"},
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": {"error": "uncorrected", "scope": "volatile"},
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": {"error": "corrected", "scope": "aggregate"},
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": {"error": "uncorrected", "scope": "aggregate"},
+    "DCGM_FI_DEV_RETIRED_SBE": {"cause": "sbe"},
+    "DCGM_FI_DEV_RETIRED_DBE": {"cause": "dbe"},
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": {"error": "corrected"},
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": {"error": "uncorrected"},
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": {"link": "all", "error": "replay"},
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": {"link": "all", "error": "recovery"},
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": {"link": "all", "error": "crc_flit"},
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": {"link": "all", "error": "crc_data"},
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": {"activity": "graphics_engine"},
+    "DCGM_FI_PROF_SM_ACTIVE": {"activity": "sm"},
+    "DCGM_FI_PROF_SM_OCCUPANCY": {"activity": "sm_occupancy"},
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": {"activity": "tensor"},
+    "DCGM_FI_PROF_DRAM_ACTIVE": {"activity": "dram"},
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": {"activity": "fp64"},
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": {"activity": "fp32"},
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": {"activity": "fp16"},
+}
+#: Fields decoded here rather than copied: a bitmask and the two XID forms.
+CLOCK_REASON_FIELDS = ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
+XID_LAST = "DCGM_FI_DEV_XID_ERRORS"
+XID_WINDOW = "DCGM_EXP_XID_ERRORS_COUNT"
+_ALL_REASONS = sum(bit for _, bit in CLOCK_EVENT_BITS)
+
+# Label spellings, preferred first.
+_UUID = ("UUID", "uuid")
+_POD = ("pod", "pod_name", "exported_pod")
+_NAMESPACE = ("namespace", "pod_namespace", "exported_namespace")
+_CONTAINER = ("container", "container_name", "exported_container")
+
+
+def is_blank(value: float) -> bool:
+    """DCGM's not-supported / blank sentinels (dcgm_structs.h), printed by old exporters.
+
+    int64 blanks sit at 2^63-16 and above, fp64 blanks at 2^47 (+0..+15), int32 blanks at
+    0x7ffffff0..0x7fffffff.
+    """
+    return (
+        value >= 2**63 - 16
+        or 2**47 <= value < 2**47 + 16
+        or 0x7FFFFFF0 <= value <= 0x7FFFFFFF
+        or value != value  # NaN
+    )
+
+
+def _first(labels: Mapping[str, str], names: Iterable[str]) -> str:
+    return next((labels[n] for n in names if labels.get(n)), "")
+
+
+@dataclass(frozen=True)
+class _Field:
+    key: str
+    scale: float
+    labels: Mapping[str, str]
+    per_instance: bool
+
+
+def _field_table() -> dict[str, _Field]:
+    table = {}
+    for spec in catalog.load().with_source("dcgm"):
+        for alias in spec.sources["dcgm"]:
+            if alias.metric in CLOCK_REASON_FIELDS or alias.metric in (XID_LAST, XID_WINDOW):
+                continue
+            labels = FIELD_LABELS.get(alias.metric, {})
+            table[alias.metric] = _Field(
+                spec.key, alias.scale, labels, "mig_instance" in spec.labels
+            )
+    return table
+
+
+class DcgmTelemetry(GpuTelemetry):
+    """Scrapes one dcgm-exporter ``/metrics`` URL with ``requests``."""
+
+    backend = "dcgm"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        http_timeout_s: float = 1.5,
+        max_bytes: int = 16 * 1024 * 1024,
+        session: requests.Session | None = None,
+        timeout_s: float = 2.0,
+        stale_s: float = 60.0,
+    ) -> None:
+        super().__init__(timeout_s=timeout_s, stale_s=stale_s)
+        self.url = url
+        self.http_timeout_s = http_timeout_s
+        self.max_bytes = max_bytes
+        self._session = session or requests.Session()
+        self._fields = _field_table()
+        self.xids = XidLog(self.faults)
+        self._last_xid: dict[str, int] = {}
+        self._xid_window: dict[tuple[str, int], int] = {}
+        self._seen: set[str] = set()
+
+    def close(self) -> None:
+        self._session.close()
+        super().close()
+
+    def poll(self) -> list[Metric]:
+        samples = [s for family in self._fetch().values() for s in family.samples]
+        families = FamilySet()
+        present = self._map(samples, families)
+        for uuid in sorted(self._seen - present):
+            if self.faults.mark(uuid, "lost", "GPU disappeared from dcgm-exporter"):
+                log_event(logger, logging.ERROR, "gpu lost", gpu_uuid=uuid, url=self.url)
+        self._seen |= present
+        self.xids.fill(families)
+        self.faults.fill(families, self._seen)
+        return families.families()
+
+    def _fetch(self) -> dict[str, Any]:
+        try:
+            with self._session.get(
+                self.url,
+                timeout=self.http_timeout_s,
+                headers={"Accept": "text/plain;version=0.0.4"},
+                stream=True,
+            ) as response:
+                if response.status_code != 200:
+                    raise BackendDown("http_status", f"{self.url}: HTTP {response.status_code}")
+                body = b""
+                for chunk in response.iter_content(64 * 1024):
+                    body += chunk
+                    if len(body) > self.max_bytes:
+                        raise BackendDown("too_large", f"{self.url}: over {self.max_bytes} bytes")
+        except requests.Timeout as error:
+            raise BackendDown("timeout", f"{self.url}: {error}") from None
+        except requests.ConnectionError as error:
+            raise BackendDown("connect", f"{self.url}: {error}") from None
+        except requests.RequestException as error:
+            raise BackendDown("http_error", f"{self.url}: {error}") from None
+        try:
+            families = parse(body).families
+        except ValueError as error:
+            raise BackendDown("not_metrics", f"{self.url}: {error}") from None
+        if not any(name.startswith(("DCGM_FI_", "DCGM_EXP_")) for name in families):
+            raise BackendDown("not_metrics", f"{self.url}: no DCGM fields in the response")
+        return families
+
+    def _map(self, samples: list[Sample], out: FamilySet) -> set[str]:
+        """Fill ``out``; return the UUIDs present."""
+        present: set[str] = set()
+        memory: dict[tuple[str, str], dict[str, float]] = {}
+        windowed = {_first(s.labels, _UUID) for s in samples if s.name == XID_WINDOW}
+        for sample in samples:
+            labels = sample.labels
+            uuid = _first(labels, _UUID)
+            if not uuid or not sample.name.startswith("DCGM_"):
+                continue
+            present.add(uuid)
+            instance = labels.get("GPU_I_ID", "")
+            self._identity(uuid, labels, instance, out)
+            if is_blank(sample.value):
+                continue
+            if sample.name in CLOCK_REASON_FIELDS:
+                add_clock_events(out, uuid, int(sample.value), _ALL_REASONS)
+            elif sample.name == XID_WINDOW:
+                self._xid_window_count(uuid, labels.get("xid", ""), int(sample.value))
+            elif sample.name == XID_LAST and uuid not in windowed:
+                self._xid_last(uuid, int(sample.value))
+            field = self._fields.get(sample.name)
+            if field is None:
+                continue
+            value = sample.value * field.scale
+            extra = dict(field.labels)
+            if field.per_instance:
+                extra["mig_instance"] = instance
+                if field.key.startswith("gpu_memory_"):
+                    memory.setdefault((uuid, instance), {})[field.key] = value
+            out.add(field.key, value, {"gpu_uuid": uuid, **extra})
+            self._check_faults(uuid, sample.name, sample.value)
+        for (uuid, instance), parts in memory.items():
+            keys = ("gpu_memory_used", "gpu_memory_free", "gpu_memory_reserved")
+            if "gpu_memory_total" not in parts and all(k in parts for k in keys):
+                total = sum(parts[k] for k in keys)
+                out.add("gpu_memory_total", total, {"gpu_uuid": uuid, "mig_instance": instance})
+        return present
+
+    def _identity(
+        self, uuid: str, labels: Mapping[str, str], instance: str, out: FamilySet
+    ) -> None:
+        if not instance:
+            out.add(
+                "gpu_info",
+                1,
+                {
+                    "gpu_uuid": uuid,
+                    "index": labels.get("gpu", ""),
+                    "pci_bus_id": labels.get("pci_bus_id", ""),
+                    "name": labels.get("modelName", ""),
+                },
+            )
+        driver = labels.get("DCGM_FI_DRIVER_VERSION")
+        if driver:
+            out.add("gpu_driver_info", 1, {"driver_version": driver})
+        pod = _first(labels, _POD)
+        if pod:
+            out.add(
+                "gpu_pod_info",
+                1,
+                {
+                    "gpu_uuid": uuid,
+                    "pod": pod,
+                    "namespace": _first(labels, _NAMESPACE),
+                    "container": _first(labels, _CONTAINER),
+                },
+            )
+
+    def _check_faults(self, uuid: str, field: str, value: float) -> None:
+        if field == "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" and value > 0:
+            self._fault(
+                uuid,
+                "ecc_uncorrected",
+                f"{value:.0f} uncorrectable ECC errors since the driver loaded",
+            )
+        elif field == "DCGM_FI_DEV_ROW_REMAP_FAILURE" and value > 0:
+            self._fault(uuid, "row_remap_failed", "row remapping failed")
+
+    def _fault(self, uuid: str, reason: str, detail: str) -> None:
+        if self.faults.mark(uuid, reason, detail):
+            log_event(
+                logger,
+                logging.ERROR,
+                "gpu out of service",
+                gpu_uuid=uuid,
+                reason=reason,
+                detail=detail,
+            )
+
+    def _xid_last(self, uuid: str, xid: int) -> None:
+        """The last-XID gauge is sticky: count an XID when the value changes to it."""
+        if xid and self._last_xid.get(uuid) != xid:
+            self.xids.record(uuid, xid)
+        self._last_xid[uuid] = xid
+
+    def _xid_window_count(self, uuid: str, xid_label: str, count: int) -> None:
+        """Windowed counts: a rise is that many new XIDs (a fall is the window sliding)."""
+        if not xid_label.isdigit():
+            return
+        xid = int(xid_label)
+        before = self._xid_window.get((uuid, xid), 0)
+        if count > before:
+            self.xids.record(uuid, xid, count - before)
+        self._xid_window[uuid, xid] = count
