@@ -186,6 +186,7 @@ class Sidecar:
 
     async def aclose(self) -> None:
         for collector in self.collectors:
-            close = getattr(collector, "aclose", None)
-            if close is not None:
-                await close()
+            if hasattr(collector, "aclose"):
+                await collector.aclose()
+            elif hasattr(collector, "close"):
+                collector.close()

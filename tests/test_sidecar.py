@@ -12,6 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from inferwatch.exporters import gpu
 from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.engine_scrape import EngineScraper
@@ -217,3 +218,34 @@ def test_any_failing_readiness_condition_fails_readyz(page_server: Any) -> None:
 def test_healthz_answers_while_the_engine_is_down(unused_port: int) -> None:
     sidecar = make_sidecar(f"http://127.0.0.1:{unused_port}/metrics")
     assert get(sidecar, "/healthz").status_code == 200
+
+
+def test_gpu_telemetry_joins_metrics_and_readiness(page_server: Any) -> None:
+    backend = gpu.open_backend(f"replay={FIXTURES / 'gpu' / 'nvml-h200'}")
+    try:
+        sidecar = make_sidecar(
+            f"{page_server.url}/{VLLM_PAGE}", collectors=[backend], readiness=[backend]
+        )
+        text = get(sidecar, "/metrics").text
+        assert value(text, "inferwatch_collector_success", collector=backend.name) == 1
+        assert value(text, "inferwatch_gpu_power_watts") is not None
+        conditions = json.loads(get(sidecar, "/readyz").text)["conditions"]
+        assert {c["name"] for c in conditions} == {"engine", "gpu"}
+    finally:
+        backend.close()
+
+
+def test_a_fixed_engine_that_the_page_does_not_match_is_counted(page_server: Any) -> None:
+    scraper = EngineScraper(f"{page_server.url}/{VLLM_PAGE}", timeout=1.0)
+    sidecar = Sidecar(EngineCollector(scraper, {}, engine="tgi"))
+    text = get(sidecar, "/metrics").text
+    assert value(text, "inferwatch_engine_up", engine="tgi") == 0
+    assert value(text, "inferwatch_engine_scrape_errors_total", reason="unknown_engine") == 1
+
+
+def test_a_new_engine_behind_the_url_is_detected_again(page_server: Any) -> None:
+    sidecar = make_sidecar(f"{page_server.url}/page/metrics")
+    page_server.page = fixture_page(VLLM_PAGE)
+    assert value(get(sidecar, "/metrics").text, "inferwatch_engine_up", engine="vllm") == 1
+    page_server.page = fixture_page("fixture/tgi-datadog-payload/metrics")
+    assert value(get(sidecar, "/metrics").text, "inferwatch_engine_up", engine="tgi") == 1
