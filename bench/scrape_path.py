@@ -12,22 +12,28 @@ family filter; parse + ``engines.normalize`` with and without the filter ("n/a" 
 adapter is absent); ``str.splitlines`` as a floor; and, timed apart because it empties the
 memos, parse on a first scrape.
 
-To add a row (for example a full sidecar ``GET /metrics``), append a ``(label, callable)`` to the
-list that ``build_rows`` returns; to report more process facts (for example sidecar RSS), extend
-``machine_facts``.
+A second table times whole scrapes over loopback HTTP: a real ``inferwatch sidecar`` process
+in front of a local server holding the page, against a plain GET of that page (the floor any
+scraper pays), and reports the sidecar's resident memory after the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
+import socket
 import statistics
+import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.exporters import textformat
@@ -153,6 +159,97 @@ def print_table(results: dict[str, float], labels: list[str], anchor_ms: float) 
             print(f"  {label:<{width}}  {'n/a':>9}  {'n/a':>18}")
 
 
+class _PageHandler(BaseHTTPRequestHandler):
+    page = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(self.page)))
+        self.end_headers()
+        self.wfile.write(self.page)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def engine_serving(page: str) -> Iterator[str]:
+    """A local HTTP server answering every GET with ``page``; yields its /metrics URL."""
+    handler = type("Handler", (_PageHandler,), {"page": page.encode()})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def sidecar_serving(engine_url: str) -> Iterator[tuple[str, int]]:
+    """A real ``inferwatch sidecar`` process; yields its /metrics URL and pid."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [
+        str(Path(sys.executable).parent / "inferwatch"),
+        "--log-level=warning",
+        "sidecar",
+        f"--engine-url={engine_url}",
+        f"--listen=127.0.0.1:{port}",
+        "--gpu=none",
+    ]
+    process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        for _ in range(200):
+            with contextlib.suppress(httpx.TransportError):
+                httpx.get(url.replace("/metrics", "/healthz"))
+                break
+            time.sleep(0.05)
+        yield url, process.pid
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def http_scrapes(pages: dict[str, str], rounds: int) -> None:
+    """Whole scrapes over HTTP: the page itself, then through the sidecar, alternating."""
+    print(f"\nGET /metrics over loopback, {rounds} rounds (p50 / p99 ms)")
+    print(
+        f"  {'page':<9} {'engine page direct':>19} {'through sidecar':>16} {'ratio':>6}"
+        f" {'sidecar RSS':>12}"
+    )
+    for page_name, text in pages.items():
+        with engine_serving(text) as engine_url, sidecar_serving(engine_url) as (url, pid):
+            times: dict[str, list[float]] = {engine_url: [], url: []}
+            with httpx.Client() as client:
+                for target in (engine_url, url):  # warm-up: connections, memos, detection
+                    client.get(target).raise_for_status()
+                for _ in range(rounds):
+                    for target in (engine_url, url):
+                        start = time.perf_counter()
+                        client.get(target).raise_for_status()
+                        times[target].append((time.perf_counter() - start) * 1000)
+            rss = rss_mb(pid)
+        direct, sidecar = (sorted(times[engine_url]), sorted(times[url]))
+        p50 = statistics.median
+        p99 = lambda xs: xs[min(len(xs) - 1, int(len(xs) * 0.99))]  # noqa: E731
+        print(
+            f"  {page_name:<9} {p50(direct):9.2f} / {p99(direct):6.2f} "
+            f"{p50(sidecar):7.2f} / {p99(sidecar):6.2f} {p50(sidecar) / p50(direct):5.1f}x"
+            f" {rss:9.1f} MB"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=60, help="timed calls per row and page")
@@ -176,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         our_parse(text)  # memos back for the next page
         labels = [label for label, _ in rows] + [cold_label]
         print_table(results, labels, results[ANCHOR])
+    http_scrapes(pages, max(args.rounds, 100))
     return 0
 
 
