@@ -1,0 +1,162 @@
+"""``inferwatch capacity``: print how a model fits a GPU under vLLM-style serving settings."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import click
+
+from inferwatch import capacity as cap
+
+
+def _gib(value: float) -> str:
+    return f"{value / cap.GIB:,.2f} GiB"
+
+
+def render_table(result: cap.Capacity, context: int) -> str:
+    """A two-column summary for a terminal."""
+    model, gpu, serving = result.model, result.gpu, result.serving
+    params = f"{model.params / 1e9:.2f} B parameters"
+    if model.experts:
+        params += f", {model.active_params / 1e9:.2f} B active ({model.experts} experts)"
+    per_token = result.kv_bytes_per_token_per_gpu
+    sequences = result.max_sequences(context)
+    utilization = serving.gpu_memory_utilization
+    limits = (
+        f"max_num_seqs {result.max_num_seqs}, "
+        f"max_num_batched_tokens {result.max_num_batched_tokens}"
+    )
+    rows = [
+        ("model", f"{model.name} ({params})"),
+        ("gpu", f"{gpu.name} x{serving.tensor_parallel}, {_gib(gpu.memory_bytes)} usable each"),
+        ("dtypes", f"weights {result.weight_dtype}, KV cache {result.kv_cache_dtype}"),
+        ("budget", f"{_gib(result.budget_bytes)} per GPU (gpu-memory-utilization {utilization})"),
+        ("weights", f"{_gib(result.weight_bytes)} per GPU"),
+        ("activation reserve", f"{_gib(result.reserve_bytes)} per GPU ({limits})"),
+        ("KV cache", f"{_gib(result.kv_bytes)} per GPU"),
+        ("KV bytes per token", f"{result.kv_bytes_per_token:,} (model), {per_token:,} per GPU"),
+        ("KV blocks", f"{result.num_blocks:,} x {result.block_size} = {result.kv_tokens:,} tokens"),
+        ("max concurrency", f"{result.max_concurrency(context):,.2f}x at {context:,} tokens"),
+        ("preemption from", f"sequence {sequences + 1} of {context:,} tokens"),
+        ("longest sequence", f"{result.longest_sequence:,} tokens fit in the KV cache"),
+        ("start-up needs", f"gpu-memory-utilization >= {result.min_gpu_memory_utilization:.2f} "
+                           f"at max-model-len {result.max_model_len:,}"),
+    ]  # fmt: skip
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+@click.command()
+@click.option(
+    "--model",
+    "model_name",
+    default="meta-llama/Llama-3.1-8B-Instruct",
+    show_envvar=True,
+    help="Preset (" + ", ".join(cap.MODEL_CONFIGS) + ") or a config.json path/folder.",
+)
+@click.option(
+    "--gpu",
+    "gpu_name",
+    default="H100",
+    show_envvar=True,
+    help="GPU preset: " + ", ".join(cap.GPU_PRESETS) + ".",
+)
+@click.option(
+    "--gpu-memory-gib",
+    type=click.FloatRange(min=0, min_open=True),
+    show_envvar=True,
+    help="Override the GPU's usable memory (what CUDA reports as total).",
+)
+@click.option("--tensor-parallel", "-tp", type=click.IntRange(min=1), default=1, show_envvar=True)
+@click.option(
+    "--gpu-memory-utilization",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=0.92,
+    show_envvar=True,
+)
+@click.option("--block-size", type=click.IntRange(min=1), default=16, show_envvar=True)
+@click.option(
+    "--max-model-len",
+    type=click.IntRange(min=1),
+    show_envvar=True,
+    help="Default: the model's max_position_embeddings.",
+)
+@click.option(
+    "--weight-dtype",
+    type=click.Choice(sorted(cap.DTYPE_BYTES)),
+    show_envvar=True,
+    help="Default: the model's dtype; fp8/int8/int4 for quantized checkpoints.",
+)
+@click.option(
+    "--kv-cache-dtype",
+    type=click.Choice(["auto", "bf16", "fp16", "fp8"]),
+    default="auto",
+    show_envvar=True,
+)
+@click.option(
+    "--max-num-seqs",
+    type=click.IntRange(min=1),
+    show_envvar=True,
+    help="Default: vLLM's (1024 on >=70 GiB GPUs other than A100, else 256).",
+)
+@click.option(
+    "--max-num-batched-tokens",
+    type=click.IntRange(min=1),
+    show_envvar=True,
+    help="Default: vLLM's (8192 on >=70 GiB GPUs other than A100, else 2048).",
+)
+@click.option(
+    "--reserve-gib",
+    type=click.FloatRange(min=0),
+    show_envvar=True,
+    help="Override the activation/overhead reserve estimate.",
+)
+@click.option(
+    "--context",
+    type=click.IntRange(min=1),
+    show_envvar=True,
+    help="Tokens per sequence for the concurrency figures (default: max-model-len).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def capacity(
+    model_name: str,
+    gpu_name: str,
+    gpu_memory_gib: float | None,
+    tensor_parallel: int,
+    gpu_memory_utilization: float,
+    block_size: int,
+    max_model_len: int | None,
+    weight_dtype: str | None,
+    kv_cache_dtype: str,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    reserve_gib: float | None,
+    context: int | None,
+    as_json: bool,
+) -> None:
+    """Weights, KV cache, blocks and concurrency of a model on a GPU (vLLM's accounting)."""
+    try:
+        model = cap.model_preset(model_name)
+        gpu = cap.gpu_preset(gpu_name)
+        if gpu_memory_gib is not None:
+            gpu = replace(gpu, total_bytes=int(gpu_memory_gib * cap.GIB) + gpu.reserved_bytes)
+        serving = cap.ServingSpec(
+            tensor_parallel=tensor_parallel,
+            gpu_memory_utilization=gpu_memory_utilization,
+            block_size=block_size,
+            max_model_len=max_model_len,
+            weight_dtype=weight_dtype,
+            kv_cache_dtype=kv_cache_dtype,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            reserve_bytes=None if reserve_gib is None else int(reserve_gib * cap.GIB),
+        )
+        result = cap.compute(model, gpu, serving)
+    except cap.CapacityError as exc:
+        raise click.ClickException(str(exc)) from None
+    context = context or result.max_model_len
+    if as_json:
+        click.echo(json.dumps(result.to_dict(context), indent=2))
+    else:
+        click.echo(render_table(result, context))

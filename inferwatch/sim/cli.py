@@ -1,0 +1,194 @@
+"""``inferwatch sim``: serve a simulated vLLM replica with a DCGM endpoint and fault injection."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+import yaml
+
+from inferwatch import capacity as cap
+from inferwatch.logs import log_event
+from inferwatch.sim.faults import FaultError
+from inferwatch.sim.server import serve_forever
+from inferwatch.sim.simulator import SimConfig
+
+log = logging.getLogger("inferwatch.sim")
+
+
+def _faults(path: Path | None) -> object:
+    if path is None:
+        return None
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise click.ClickException(f"cannot read the fault file {path}: {exc}") from None
+
+
+@click.command()
+@click.option(
+    "--model",
+    default="meta-llama/Llama-3.1-8B-Instruct",
+    show_envvar=True,
+    help="Model preset or config.json path (see `inferwatch capacity --help`).",
+)
+@click.option("--served-model-name", show_envvar=True, help="Default: the model's name.")
+@click.option(
+    "--gpu",
+    default="H100",
+    show_envvar=True,
+    help="GPU preset: " + ", ".join(cap.GPU_PRESETS) + ".",
+)
+@click.option("--tensor-parallel", "-tp", type=click.IntRange(min=1), default=1, show_envvar=True)
+@click.option(
+    "--engine-ranks",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_envvar=True,
+    help="Data-parallel engine cores (values of the `engine` label).",
+)
+@click.option(
+    "--gpu-memory-utilization",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=0.92,
+    show_envvar=True,
+)
+@click.option("--block-size", type=click.IntRange(min=1), default=16, show_envvar=True)
+@click.option("--max-model-len", type=click.IntRange(min=1), show_envvar=True)
+@click.option("--max-num-seqs", type=click.IntRange(min=1), show_envvar=True)
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), show_envvar=True)
+@click.option("--weight-dtype", type=click.Choice(sorted(cap.DTYPE_BYTES)), show_envvar=True)
+@click.option(
+    "--kv-cache-dtype",
+    type=click.Choice(["auto", "bf16", "fp16", "fp8"]),
+    default="auto",
+    show_envvar=True,
+)
+@click.option(
+    "--num-gpu-blocks",
+    type=click.IntRange(min=1),
+    show_envvar=True,
+    help="Override the KV cache size in blocks (small caches preempt sooner).",
+)
+@click.option(
+    "--batching",
+    type=click.Choice(["continuous", "static"]),
+    default="continuous",
+    show_envvar=True,
+    help="static: a new batch starts only when the last one finished.",
+)
+@click.option("--prefix-caching/--no-prefix-caching", default=True, show_envvar=True)
+@click.option(
+    "--speed",
+    type=click.FloatRange(min=0.01),
+    default=1.0,
+    show_envvar=True,
+    help="Simulated seconds per wall-clock second.",
+)
+@click.option("--seed", type=int, default=0, show_envvar=True)
+@click.option(
+    "--goldens",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    show_envvar=True,
+    help="Folder of golden YAML files (default: the shipped set).",
+)
+@click.option(
+    "--faults",
+    "faults_file",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    show_envvar=True,
+    help="YAML/JSON fault document applied at start-up.",
+)
+@click.option(
+    "--admin-token",
+    show_envvar=True,
+    help="Bearer token for /admin/faults (the endpoint is off without one).",
+)
+@click.option(
+    "--hostname",
+    default="inferwatch-sim",
+    show_envvar=True,
+    help="Hostname label of the simulated GPUs.",
+)
+@click.option("--host", default="127.0.0.1", show_envvar=True)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_envvar=True,
+    help="0 picks a free port.",
+)
+@click.option(
+    "--gpu-port",
+    type=click.IntRange(0, 65535),
+    show_envvar=True,
+    help="Also serve the DCGM endpoint at /metrics on this port.",
+)
+@click.option(
+    "--ready-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    show_envvar=True,
+    help="Write {url, gpu_url} as JSON here once serving.",
+)
+def sim(
+    model: str,
+    served_model_name: str | None,
+    gpu: str,
+    tensor_parallel: int,
+    engine_ranks: int,
+    gpu_memory_utilization: float,
+    block_size: int,
+    max_model_len: int | None,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    weight_dtype: str | None,
+    kv_cache_dtype: str,
+    num_gpu_blocks: int | None,
+    batching: str,
+    prefix_caching: bool,
+    speed: float,
+    seed: int,
+    goldens: Path | None,
+    faults_file: Path | None,
+    admin_token: str | None,
+    hostname: str,
+    host: str,
+    port: int,
+    gpu_port: int | None,
+    ready_file: Path | None,
+) -> None:
+    """Serve a simulated vLLM replica (OpenAI API, /metrics, DCGM, faults) on one port."""
+    config = SimConfig(
+        model=model,
+        served_model_name=served_model_name,
+        gpu=gpu,
+        tensor_parallel=tensor_parallel,
+        engine_ranks=engine_ranks,
+        gpu_memory_utilization=gpu_memory_utilization,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        weight_dtype=weight_dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        num_gpu_blocks=num_gpu_blocks,
+        batching=batching,
+        enable_prefix_caching=prefix_caching,
+        speed=speed,
+        seed=seed,
+        goldens=goldens,
+        faults=_faults(faults_file),  # type: ignore[arg-type]
+        admin_token=admin_token,
+        hostname=hostname,
+        host=host,
+        port=port,
+        gpu_port=gpu_port,
+    )
+    log_event(log, logging.INFO, "simulator starting", model=model, gpu=gpu, host=host, port=port)
+    try:
+        serve_forever(config, ready_file)
+    except (cap.CapacityError, FaultError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        pass
