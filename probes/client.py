@@ -1,0 +1,185 @@
+"""Send one golden to an OpenAI-compatible endpoint and time the streamed reply.
+
+Requests are streamed so that time to first token is measured the way users feel it, and
+marked with the reserved tenant ``_probe`` (header ``X-Inferwatch-Tenant``) so that the
+tenancy proxy keeps probe tokens out of customer cost; where tenants are resolved from API
+keys instead, give the probe its own key (``api_key``) mapped to ``_probe``. Every failure
+comes back as a :class:`Reply` with ``error`` set, never as an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import httpx
+
+from inferwatch import __version__
+from inferwatch.probes.golden import Golden
+from inferwatch.probes.reply import Reply, ToolCall
+
+PROBE_TENANT: Final = "_probe"
+TENANT_HEADER: Final = "X-Inferwatch-Tenant"
+MAX_BODY_BYTES: Final = 1 << 20
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where to send probes: an OpenAI-compatible base URL (``http://pod:8000``)."""
+
+    url: str
+    model: str = ""
+    api_key: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def completions_url(self) -> str:
+        base = self.url.rstrip("/")
+        return base + ("/chat/completions" if base.endswith("/v1") else "/v1/chat/completions")
+
+    @property
+    def models_url(self) -> str:
+        base = self.url.rstrip("/")
+        return base + ("/models" if base.endswith("/v1") else "/v1/models")
+
+    def request_headers(self) -> dict[str, str]:
+        headers = {
+            "Accept": "text/event-stream, application/json",
+            "User-Agent": f"inferwatch-probe/{__version__}",
+            TENANT_HEADER: PROBE_TENANT,
+            **self.headers,
+        }
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+
+class _Assembler:
+    """Accumulates streamed (or whole) chat-completion JSON into a reply."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.calls: dict[int, dict[str, str]] = {}
+        self.finish_reason = ""
+        self.usage: Mapping[str, Any] = {}
+        self.model = ""
+        self.fingerprint = ""
+        self.first_token_at: float | None = None
+
+    def feed(self, chunk: Mapping[str, Any], now: float) -> None:
+        self.model = str(chunk.get("model") or self.model)
+        self.fingerprint = str(chunk.get("system_fingerprint") or self.fingerprint)
+        if isinstance(chunk.get("usage"), Mapping):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            part = choice.get("delta") or choice.get("message") or {}
+            text = part.get("content")
+            if text:
+                self.content.append(str(text))
+                self._first(now)
+            for i, call in enumerate(part.get("tool_calls") or ()):
+                slot = self.calls.setdefault(int(call.get("index", i)), {"name": "", "args": ""})
+                function = call.get("function") or {}
+                slot["name"] += str(function.get("name") or "")
+                slot["args"] += str(function.get("arguments") or "")
+                self._first(now)
+            if choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
+
+    def _first(self, now: float) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = now
+
+    def reply(self, status: int, started: float, headers: Mapping[str, str]) -> Reply:
+        return Reply(
+            status=status,
+            content="".join(self.content),
+            tool_calls=tuple(
+                ToolCall(name=c["name"], arguments=c["args"]) for _, c in sorted(self.calls.items())
+            ),
+            finish_reason=self.finish_reason,
+            prompt_tokens=int(self.usage.get("prompt_tokens") or 0),
+            completion_tokens=int(self.usage.get("completion_tokens") or 0),
+            ttft_s=None if self.first_token_at is None else self.first_token_at - started,
+            total_s=time.perf_counter() - started,
+            model=self.model,
+            system_fingerprint=self.fingerprint,
+            headers=headers,
+        )
+
+
+async def _read(response: httpx.Response, assembler: _Assembler) -> None:
+    """Feed a streamed (SSE) or whole JSON body into the assembler; ValueError if malformed."""
+    if "text/event-stream" not in response.headers.get("content-type", ""):
+        body = await response.aread()
+        if len(body) > MAX_BODY_BYTES:
+            raise ValueError("body too large")
+        assembler.feed(json.loads(body), time.perf_counter())
+        return
+    size = 0
+    async for line in response.aiter_lines():
+        size += len(line)
+        if size > MAX_BODY_BYTES:
+            raise ValueError("body too large")
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        chunk = json.loads(data)
+        if not isinstance(chunk, dict):
+            raise ValueError("frame is not an object")
+        assembler.feed(chunk, time.perf_counter())
+
+
+async def send(
+    http: httpx.AsyncClient, endpoint: Endpoint, golden: Golden, timeout_s: float
+) -> Reply:
+    """Run one golden against ``endpoint`` within ``timeout_s`` seconds, all included."""
+    started = time.perf_counter()
+    assembler = _Assembler()
+    status = 0
+    headers: Mapping[str, str] = {}
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with http.stream(
+                "POST",
+                endpoint.completions_url,
+                json=golden.request(endpoint.model),
+                headers=endpoint.request_headers(),
+                timeout=timeout_s,
+            ) as response:
+                status = response.status_code
+                headers = dict(response.headers)
+                if status != 200:
+                    await response.aread()
+                    return Reply(
+                        status=status,
+                        error=f"http_{status}",
+                        total_s=time.perf_counter() - started,
+                        headers=headers,
+                    )
+                await _read(response, assembler)
+    except (TimeoutError, httpx.TimeoutException):
+        return Reply(status=status, error="timeout", total_s=time.perf_counter() - started)
+    except httpx.TransportError:
+        return Reply(status=status, error="connect", total_s=time.perf_counter() - started)
+    except (ValueError, TypeError, AttributeError, httpx.HTTPError):
+        return Reply(status=status, error="bad_response", total_s=time.perf_counter() - started)
+    return assembler.reply(status, started, headers)
+
+
+async def discover_model(http: httpx.AsyncClient, endpoint: Endpoint, timeout_s: float) -> str:
+    """The first model id the endpoint serves (``GET /v1/models``); raises on failure."""
+    response = await http.get(
+        endpoint.models_url, headers=endpoint.request_headers(), timeout=timeout_s
+    )
+    response.raise_for_status()
+    data = response.json().get("data") or []
+    if not data or not isinstance(data[0], Mapping) or not data[0].get("id"):
+        raise ValueError("the endpoint lists no models")
+    return str(data[0]["id"])

@@ -1,0 +1,150 @@
+"""The probe runner's counters and histograms, rendered as catalogue families.
+
+Kept as plain numbers (not a prometheus_client registry) so the runner can be embedded in
+the sidecar as a ``Collector`` and served standalone with the same output.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from prometheus_client.core import Metric
+
+from inferwatch import catalog
+from inferwatch.probes.scoring import Outcome
+from inferwatch.probes.verdict import STATES, SeriesKey, Verdicts
+
+# OpenTelemetry GenAI bucket boundaries: operation duration and time to first token.
+DURATION_BUCKETS: Final = (
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+)
+TTFT_BUCKETS: Final = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+)
+
+
+@dataclass
+class Histogram:
+    bounds: Sequence[float]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def observe(self, value: float) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        counts = self.counts or [0] * (len(self.bounds) + 1)
+        cumulative, out = 0, []
+        for bound, count in zip([*map(str, self.bounds), "+Inf"], counts, strict=True):
+            cumulative += count
+            out.append((bound, float(cumulative)))
+        return out
+
+
+def _series(key: SeriesKey) -> tuple[str, str, str, str]:
+    return (key.target, key.route, key.model, key.model_version)
+
+
+class ProbeMetrics:
+    def __init__(self, set_name: str) -> None:
+        self.set_name = set_name
+        self.runs: defaultdict[tuple[str, ...], int] = defaultdict(int)
+        self.failures: defaultdict[tuple[str, ...], int] = defaultdict(int)
+        self.tokens: defaultdict[tuple[str, ...], int] = defaultdict(int)
+        self.skipped: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.durations: dict[tuple[str, ...], Histogram] = {}
+        self.ttfts: dict[tuple[str, ...], Histogram] = {}
+
+    def observe(self, key: SeriesKey, outcome: Outcome) -> None:
+        series = _series(key)
+        result = "pass" if outcome.passed else "fail"
+        self.runs[(*series, self.set_name, outcome.golden.id, result)] += 1
+        for check in outcome.failures:
+            self.failures[(*series, self.set_name, check)] += 1
+        reply = outcome.reply
+        self.tokens[(*series, "prompt")] += reply.prompt_tokens
+        self.tokens[(*series, "completion")] += reply.completion_tokens
+        if reply.ok:
+            self.durations.setdefault(series, Histogram(DURATION_BUCKETS)).observe(reply.total_s)
+        if reply.ttft_s is not None:
+            self.ttfts.setdefault(series, Histogram(TTFT_BUCKETS)).observe(reply.ttft_s)
+
+    def skip(self, target: str, reason: str) -> None:
+        self.skipped[(target, reason)] += 1
+
+    def families(self, verdicts: Verdicts, budget_remaining: float) -> list[Metric]:
+        cat = catalog.load()
+        runs, failures = cat.family("probe_runs"), cat.family("probe_check_failures")
+        for labels, n in sorted(self.runs.items()):
+            runs.add_metric(list(labels), n)
+        for labels, n in sorted(self.failures.items()):
+            failures.add_metric(list(labels), n)
+        tokens, skipped = cat.family("probe_tokens"), cat.family("probe_skipped")
+        for labels, n in sorted(self.tokens.items()):
+            tokens.add_metric(list(labels), n)
+        for pair, n in sorted(self.skipped.items()):
+            skipped.add_metric(list(pair), n)
+        durations, ttfts = cat.family("probe_duration"), cat.family("probe_ttft")
+        for family, histograms in ((durations, self.durations), (ttfts, self.ttfts)):
+            for series, histogram in sorted(histograms.items()):
+                family.add_metric(list(series), histogram.buckets(), histogram.total)
+        ratio, expected = cat.family("probe_pass_ratio"), cat.family("probe_expected_pass_ratio")
+        state = cat.family("probe_verdict")
+        for key in sorted(verdicts.series(), key=_series):
+            series_labels = [*_series(key), self.set_name]
+            verdict = verdicts.verdict(key)
+            if verdict.pass_ratio is not None:
+                ratio.add_metric(series_labels, verdict.pass_ratio)
+            if verdict.expected_ratio is not None:
+                expected.add_metric(series_labels, verdict.expected_ratio)
+            for name in STATES:
+                state.add_metric([*series_labels, name], float(name == verdict.state))
+        remaining = cat.family("probe_budget_remaining")
+        remaining.add_metric([], budget_remaining)
+        return [
+            runs,
+            failures,
+            ratio,
+            expected,
+            state,
+            durations,
+            ttfts,
+            tokens,
+            skipped,
+            remaining,
+        ]

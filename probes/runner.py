@@ -1,0 +1,239 @@
+"""The probe runner: golden probes on a jittered schedule, within a token budget.
+
+Each target (a replica probed directly, or the router in front of the replicas) gets its
+own loop, so there is never more than one probe in flight per target. One *cycle* is one
+pass over the golden set, spread over ``cycle_s`` seconds with jitter so that probes from
+many runners never line up. Results feed :class:`~inferwatch.probes.verdict.Verdicts`.
+
+The runner is both a sidecar ``Collector`` (its metrics) and a ``ReadinessSource`` (the
+``quality`` condition: failing when a directly probed target's verdict is ``fail``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, Literal
+
+import httpx
+from prometheus_client.core import Metric
+
+from inferwatch.exporters.collector import Condition
+from inferwatch.logs import log_event
+from inferwatch.probes import client
+from inferwatch.probes.golden import Golden, GoldenSet
+from inferwatch.probes.metrics import ProbeMetrics
+from inferwatch.probes.scoring import Limits, Outcome, score
+from inferwatch.probes.verdict import Policy, SeriesKey, Verdicts
+
+logger = logging.getLogger("inferwatch.probes")
+
+Route = Literal["direct", "router"]
+UNKNOWN_VERSION: Final = "unknown"
+_HOUR_S: Final = 3600.0
+_CHARS_PER_TOKEN: Final = 4
+
+
+@dataclass(frozen=True)
+class Target:
+    """One thing to probe. ``model_version`` falls back to the reply's system_fingerprint."""
+
+    name: str
+    endpoint: client.Endpoint
+    route: Route = "direct"
+    model_version: str = ""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    cycle_s: float = 300.0
+    jitter: float = 0.2
+    timeout_s: float = 30.0
+    tokens_per_hour: int = 200_000
+
+
+@dataclass
+class TokenBudget:
+    """A rolling one-hour token budget shared by every target of the runner."""
+
+    per_hour: int
+    clock: Callable[[], float] = time.monotonic
+    _spent: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def remaining(self) -> int:
+        horizon = self.clock() - _HOUR_S
+        while self._spent and self._spent[0][0] <= horizon:
+            self._spent.popleft()
+        return self.per_hour - sum(n for _, n in self._spent)
+
+    def allows(self, estimate: int) -> bool:
+        return self.remaining() >= estimate
+
+    def spend(self, tokens: int) -> None:
+        self._spent.append((self.clock(), tokens))
+
+
+def estimate_tokens(golden: Golden) -> int:
+    """Upper-bound guess of a probe's cost before sending it (prompt chars / 4 + max_tokens)."""
+    chars = sum(len(m["content"]) for m in golden.messages)
+    return chars // _CHARS_PER_TOKEN + golden.max_tokens
+
+
+class ProbeRunner:
+    name = "probes"
+
+    def __init__(
+        self,
+        goldens: GoldenSet,
+        targets: Sequence[Target],
+        *,
+        schedule: Schedule | None = None,
+        policy: Policy | None = None,
+        limits: Limits | None = None,
+        state_file: Path | None = None,
+        http: httpx.AsyncClient | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        names = [t.name for t in targets]
+        if len(set(names)) != len(names):
+            raise ValueError(f"target names must be unique: {names}")
+        self.goldens = goldens
+        self.targets = tuple(targets)
+        self.schedule = schedule or Schedule()
+        self.limits = limits or Limits()
+        self.verdicts = Verdicts(
+            frozenset(g.id for g in goldens.probes), policy or Policy(), state_file
+        )
+        self.metrics = ProbeMetrics(goldens.name)
+        self.budget = TokenBudget(self.schedule.tokens_per_hour)
+        self.http = http or httpx.AsyncClient()
+        self.rng = rng or random.Random()
+        self._models: dict[str, str] = {}
+        self._undiscovered: set[str] = set()
+        self._current: dict[str, SeriesKey] = {}
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def _model(self, target: Target) -> str | None:
+        if target.endpoint.model:
+            return target.endpoint.model
+        if target.name not in self._models:
+            try:
+                self._models[target.name] = await client.discover_model(
+                    self.http, target.endpoint, self.schedule.timeout_s
+                )
+            except (httpx.HTTPError, ValueError) as exc:
+                if target.name not in self._undiscovered:  # log once per failing streak
+                    self._undiscovered.add(target.name)
+                    log_event(
+                        logger,
+                        logging.WARNING,
+                        "model discovery failed; probes skipped",
+                        target=target.name,
+                        reason=str(exc) or type(exc).__name__,
+                    )
+                return None
+            self._undiscovered.discard(target.name)
+        return self._models[target.name]
+
+    async def probe_once(self, target: Target, golden: Golden) -> Outcome | None:
+        """Send one golden to one target and record it; None when skipped (budget, model)."""
+        if not self.budget.allows(estimate_tokens(golden)):
+            self.metrics.skip(target.name, "budget")
+            return None
+        model = await self._model(target)
+        if model is None:
+            self.metrics.skip(target.name, "discovery")
+            return None
+        endpoint = client.Endpoint(
+            target.endpoint.url, model, target.endpoint.api_key, target.endpoint.headers
+        )
+        reply = await client.send(self.http, endpoint, golden, self.schedule.timeout_s)
+        spent = reply.prompt_tokens + reply.completion_tokens
+        self.budget.spend(spent or (estimate_tokens(golden) if reply.ok else 0))
+        outcome = score(golden, reply, self.limits)
+        version = target.model_version or reply.system_fingerprint or UNKNOWN_VERSION
+        key = SeriesKey(target.name, target.route, model, version)
+        previous = self._current.get(target.name)
+        if previous is not None and previous != key and reply.ok:
+            self.verdicts.forget(previous)
+            log_event(
+                logger,
+                logging.INFO,
+                "model version changed",
+                target=target.name,
+                previous=previous.model_version,
+                current=version,
+            )
+        if reply.ok or previous is None:
+            self._current[target.name] = key
+        # A transport failure says nothing about the version: charge it to the current one.
+        key = self._current[target.name]
+        self.verdicts.record(key, golden.id, outcome.passed)
+        self.metrics.observe(key, outcome)
+        if not outcome.passed:
+            log_event(
+                logger,
+                logging.INFO,
+                "probe failed",
+                target=target.name,
+                probe=golden.id,
+                stage=outcome.stage,
+                failures=outcome.failures,
+            )
+        return outcome
+
+    async def run_cycle(self, target: Target) -> list[Outcome]:
+        """One pass over the golden set in a fresh random order, spaced with jitter."""
+        order = list(self.goldens.probes)
+        self.rng.shuffle(order)
+        spacing = self.schedule.cycle_s / len(order)
+        outcomes = []
+        for golden in order:
+            outcome = await self.probe_once(target, golden)
+            if outcome is not None:
+                outcomes.append(outcome)
+            jitter = self.schedule.jitter
+            await asyncio.sleep(spacing * self.rng.uniform(1 - jitter, 1 + jitter))
+        return outcomes
+
+    async def run(self) -> None:
+        """Probe every target until cancelled."""
+        await asyncio.gather(*(self._loop(t) for t in self.targets))
+
+    async def _loop(self, target: Target) -> None:
+        await asyncio.sleep(self.rng.uniform(0, self.schedule.cycle_s / len(self.goldens)))
+        while True:
+            await self.run_cycle(target)
+
+    def verdict_for(self, target: Target) -> tuple[SeriesKey | None, str, str]:
+        """(series, state, reason) of a target's current model version."""
+        key = self._current.get(target.name)
+        if key is None:
+            return None, "warming", "no probe results yet"
+        verdict = self.verdicts.verdict(key)
+        return key, verdict.state, verdict.reason
+
+    def readiness(self) -> Sequence[Condition]:
+        """``quality`` fails when a directly probed target fails its verdict."""
+        failing = []
+        for target in self.targets:
+            if target.route != "direct":
+                continue
+            _, state, reason = self.verdict_for(target)
+            if state == "fail":
+                failing.append(f"{target.name}: {reason}")
+        return [Condition("quality", not failing, "; ".join(failing))]
+
+    async def collect(self) -> Sequence[Metric]:
+        return self.families()
+
+    def families(self) -> list[Metric]:
+        return self.metrics.families(self.verdicts, max(0, self.budget.remaining()))
