@@ -1,0 +1,742 @@
+"""The proxy as a raw ASGI application (served by uvicorn with httptools).
+
+Per metered request: resolve the tenant, read and check the body, admit (input limit, budget,
+concurrency), forward with usage forced on, relay the response while metering it, then charge
+the tenant and write one access-log line. A client that goes away mid-request cancels the
+handler: the upstream connection is closed (the engine aborts the request) and the tokens seen
+so far are still charged, marked ``client_cancelled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+
+from inferwatch.exporters.tenancy.accesslog import AccessLog
+from inferwatch.exporters.tenancy.admission import BudgetLedger, ConcurrencyGate, Refusal
+from inferwatch.exporters.tenancy.config import ProxyConfig, Tenant
+from inferwatch.exporters.tenancy.labels import OTHER, BoundedLabels
+from inferwatch.exporters.tenancy.metrics import Identity, ProxyMetrics
+from inferwatch.exporters.tenancy.reconcile import Reconciler, engine_token_counters
+from inferwatch.exporters.tenancy.tenants import UNKNOWN, TenantResolver
+from inferwatch.exporters.tenancy.upstream import Timeouts, UpstreamError, UpstreamPool
+from inferwatch.exporters.tenancy.usage import (
+    EventStream,
+    MalformedEvent,
+    Usage,
+    UsageMeter,
+    estimate_prompt_tokens,
+)
+from inferwatch.logs import log_event
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+METERED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+STREAMABLE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+_DROPPED_RESPONSE_HEADERS = frozenset(
+    {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"}
+)
+_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+_JSON = [(b"content-type", b"application/json")]
+
+logger = logging.getLogger("inferwatch.proxy")
+
+
+class _ClientGone(Exception):
+    """The client disconnected before the response was complete."""
+
+
+@dataclass
+class Exchange:
+    """Everything known about one request, for metrics and the access log."""
+
+    start: float
+    path: str
+    tenant: str = UNKNOWN
+    via: str = ""
+    model: str = ""
+    versions: tuple[str, str, str] = ("", "", "")
+    identity: Identity = (UNKNOWN, "", "", "", "")
+    stream: bool = False
+    status: int = 0
+    outcome: str = ""
+    accounting: str = ""
+    meter: UsageMeter | None = None
+    usage: Usage | None = None
+    cost: float = 0.0
+    ttft: float | None = None
+    error: str = ""
+    watcher: _DisconnectWatcher | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _error_body(message: str, kind: str, code: str) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The request body, or None when it exceeds ``limit`` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class ProxyApp:
+    def __init__(self, config: ProxyConfig, access_log: bool = True) -> None:
+        self.config = config
+        self.access_log = AccessLog(access_log)
+        self.pool = UpstreamPool(
+            config.upstream_url, Timeouts(config.connect_timeout, config.read_timeout)
+        )
+        self.resolver = TenantResolver(config)
+        self.tenant_labels = BoundedLabels(
+            config.max_tenant_labels, [*config.tenants, UNKNOWN], config.tenant_idle_seconds
+        )
+        # models and versions come from clients too: bounded, but never evicted
+        self.value_labels = [
+            BoundedLabels(config.max_version_labels, idle_seconds=float("inf")) for _ in range(4)
+        ]
+        self.metrics = ProxyMetrics()
+        self.ledger = BudgetLedger()
+        self.gate = ConcurrencyGate(config.max_concurrency, config.queue_timeout)
+        self.reconciler = Reconciler()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ready: tuple[float, bool, str] = (0.0, False, "not checked yet")
+        v = config.versions
+        self._version_headers = (
+            v.model_version_header.encode(),
+            v.engine_version_header.encode(),
+            v.prompt_version_header.encode(),
+        )
+        self._version_defaults = (v.model_version, v.engine_version, v.prompt_version)
+        self._stripped_request_headers = frozenset(
+            {b"authorization", config.tenant_header.encode(), *self._version_headers}
+        )
+
+    # ------------------------------------------------------------------ ASGI entry point
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path = scope["path"]
+            if path in METERED_PATHS and scope["method"] == "POST":
+                await self._guarded(self._metered, scope, receive, send)
+            elif path == "/metrics":
+                await self._respond(
+                    send,
+                    200,
+                    generate_latest(self.registry()),
+                    [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
+                )
+            elif path == "/healthz":
+                await self._respond(send, 200, b"ok\n", [(b"content-type", b"text/plain")])
+            elif path == "/readyz":
+                await self._readyz(send)
+            else:
+                await self._guarded(self._passthrough, scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.start_background()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop_background()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def start_background(self) -> None:
+        self._tasks.append(asyncio.ensure_future(self._housekeeping_loop()))
+        if self.config.reconcile_interval > 0:
+            self._tasks.append(asyncio.ensure_future(self._reconcile_loop()))
+
+    async def stop_background(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        self.access_log.flush()
+        self.pool.close()
+
+    # ------------------------------------------------------------------ request handling
+    async def _guarded(
+        self,
+        handler: Callable[[Exchange, Scope, Receive, Send], Awaitable[None]],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """Run a handler; turn a client disconnect into cancellation, and always log."""
+        exchange = Exchange(start=time.perf_counter(), path=scope["path"])
+        try:
+            await handler(exchange, scope, receive, send)
+        except _ClientGone:
+            exchange.outcome = exchange.outcome or "client_cancelled"
+        finally:
+            self._finish(exchange)
+
+    def _resolve(self, exchange: Exchange, scope: Scope) -> Refusal | None:
+        client = scope.get("client")
+        resolution = self.resolver.resolve(scope["headers"], client[0] if client else None)
+        exchange.via = resolution.via
+        if resolution.tenant is None:
+            return Refusal(401, "rejected_auth", resolution.reason)
+        exchange.tenant = resolution.tenant
+        return None
+
+    def _label(self, exchange: Exchange, headers: list[tuple[bytes, bytes]]) -> None:
+        found: list[str | None] = [None, None, None]
+        names = self._version_headers
+        for name, value in headers:
+            for index in range(3):
+                if name == names[index]:
+                    found[index] = value.decode("latin-1")[:128]
+        versions = tuple(
+            value if value is not None else default
+            for value, default in zip(found, self._version_defaults, strict=True)
+        )
+        exchange.versions = (versions[0], versions[1], versions[2])
+        model_l, mv_l, ev_l, pv_l = self.value_labels
+        exchange.identity = (
+            self.tenant_labels.label(exchange.tenant),
+            model_l.label(exchange.model),
+            mv_l.label(versions[0]),
+            ev_l.label(versions[1]),
+            pv_l.label(versions[2]),
+        )
+
+    def _forward_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        stripped = self._stripped_request_headers
+        return [(name, value) for name, value in headers if name not in stripped]
+
+    async def _refuse(self, exchange: Exchange, send: Send, refusal: Refusal) -> None:
+        exchange.outcome = refusal.reason
+        exchange.error = refusal.message
+        headers = list(_JSON)
+        if refusal.retry_after is not None:
+            headers.append((b"retry-after", str(refusal.retry_after).encode()))
+        kind = "authentication_error" if refusal.status == 401 else "invalid_request_error"
+        if refusal.status in (429, 503):
+            kind = "rate_limit_error"
+        exchange.status = refusal.status
+        await self._respond(
+            send, refusal.status, _error_body(refusal.message, kind, refusal.reason), headers
+        )
+
+    async def _admit(self, exchange: Exchange, body: dict[str, Any]) -> Refusal | None:
+        config = self.config
+        prompt_estimate = estimate_prompt_tokens(body)
+        exchange.meter = UsageMeter(prompt_estimate)
+        if config.max_input_tokens and prompt_estimate > config.max_input_tokens:
+            return Refusal(
+                400,
+                "rejected_too_long",
+                f"prompt is about {prompt_estimate} tokens, over this endpoint's limit of "
+                f"{config.max_input_tokens} input tokens",
+            )
+        tenant = config.tenants.get(exchange.tenant)
+        if tenant is not None and tenant.budget is not None:
+            refusal = self.ledger.check(exchange.tenant, tenant.budget, prompt_estimate)
+            if refusal is not None:
+                return refusal
+        if config.max_concurrency or (tenant is not None and tenant.max_concurrency):
+            cap, priority = (tenant.max_concurrency, tenant.priority) if tenant else (0, 1)
+            refusal = await self.gate.acquire(exchange.tenant, cap, priority)
+            if refusal is not None:
+                return refusal
+            exchange.extra["gated"] = True
+        else:
+            self.gate.in_flight += 1
+        return None
+
+    async def _metered(
+        self, exchange: Exchange, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        refusal = self._resolve(exchange, scope)
+        if refusal is not None:
+            self._label(exchange, scope["headers"])
+            return await self._refuse(exchange, send, refusal)
+        raw = await _read_body(receive, self.config.max_body_bytes)
+        body: Any = None
+        if raw is None:
+            refusal = Refusal(
+                413,
+                "rejected_bad_request",
+                f"request body exceeds {self.config.max_body_bytes} bytes",
+            )
+        else:
+            try:
+                body = json.loads(raw)
+            except ValueError as exc:
+                refusal = Refusal(400, "rejected_bad_request", f"request body is not JSON: {exc}")
+            else:
+                if not isinstance(body, dict):
+                    refusal = Refusal(
+                        400, "rejected_bad_request", "request body must be a JSON object"
+                    )
+        if isinstance(body, dict) and isinstance(body.get("model"), str):
+            exchange.model = body["model"][:256]
+        self._label(exchange, scope["headers"])
+        if refusal is None:
+            assert isinstance(body, dict) and raw is not None
+            refusal = await self._admit(exchange, body)
+        if refusal is not None:
+            return await self._refuse(exchange, send, refusal)
+        assert isinstance(body, dict) and raw is not None
+        try:
+            await self._forward_metered(exchange, scope, receive, send, body, raw)
+        finally:
+            if exchange.extra.get("gated"):
+                self.gate.release(exchange.tenant)
+            else:
+                self.gate.in_flight -= 1
+            self._charge(exchange)
+
+    async def _forward_metered(
+        self,
+        exchange: Exchange,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        body: dict[str, Any],
+        raw: bytes,
+    ) -> None:
+        stream = scope["path"] in STREAMABLE_PATHS and body.get("stream") is True
+        exchange.stream = stream
+        client_wants_usage = False
+        if stream:
+            options = body.get("stream_options")
+            client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
+            forced = dict(options) if isinstance(options, dict) else {}
+            forced["include_usage"] = True
+            if self.config.continuous_usage:
+                forced["continuous_usage_stats"] = True
+            if forced != options:
+                body["stream_options"] = forced
+                raw = json.dumps(body, separators=(",", ":")).encode()
+        target = scope["raw_path"] + (
+            b"?" + scope["query_string"] if scope["query_string"] else b""
+        )
+        watcher = _DisconnectWatcher(receive)
+        exchange.watcher = watcher
+        try:
+            try:
+                response = await self.pool.request(
+                    "POST", target, self._forward_headers(scope["headers"]), raw
+                )
+            except UpstreamError as exc:
+                return await self._upstream_failed(
+                    exchange, send, exc, sent=exc.reason != "connect"
+                )
+            exchange.status = response.status
+            try:
+                if stream and response.status == 200:
+                    await self._relay_stream(exchange, send, response, client_wants_usage)
+                else:
+                    await self._relay_json(exchange, send, response)
+            finally:
+                response.close()
+        except asyncio.CancelledError:
+            try:
+                watcher.claim()
+            except _ClientGone:
+                exchange.accounting = "client_cancelled"
+                exchange.outcome = "client_cancelled"
+        finally:
+            watcher.stop()
+
+    async def _upstream_failed(
+        self, exchange: Exchange, send: Send, exc: UpstreamError, sent: bool
+    ) -> None:
+        self.metrics.upstream_error(exc.reason)
+        exchange.outcome = "upstream_error"
+        exchange.error = exc.detail
+        if sent:
+            # the engine may have processed the prompt: charge the estimate, marked as an error
+            exchange.accounting = "error"
+        else:
+            exchange.meter = None
+        exchange.status = 504 if exc.reason == "timeout" else 502
+        await self._final(
+            exchange,
+            send,
+            exchange.status,
+            _error_body(f"engine request failed: {exc.detail}", "upstream_error", exc.reason),
+            list(_JSON),
+        )
+
+    async def _relay_json(self, exchange: Exchange, send: Send, response: Any) -> None:
+        try:
+            data = await response.read(self.config.max_response_bytes)
+        except UpstreamError as exc:
+            return await self._upstream_failed(exchange, send, exc, sent=True)
+        status = response.status
+        if status < 400:
+            payload: Any = None
+            with contextlib.suppress(ValueError):
+                payload = json.loads(data)
+            if isinstance(payload, dict) and exchange.meter is not None:
+                exchange.meter.observe(payload)
+                exchange.accounting = "complete"
+            exchange.outcome = "ok"
+        else:
+            exchange.outcome = "engine_client_error" if status < 500 else "engine_error"
+            exchange.meter = None  # the engine refused it: nothing to charge
+        headers = [(k, v) for k, v in response.headers if k not in _DROPPED_RESPONSE_HEADERS]
+        await self._final(exchange, send, status, data, headers)
+
+    async def _relay_stream(
+        self, exchange: Exchange, send: Send, response: Any, client_wants_usage: bool
+    ) -> None:
+        meter = exchange.meter
+        assert meter is not None
+        headers = [(k, v) for k, v in response.headers if k not in _DROPPED_RESPONSE_HEADERS]
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": headers or _SSE_HEADERS}
+        )
+        events = EventStream()
+        done = False
+        error: str | None = None
+        chunks = response.chunks()
+        try:
+            async for chunk in chunks:
+                out: list[bytes] = []
+                content_before = meter._content_events
+                try:
+                    for raw, payload in events.feed(chunk):
+                        if isinstance(payload, dict):
+                            carried_usage = meter.observe(payload)
+                            if (
+                                carried_usage
+                                and not client_wants_usage
+                                and not payload.get("choices")
+                            ):
+                                continue  # the usage chunk the client did not ask for
+                        elif payload == "[DONE]":
+                            done = True
+                        out.append(raw)
+                except MalformedEvent:
+                    if out:  # the good events before the bad one still reach the client
+                        await send(
+                            {"type": "http.response.body", "body": b"".join(out), "more_body": True}
+                        )
+                    raise
+                if out:
+                    if exchange.ttft is None and meter._content_events > content_before:
+                        exchange.ttft = time.perf_counter() - exchange.start
+                    await send(
+                        {"type": "http.response.body", "body": b"".join(out), "more_body": True}
+                    )
+            if events.pending.strip():
+                raise MalformedEvent("stream ended inside an event")
+        except UpstreamError as exc:
+            self.metrics.upstream_error(exc.reason)
+            error = exc.detail
+        except MalformedEvent as exc:
+            self.metrics.upstream_error("malformed_stream")
+            error = str(exc)
+        finally:
+            with contextlib.suppress(Exception):
+                await chunks.aclose()
+        if error is not None:
+            exchange.outcome = "upstream_error"
+            exchange.accounting = "error"
+            exchange.error = error
+            event = {
+                "error": {
+                    "message": f"engine stream failed: {error}",
+                    "type": "upstream_error",
+                    "code": "upstream_error",
+                }
+            }
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": b"data: " + json.dumps(event).encode() + b"\n\n",
+                    "more_body": True,
+                }
+            )
+        else:
+            exchange.outcome = "ok"
+            exchange.accounting = "complete"
+            if not done:
+                exchange.extra["no_done_marker"] = True
+        if exchange.watcher is not None:
+            exchange.watcher.stop()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _passthrough(
+        self, exchange: Exchange, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Any other path: authenticated like the rest, relayed as is, not metered."""
+        refusal = self._resolve(exchange, scope)
+        self._label(exchange, scope["headers"])
+        if refusal is not None:
+            return await self._refuse(exchange, send, refusal)
+        raw = await _read_body(receive, self.config.max_body_bytes)
+        if raw is None:
+            return await self._refuse(
+                exchange,
+                send,
+                Refusal(
+                    413,
+                    "rejected_bad_request",
+                    f"request body exceeds {self.config.max_body_bytes} bytes",
+                ),
+            )
+        target = scope["raw_path"] + (
+            b"?" + scope["query_string"] if scope["query_string"] else b""
+        )
+        watcher = _DisconnectWatcher(receive)
+        exchange.watcher = watcher
+        try:
+            try:
+                response = await self.pool.request(
+                    scope["method"], target, self._forward_headers(scope["headers"]), raw
+                )
+            except UpstreamError as exc:
+                return await self._upstream_failed(exchange, send, exc, sent=False)
+            exchange.status = response.status
+            exchange.outcome = (
+                "ok"
+                if response.status < 400
+                else ("engine_client_error" if response.status < 500 else "engine_error")
+            )
+            headers = [(k, v) for k, v in response.headers if k not in _DROPPED_RESPONSE_HEADERS]
+            await send(
+                {"type": "http.response.start", "status": response.status, "headers": headers}
+            )
+            try:
+                async for chunk in response.chunks():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except UpstreamError as exc:
+                self.metrics.upstream_error(exc.reason)
+                exchange.outcome = "upstream_error"
+                exchange.error = exc.detail
+            finally:
+                response.close()
+            watcher.stop()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            try:
+                watcher.claim()
+            except _ClientGone:
+                exchange.outcome = "client_cancelled"
+        finally:
+            watcher.stop()
+
+    # ------------------------------------------------------------------ accounting
+    def _charge(self, exchange: Exchange) -> None:
+        meter = exchange.meter
+        if meter is None or not exchange.accounting:
+            return
+        usage = meter.usage()
+        exchange.usage = usage
+        price = self.config.price(exchange.model)
+        exchange.cost = price.cost(usage.prompt, usage.cached_prompt, usage.completion)
+        self.metrics.charge(
+            exchange.identity, usage, meter.source, exchange.accounting, exchange.cost
+        )
+        tenant: Tenant | None = self.config.tenants.get(exchange.tenant)
+        if tenant is not None and tenant.budget is not None:
+            self.ledger.charge(exchange.tenant, tenant.budget, usage.total)
+
+    def _finish(self, exchange: Exchange) -> None:
+        duration = time.perf_counter() - exchange.start
+        self.metrics.request(exchange.identity, exchange.outcome or "ok")
+        if exchange.outcome in ("ok", "client_cancelled", "upstream_error") and exchange.meter:
+            self.metrics.timing(exchange.identity, exchange.ttft, duration)
+        if not self.access_log.enabled:
+            return
+        usage = exchange.usage
+        self.access_log.write(
+            dict(
+                tenant=exchange.tenant,
+                tenant_via=exchange.via,
+                path=exchange.path,
+                model=exchange.model,
+                model_version=exchange.versions[0],
+                engine_version=exchange.versions[1],
+                prompt_version=exchange.versions[2],
+                stream=exchange.stream,
+                status=exchange.status,
+                outcome=exchange.outcome or "ok",
+                accounting=exchange.accounting or None,
+                usage_source=exchange.meter.source if usage and exchange.meter else None,
+                prompt_tokens=usage.prompt if usage else 0,
+                cached_prompt_tokens=usage.cached_prompt if usage else 0,
+                completion_tokens=usage.completion if usage else 0,
+                reasoning_tokens=usage.reasoning if usage else 0,
+                cost=round(exchange.cost, 9),
+                ttft_s=None if exchange.ttft is None else round(exchange.ttft, 6),
+                duration_s=round(duration, 6),
+                **({"error": exchange.error} if exchange.error else {}),
+            )
+        )
+
+    # ------------------------------------------------------------------ plumbing
+    async def _final(
+        self,
+        exchange: Exchange,
+        send: Send,
+        status: int,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        """Send a whole response, first releasing the disconnect watcher it would trip."""
+        if exchange.watcher is not None:
+            exchange.watcher.stop()
+        await self._respond(send, status, body, headers)
+
+    @staticmethod
+    async def _respond(
+        send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def families(self) -> list[Metric]:
+        budgets = {
+            name: self.ledger.remaining(name, tenant.budget)
+            for name, tenant in self.config.tenants.items()
+            if tenant.budget is not None
+        }
+        return self.metrics.families(
+            in_flight=self.gate.in_flight,
+            waiting=self.gate.waiting,
+            budgets=budgets,
+            tenant_label_values=len(self.tenant_labels),
+            tenant_label_folds=self.tenant_labels.folded,
+        )
+
+    def registry(self) -> CollectorRegistry:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_FamiliesCollector(self.families))
+        return registry
+
+    async def _readyz(self, send: Send) -> None:
+        checked, ok, reason = self._ready
+        now = time.monotonic()
+        if now - checked > 1.0:
+            try:
+                response = await self.pool.request(
+                    "GET", self.config.upstream_health_path.encode(), [], b""
+                )
+                await response.read(1 << 16)
+                ok = response.status == 200
+                reason = f"engine health returned {response.status}"
+            except UpstreamError as exc:
+                ok, reason = False, f"engine unreachable: {exc.detail}"
+            self._ready = (now, ok, reason)
+        body = json.dumps({"ready": ok, "reason": "" if ok else reason}).encode()
+        await self._respond(send, 200 if ok else 503, body, list(_JSON))
+
+    async def _housekeeping_loop(self) -> None:
+        """Flush the access log often; release idle tenant labels now and then."""
+        evict_every = min(max(self.config.tenant_idle_seconds / 4, 0.05), 60.0)
+        last_evict = time.monotonic()
+        while True:
+            await asyncio.sleep(min(0.25, evict_every))
+            self.access_log.flush()
+            if time.monotonic() - last_evict >= evict_every:
+                last_evict = time.monotonic()
+                self.evict_idle_tenants()
+
+    def evict_idle_tenants(self) -> None:
+        released = self.tenant_labels.evict_idle()
+        self.metrics.fold_tenants(released)
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await self.reconcile_once()
+            await asyncio.sleep(self.config.reconcile_interval)
+
+    async def reconcile_once(self) -> None:
+        """Read the engine's token counters and update the drift gauge."""
+        errors = self.metrics.reconciliation_errors
+        try:
+            response = await self.pool.request(
+                "GET", self.config.upstream_metrics_path.encode(), [], b""
+            )
+            page = await response.read(self.config.max_response_bytes)
+        except UpstreamError as exc:
+            errors[exc.reason] = errors.get(exc.reason, 0) + 1
+            return
+        counters = engine_token_counters(page) if response.status == 200 else None
+        if counters is None:
+            reason = "http_status" if response.status != 200 else "no_token_counters"
+            errors[reason] = errors.get(reason, 0) + 1
+            log_event(logger, logging.WARNING, "engine token counters unreadable", reason=reason)
+            return
+        self.metrics.drift = self.reconciler.update(counters, self.metrics.charged)
+
+
+class _FamiliesCollector:
+    def __init__(self, families: Callable[[], list[Metric]]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families()
+
+
+class _DisconnectWatcher:
+    """Cancels the request handler when the client goes away.
+
+    After the body is read, ASGI's ``receive()`` only returns when the client disconnects (or
+    the response is complete, hence ``stop()`` before the last send). A done-callback that
+    cancels the handler task costs nothing per streamed chunk, unlike racing every await.
+    """
+
+    def __init__(self, receive: Receive) -> None:
+        self.gone = False
+        self._task = asyncio.current_task()
+        self._receive: asyncio.Future[Message] = asyncio.ensure_future(receive())
+        self._receive.add_done_callback(self._on_receive)
+
+    def _on_receive(self, future: asyncio.Future[Message]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        if future.result().get("type") == "http.disconnect" and self._task is not None:
+            self.gone = True
+            self._task.cancel()
+
+    def claim(self) -> None:
+        """Turn the cancellation this watcher caused into ``_ClientGone``; re-raise others."""
+        if not self.gone:
+            raise asyncio.CancelledError
+        if self._task is not None:
+            self._task.uncancel()
+        raise _ClientGone
+
+    def stop(self) -> None:
+        self._receive.remove_done_callback(self._on_receive)
+        self._receive.cancel()
+
+
+__all__ = ["OTHER", "ProxyApp"]

@@ -1,0 +1,349 @@
+"""The proxy's YAML configuration, checked in full when it is loaded.
+
+Every mistake is reported as ``<file>: <field path>: <reason>`` so that an operator can fix a
+ConfigMap without reading code. API keys are never stored: tenants list the SHA-256 of their
+keys (``printf %s "$KEY" | sha256sum``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+UnknownPolicy = Literal["reject", "attribute"]
+PRIORITIES = {"high": 0, "normal": 1, "low": 2}
+TENANT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+RESERVED_TENANTS = ("unknown", "other")
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be used; the message names file, field and reason."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    tokens: int
+    window_seconds: float
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    key_hashes: tuple[str, ...] = ()
+    priority: int = PRIORITIES["normal"]
+    max_concurrency: int = 0  # 0: no cap of its own
+    budget: Budget | None = None
+
+
+@dataclass(frozen=True)
+class Price:
+    """Currency units per million tokens of each disjoint kind."""
+
+    prompt: float = 0.0
+    cached_prompt: float = 0.0
+    completion: float = 0.0
+
+    def cost(self, prompt: int, cached_prompt: int, completion: int) -> float:
+        uncached = max(prompt - cached_prompt, 0)
+        return (
+            uncached * self.prompt
+            + min(cached_prompt, prompt) * self.cached_prompt
+            + completion * self.completion
+        ) / 1e6
+
+
+@dataclass(frozen=True)
+class Versions:
+    """Defaults for the three versions, and the request headers that override them."""
+
+    model_version: str = ""
+    engine_version: str = ""
+    prompt_version: str = ""
+    model_version_header: str = "x-model-version"
+    engine_version_header: str = "x-engine-version"
+    prompt_version_header: str = "x-prompt-version"
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    upstream_url: str = "http://127.0.0.1:8000"
+    connect_timeout: float = 5.0
+    read_timeout: float = 300.0
+    #: ask the engine for cumulative usage on every chunk (vLLM ``continuous_usage_stats``)
+    continuous_usage: bool = False
+    upstream_health_path: str = "/health"
+    upstream_metrics_path: str = "/metrics"
+    reconcile_interval: float = 15.0
+    tenants: Mapping[str, Tenant] = field(default_factory=dict)
+    tenant_header: str = "x-tenant-id"
+    trusted_sources: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    unknown_policy: UnknownPolicy = "reject"
+    max_tenant_labels: int = 100
+    tenant_idle_seconds: float = 600.0
+    max_version_labels: int = 20
+    versions: Versions = field(default_factory=Versions)
+    default_price: Price = field(default_factory=Price)
+    prices: Mapping[str, Price] = field(default_factory=dict)
+    max_input_tokens: int = 0  # 0: no limit
+    max_body_bytes: int = 8 << 20
+    max_response_bytes: int = 64 << 20
+    max_concurrency: int = 0  # 0: no global cap
+    queue_timeout: float = 10.0
+
+    def price(self, model: str) -> Price:
+        return self.prices.get(model, self.default_price)
+
+    @property
+    def key_index(self) -> dict[str, str]:
+        """SHA-256 hex of an API key -> tenant name."""
+        return {digest: t.name for t in self.tenants.values() for digest in t.key_hashes}
+
+
+class _Reader:
+    """Typed access to one mapping of the document, failing with the field's path."""
+
+    def __init__(self, source: str, raw: Any, path: str) -> None:
+        self.source = source
+        self.path = path
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, Mapping):
+            raise self.error("", f"expected a mapping, got {type(raw).__name__}")
+        self.raw = raw
+
+    def error(self, key: str, reason: str) -> ConfigError:
+        where = ".".join(part for part in (self.path, key) if part) or "(top level)"
+        return ConfigError(f"{self.source}: {where}: {reason}")
+
+    def check_keys(self, allowed: set[str]) -> None:
+        unknown = sorted(str(k) for k in self.raw if k not in allowed)
+        if unknown:
+            raise self.error(unknown[0], f"unknown field (expected one of {sorted(allowed)})")
+
+    def child(self, key: str) -> _Reader:
+        return _Reader(self.source, self.raw.get(key), f"{self.path}.{key}" if self.path else key)
+
+    def number(self, key: str, default: float, minimum: float = 0.0) -> float:
+        value = self.raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+            raise self.error(key, f"expected a number >= {minimum:g}, got {value!r}")
+        return float(value)
+
+    def integer(self, key: str, default: int, minimum: int = 0) -> int:
+        value = self.raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.error(key, f"expected an integer >= {minimum}, got {value!r}")
+        return value
+
+    def text(self, key: str, default: str) -> str:
+        value = self.raw.get(key, default)
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise self.error(key, f"expected a string, got {value!r}")
+        return str(value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.raw.get(key, default)
+        if not isinstance(value, bool):
+            raise self.error(key, f"expected true or false, got {value!r}")
+        return value
+
+    def duration(self, key: str, default: float | str) -> float:
+        value = self.raw.get(key, default)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value)
+        match = _DURATION.match(str(value))
+        if not match or float(match[1]) <= 0:
+            raise self.error(key, f"expected a duration such as 30s, 15m, 1h or 1d, got {value!r}")
+        return float(match[1]) * _DURATION_UNITS[match[2]]
+
+
+def _price(reader: _Reader) -> Price:
+    reader.check_keys({"prompt", "cached_prompt", "completion"})
+    prompt = reader.number("prompt", 0.0)
+    return Price(
+        prompt=prompt,
+        cached_prompt=reader.number("cached_prompt", prompt),
+        completion=reader.number("completion", 0.0),
+    )
+
+
+def _tenant(reader: _Reader, name: str) -> Tenant:
+    if not TENANT_PATTERN.match(name) or name in RESERVED_TENANTS:
+        raise reader.error(
+            "", f"tenant name {name!r} is reserved or not [A-Za-z0-9._:@/-]{{1,128}}"
+        )
+    reader.check_keys({"key_sha256", "priority", "max_concurrency", "budget"})
+    hashes = reader.raw.get("key_sha256", [])
+    if isinstance(hashes, str):
+        hashes = [hashes]
+    if not isinstance(hashes, list) or not all(
+        isinstance(h, str) and _SHA256.match(h) for h in hashes
+    ):
+        raise reader.error("key_sha256", "expected 64-char lowercase hex SHA-256 digests of keys")
+    priority = reader.text("priority", "normal")
+    if priority not in PRIORITIES:
+        raise reader.error("priority", f"expected one of {sorted(PRIORITIES)}, got {priority!r}")
+    budget = None
+    if "budget" in reader.raw:
+        budget_reader = reader.child("budget")
+        budget_reader.check_keys({"tokens", "window"})
+        if "tokens" not in budget_reader.raw:
+            raise budget_reader.error("tokens", "required")
+        budget = Budget(
+            tokens=budget_reader.integer("tokens", 0, minimum=1),
+            window_seconds=budget_reader.duration("window", "1h"),
+        )
+    return Tenant(
+        name=name,
+        key_hashes=tuple(hashes),
+        priority=PRIORITIES[priority],
+        max_concurrency=reader.integer("max_concurrency", 0),
+        budget=budget,
+    )
+
+
+def parse(document: Any, source: str = "<config>") -> ProxyConfig:
+    """Build a config from a parsed YAML document."""
+    top = _Reader(source, document, "")
+    top.check_keys({"upstream", "identity", "tenants", "labels", "versions", "prices", "limits"})
+
+    upstream = top.child("upstream")
+    upstream.check_keys(
+        {
+            "url",
+            "connect_timeout",
+            "read_timeout",
+            "continuous_usage",
+            "health_path",
+            "metrics_path",
+            "reconcile_interval",
+        }
+    )
+    url = upstream.text("url", ProxyConfig.upstream_url)
+    if not re.match(r"^http://[^/\s]+(/\S*)?$", url):
+        raise upstream.error("url", f"expected http://host[:port][/prefix], got {url!r}")
+
+    identity = top.child("identity")
+    identity.check_keys({"tenant_header", "trusted_sources", "unknown"})
+    trusted_raw = identity.raw.get("trusted_sources", [])
+    if not isinstance(trusted_raw, list):
+        raise identity.error("trusted_sources", "expected a list of addresses or CIDR networks")
+    trusted = []
+    for index, entry in enumerate(trusted_raw):
+        try:
+            trusted.append(ipaddress.ip_network(str(entry), strict=False))
+        except ValueError:
+            raise identity.error(
+                f"trusted_sources[{index}]", f"{entry!r} is not an IP address or CIDR network"
+            ) from None
+    unknown = identity.text("unknown", "reject")
+    if unknown not in ("reject", "attribute"):
+        raise identity.error("unknown", f"expected reject or attribute, got {unknown!r}")
+
+    tenants_reader = top.child("tenants")
+    tenants = {
+        str(name): _tenant(tenants_reader.child(str(name)), str(name))
+        for name in tenants_reader.raw
+    }
+    owners: dict[str, str] = {}
+    for tenant in tenants.values():
+        for digest in tenant.key_hashes:
+            if digest in owners:
+                raise tenants_reader.error(
+                    f"{tenant.name}.key_sha256", f"key hash also belongs to {owners[digest]!r}"
+                )
+            owners[digest] = tenant.name
+
+    labels = top.child("labels")
+    labels.check_keys({"max_tenants", "tenant_idle", "max_version_values"})
+
+    versions = top.child("versions")
+    versions.check_keys(
+        {
+            "model_version",
+            "engine_version",
+            "prompt_version",
+            "model_version_header",
+            "engine_version_header",
+            "prompt_version_header",
+        }
+    )
+    defaults = Versions()
+
+    prices = top.child("prices")
+    prices.check_keys({"default", "models"})
+    models = prices.child("models")
+
+    limits = top.child("limits")
+    limits.check_keys(
+        {
+            "max_input_tokens",
+            "max_body_bytes",
+            "max_response_bytes",
+            "max_concurrency",
+            "queue_timeout",
+        }
+    )
+    return ProxyConfig(
+        upstream_url=url.rstrip("/"),
+        connect_timeout=upstream.duration("connect_timeout", 5.0),
+        read_timeout=upstream.duration("read_timeout", 300.0),
+        continuous_usage=upstream.flag("continuous_usage", False),
+        upstream_health_path=upstream.text("health_path", "/health"),
+        upstream_metrics_path=upstream.text("metrics_path", "/metrics"),
+        reconcile_interval=upstream.number("reconcile_interval", 15.0),
+        tenants=tenants,
+        tenant_header=identity.text("tenant_header", "x-tenant-id").lower(),
+        trusted_sources=tuple(trusted),
+        unknown_policy="attribute" if unknown == "attribute" else "reject",
+        max_tenant_labels=labels.integer("max_tenants", 100),
+        tenant_idle_seconds=labels.duration("tenant_idle", 600.0),
+        max_version_labels=labels.integer("max_version_values", 20, minimum=1),
+        versions=Versions(
+            **{
+                name: versions.text(name, getattr(defaults, name))
+                for name in ("model_version", "engine_version", "prompt_version")
+            },
+            **{
+                name: versions.text(name, getattr(defaults, name)).lower()
+                for name in (
+                    "model_version_header",
+                    "engine_version_header",
+                    "prompt_version_header",
+                )
+            },
+        ),
+        default_price=_price(prices.child("default")),
+        prices={str(model): _price(models.child(str(model))) for model in models.raw},
+        max_input_tokens=limits.integer("max_input_tokens", 0),
+        max_body_bytes=limits.integer("max_body_bytes", 8 << 20, minimum=1024),
+        max_response_bytes=limits.integer("max_response_bytes", 64 << 20, minimum=1024),
+        max_concurrency=limits.integer("max_concurrency", 0),
+        queue_timeout=limits.duration("queue_timeout", 10.0),
+    )
+
+
+def load(path: str | Path) -> ProxyConfig:
+    """Read and validate a config file."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "(parse)"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{source}: {where}: invalid YAML: {problem}") from None
+    return parse(document, source)

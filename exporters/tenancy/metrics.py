@@ -1,0 +1,222 @@
+"""The proxy's counters and histograms, kept as plain dicts and rendered through the catalogue.
+
+Plain dicts keyed by label tuples cost a fraction of prometheus_client's labelled children on
+the request path, and they make folding an evicted tenant's series into ``other`` a re-key
+rather than a delete, so no token ever disappears from the totals.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from inferwatch import catalog
+from inferwatch.exporters.tenancy.labels import OTHER
+from inferwatch.exporters.tenancy.usage import Usage
+
+#: (tenant, model, model_version, engine_version, prompt_version), catalogue identity `tenant`
+Identity = tuple[str, str, str, str, str]
+# OTel GenAI bucket boundaries: time to first token (extended to 60 s for long prompts, as
+# Envoy AI Gateway does) and request duration.
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    45.0,
+    60.0,
+)
+DURATION_BUCKETS = (
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+)
+
+
+@dataclass
+class Histogram:
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def merge(self, other: Histogram) -> None:
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.total += other.total
+
+    def buckets(self) -> list[tuple[str, float]]:
+        cumulative = 0
+        out: list[tuple[str, float]] = []
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            cumulative += count
+            out.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+        return out
+
+
+def _fold(series: MutableMapping[Any, Any], tenants: set[str], merge: Any) -> None:
+    """Re-key every series whose identity's tenant is in ``tenants`` to tenant ``other``."""
+    for key in [key for key in series if key[0][0] in tenants]:
+        value = series.pop(key)
+        new_key: Any = ((OTHER, *key[0][1:]), *key[1:])
+        series[new_key] = merge(series[new_key], value) if new_key in series else value
+
+
+def _add(a: Any, b: Any) -> Any:
+    return a + b
+
+
+def _merge_histograms(a: Histogram, b: Histogram) -> Histogram:
+    a.merge(b)
+    return a
+
+
+class ProxyMetrics:
+    def __init__(self) -> None:
+        self.tokens: dict[tuple[Identity, str, str], int] = {}
+        self.cost: dict[tuple[Identity, str], float] = {}
+        self.requests: dict[tuple[Identity, str], int] = {}
+        self.accounted: dict[tuple[Identity, str, str], int] = {}
+        self.ttft: dict[tuple[Identity], Histogram] = {}
+        self.duration: dict[tuple[Identity], Histogram] = {}
+        self.upstream_errors: dict[str, int] = {}
+        self.reconciliation_errors: dict[str, int] = {}
+        self.drift: dict[str, float] = {}
+        #: every token charged since start, whatever the labels (reconciliation's side)
+        self.charged = Usage()
+
+    def request(self, identity: Identity, outcome: str) -> None:
+        key = (identity, outcome)
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+    def charge(
+        self, identity: Identity, usage: Usage, source: str, accounting: str, cost: float
+    ) -> None:
+        tokens = self.tokens
+        for token_type, count in usage.items():
+            if count:
+                key = (identity, token_type, source)
+                tokens[key] = tokens.get(key, 0) + count
+        cost_key = (identity, source)
+        self.cost[cost_key] = self.cost.get(cost_key, 0.0) + cost
+        accounted_key = (identity, source, accounting)
+        self.accounted[accounted_key] = self.accounted.get(accounted_key, 0) + 1
+        charged = self.charged
+        charged.prompt += usage.prompt
+        charged.cached_prompt += usage.cached_prompt
+        charged.completion += usage.completion
+        charged.reasoning += usage.reasoning
+
+    def timing(self, identity: Identity, ttft: float | None, duration: float) -> None:
+        key = (identity,)
+        if ttft is not None:
+            histogram = self.ttft.get(key)
+            if histogram is None:
+                histogram = self.ttft[key] = Histogram(TTFT_BUCKETS)
+            histogram.observe(ttft)
+        histogram = self.duration.get(key)
+        if histogram is None:
+            histogram = self.duration[key] = Histogram(DURATION_BUCKETS)
+        histogram.observe(duration)
+
+    def upstream_error(self, reason: str) -> None:
+        self.upstream_errors[reason] = self.upstream_errors.get(reason, 0) + 1
+
+    def fold_tenants(self, tenants: Iterable[str]) -> None:
+        """Move the series of released tenant labels into ``other``."""
+        released = set(tenants)
+        if not released:
+            return
+        for series in (self.tokens, self.requests, self.accounted):
+            _fold(series, released, _add)
+        _fold(self.cost, released, _add)
+        _fold(self.ttft, released, _merge_histograms)
+        _fold(self.duration, released, _merge_histograms)
+
+    def families(
+        self,
+        *,
+        in_flight: int,
+        waiting: int,
+        budgets: dict[str, int],
+        tenant_label_values: int,
+        tenant_label_folds: int,
+    ) -> list[Metric]:
+        cat = catalog.load()
+        out: list[Metric] = []
+
+        def counter(key: str, series: dict[Any, Any]) -> None:
+            family = cat.family(key)
+            for labels, value in series.items():
+                identity, *rest = labels
+                family.add_metric([*identity, *rest], value)
+            out.append(family)
+
+        counter("tenancy_tokens", self.tokens)
+        counter("tenancy_cost", self.cost)
+        counter("tenancy_requests", self.requests)
+        counter("tenancy_accounted_requests", self.accounted)
+        for key, histograms in (
+            ("tenancy_time_to_first_token", self.ttft),
+            ("tenancy_request_duration", self.duration),
+        ):
+            family = cat.family(key)
+            for (identity,), histogram in histograms.items():
+                family.add_metric(list(identity), histogram.buckets(), histogram.total)
+            out.append(family)
+        for key, plain in (
+            ("tenancy_upstream_errors", self.upstream_errors),
+            ("tenancy_reconciliation_errors", self.reconciliation_errors),
+            ("tenancy_reconciliation_drift", self.drift),
+            ("tenancy_budget_remaining", budgets),
+        ):
+            family = cat.family(key)
+            for label, value in sorted(plain.items()):
+                family.add_metric([label], value)
+            out.append(family)
+        for key, value in (
+            ("tenancy_requests_in_flight", in_flight),
+            ("tenancy_requests_waiting", waiting),
+            ("tenancy_tenant_label_values", tenant_label_values),
+            ("tenancy_tenant_label_folds", tenant_label_folds),
+        ):
+            family = cat.family(key)
+            family.add_metric([], value)
+            out.append(family)
+        return out
