@@ -78,9 +78,9 @@ class EngineCollector:
             raise
         except Exception as exc:  # a page that trips a bug in an adapter must not take us down
             log.exception("engine page could not be mapped")
-            failure = ScrapeFailure("internal", f"{type(exc).__name__}: {exc}")
-            self._record_failure(failure)
-            raise failure from exc
+            internal = ScrapeFailure("internal", f"{type(exc).__name__}: {exc}")
+            self._record_failure(internal)
+            raise internal from exc
         self.up = True
         self.last_error = ""
         self.last_outcome_at = time.monotonic()

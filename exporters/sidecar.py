@@ -15,9 +15,10 @@ import json
 import logging
 import platform
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
@@ -62,11 +63,15 @@ class Sidecar:
         collectors: Sequence[Collector] = (),
         readiness: Sequence[ReadinessSource] = (),
         *,
+        background: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
         readiness_max_age: float = 5.0,
     ):
+        """``background`` holds long-running jobs (the quality probe loop) that live and die
+        with the server."""
         self.engine = engine
         self.collectors: list[Collector] = [engine, *collectors]
         self.readiness_sources: list[ReadinessSource] = [engine, *readiness]
+        self.background = background
         self.readiness_max_age = readiness_max_age
         self._failing: set[str] = set()
 
@@ -144,7 +149,7 @@ class Sidecar:
                 deadline = min(deadline, float(prometheus_timeout) - SCRAPE_TIMEOUT_MARGIN)
         families = await self.gather(max(deadline, 0.1))
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        body = encoder(_Families(families))  # type: ignore[arg-type]
+        body = encoder(_Families(families))
         headers = {"Content-Type": content_type}
         if "gzip" in request.headers.get("accept-encoding", ""):
             body = gzip.compress(body, compresslevel=5)
@@ -172,7 +177,11 @@ class Sidecar:
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
             await self.first_look()
+            jobs = [asyncio.create_task(job()) for job in self.background]
             yield
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
             await self.aclose()
 
         return Starlette(

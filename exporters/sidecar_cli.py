@@ -6,19 +6,24 @@ import asyncio
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import click
 import uvicorn
 from prometheus_client.core import Metric
 
-from inferwatch.exporters import engines
+from inferwatch.exporters import engines, gpu
 from inferwatch.exporters.collector import Collector, ReadinessSource
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.engine_scrape import EngineScraper, ScrapeFailure
+from inferwatch.exporters.gpu import GpuTelemetry
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.logs import log_event
+from inferwatch.probes import golden
+from inferwatch.probes.client import Endpoint
+from inferwatch.probes.runner import ProbeRunner, Schedule, Target
 
 log = logging.getLogger("inferwatch.sidecar")
 
@@ -41,7 +46,10 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def engine_options(command: click.Command) -> click.Command:
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def engine_options(command: F) -> F:
     """Options shared by every command that scrapes an engine."""
     options = [
         click.option(
@@ -113,6 +121,20 @@ def engine_options(command: click.Command) -> click.Command:
     show_envvar=True,
     help="GPU telemetry: auto, nvml, dcgm=URL, replay=FILE or none.",
 )
+@click.option(
+    "--probes",
+    default="",
+    show_envvar=True,
+    help="Golden set (a shipped name such as 'default', or a YAML file) to probe the engine "
+    "with; its verdict becomes the /readyz quality condition. Empty: no quality probes.",
+)
+@click.option(
+    "--probe-cycle",
+    type=click.FloatRange(min=1),
+    default=300.0,
+    show_envvar=True,
+    help="Seconds over which one pass of the golden set is spread.",
+)
 def sidecar(
     engine_url: str,
     listen: str,
@@ -127,6 +149,8 @@ def sidecar(
     namespace: str,
     node: str,
     gpu: str,
+    probes: str,
+    probe_cycle: float,
 ) -> None:
     """Serve one canonical /metrics, /healthz and /readyz for one engine replica.
 
@@ -145,27 +169,49 @@ def sidecar(
         "node": node,
     }
     url = metrics_url(engine_url)
-    collectors, readiness = _gpu_sources(gpu)
     engine_collector = EngineCollector(
         EngineScraper(url, timeout=engine_timeout, max_bytes=max_page_bytes),
         identity,
         engine=None if engine == "auto" else engine,
     )
-    app = Sidecar(engine_collector, collectors, readiness).app()
+    gpu_backend = _gpu_backend(gpu)
+    collectors: list[Collector] = [gpu_backend]
+    readiness: list[ReadinessSource] = [gpu_backend]
+    background = []
+    if probes:
+        runner = _probe_runner(probes, probe_cycle, engine_collector.base_url, identity)
+        collectors.append(runner)
+        readiness.append(runner)
+        background.append(runner.run)
+    app = Sidecar(engine_collector, collectors, readiness, background=background).app()
     log_event(
         log, logging.INFO, "sidecar starting", listen=f"{host}:{port}", engine_url=url, gpu=gpu
     )
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 
-def _gpu_sources(spec: str) -> tuple[list[Collector], list[ReadinessSource]]:
-    from inferwatch.exporters import gpu
-
+def _gpu_backend(spec: str) -> GpuTelemetry:
     try:
-        backend = gpu.open_backend(spec)
+        return gpu.open_backend(spec)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu") from None
-    return [backend], [backend]
+
+
+def _probe_runner(
+    goldens: str, cycle: float, engine_base_url: str, identity: dict[str, str]
+) -> ProbeRunner:
+    """Quality probes sent straight to this replica's engine."""
+    try:
+        golden_set = golden.load(goldens)
+    except golden.GoldenError as exc:
+        raise click.BadParameter(str(exc), param_hint="--probes") from None
+    target = Target(
+        name=identity["pod"] or "local",
+        endpoint=Endpoint(engine_base_url, identity["model"]),
+        route="direct",
+        model_version=identity["model_version"],
+    )
+    return ProbeRunner(golden_set, [target], schedule=Schedule(cycle_s=cycle))
 
 
 @click.command()
