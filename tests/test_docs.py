@@ -27,3 +27,15 @@ def test_every_catalogue_metric_has_a_row() -> None:
 def test_missing_markers_are_a_clear_error() -> None:
     with pytest.raises(ValueError, match="lacks the markers"):
         docs.render_readme("# no table here\n", catalog.load())
+
+
+def test_readme_proxy_example_is_a_valid_config(tmp_path: Path) -> None:
+    from inferwatch.exporters.tenancy import config
+
+    text = README.read_text(encoding="utf-8")
+    example = text.split("```yaml\n# proxy.yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "proxy.yaml"
+    path.write_text(example.replace("<sha256 of the API key>", "0" * 64), encoding="utf-8")
+    loaded = config.load(path)
+    assert loaded.max_input_tokens == 8192
+    assert loaded.tenants["acme"].budget is not None

@@ -27,7 +27,12 @@ def _host_port(value: str) -> tuple[str, int]:
     show_envvar=True,
     help="YAML file: tenants, trusted sources, prices, limits.",
 )
-@click.option("--listen", default="0.0.0.0:9400", show_envvar=True, help="HOST:PORT to serve on.")
+@click.option(
+    "--listen",
+    default="0.0.0.0:8080",
+    show_envvar=True,
+    help="HOST:PORT to serve on (clients call this instead of the engine).",
+)
 @click.option(
     "--upstream",
     default=None,

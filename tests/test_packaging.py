@@ -1,0 +1,33 @@
+"""The wheel ships every module: pyproject's explicit package list covers every folder."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def test_every_code_or_data_folder_is_a_listed_package() -> None:
+    roots = PYPROJECT["tool"]["setuptools"]["package-dir"]
+    listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    found = set()
+    for dotted, folder in roots.items():
+        for path in (REPO / folder).rglob("*"):
+            if path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts:
+                relative = path.parent.relative_to(REPO / folder)
+                found.add(".".join([dotted, *relative.parts]))
+    assert found - listed == set(), "add these to [tool.setuptools] packages"
+
+
+def test_every_data_file_is_declared() -> None:
+    declared = PYPROJECT["tool"]["setuptools"]["package-data"]
+    roots = PYPROJECT["tool"]["setuptools"]["package-dir"]
+    for dotted, folder in roots.items():
+        for path in (REPO / folder).rglob("*.yaml"):
+            package = ".".join([dotted, *path.parent.relative_to(REPO / folder).parts])
+            patterns = declared.get(package, [])
+            assert any(path.match(pattern) for pattern in patterns), (
+                f"{path.relative_to(REPO)} is not package data of {package}"
+            )
