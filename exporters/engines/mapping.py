@@ -20,16 +20,16 @@ a ``Derivation`` and computed here with the same readers.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample as OutputSample
 from prometheus_client.utils import floatToGoString
 
 from inferwatch.catalog import Alias, Catalog, MetricSpec
-from inferwatch.exporters.textformat import Exposition, Sample
+from inferwatch.exporters.textformat import Exposition, Family, Sample
 
 #: output label values a sample determines; None where the sample lacks the source label
 Key = tuple[str | None, ...]
@@ -63,47 +63,43 @@ _format_boundary: Callable[[float], str] = floatToGoString
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _Entry:
-    type: str
-    samples: list[Sample]
-
-
 class Page:
     """An exposition's families by folded name, built once per scrape.
 
     Series a parser filed as untyped families of their own although their stem has a typed
     family (prometheus_client's OpenMetrics writer declares ``# TYPE vllm:x counter`` but
     writes ``vllm_x_total``) are put back under that family; untyped ``_bucket`` series of
-    a page without ``# TYPE`` lines become a histogram of their stem.
+    a page without ``# TYPE`` lines become a histogram of their stem. The exposition's own
+    families are never changed: a family that takes in strays is replaced by a new one.
     """
 
     __slots__ = ("entries",)
 
     def __init__(self, exposition: Exposition):
-        entries: dict[str, _Entry] = {}
+        entries: dict[str, Family] = {}
         strays = []
         for name, family in exposition.families.items():
             if family.type in _UNTYPED:
                 strays.append(family)
             else:
-                entries[fold(name)] = _Entry(family.type, family.samples)
+                entries[fold(name)] = family
         if strays:
             strays.sort(key=lambda family: not family.name.endswith("_bucket"))
             for family in strays:
-                stem = _stem(family.name)
+                stem = _stem(family.name) or ""
                 home = entries.get(stem) if stem else None
                 if home is not None and home.type in _UNTYPED:
                     home = None  # an untyped `x_created` next to an untyped `x_total`
                 if home is None and stem and family.name.endswith("_bucket"):
-                    home = entries[stem] = _Entry("histogram", [])
+                    home = Family(stem, "histogram")
                 if home is None:
-                    entries[fold(family.name)] = _Entry(family.type, family.samples)
+                    entries[fold(family.name)] = family
                 else:
-                    home.samples = home.samples + family.samples
+                    samples = home.samples + family.samples
+                    entries[stem] = Family(stem, home.type, samples=samples)
         self.entries = entries
 
-    def find(self, how: Reading) -> tuple[_Entry, str] | None:
+    def find(self, how: Reading) -> tuple[Family, str] | None:
         """The entry a reading names, and the series suffix it selects ('' for all).
 
         An alias ending in ``_sum`` or ``_count`` that names no family of its own reads that
@@ -138,16 +134,17 @@ class Reading:
     """One alias of one entry on one engine, prepared once per engine.
 
     ``name`` is the alias folded; ``part`` is ``_sum``/``_count`` when the alias may name
-    that series of a histogram. ``sources`` are the source labels behind the output labels
-    that vary per sample, and ``slots`` their positions among the entry's label names.
+    that series of a histogram. ``targets`` are the output labels that vary per sample, and
+    ``key`` reads their values off a sample's labels (the source labels behind them), None
+    where the sample lacks one.
     """
 
     alias: Alias
     name: str
     part: str
-    sources: tuple[str, ...]
-    slots: tuple[int, ...]
+    targets: tuple[str, ...]
     match: tuple[tuple[str, str], ...]
+    key: Callable[[Mapping[str, str]], Key] = field(compare=False, repr=False)
     value_label: str | None = None
 
 
@@ -160,26 +157,40 @@ def reading(
     """How to read ``alias`` for ``spec`` on an engine whose identity labels come from
     ``identity_sources`` (our label -> the engine's, e.g. model -> model_name)."""
     sources: list[str] = []
-    slots: list[int] = []
-    for slot, label in enumerate(spec.label_names):
+    targets: list[str] = []
+    for label in spec.label_names:
         if label in spec.labels:
             sources.append(alias.labels.get(label, label))
         elif label in identity_sources:
             sources.append(identity_sources[label])
         else:
             continue
-        slots.append(slot)
+        targets.append(label)
     name = fold(alias.metric)
     part = next((p for p in ("_sum", "_count") if name.endswith(p)), "")
     return Reading(
         alias,
         name,
         part,
-        tuple(sources),
-        tuple(slots),
+        tuple(targets),
         tuple(alias.match.items()),
+        _key_reader(tuple(sources)),
         value_label,
     )
+
+
+def _key_reader(sources: tuple[str, ...]) -> Callable[[Mapping[str, str]], Key]:
+    """``labels -> tuple(map(labels.get, sources))``, spelled out for the short source lists
+    aliases have: it runs for every sample read, and the generic form is several times slower."""
+    if not sources:
+        return lambda labels: ()
+    if len(sources) == 1:
+        (only,) = sources
+        return lambda labels: (labels.get(only),)
+    if len(sources) == 2:
+        first, second = sources
+        return lambda labels: (labels.get(first), labels.get(second))
+    return lambda labels: tuple(map(labels.get, sources))
 
 
 def read_values(
@@ -198,7 +209,7 @@ def read_values(
         return {}
     skip_created = not part and entry.type in _WITH_CREATED
     match = how.match
-    sources = how.sources
+    key_of = how.key
     scale = how.alias.scale
     value_label = how.value_label
     take_max = aggregate == "max"
@@ -223,7 +234,7 @@ def read_values(
             value = label_value
         if scale != 1.0:
             value = to_base_unit(value, scale)
-        key = tuple(map(labels.get, sources))
+        key = key_of(labels)
         if replica_labels and not replica_labels.isdisjoint(labels):
             work = (key, tuple(sorted(i for i in labels.items() if i[0] not in replica_labels)))
             seen = replicas.get(work)
@@ -266,16 +277,18 @@ def read_histograms(page: Page, how: Reading) -> dict[Key, _Histogram]:
         return {}
     samples = found[0].samples
     match = how.match
-    sources = how.sources
+    key_of = how.key
     groups: dict[Key, _Histogram] = {}
+    group, group_key = None, None
     for sample in samples:
         labels = sample.labels
         if match and any(labels.get(k) != v for k, v in match):
             continue
-        key = tuple(map(labels.get, sources))
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = _Histogram()
+        key = key_of(labels)
+        if group is None or key != group_key:  # a series is listed together: one lookup
+            group, group_key = groups.get(key), key
+            if group is None:
+                group = groups[key] = _Histogram()
         name = sample.name
         if name.endswith("_bucket"):
             le = labels.get("le")
@@ -303,15 +316,18 @@ def _common_boundaries(samples: list[Sample], how: Reading, key: Key) -> frozens
             continue
         if any(labels.get(k) != v for k, v in how.match):
             continue
-        if tuple(map(labels.get, how.sources)) != key:
+        if how.key(labels) != key:
             continue
         series = tuple(sorted(item for item in labels.items() if item[0] != "le"))
         per_series.setdefault(series, set()).add(labels["le"])
     return frozenset(set.intersection(*per_series.values())) if per_series else frozenset()
 
 
-def histogram_buckets(group: _Histogram, scale: float = 1.0) -> list[tuple[str, float]] | None:
-    """Sorted ``(le, cumulative count)`` pairs in base units, ending with ``+Inf``.
+def histogram_buckets(
+    group: _Histogram, scale: float = 1.0
+) -> tuple[tuple[str, ...], list[float]] | None:
+    """The output ``le`` values in base units, ascending and ending with ``+Inf``, and the
+    cumulative count of each.
 
     Only boundaries that every merged series has are kept: ranks configured with different
     buckets cannot be merged exactly otherwise. None when the series cannot form a valid
@@ -319,45 +335,63 @@ def histogram_buckets(group: _Histogram, scale: float = 1.0) -> list[tuple[str, 
     """
     if group.sum is None:
         return None
-    bounds: list[tuple[float, str, float]] = []
-    infinite: float | None = None
-    common = group.common
-    for le, value in group.buckets.items():
-        if common is not None and le not in common:
-            continue
-        bound = _boundary(le, scale)
-        if bound is None:
-            continue
-        if bound[1] == "+Inf":
-            infinite = value
-        else:
-            bounds.append((bound[0], bound[1], value))
-    if infinite is None:
-        if not group.series:
-            return None
+    buckets = group.buckets
+    if group.common is not None:
+        buckets = {le: n for le, n in buckets.items() if le in group.common}
+    layout = _layout(tuple(buckets), scale)
+    counts = list(buckets.values())
+    if layout.order is None:
+        return layout.les, counts
+    if layout.infinite is not None:
+        infinite = counts[layout.infinite]
+    elif group.series:
         infinite = group.count
-    bounds.sort()
-    return [(text, value) for _, text, value in bounds] + [("+Inf", infinite)]
+    else:
+        return None
+    return layout.les, [*map(counts.__getitem__, layout.order), infinite]
 
 
-_BOUNDARIES: dict[tuple[str, float], tuple[float, str] | None] = {}
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """Where the boundaries of a series, in the order the page lists them, go in the output."""
+
+    les: tuple[str, ...]  # output ``le`` values in base units, ascending, ending with +Inf
+    #: the listed position of each finite one; None when the list is already in output order,
+    #: +Inf last and nothing left out (the usual case: no reordering needed)
+    order: tuple[int, ...] | None
+    infinite: int | None  # the listed position of +Inf, if listed
 
 
-def _boundary(le: str, scale: float) -> tuple[float, str] | None:
-    """``le`` in base units, as a number and as written; cached, since the same few strings
-    recur on every scrape."""
-    try:
-        return _BOUNDARIES[le, scale]
-    except KeyError:
-        pass
-    number = _number(le)
-    bound = None
-    if number is not None:
+_LAYOUTS: dict[tuple[tuple[str, ...], float], _Layout] = {}
+
+
+def _layout(boundaries: tuple[str, ...], scale: float) -> _Layout:
+    """How ``boundaries`` (``le`` values as listed) become output buckets; values that are
+    not numbers are left out. Cached: a page repeats the same few lists every scrape, so
+    parsing, scaling and formatting each boundary and sorting them is done once."""
+    layout = _LAYOUTS.get((boundaries, scale))
+    if layout is not None:
+        return layout
+    finite: list[tuple[float, str, int]] = []
+    infinite = None
+    for position, le in enumerate(boundaries):
+        number = _number(le)
+        if number is None:
+            continue
         number = to_base_unit(number, scale)
-        bound = (number, _format_boundary(number))
-    if len(_BOUNDARIES) < 100_000:  # a page with ever-new boundaries must not grow memory
-        _BOUNDARIES[le, scale] = bound
-    return bound
+        if number == math.inf:
+            infinite = position
+        else:
+            finite.append((number, _format_boundary(number), position))
+    finite.sort()
+    les = (*(text for _, text, _ in finite), "+Inf")
+    order: tuple[int, ...] | None = tuple(position for _, _, position in finite)
+    if order == tuple(range(len(boundaries) - 1)) and infinite == len(boundaries) - 1:
+        order = None
+    layout = _Layout(les, order, infinite)
+    if len(_LAYOUTS) < 10_000:  # a page with ever-new boundaries must not grow memory
+        _LAYOUTS[boundaries, scale] = layout
+    return layout
 
 
 def _number(text: str | None) -> float | None:
@@ -462,42 +496,85 @@ class Step(Protocol):
         """Every alias the step may read."""
         ...
 
-    def emit(self, page: Page, identity: Mapping[str, str]) -> Metric | None:
+    def emit(self, page: Page, output: Output) -> Metric | None:
         """The filled family, or None when the page has no data for it."""
         ...
 
 
-class _Labels:
-    """Output label values: the caller's identity, overridden by what a sample carries."""
+class Output:
+    """What one page's families are built from.
 
-    __slots__ = ("template",)
+    Empty families are copied from ones the plan built once: ``MetricSpec.new_family``
+    validates the name on every call, which costs more than filling a one-sample family.
+    Label sets start from the caller's identity (missing labels ""), then the entry's own
+    labels; every engine entry has the same identity labels, so their values are looked up
+    once per page.
+    """
 
-    def __init__(self, spec: MetricSpec, identity: Mapping[str, str]):
-        self.template = [identity.get(label, "") for label in spec.identity]
-        self.template += [""] * len(spec.labels)
+    __slots__ = ("_bases", "_empty", "_identity")
 
-    def values(self, how: Reading, key: Key) -> list[str]:
-        values = list(self.template)
-        for slot, value in zip(how.slots, key, strict=True):
-            if value is not None:
-                values[slot] = value
-        return values
+    def __init__(self, identity: Mapping[str, str], empty: Mapping[str, Metric]):
+        self._identity = identity
+        self._empty = empty
+        self._bases: dict[tuple[str, ...], dict[str, str]] = {}
+
+    def family(self, spec: MetricSpec) -> Metric:
+        """A new empty family for the entry, as ``spec.new_family()`` makes it."""
+        empty = self._empty[spec.key]
+        family = object.__new__(type(empty))
+        family.__dict__.update(empty.__dict__)
+        family.samples = []
+        return family
+
+    def base(self, spec: MetricSpec) -> dict[str, str]:
+        """The entry's label set before any sample fills it in; callers copy it."""
+        base = self._bases.get(spec.identity)
+        if base is None:
+            base = self._bases[spec.identity] = {
+                label: self._identity.get(label, "") for label in spec.identity
+            }
+        return {**base, **dict.fromkeys(spec.labels, "")} if spec.labels else base
+
+
+def _series_labels(base: dict[str, str], how: Reading, key: Key) -> dict[str, str]:
+    """The label set of the output series ``key`` (a new dict)."""
+    labels = base.copy()
+    if None in key:  # a label the sample lacks keeps the identity's value
+        pairs = zip(how.targets, key, strict=True)
+        labels.update((label, value) for label, value in pairs if value is not None)
+    else:
+        labels.update(zip(how.targets, cast("tuple[str, ...]", key), strict=True))
+    return labels
 
 
 def _add_histogram(
     family: Metric,
-    spec: MetricSpec,
-    values: list[str],
-    buckets: list[tuple[str, float]],
+    labels: dict[str, str],
+    les: Sequence[str],
+    counts: Sequence[float],
     total: float,
 ) -> None:
-    """The samples ``HistogramMetricFamily.add_metric`` would add, built three times faster
-    (it runs for every bucket of every histogram on every scrape)."""
-    labels = dict(zip(spec.label_names, values, strict=True))
+    """The samples ``HistogramMetricFamily.add_metric`` would add, built several times faster
+    (it runs for every bucket of every histogram on every scrape): bucket samples are made
+    straight from tuples, skipping the namedtuple's Python-level constructor."""
     bucket = family.name + "_bucket"
-    family.samples += [OutputSample(bucket, {**labels, "le": le}, n) for le, n in buckets]
-    family.samples.append(OutputSample(family.name + "_count", labels, buckets[-1][1]))
+    family.samples += [
+        _new_tuple(OutputSample, (bucket, {**labels, "le": le}, n) + _SAMPLE_DEFAULTS)  # noqa: RUF005
+        for le, n in zip(les, counts, strict=True)
+    ]
+    family.samples.append(OutputSample(family.name + "_count", labels, counts[-1]))
     family.samples.append(OutputSample(family.name + "_sum", labels, total))
+
+
+_new_tuple = tuple.__new__
+#: what an ``OutputSample`` holds after its value (timestamp, exemplar, ...: the fields vary
+#: between prometheus_client releases)
+_SAMPLE_DEFAULTS = tuple(OutputSample._field_defaults[name] for name in OutputSample._fields[3:])
+
+
+def _ordered(keys: Collection[Key]) -> Iterable[Key]:
+    """Output keys in label-value order (None as ""), the order the series are written in."""
+    return sorted(keys, key=_sort_key) if len(keys) > 1 else keys
 
 
 def _sort_key(key: Key) -> tuple[str, ...]:
@@ -505,12 +582,16 @@ def _sort_key(key: Key) -> tuple[str, ...]:
 
 
 def _scalar_family(
-    spec: MetricSpec, identity: Mapping[str, str], how: Reading, values: Mapping[Key, float]
+    spec: MetricSpec, output: Output, how: Reading, values: Mapping[Key, float]
 ) -> Metric:
-    family = spec.new_family()
-    labels = _Labels(spec, identity)
-    for key in sorted(values, key=_sort_key):
-        family.add_metric(labels.values(how, key), values[key])  # type: ignore[attr-defined]
+    """The counter or gauge family of ``values``; its samples are built directly, as the
+    family's ``add_metric`` would (a counter's sample is named ``<name>_total``)."""
+    family = output.family(spec)
+    name = family.name + "_total" if family.type == "counter" else family.name
+    base = output.base(spec)
+    family.samples = [
+        OutputSample(name, _series_labels(base, how, key), values[key]) for key in _ordered(values)
+    ]
     return family
 
 
@@ -522,29 +603,29 @@ class AliasStep:
     readings: tuple[Reading, ...]
     replica_labels: frozenset[str] = frozenset()
 
-    def emit(self, page: Page, identity: Mapping[str, str]) -> Metric | None:
+    def emit(self, page: Page, output: Output) -> Metric | None:
         if self.spec.type == "histogram":
-            return self._histogram(page, identity)
+            return self._histogram(page, output)
         for how in self.readings:
             values = read_values(page, how, self.spec.aggregate, self.replica_labels)
             if values:
-                return _scalar_family(self.spec, identity, how, values)
+                return _scalar_family(self.spec, output, how, values)
         return None
 
-    def _histogram(self, page: Page, identity: Mapping[str, str]) -> Metric | None:
+    def _histogram(self, page: Page, output: Output) -> Metric | None:
         for how in self.readings:
             groups = read_histograms(page, how)
             if not groups:
                 continue
-            family = self.spec.new_family()
-            labels = _Labels(self.spec, identity)
+            family = output.family(self.spec)
+            base = output.base(self.spec)
             scale = how.alias.scale
-            for key in sorted(groups, key=_sort_key):
+            for key in _ordered(groups):
                 group = groups[key]
                 buckets = histogram_buckets(group, scale)
                 if buckets is not None and group.sum is not None:
-                    total = to_base_unit(group.sum, scale)
-                    _add_histogram(family, self.spec, labels.values(how, key), buckets, total)
+                    labels = _series_labels(base, how, key)
+                    _add_histogram(family, labels, *buckets, to_base_unit(group.sum, scale))
             if family.samples:
                 return family
         return None
@@ -561,7 +642,7 @@ class TotalStep:
     def readings(self) -> tuple[Reading, ...]:
         return self.required + self.optional
 
-    def emit(self, page: Page, identity: Mapping[str, str]) -> Metric | None:
+    def emit(self, page: Page, output: Output) -> Metric | None:
         aggregate = self.spec.aggregate
         values = read_values(page, self.required[0], aggregate, self.replica_labels)
         for how in self.required[1:]:
@@ -572,7 +653,7 @@ class TotalStep:
             values = {key: value + more.get(key, 0.0) for key, value in values.items()}
         if not values:
             return None
-        return _scalar_family(self.spec, identity, self.required[0], values)
+        return _scalar_family(self.spec, output, self.required[0], values)
 
 
 @dataclass(frozen=True)
@@ -585,7 +666,7 @@ class SumCountStep:
     def readings(self) -> tuple[Reading, ...]:
         return (*self.sums, self.count)
 
-    def emit(self, page: Page, identity: Mapping[str, str]) -> Metric | None:
+    def emit(self, page: Page, output: Output) -> Metric | None:
         counts = read_values(page, self.count, "sum")
         totals = dict.fromkeys(counts, 0.0)
         for how in self.sums:
@@ -593,11 +674,11 @@ class SumCountStep:
             totals = {key: total + part[key] for key, total in totals.items() if key in part}
         if not totals:
             return None
-        family = self.spec.new_family()
-        labels = _Labels(self.spec, identity)
-        for key in sorted(totals, key=_sort_key):
-            values = labels.values(self.count, key)
-            _add_histogram(family, self.spec, values, [("+Inf", counts[key])], totals[key])
+        family = output.family(self.spec)
+        base = output.base(self.spec)
+        for key in _ordered(totals):
+            labels = _series_labels(base, self.count, key)
+            _add_histogram(family, labels, ("+Inf",), (counts[key],), totals[key])
         return family
 
 
@@ -607,6 +688,7 @@ class Plan:
 
     steps: tuple[Step, ...]
     served_model: tuple[str, str] | None  # (folded family, model label)
+    empty_families: Mapping[str, Metric]  # by catalogue key, copied for each page
 
     def run(self, exposition: Exposition, identity: Mapping[str, str]) -> list[Metric]:
         """Catalogue families for the page, in catalogue order; signals it lacks are absent."""
@@ -614,9 +696,10 @@ class Plan:
         model = self._served_model(page)
         if model is not None:
             identity = {**identity, "model": model}
+        output = Output(identity, self.empty_families)
         families = []
         for step in self.steps:
-            family = step.emit(page, identity)
+            family = step.emit(page, output)
             if family is not None:
                 families.append(family)
         return families
@@ -691,4 +774,5 @@ def plan(catalog: Catalog, adapter: Adapter) -> Plan:
     served_model = None
     if adapter.served_model_family is not None and "model" in adapter.identity_labels:
         served_model = (fold(adapter.served_model_family), adapter.identity_labels["model"])
-    return Plan(tuple(steps), served_model)
+    empty_families = {step.spec.key: step.spec.new_family() for step in steps}
+    return Plan(tuple(steps), served_model, empty_families)
