@@ -31,7 +31,8 @@ def test_options_read_their_environment_twin(page_server: Any) -> None:
     assert detected.exit_code == 0, detected.output
     assert detected.output.startswith("engine: vllm")
     forced = CliRunner().invoke(main, ["scrape", url], env={"INFERWATCH_SCRAPE_ENGINE": "tgi"})
-    assert forced.output.startswith("engine: tgi")
+    assert forced.exit_code == 1
+    assert "no tgi metrics on the page" in forced.output
 
 
 def test_scrape_prints_the_canonical_table(page_server: Any) -> None:
