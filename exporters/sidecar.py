@@ -10,8 +10,6 @@ readiness probe takes the replica out of every Service without any API permissio
 from __future__ import annotations
 
 import asyncio
-import gzip
-import json
 import logging
 import platform
 import time
@@ -21,14 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import Metric
-from prometheus_client.exposition import choose_encoder
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from inferwatch import __version__, catalog
 from inferwatch.exporters.collector import Collector, Condition, ReadinessSource
+from inferwatch.exporters.endpoints import healthz, metrics_response, readiness_response
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.engine_scrape import ScrapeFailure
 from inferwatch.logs import log_event
@@ -44,16 +42,6 @@ class CollectorRun:
     families: Sequence[Metric]
     success: bool
     duration: float
-
-
-class _Families:
-    """The minimal registry shape prometheus_client's encoders accept."""
-
-    def __init__(self, families: Iterable[Metric]):
-        self._families = families
-
-    def collect(self) -> Iterable[Metric]:
-        return self._families
 
 
 class Sidecar:
@@ -148,30 +136,11 @@ class Sidecar:
             with suppress(ValueError):
                 deadline = min(deadline, float(prometheus_timeout) - SCRAPE_TIMEOUT_MARGIN)
         families = await self.gather(max(deadline, 0.1))
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        body = encoder(_Families(families))
-        headers = {"Content-Type": content_type}
-        if "gzip" in request.headers.get("accept-encoding", ""):
-            body = gzip.compress(body, compresslevel=5)
-            headers["Content-Encoding"] = "gzip"
-        return Response(body, headers=headers)
-
-    async def healthz(self, request: Request) -> Response:
-        return PlainTextResponse("ok\n")
+        return metrics_response(request, families)
 
     async def readyz(self, request: Request) -> Response:
         await self.engine.refresh(self.readiness_max_age)
-        conditions = self.conditions()
-        ready = all(c.ok for c in conditions)
-        body = {
-            "ready": ready,
-            "conditions": [{"name": c.name, "ok": c.ok, "reason": c.reason} for c in conditions],
-        }
-        return Response(
-            json.dumps(body) + "\n",
-            status_code=200 if ready else 503,
-            media_type="application/json",
-        )
+        return readiness_response(self.conditions())
 
     def app(self) -> Starlette:
         @asynccontextmanager
@@ -187,7 +156,7 @@ class Sidecar:
         return Starlette(
             routes=[
                 Route("/metrics", self.metrics),
-                Route("/healthz", self.healthz),
+                Route("/healthz", healthz),
                 Route("/readyz", self.readyz),
             ],
             lifespan=lifespan,

@@ -6,74 +6,14 @@ the sidecar as a ``Collector`` and served standalone with the same output.
 
 from __future__ import annotations
 
-import bisect
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Final
 
 from prometheus_client.core import Metric
 
 from inferwatch import catalog
+from inferwatch.exporters.histogram import DURATION_BUCKETS, TTFT_BUCKETS, Histogram
 from inferwatch.probes.scoring import Outcome
 from inferwatch.probes.verdict import STATES, SeriesKey, Verdicts
-
-# OpenTelemetry GenAI bucket boundaries: operation duration and time to first token.
-DURATION_BUCKETS: Final = (
-    0.01,
-    0.02,
-    0.04,
-    0.08,
-    0.16,
-    0.32,
-    0.64,
-    1.28,
-    2.56,
-    5.12,
-    10.24,
-    20.48,
-    40.96,
-    81.92,
-)
-TTFT_BUCKETS: Final = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-)
-
-
-@dataclass
-class Histogram:
-    bounds: Sequence[float]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-
-    def observe(self, value: float) -> None:
-        if not self.counts:
-            self.counts = [0] * (len(self.bounds) + 1)
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-
-    def buckets(self) -> list[tuple[str, float]]:
-        counts = self.counts or [0] * (len(self.bounds) + 1)
-        cumulative, out = 0, []
-        for bound, count in zip([*map(str, self.bounds), "+Inf"], counts, strict=True):
-            cumulative += count
-            out.append((bound, float(cumulative)))
-        return out
 
 
 def _series(key: SeriesKey) -> tuple[str, str, str, str]:

@@ -8,22 +8,20 @@ replica's answers go bad, without any API permission.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from urllib.parse import urlsplit
 
 import httpx
-from prometheus_client.core import Metric
-from prometheus_client.exposition import choose_encoder
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from inferwatch.exporters.collector import Condition
+from inferwatch.exporters.endpoints import healthz, metrics_response, readiness_response
 from inferwatch.logs import log_event
 from inferwatch.probes import blackbox, client
 from inferwatch.probes.golden import GoldenSet
@@ -31,21 +29,6 @@ from inferwatch.probes.runner import ProbeRunner
 from inferwatch.probes.scoring import Limits
 
 logger = logging.getLogger("inferwatch.probes")
-
-
-class _Families:
-    """The registry shape prometheus_client's encoders accept."""
-
-    def __init__(self, families: Iterable[Metric]):
-        self._families = families
-
-    def collect(self) -> Iterable[Metric]:
-        return self._families
-
-
-def _exposition(request: Request, families: Iterable[Metric]) -> Response:
-    encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-    return Response(encoder(_Families(families)), headers={"Content-Type": content_type})
 
 
 def _error(status: int, message: str) -> Response:
@@ -92,23 +75,10 @@ class ProbeServer:
 
     async def metrics(self, request: Request) -> Response:
         families = self.runner.families() if self.runner is not None else []
-        return _exposition(request, families)
-
-    async def healthz(self, request: Request) -> Response:
-        return PlainTextResponse("ok\n")
+        return metrics_response(request, families)
 
     async def readyz(self, request: Request) -> Response:
-        conditions = self.conditions()
-        ready = all(c.ok for c in conditions)
-        body = {
-            "ready": ready,
-            "conditions": [{"name": c.name, "ok": c.ok, "reason": c.reason} for c in conditions],
-        }
-        return Response(
-            json.dumps(body) + "\n",
-            status_code=200 if ready else 503,
-            media_type="application/json",
-        )
+        return readiness_response(self.conditions())
 
     async def probe(self, request: Request) -> Response:
         target = request.query_params.get("target", "")
@@ -147,10 +117,10 @@ class ProbeServer:
                 model = ""
             if not model:
                 # Like blackbox_exporter: an unreachable target is probe_success 0, not a 5xx.
-                return _exposition(request, blackbox.failed(len(goldens)))
+                return metrics_response(request, blackbox.failed(len(goldens)))
             endpoint = client.Endpoint(target, model)
         families = await blackbox.run_module(self.http, endpoint, goldens, self.limits, timeout)
-        return _exposition(request, families)
+        return metrics_response(request, families)
 
     def app(self) -> Starlette:
         @asynccontextmanager
@@ -169,7 +139,7 @@ class ProbeServer:
         return Starlette(
             routes=[
                 Route("/metrics", self.metrics),
-                Route("/healthz", self.healthz),
+                Route("/healthz", healthz),
                 Route("/readyz", self.readyz),
                 Route("/probe", self.probe),
             ],

@@ -7,87 +7,18 @@ rather than a delete, so no token ever disappears from the totals.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, MutableMapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import Metric
 
 from inferwatch import catalog
+from inferwatch.exporters.histogram import DURATION_BUCKETS, TTFT_BUCKETS_LONG, Histogram
 from inferwatch.exporters.tenancy.labels import OTHER
 from inferwatch.exporters.tenancy.usage import Usage
 
 #: (tenant, model, model_version, engine_version, prompt_version), catalogue identity `tenant`
 Identity = tuple[str, str, str, str, str]
-# OTel GenAI bucket boundaries: time to first token (extended to 60 s for long prompts, as
-# Envoy AI Gateway does) and request duration.
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    45.0,
-    60.0,
-)
-DURATION_BUCKETS = (
-    0.01,
-    0.02,
-    0.04,
-    0.08,
-    0.16,
-    0.32,
-    0.64,
-    1.28,
-    2.56,
-    5.12,
-    10.24,
-    20.48,
-    40.96,
-    81.92,
-)
-
-
-@dataclass
-class Histogram:
-    bounds: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not self.counts:
-            self.counts = [0] * (len(self.bounds) + 1)
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-
-    def merge(self, other: Histogram) -> None:
-        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
-        self.total += other.total
-
-    def buckets(self) -> list[tuple[str, float]]:
-        cumulative = 0
-        out: list[tuple[str, float]] = []
-        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            cumulative += count
-            out.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
-        return out
 
 
 def _fold(series: MutableMapping[Any, Any], tenants: set[str], merge: Any) -> None:
@@ -148,7 +79,7 @@ class ProxyMetrics:
         if ttft is not None:
             histogram = self.ttft.get(key)
             if histogram is None:
-                histogram = self.ttft[key] = Histogram(TTFT_BUCKETS)
+                histogram = self.ttft[key] = Histogram(TTFT_BUCKETS_LONG)
             histogram.observe(ttft)
         histogram = self.duration.get(key)
         if histogram is None:

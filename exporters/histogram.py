@@ -1,0 +1,51 @@
+"""Histograms that inferwatch observes itself (the tenancy proxy, the probes).
+
+Bucket boundaries follow the OpenTelemetry GenAI semantic conventions, so a dashboard can put
+the client's view (proxy, probes) next to the engine's on the same buckets.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+#: gen_ai.server.time_to_first_token
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)  # fmt: skip
+#: the same, extended to a minute for long prompts queued behind others (as Envoy AI Gateway)
+TTFT_BUCKETS_LONG = (*TTFT_BUCKETS, 15.0, 20.0, 30.0, 45.0, 60.0)
+#: gen_ai.server.request.duration and gen_ai.client.operation.duration
+DURATION_BUCKETS = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+
+
+@dataclass
+class Histogram:
+    """Counts per bucket and a sum; rendered cumulatively, as Prometheus expects."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def merge(self, other: Histogram) -> None:
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.total += other.total
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """(le, cumulative count) pairs, ``+Inf`` last."""
+        cumulative = 0
+        out: list[tuple[str, float]] = []
+        for bound, count in zip((*map(repr, self.bounds), "+Inf"), self.counts, strict=True):
+            cumulative += count
+            out.append((bound, cumulative))
+        return out
