@@ -6,14 +6,14 @@ import asyncio
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 import click
 import uvicorn
 from prometheus_client.core import Metric
 
+from inferwatch.cli import option_group
 from inferwatch.exporters import engines, gpu
 from inferwatch.exporters.collector import Collector, ReadinessSource
 from inferwatch.exporters.engine_collector import EngineCollector
@@ -46,37 +46,30 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def engine_options(command: F) -> F:
-    """Options shared by every command that scrapes an engine."""
-    options = [
-        click.option(
-            "--engine",
-            type=ENGINE_CHOICES,
-            default="auto",
-            show_envvar=True,
-            help="Engine type; auto detects it from each page.",
-        ),
-        click.option(
-            "--engine-timeout",
-            type=click.FloatRange(min=0.1),
-            default=5.0,
-            show_envvar=True,
-            help="Seconds allowed for one engine scrape (lowered to fit Prometheus' timeout).",
-        ),
-        click.option(
-            "--max-page-bytes",
-            type=click.IntRange(min=1024),
-            default=16 * 1024 * 1024,
-            show_envvar=True,
-            help="Engine pages larger than this are refused (after decompression).",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+#: Options of every command that scrapes an engine.
+engine_options = option_group(
+    click.option(
+        "--engine",
+        type=ENGINE_CHOICES,
+        default="auto",
+        show_envvar=True,
+        help="Engine type; auto detects it from each page.",
+    ),
+    click.option(
+        "--engine-timeout",
+        type=click.FloatRange(min=0.1),
+        default=5.0,
+        show_envvar=True,
+        help="Seconds allowed for one engine scrape (lowered to fit Prometheus' timeout).",
+    ),
+    click.option(
+        "--max-page-bytes",
+        type=click.IntRange(min=1024),
+        default=16 * 1024 * 1024,
+        show_envvar=True,
+        help="Engine pages larger than this are refused (after decompression).",
+    ),
+)
 
 
 @click.command()

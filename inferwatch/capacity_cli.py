@@ -8,6 +8,7 @@ from dataclasses import replace
 import click
 
 from inferwatch import capacity as cap
+from inferwatch.cli import option_group
 
 
 def _gib(value: float) -> str:
@@ -47,64 +48,70 @@ def render_table(result: cap.Capacity, context: int) -> str:
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
 
 
+#: Model, GPU and vLLM serving settings: what `capacity` computes from and `sim` serves with.
+serving_options = option_group(
+    click.option(
+        "--model",
+        default="meta-llama/Llama-3.1-8B-Instruct",
+        show_envvar=True,
+        help="Preset (" + ", ".join(cap.MODEL_CONFIGS) + ") or a config.json path/folder.",
+    ),
+    click.option(
+        "--gpu",
+        default="H100",
+        show_envvar=True,
+        help="GPU preset: " + ", ".join(cap.GPU_PRESETS) + ".",
+    ),
+    click.option(
+        "--tensor-parallel", "-tp", type=click.IntRange(min=1), default=1, show_envvar=True
+    ),
+    click.option(
+        "--gpu-memory-utilization",
+        type=click.FloatRange(0, 1, min_open=True),
+        default=0.92,
+        show_envvar=True,
+    ),
+    click.option("--block-size", type=click.IntRange(min=1), default=16, show_envvar=True),
+    click.option(
+        "--max-model-len",
+        type=click.IntRange(min=1),
+        show_envvar=True,
+        help="Default: the model's max_position_embeddings.",
+    ),
+    click.option(
+        "--weight-dtype",
+        type=click.Choice(sorted(cap.DTYPE_BYTES)),
+        show_envvar=True,
+        help="Default: the model's dtype; fp8/int8/int4 for quantized checkpoints.",
+    ),
+    click.option(
+        "--kv-cache-dtype",
+        type=click.Choice(["auto", "bf16", "fp16", "fp8"]),
+        default="auto",
+        show_envvar=True,
+    ),
+    click.option(
+        "--max-num-seqs",
+        type=click.IntRange(min=1),
+        show_envvar=True,
+        help="Default: vLLM's (1024 on >=70 GiB GPUs other than A100, else 256).",
+    ),
+    click.option(
+        "--max-num-batched-tokens",
+        type=click.IntRange(min=1),
+        show_envvar=True,
+        help="Default: vLLM's (8192 on >=70 GiB GPUs other than A100, else 2048).",
+    ),
+)
+
+
 @click.command()
-@click.option(
-    "--model",
-    "model_name",
-    default="meta-llama/Llama-3.1-8B-Instruct",
-    show_envvar=True,
-    help="Preset (" + ", ".join(cap.MODEL_CONFIGS) + ") or a config.json path/folder.",
-)
-@click.option(
-    "--gpu",
-    "gpu_name",
-    default="H100",
-    show_envvar=True,
-    help="GPU preset: " + ", ".join(cap.GPU_PRESETS) + ".",
-)
+@serving_options
 @click.option(
     "--gpu-memory-gib",
     type=click.FloatRange(min=0, min_open=True),
     show_envvar=True,
     help="Override the GPU's usable memory (what CUDA reports as total).",
-)
-@click.option("--tensor-parallel", "-tp", type=click.IntRange(min=1), default=1, show_envvar=True)
-@click.option(
-    "--gpu-memory-utilization",
-    type=click.FloatRange(0, 1, min_open=True),
-    default=0.92,
-    show_envvar=True,
-)
-@click.option("--block-size", type=click.IntRange(min=1), default=16, show_envvar=True)
-@click.option(
-    "--max-model-len",
-    type=click.IntRange(min=1),
-    show_envvar=True,
-    help="Default: the model's max_position_embeddings.",
-)
-@click.option(
-    "--weight-dtype",
-    type=click.Choice(sorted(cap.DTYPE_BYTES)),
-    show_envvar=True,
-    help="Default: the model's dtype; fp8/int8/int4 for quantized checkpoints.",
-)
-@click.option(
-    "--kv-cache-dtype",
-    type=click.Choice(["auto", "bf16", "fp16", "fp8"]),
-    default="auto",
-    show_envvar=True,
-)
-@click.option(
-    "--max-num-seqs",
-    type=click.IntRange(min=1),
-    show_envvar=True,
-    help="Default: vLLM's (1024 on >=70 GiB GPUs other than A100, else 256).",
-)
-@click.option(
-    "--max-num-batched-tokens",
-    type=click.IntRange(min=1),
-    show_envvar=True,
-    help="Default: vLLM's (8192 on >=70 GiB GPUs other than A100, else 2048).",
 )
 @click.option(
     "--reserve-gib",
@@ -120,8 +127,8 @@ def render_table(result: cap.Capacity, context: int) -> str:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def capacity(
-    model_name: str,
-    gpu_name: str,
+    model: str,
+    gpu: str,
     gpu_memory_gib: float | None,
     tensor_parallel: int,
     gpu_memory_utilization: float,
@@ -137,10 +144,11 @@ def capacity(
 ) -> None:
     """Weights, KV cache, blocks and concurrency of a model on a GPU (vLLM's accounting)."""
     try:
-        model = cap.model_preset(model_name)
-        gpu = cap.gpu_preset(gpu_name)
+        model_spec = cap.model_preset(model)
+        gpu_spec = cap.gpu_preset(gpu)
         if gpu_memory_gib is not None:
-            gpu = replace(gpu, total_bytes=int(gpu_memory_gib * cap.GIB) + gpu.reserved_bytes)
+            total_bytes = int(gpu_memory_gib * cap.GIB) + gpu_spec.reserved_bytes
+            gpu_spec = replace(gpu_spec, total_bytes=total_bytes)
         serving = cap.ServingSpec(
             tensor_parallel=tensor_parallel,
             gpu_memory_utilization=gpu_memory_utilization,
@@ -152,7 +160,7 @@ def capacity(
             max_num_batched_tokens=max_num_batched_tokens,
             reserve_bytes=None if reserve_gib is None else int(reserve_gib * cap.GIB),
         )
-        result = cap.compute(model, gpu, serving)
+        result = cap.compute(model_spec, gpu_spec, serving)
     except cap.CapacityError as exc:
         raise click.ClickException(str(exc)) from None
     context = context or result.max_model_len

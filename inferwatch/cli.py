@@ -8,6 +8,8 @@ environment twin, ``INFERWATCH_<SUBCOMMAND>_<OPTION>`` (shown in each ``--help``
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -25,6 +27,20 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "probe": ("inferwatch.probes.cli", "probe"),
     "gate": ("inferwatch.probes.cli", "gate"),
 }
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def option_group(*options: Callable[[F], F]) -> Callable[[F], F]:
+    """Several click options as one decorator, for options that commands share."""
+
+    def apply(command: F) -> F:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return apply
 
 
 class LazyGroup(click.Group):

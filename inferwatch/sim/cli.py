@@ -9,6 +9,7 @@ import click
 import yaml
 
 from inferwatch import capacity as cap
+from inferwatch.capacity_cli import serving_options
 from inferwatch.logs import log_event
 from inferwatch.sim.faults import FaultError
 from inferwatch.sim.server import serve_forever
@@ -27,43 +28,14 @@ def _faults(path: Path | None) -> object:
 
 
 @click.command()
-@click.option(
-    "--model",
-    default="meta-llama/Llama-3.1-8B-Instruct",
-    show_envvar=True,
-    help="Model preset or config.json path (see `inferwatch capacity --help`).",
-)
+@serving_options
 @click.option("--served-model-name", show_envvar=True, help="Default: the model's name.")
-@click.option(
-    "--gpu",
-    default="H100",
-    show_envvar=True,
-    help="GPU preset: " + ", ".join(cap.GPU_PRESETS) + ".",
-)
-@click.option("--tensor-parallel", "-tp", type=click.IntRange(min=1), default=1, show_envvar=True)
 @click.option(
     "--engine-ranks",
     type=click.IntRange(1, 64),
     default=1,
     show_envvar=True,
     help="Data-parallel engine cores (values of the `engine` label).",
-)
-@click.option(
-    "--gpu-memory-utilization",
-    type=click.FloatRange(0, 1, min_open=True),
-    default=0.92,
-    show_envvar=True,
-)
-@click.option("--block-size", type=click.IntRange(min=1), default=16, show_envvar=True)
-@click.option("--max-model-len", type=click.IntRange(min=1), show_envvar=True)
-@click.option("--max-num-seqs", type=click.IntRange(min=1), show_envvar=True)
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), show_envvar=True)
-@click.option("--weight-dtype", type=click.Choice(sorted(cap.DTYPE_BYTES)), show_envvar=True)
-@click.option(
-    "--kv-cache-dtype",
-    type=click.Choice(["auto", "bf16", "fp16", "fp8"]),
-    default="auto",
-    show_envvar=True,
 )
 @click.option(
     "--num-gpu-blocks",
