@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Literal
+from typing import Literal, get_args
 
 import yaml
 
@@ -35,16 +35,7 @@ Action = Literal[
     "contact_support",
     "unknown",
 ]
-ACTIONS: tuple[Action, ...] = (
-    "ignore",
-    "restart_app",
-    "check_app",
-    "reset_gpu",
-    "reboot_node",
-    "check_hardware",
-    "contact_support",
-    "unknown",
-)
+ACTIONS: tuple[Action, ...] = get_args(Action)
 #: Actions after which the GPU must not take traffic until it is reset or the node rebooted.
 OUT_OF_SERVICE: frozenset[Action] = frozenset({"reset_gpu", "reboot_node"})
 
