@@ -401,7 +401,13 @@ class ProxyApp:
             payload: Any = None
             with contextlib.suppress(ValueError):
                 payload = json.loads(data)
-            if isinstance(payload, dict) and exchange.meter is not None:
+            if not isinstance(payload, dict):
+                # a garbled success: the engine did take the prompt, so charge the estimate
+                error = UpstreamError(
+                    "protocol", f"engine reply is not a JSON object: {data[:80]!r}"
+                )
+                return await self._upstream_failed(exchange, send, error, sent=True)
+            if exchange.meter is not None:
                 exchange.meter.observe(payload)
                 exchange.accounting = "complete"
             exchange.outcome = "ok"
