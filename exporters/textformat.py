@@ -69,6 +69,7 @@ _series: dict[str, tuple[str, dict[str, str]]] = {}
 _label_pieces: dict[str, tuple[str, bool] | None] = {}
 _legacy_names: set[str] = set()
 _comments: dict[bool, dict[str, tuple[str, str, str]]] = {False: {}, True: {}}
+_line_starts: dict[str, tuple[str, str]] = {}
 
 
 @dataclass(slots=True)
@@ -122,9 +123,10 @@ def parse(
 
     ``wanted`` limits the result to the named families (declared names, or the sample name
     of an undeclared one); samples of other families are dropped without building them or
-    reading their values. ``openmetrics`` selects the format (timestamps in seconds rather than
-    milliseconds, ``# EOF`` ends the page, ``\"`` in help); by default a page whose last line is
-    ``# EOF`` is read as OpenMetrics.
+    reading their values (the lines of a dropped sample name that follow it are passed over
+    with one string comparison each). ``openmetrics`` selects the format (timestamps in
+    seconds rather than milliseconds, ``# EOF`` ends the page, ``\"`` in help); by default a
+    page whose last line is ``# EOF`` is read as OpenMetrics.
     """
     if isinstance(text, bytes):
         text = text.decode("utf-8-sig", errors="replace")
@@ -145,6 +147,7 @@ def clear_caches() -> None:
     _series.clear()
     _label_pieces.clear()
     _legacy_names.clear()
+    _line_starts.clear()
     for memo in _comments.values():
         memo.clear()
 
@@ -180,8 +183,15 @@ class _Page:
         comments = _comments[openmetrics]
         declared = self.declared
         discard = _discard
+        # How the lines of the sample name last dropped begin. Only a comment line can change
+        # where an existing sample name goes, so until the next one, a line that begins so is
+        # a sample that would be dropped too (or a malformed line, unchecked when unwanted).
+        dropping: tuple[str, str] | tuple[()] = ()
         for line in lines:
+            if dropping and line.startswith(dropping):
+                continue
             if line[0] == "#":
+                dropping = ()
                 keyword, name, text = comments.get(line) or _learn_comment(line, openmetrics)
                 if keyword == "TYPE":
                     malformed += self.declare_type(name, text)
@@ -203,6 +213,7 @@ class _Page:
             name, labels = series
             add = route.get(name) or self.untyped(name)
             if add is discard:
+                dropping = _line_starts.get(name) or _learn_line_starts(name)
                 continue
             try:
                 add(Sample(name, labels.copy(), float(value)))
@@ -254,6 +265,16 @@ class _Page:
         add = self.route.get(name) or self.untyped(name)
         add(Sample(name, labels, value, timestamp))
         return 0
+
+
+def _learn_line_starts(sample_name: str) -> tuple[str, str]:
+    """The beginnings a line of this sample name can have: "name{" or "name ". A line that
+    begins with either is a sample of that name or malformed."""
+    starts = (sample_name + "{", sample_name + " ")
+    if len(_line_starts) >= _MEMO_LIMIT:
+        _line_starts.clear()
+    _line_starts[sample_name] = starts
+    return starts
 
 
 def _learn_comment(line: str, openmetrics: bool) -> tuple[str, str, str]:

@@ -18,7 +18,7 @@ from prometheus_client.openmetrics import parser as om_parser
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from inferwatch.exporters import textformat
+from inferwatch.exporters import engines, textformat
 from inferwatch.exporters.textformat import Exposition, parse
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -590,3 +590,103 @@ def test_invalid_utf8_costs_only_its_line() -> None:
     assert "vllm:num_requests_running" in exposition.families
     assert exposition.families["vllm:num_requests_running"].samples == []
     assert len(flat(exposition)) == len(flat(parse(VLLM.read_bytes()))) - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Property 4: the family filter only leaves families out
+
+
+def assert_filtered_view(text: str, wanted: Callable[[str], bool]) -> None:
+    """parse(wanted=...) is the unfiltered parse restricted to the wanted families, and it
+    finds no more malformed lines (those of unwanted families are not checked)."""
+    full = parse(text)
+    filtered = parse(text, wanted=wanted)
+
+    expected = {name: family for name, family in full.families.items() if wanted(name)}
+    assert list(filtered.families) == list(expected)
+    for name, family in filtered.families.items():
+        ref = expected[name]
+        assert (family.type, family.help, family.unit) == (ref.type, ref.help, ref.unit)
+        assert_same_samples(flat(Exposition({name: family})), flat(Exposition({name: ref})))
+    assert filtered.lines == full.lines
+    assert filtered.openmetrics == full.openmetrics
+    assert filtered.malformed_lines <= full.malformed_lines
+
+
+@pytest.mark.parametrize("engine", engines.ENGINES)
+@pytest.mark.parametrize(
+    "path", sorted((FIXTURES / "engines").glob("*.prom")), ids=lambda p: p.name
+)
+def test_engine_filter_on_every_capture(path: Path, engine: str) -> None:
+    assert_filtered_view(path.read_text(encoding="utf-8"), engines.wanted(engine))
+
+
+@PROPERTY_SETTINGS
+@given(registry=registries(), openmetrics_page=st.booleans(), data=st.data())
+def test_filter_on_rendered_pages(
+    registry: CollectorRegistry, openmetrics_page: bool, data: st.DataObject
+) -> None:
+    render = om_exposition.generate_latest if openmetrics_page else generate_latest
+    text = render(registry).decode()
+    names = sorted(parse(text).families)
+    kept = data.draw(st.sets(st.sampled_from(names)) if names else st.just(set()))
+    assert_filtered_view(text, kept.__contains__)
+
+
+# Lines over a few related names, so that declarations, grouping suffixes, undeclared samples,
+# repeated or contradicting TYPE lines and # EOF meet in every order.
+SOUP_NAMES = ["a", "a_total", "a_created", "a_bucket", "a_sum", "b", "b_count"]
+SOUP_LINES = st.one_of(
+    st.builds(
+        "# {} {} {}".format,
+        st.sampled_from(["HELP", "TYPE", "UNIT"]),
+        st.sampled_from(SOUP_NAMES),
+        st.sampled_from(["counter", "gauge", "histogram", "summary", "info", "x \\n y"]),
+    ),
+    st.builds(
+        "{}{} {}".format,
+        st.sampled_from([*SOUP_NAMES, "a_total_total", "a_info"]),
+        st.sampled_from(["", '{l="1"}', '{le="+Inf"}', "{", '{l="1"', " x"]),
+        st.sampled_from(["1", "2.5", "NaN", "x", "1 17"]),
+    ),
+    st.sampled_from(["", "# note", "# EOF", "#", "  "]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lines=st.lists(SOUP_LINES, max_size=25),
+    kept=st.sets(st.sampled_from(SOUP_NAMES)),
+    crlf=st.booleans(),
+    om=st.none() | st.booleans(),
+)
+def test_filter_on_line_soup(lines: list[str], kept: set[str], crlf: bool, om: bool | None) -> None:
+    text = ("\r\n" if crlf else "\n").join(lines)
+    full = parse(text, openmetrics=om)
+    filtered = parse(text, wanted=kept, openmetrics=om)
+
+    assert list(filtered.families) == [name for name in full.families if name in kept]
+    for name, family in filtered.families.items():
+        ref = full.families[name]
+        assert (family.type, family.help, family.unit) == (ref.type, ref.help, ref.unit)
+        assert_same_samples(flat(Exposition({name: family})), flat(Exposition({name: ref})))
+    assert filtered.malformed_lines <= full.malformed_lines
+    assert filtered.lines == full.lines
+
+
+def test_lines_of_a_dropped_family_are_not_checked() -> None:
+    text = '# TYPE h histogram\nh_bucket{le="1"} 1\nh_bucket{le="2" 2\nh_sum x\nkeep 1\n'
+
+    assert parse(text).malformed_lines == 2
+    filtered = parse(text, wanted={"keep"})
+    assert filtered.malformed_lines == 0
+    assert [s.value for s in filtered.families["keep"].samples] == [1.0]
+
+
+def test_a_later_declaration_can_claim_a_dropped_name() -> None:
+    # a_sum goes nowhere while it groups under the unwanted a, then belongs to its own family.
+    text = "# TYPE a summary\na_sum 1\na_sum 2\n# HELP a_sum Own.\na_sum 3\na_sum 4\n"
+
+    family = parse(text, wanted={"a_sum"}).families["a_sum"]
+
+    assert [s.value for s in family.samples] == [3.0, 4.0]
