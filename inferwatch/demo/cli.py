@@ -1,0 +1,108 @@
+"""``inferwatch demo``: the whole stack on one machine, with load, faults and a live view."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+
+import click
+
+from inferwatch.demo import scenario as scenarios
+from inferwatch.demo import topology
+from inferwatch.demo.run import Demo, Options
+
+
+@click.command()
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0, min_open=True),
+    show_envvar=True,
+    help="Seconds to run once everything is up.  [default: until Ctrl-C]",
+)
+@click.option(
+    "--scenario",
+    show_envvar=True,
+    help="Fault timeline: a shipped name (" + ", ".join(scenarios.shipped()) + ") or a YAML file.",
+)
+@click.option(
+    "--speed",
+    type=click.FloatRange(min=0.01),
+    default=1.0,
+    show_envvar=True,
+    help="Simulated seconds per wall-clock second in every replica.",
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0),
+    default=3.0,
+    show_envvar=True,
+    help="Load: requests per second over all tenants.",
+)
+@click.option(
+    "--base-port",
+    type=click.IntRange(1024, 65535 - 3 * len(topology.REPLICAS)),
+    show_envvar=True,
+    help="Use consecutive ports from here (sims, sidecars, proxies, Prometheus).  "
+    "[default: free ports]",
+)
+@click.option(
+    "--prometheus/--no-prometheus",
+    default=True,
+    show_envvar=True,
+    help="Run a Prometheus scraping the sidecars and proxies (when the binary is on PATH).",
+)
+@click.option(
+    "--probe-cycle",
+    type=click.FloatRange(min=1),
+    default=10.0,
+    show_envvar=True,
+    help="Seconds for one pass of the quality probes' golden set, per replica.",
+)
+@click.option(
+    "--refresh",
+    type=click.FloatRange(min=0.5),
+    default=2.0,
+    show_envvar=True,
+    help="Seconds between summary lines when stdout is not a terminal.",
+)
+def demo(
+    duration: float | None,
+    scenario: str | None,
+    speed: float,
+    rate: float,
+    base_port: int | None,
+    prometheus: bool,
+    probe_cycle: float,
+    refresh: float,
+) -> None:
+    """Run simulated replicas with sidecars, tenancy proxies, probes and Prometheus, under load.
+
+    Three replicas (the primary model at v1 and at an fp8 v2 canary, and a fallback model) each
+    get a sidecar with quality probes and a tenancy proxy; a load generator sends three tenants'
+    traffic through the proxies, routing around replicas whose /readyz fails. The view shows
+    each replica's throughput, latency, queue, KV cache, GPU and probe verdict, and each tenant's
+    tokens and cost, computed from the components' own /metrics. Stop with Ctrl-C.
+    """
+    timeline = None
+    if scenario:
+        try:
+            timeline = scenarios.load(scenario, [r.name for r in topology.REPLICAS])
+        except scenarios.ScenarioError as exc:
+            raise click.ClickException(str(exc)) from None
+    prometheus_bin = shutil.which("prometheus") if prometheus else None
+    if prometheus and prometheus_bin is None:
+        click.echo("prometheus is not on PATH; running without it (Debian package: prometheus)")
+    options = Options(
+        duration=duration,
+        scenario=timeline,
+        speed=speed,
+        rate=rate,
+        base_port=base_port,
+        prometheus=prometheus_bin,
+        probe_cycle=probe_cycle,
+        refresh=refresh,
+    )
+    error = asyncio.run(Demo(options, sys.stdout, live=sys.stdout.isatty()).run())
+    if error:
+        raise click.ClickException(error)

@@ -1,0 +1,297 @@
+"""What the demo shows, read the way an operator's tools read it: from the components' endpoints.
+
+Every poll scrapes each sidecar's ``/metrics`` and ``/readyz`` and each proxy's ``/metrics``
+(and Prometheus' target list now and then), keeps the last few seconds of scrapes, and turns
+them into one :class:`FleetState`: rates from counter increases and latency quantiles from
+histogram bucket increases over that window. Changes an operator would want to hear about
+(readiness flips, probe verdicts, engine up/down, GPU health) become events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+from inferwatch import catalog
+from inferwatch.demo.loadgen import LoadStats
+from inferwatch.demo.signals import History, Scrape, quantiles, rate
+from inferwatch.demo.topology import Replica, Tenant
+
+#: the /readyz conditions that fail, as (condition, reason)
+Failing = tuple[tuple[str, str], ...]
+#: seconds of scrapes that rates and quantiles are computed over
+WINDOW = 10.0
+_PROMETHEUS_EVERY = 5.0
+
+
+def _name(key: str) -> str:
+    return catalog.load()[key].name
+
+
+@dataclass
+class ReplicaState:
+    replica: Replica
+    reachable: bool = False  # the sidecar answered
+    ready: bool | None = None
+    failing: Failing = ()  # /readyz conditions that fail: (name, reason)
+    engine_up: bool | None = None
+    gpu_healthy: bool | None = None
+    gpu_problem: str = ""
+    gpu_utilization: float | None = None
+    gpu_temperature: float | None = None
+    requests_per_s: float | None = None
+    tokens_per_s: float | None = None
+    errors_per_s: float | None = None
+    ttft: tuple[float | None, ...] = (None, None)  # p50, p99
+    tpot: tuple[float | None, ...] = (None, None)
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    probe_pass: float | None = None
+    probe_verdict: str = ""
+
+
+@dataclass
+class TenantState:
+    tenant: Tenant
+    requests_per_s: float | None = None
+    ok: float = 0.0
+    rejected: float = 0.0
+    errors: float = 0.0
+    tokens: float = 0.0
+    tokens_per_s: float | None = None
+    cost: float = 0.0
+    cost_per_hour: float | None = None
+    budget_left: float | None = None  # lowest share left over the proxies
+
+
+@dataclass
+class FleetState:
+    t: float
+    replicas: list[ReplicaState]
+    tenants: list[TenantState]
+    load: LoadStats
+    rate: float
+    prometheus: tuple[int, int] | None = None  # targets up, targets
+    events: list[str] = field(default_factory=list)  # what changed since the last poll
+
+
+class Observer:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        replicas: Sequence[Replica],
+        tenants: Sequence[Tenant],
+        sidecar_urls: Mapping[str, str],
+        proxy_urls: Mapping[str, str],
+        prometheus_url: str | None,
+    ) -> None:
+        self.http = http
+        self.replicas = tuple(replicas)
+        self.tenants = tuple(tenants)
+        self.sidecar_urls = sidecar_urls
+        self.proxy_urls = proxy_urls
+        self.prometheus_url = prometheus_url
+        self._sidecars = {r.name: History(WINDOW) for r in replicas}
+        self._proxies = {r.name: History(WINDOW) for r in replicas}
+        self._previous: dict[str, ReplicaState] = {}
+        self._prometheus: tuple[int, int] | None = None
+        self._prometheus_checked = 0.0
+
+    async def poll(self, t: float, load: LoadStats, load_rate: float) -> FleetState:
+        """Read every endpoint once and return the fleet as it is now."""
+        names = [r.name for r in self.replicas]
+        sidecar_pages, proxy_pages, readiness, _ = await asyncio.gather(
+            asyncio.gather(*(self._scrape(self.sidecar_urls[n] + "/metrics") for n in names)),
+            asyncio.gather(*(self._scrape(self.proxy_urls[n] + "/metrics") for n in names)),
+            asyncio.gather(*(self._readyz(self.sidecar_urls[n]) for n in names)),
+            self._targets(),
+        )
+        for name, page in zip(names, sidecar_pages, strict=True):
+            if page is not None:
+                self._sidecars[name].add(page)
+        for name, page in zip(names, proxy_pages, strict=True):
+            if page is not None:
+                self._proxies[name].add(page)
+        replicas = [
+            self._replica(replica, fresh=page is not None, ready=ready)
+            for replica, page, ready in zip(self.replicas, sidecar_pages, readiness, strict=True)
+        ]
+        return FleetState(
+            t=t,
+            replicas=replicas,
+            tenants=[self._tenant(tenant) for tenant in self.tenants],
+            load=load,
+            rate=load_rate,
+            prometheus=self._prometheus,
+            events=self._changes(replicas),
+        )
+
+    def _changes(self, replicas: Sequence[ReplicaState]) -> list[str]:
+        """Events for what changed on each replica since the last poll."""
+        events = []
+        for now in replicas:
+            name = now.replica.name
+            before = self._previous.get(name)
+            self._previous[name] = now
+            if before is None:
+                continue
+            if _flipped(before.ready, now.ready):
+                reasons = "; ".join(f"{condition}: {reason}" for condition, reason in now.failing)
+                events.append(
+                    f"{name}: /readyz NOT READY -> ready"
+                    if now.ready
+                    else f"{name}: /readyz ready -> NOT READY ({reasons})"
+                )
+            if _flipped(before.engine_up, now.engine_up):
+                events.append(
+                    f"{name}: engine_up {int(bool(before.engine_up))} -> {int(bool(now.engine_up))}"
+                )
+            if _flipped(before.gpu_healthy, now.gpu_healthy):
+                events.append(
+                    f"{name}: GPU healthy again"
+                    if now.gpu_healthy
+                    else f"{name}: GPU unhealthy ({now.gpu_problem})"
+                )
+            if _flipped(before.probe_verdict or None, now.probe_verdict or None):
+                ratio = "-" if now.probe_pass is None else f"{now.probe_pass:.0%}"
+                events.append(
+                    f"{name}: probe verdict {before.probe_verdict} -> {now.probe_verdict} "
+                    f"(pass rate {ratio})"
+                )
+        return events
+
+    # --- reading endpoints -----------------------------------------------------------------------
+    async def _scrape(self, url: str) -> Scrape | None:
+        try:
+            response = await self.http.get(url, timeout=2.0)
+            response.raise_for_status()
+        except httpx.HTTPError:
+            return None
+        return Scrape.parse(time.monotonic(), response.content)
+
+    async def _readyz(self, base_url: str) -> tuple[bool, Failing] | None:
+        try:
+            response = await self.http.get(base_url + "/readyz", timeout=2.0)
+            body = response.json()
+        except (httpx.HTTPError, ValueError):
+            return None
+        try:
+            failing = tuple(
+                (str(c["name"]), str(c["reason"])) for c in body["conditions"] if not c["ok"]
+            )
+        except (KeyError, TypeError):
+            failing = (("readyz", "unreadable answer"),)
+        return response.status_code == 200, failing
+
+    async def _targets(self) -> None:
+        """Refresh Prometheus' target health every few seconds."""
+        now = time.monotonic()
+        if self.prometheus_url is None or now - self._prometheus_checked < _PROMETHEUS_EVERY:
+            return
+        self._prometheus_checked = now
+        try:
+            response = await self.http.get(self.prometheus_url + "/api/v1/targets", timeout=2.0)
+            targets = response.json()["data"]["activeTargets"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            self._prometheus = None
+            return
+        self._prometheus = (sum(t.get("health") == "up" for t in targets), len(targets))
+
+    # --- turning scrapes into signals ------------------------------------------------------------
+    def _replica(
+        self, replica: Replica, fresh: bool, ready: tuple[bool, Failing] | None
+    ) -> ReplicaState:
+        state = ReplicaState(replica, reachable=fresh)
+        if ready is not None:
+            state.ready, state.failing = ready
+        history = self._sidecars[replica.name]
+        page = history.latest
+        if page is None or not fresh:
+            return state
+        up = page.total(_name("engine_up"))
+        state.engine_up = None if up is None else up > 0
+        healthy = page.values(_name("gpu_healthy"))
+        if healthy:
+            state.gpu_healthy = all(value > 0 for _, value in healthy)
+            state.gpu_problem = ", ".join(
+                labels.get("reason", "") for labels, value in healthy if value <= 0
+            )
+        state.gpu_utilization = page.total(_name("gpu_utilization"))
+        state.gpu_temperature = page.total(
+            _name("gpu_temperature"), lambda labels: labels.get("sensor") == "gpu"
+        )
+        state.running = page.total(_name("engine_requests_running"))
+        state.waiting = page.total(_name("engine_requests_waiting"))
+        state.kv_usage = page.total(_name("engine_kv_cache_usage"))
+        state.probe_pass = page.total(_name("probe_pass_ratio"))
+        verdicts = page.values(_name("probe_verdict"))
+        state.probe_verdict = next((lbl["state"] for lbl, value in verdicts if value > 0), "")
+        span = history.span()
+        if span is not None:
+            old, new = span
+            state.requests_per_s = rate(old, new, _name("engine_requests_finished"))
+            state.tokens_per_s = rate(old, new, _name("engine_generation_tokens"))
+            state.errors_per_s = rate(old, new, _name("engine_request_errors"))
+            state.ttft = quantiles(old, new, _name("engine_time_to_first_token"), (0.5, 0.99))
+            state.tpot = quantiles(old, new, _name("engine_time_per_output_token"), (0.5, 0.99))
+        return state
+
+    def _tenant(self, tenant: Tenant) -> TenantState:
+        state = TenantState(tenant)
+
+        def own(labels: Mapping[str, str]) -> bool:
+            return labels.get("tenant") == tenant.name
+
+        def charged(labels: Mapping[str, str]) -> bool:
+            return own(labels) and labels.get("token_type") in ("prompt", "completion")
+
+        requests, tokens, cost = (
+            _name("tenancy_requests"),
+            _name("tenancy_tokens"),
+            _name("tenancy_cost"),
+        )
+        budget_name = _name("tenancy_budget_remaining")
+        per_second: dict[str, float] = {}
+        budgets: list[float] = []
+        for history in self._proxies.values():
+            page = history.latest
+            if page is None:
+                continue
+            for labels, value in page.values(requests, own):
+                outcome = labels.get("outcome", "")
+                if outcome == "ok":
+                    state.ok += value
+                elif outcome.startswith("rejected"):
+                    state.rejected += value
+                else:
+                    state.errors += value
+            state.tokens += page.total(tokens, charged) or 0.0
+            state.cost += page.total(cost, own) or 0.0
+            remaining = page.total(budget_name, own)
+            if remaining is not None and tenant.budget_tokens:
+                budgets.append(remaining / tenant.budget_tokens)
+            span = history.span()
+            if span is not None:
+                for key, name, where in (
+                    ("requests", requests, own),
+                    ("tokens", tokens, charged),
+                    ("cost", cost, own),
+                ):
+                    per_s = rate(*span, name, where)
+                    if per_s is not None:
+                        per_second[key] = per_second.get(key, 0.0) + per_s
+        state.requests_per_s = per_second.get("requests")
+        state.tokens_per_s = per_second.get("tokens")
+        state.cost_per_hour = per_second["cost"] * 3600 if "cost" in per_second else None
+        state.budget_left = min(budgets) if budgets else None
+        return state
+
+
+def _flipped(before: object, now: object) -> bool:
+    """A known state that changed (an unknown one, None, is no change)."""
+    return before is not None and now is not None and before != now

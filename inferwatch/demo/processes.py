@@ -1,0 +1,185 @@
+"""Child processes of the demo: started together, checked until they answer, always reaped.
+
+Each child runs in its own session, so a Ctrl-C at the terminal reaches only the demo, which
+then stops the children in order (load first, then every component at once). On Linux each
+child also gets SIGTERM from the kernel if the demo itself dies without cleaning up, so a
+killed demo leaves no servers behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+#: how a child starts the CLI: the interpreter running the demo, never the working directory's
+#: ``inferwatch/`` folder (``-P``), which in a checkout would shadow the installed mapping
+INFERWATCH = (sys.executable, "-P", "-m", "inferwatch", "--log-format", "json")
+_PR_SET_PDEATHSIG = 1
+
+
+class StartError(RuntimeError):
+    """A component that did not come up; the message names it and says why."""
+
+
+@dataclass
+class Component:
+    """One child process and where it answers once it is up."""
+
+    kind: str  # sim, sidecar, proxy, prometheus
+    name: str  # the replica it serves ("" for fleet-wide components)
+    url: str
+    ready_path: str
+    argv: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+    held_down: bool = False  # stopped by the demo itself (a crash it staged, a restart)
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.name}".strip()
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def last_log_line(self) -> str:
+        """The child's last line of output, which is usually why it stopped."""
+        if self.log is None or not self.log.exists():
+            return ""
+        lines = self.log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        return lines[-1].strip().removeprefix("Error: ") if lines else ""
+
+
+def _death_signal() -> Callable[[], None] | None:
+    """Linux: ask the kernel to SIGTERM the child when the demo dies."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return None
+    prctl = ctypes.CDLL(libc_name, use_errno=True).prctl
+
+    def set_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+    return set_death_signal
+
+
+class Supervisor:
+    """Starts components, waits for them to answer, notices deaths, stops them all."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.components: list[Component] = []
+        self._preexec = _death_signal()
+
+    def start(self, component: Component) -> None:
+        component.log = self.log_dir / f"{component.label.replace(' ', '-')}.log"
+        self._spawn(component)
+        self.components.append(component)
+
+    def _spawn(self, component: Component) -> None:
+        assert component.log is not None
+        with component.log.open("ab") as log:
+            component.process = subprocess.Popen(
+                list(component.argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **component.env},
+                start_new_session=True,
+                preexec_fn=self._preexec,  # only prctl, and the demo starts them before threads
+            )
+
+    async def crash(self, component: Component) -> None:
+        """SIGKILL a component, as the OOM killer or a segfault would; it stays down."""
+        assert component.process is not None
+        component.held_down = True
+        component.process.kill()
+        await _terminate([component.process], grace=1.0)
+
+    async def restart(self, component: Component, grace: float = 5.0) -> None:
+        """Stop a component if it runs and start it again with the same command (a pod
+        restart); returns once it is started, not once it answers."""
+        assert component.process is not None
+        component.held_down = True
+        try:
+            await _terminate([component.process], grace)
+            self._spawn(component)
+        finally:
+            component.held_down = False
+
+    async def wait_ready(self, http: httpx.AsyncClient, timeout: float) -> None:
+        """Return once every component answers 200 on its ready path; raise StartError."""
+        try:
+            async with asyncio.TaskGroup() as group:  # the first failure cancels the others
+                for component in self.components:
+                    group.create_task(self.wait_answering(component, http, timeout))
+        except* StartError as failures:
+            raise failures.exceptions[0] from None
+
+    async def wait_answering(
+        self, component: Component, http: httpx.AsyncClient, timeout: float
+    ) -> None:
+        """Return once the component answers 200 on its ready path; raise StartError."""
+        assert component.process is not None
+        deadline = time.monotonic() + timeout
+        probe_url = component.url + component.ready_path
+        while True:
+            if component.process.poll() is not None:
+                reason = component.last_log_line() or f"exit code {component.process.returncode}"
+                raise StartError(f"{component.label} failed to start: {reason}")
+            try:
+                response = await http.get(probe_url, timeout=1.0)
+                if response.status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise StartError(
+                    f"{component.label} did not answer on {probe_url} within {timeout:g} s"
+                )
+            await asyncio.sleep(0.05)
+
+    def find(self, kind: str, name: str) -> Component:
+        return next(c for c in self.components if c.kind == kind and c.name == name)
+
+    def exited(self) -> Component | None:
+        """The first component that has stopped on its own, if any."""
+        for component in self.components:
+            process = component.process
+            if process is not None and not component.held_down and process.poll() is not None:
+                return component
+        return None
+
+    async def stop_all(self, grace: float = 5.0) -> int:
+        """SIGTERM every child, SIGKILL what is left after ``grace`` seconds; reap all."""
+        processes = [c.process for c in self.components if c.process is not None]
+        await _terminate(processes, grace)
+        return len(processes)
+
+
+async def _terminate(processes: Sequence[subprocess.Popen[bytes]], grace: float) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + grace
+    while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

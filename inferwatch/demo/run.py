@@ -1,0 +1,340 @@
+"""The demo's life: start the fleet, drive load and the scenario, show it, tear it all down.
+
+Order of events: every process is started at once on ports chosen up front (the sidecars and
+proxies tolerate an engine that is not up yet), the demo waits until each answers its health
+endpoint, then the clock starts (t=0): load, scenario and view run until the duration ends, a
+signal arrives or a component dies. Teardown always runs: load stops first, then every child
+gets SIGTERM (SIGKILL after a grace period) and is reaped, and the work directory is removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import httpx
+from rich.console import Console
+from rich.live import Live
+
+from inferwatch.demo import topology
+from inferwatch.demo.loadgen import LoadGenerator, Router
+from inferwatch.demo.observer import FleetState, Observer
+from inferwatch.demo.processes import INFERWATCH, Component, StartError, Supervisor
+from inferwatch.demo.scenario import Scenario, Step
+from inferwatch.demo.topology import Ports, Replica
+from inferwatch.demo.view import Context, render, stamp, summary_line
+
+START_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class Options:
+    duration: float | None
+    scenario: Scenario | None
+    speed: float
+    rate: float
+    base_port: int | None
+    prometheus: str | None  # path of the binary; None: no Prometheus
+    probe_cycle: float
+    refresh: float
+
+
+class Demo:
+    supervisor: Supervisor  # set by run(), with the run's work directory
+
+    def __init__(self, options: Options, out: TextIO, live: bool) -> None:
+        self.options = options
+        self.out = out
+        self.live = live
+        self.replicas = topology.REPLICAS
+        self.ports = Ports.assign(options.base_port)
+        self.admin_token = secrets.token_urlsafe(16)
+        self.stop = asyncio.Event()
+        self.stop_reason = ""
+        self.t0 = 0.0
+        self.context = Context(
+            speed=options.speed,
+            prometheus_url=topology.url(self.ports.prometheus) if options.prometheus else None,
+            models=f"primary {topology.PRIMARY_MODEL}   fallback {topology.FALLBACK_MODEL}",
+        )
+        self.console = Console(file=out, highlight=False)
+
+    # --- output ---------------------------------------------------------------------------------
+    def say(self, line: str) -> None:
+        print(line, file=self.out, flush=True)
+
+    def event(self, text: str) -> None:
+        line = f"{stamp(time.monotonic() - self.t0)} {text}"
+        self.context.events.append(line)
+        if not self.live:
+            self.say(line)
+
+    # --- the whole run --------------------------------------------------------------------------
+    async def run(self) -> str | None:
+        """Run until done; returns an error message (after cleaning up) or None."""
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self._on_signal, signum)
+        workdir = Path(tempfile.mkdtemp(prefix="inferwatch-demo-"))
+        supervisor = self.supervisor = Supervisor(workdir)
+        try:
+            async with httpx.AsyncClient(limits=httpx.Limits(max_connections=200)) as http:
+                return await self._serve(workdir, http)
+        except StartError as exc:
+            return str(exc)
+        finally:
+            started = time.monotonic()
+            count = await supervisor.stop_all()
+            shutil.rmtree(workdir, ignore_errors=True)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
+            self.say(
+                f"stopped {count} processes in {time.monotonic() - started:.1f}s; removed {workdir}"
+            )
+
+    def _on_signal(self, signum: int) -> None:
+        self.stop_reason = signal.Signals(signum).name
+        self.stop.set()
+
+    async def _serve(self, workdir: Path, http: httpx.AsyncClient) -> str | None:
+        supervisor = self.supervisor
+        began = time.monotonic()
+        for component in self._components(workdir):
+            supervisor.start(component)
+        self._announce(supervisor, workdir)
+        if not await self._until_stopped(supervisor.wait_ready(http, START_TIMEOUT)):
+            return None
+        self.t0 = time.monotonic()
+        self.say(
+            f"all {len(supervisor.components)} processes answering after {self.t0 - began:.1f}s"
+        )
+        router = Router(self.replicas)
+        load = LoadGenerator(
+            http,
+            router,
+            {r.name: topology.url(self.ports.proxy[r.name]) for r in self.replicas},
+            topology.TENANTS,
+            self.options.rate,
+        )
+        observer = Observer(
+            http,
+            self.replicas,
+            topology.TENANTS,
+            {r.name: topology.url(self.ports.sidecar[r.name]) for r in self.replicas},
+            {r.name: topology.url(self.ports.proxy[r.name]) for r in self.replicas},
+            self.context.prometheus_url,
+        )
+        background = [asyncio.create_task(load.run())]
+        if self.options.scenario is not None:
+            background.append(asyncio.create_task(self._play(self.options.scenario, http, load)))
+        try:
+            return await self._watch(supervisor, observer, router, load)
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+
+    async def _until_stopped(self, work: Awaitable[None]) -> bool:
+        """Run ``work`` unless a stop comes first; False when stopped."""
+        task = asyncio.ensure_future(work)
+        stopped = asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if task.done():
+            task.result()  # raises StartError
+            return True
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return False
+
+    async def _watch(
+        self, supervisor: Supervisor, observer: Observer, router: Router, load: LoadGenerator
+    ) -> str | None:
+        """Refresh the view until the end; a child that dies ends the demo with an error."""
+        duration = self.options.duration
+        live = Live(console=self.console, auto_refresh=False) if self.live else None
+        printed = 0.0
+        with live or contextlib.nullcontext():
+            while not self.stop.is_set():
+                tick = time.monotonic()
+                dead = supervisor.exited()
+                if dead is not None:
+                    assert dead.process is not None
+                    reason = dead.last_log_line() or "no output"
+                    return (
+                        f"{dead.label} exited unexpectedly "
+                        f"(code {dead.process.returncode}): {reason}"
+                    )
+                state = await observer.poll(tick - self.t0, load.stats, load.rate)
+                self._route(router, state)
+                for text in state.events:
+                    self.event(text)
+                if live is not None:
+                    live.update(render(state, self.context), refresh=True)
+                elif tick - printed >= self.options.refresh or printed == 0:
+                    self.say(summary_line(state))
+                    printed = tick
+                if duration is not None and tick - self.t0 >= duration:
+                    self.stop_reason = f"{duration:g}s elapsed"
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self.stop.wait(), max(0.0, tick + 1.0 - time.monotonic())
+                    )
+        self.say(f"{stamp(time.monotonic() - self.t0)} stopping ({self.stop_reason or 'done'})")
+        return None
+
+    def _route(self, router: Router, state: FleetState) -> None:
+        """Feed readiness to the router and report where each model's traffic goes now."""
+        before = {role: router.describe(role) for role in ("primary", "fallback")}
+        for replica_state in state.replicas:
+            router.ready[replica_state.replica.name] = bool(replica_state.ready)
+        after = {role: router.describe(role) for role in ("primary", "fallback")}
+        self.context.routing = "   ".join(f"{role} -> {after[role]}" for role in after)
+        for role in after:
+            if after[role] != before[role]:
+                self.event(f"routing: {role} traffic now goes to {after[role]}")
+
+    async def _play(self, scenario: Scenario, http: httpx.AsyncClient, load: LoadGenerator) -> None:
+        """Run the scenario's steps at their times (seconds after t=0)."""
+        self.context.scenario = scenario.name
+        about = f": {scenario.description}" if scenario.description else ""
+        self.event(f"scenario {scenario.name}{about}")
+        for index, step in enumerate(scenario.steps):
+            self.context.next_step = f"next at {step.at:g}s: {step.describe()}"
+            await asyncio.sleep(max(0.0, self.t0 + step.at - time.monotonic()))
+            self.event(f"scenario: {step.describe()}")
+            await self._apply(step, http, load)
+            if index == len(scenario.steps) - 1:
+                self.context.next_step = "(all steps done)"
+
+    async def _apply(self, step: Step, http: httpx.AsyncClient, load: LoadGenerator) -> None:
+        if step.action == "rate":
+            load.rate = step.rate
+            return
+        for name in step.replicas:
+            try:
+                await self._apply_to(step, name, http)
+            except (httpx.HTTPError, StartError) as exc:
+                self.event(f"scenario step failed on {name}: {exc}")
+
+    async def _apply_to(self, step: Step, name: str, http: httpx.AsyncClient) -> None:
+        """One step on one replica, through the simulator's admin endpoint or its process."""
+        sim = self.supervisor.find("sim", name)
+        if step.action == "crash":
+            await self.supervisor.crash(sim)
+            self.event(f"sim {name} killed")
+            return
+        if step.action == "repair" and sim.held_down:
+            await self.supervisor.restart(sim)
+            await self.supervisor.wait_answering(sim, http, START_TIMEOUT)
+            self.event(f"sim {name} started again (pid {sim.pid})")
+        url, headers = sim.url + "/admin/faults", {"Authorization": f"Bearer {self.admin_token}"}
+        if step.action == "inject":
+            response = await http.post(url, json=step.faults, headers=headers, timeout=5)
+        else:
+            response = await http.delete(url, headers=headers, timeout=5)
+        response.raise_for_status()
+        if step.action == "repair":  # a new pod: the sidecar forgets the latched GPU faults
+            sidecar = self.supervisor.find("sidecar", name)
+            await self.supervisor.restart(sidecar)
+            self.event(f"sidecar {name} restarted (pid {sidecar.pid})")
+
+    # --- the fleet ------------------------------------------------------------------------------
+    def _components(self, workdir: Path) -> list[Component]:
+        components = []
+        for index, replica in enumerate(self.replicas):
+            components += self._replica_components(replica, index, workdir)
+        if self.options.prometheus:
+            config = workdir / "prometheus.yml"
+            config.write_text(
+                topology.prometheus_config(self.ports, topology.generated_rule_files())
+            )
+            argv = [
+                self.options.prometheus,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'prometheus-data'}",
+                f"--web.listen-address=127.0.0.1:{self.ports.prometheus}",
+                "--log.level=warn",
+            ]
+            url = topology.url(self.ports.prometheus)
+            components.append(Component("prometheus", "", url, "/-/ready", argv))
+        return components
+
+    def _replica_components(self, replica: Replica, index: int, workdir: Path) -> list[Component]:
+        engine = topology.url(self.ports.sim[replica.name])
+        sim = Component(
+            "sim",
+            replica.name,
+            engine,
+            "/health",
+            [*INFERWATCH, "sim", "--model", replica.model, "--gpu", replica.gpu,
+             "--speed", f"{self.options.speed:g}", "--seed", str(index),
+             "--hostname", replica.node, "--host", "127.0.0.1",
+             "--port", str(self.ports.sim[replica.name]), *replica.sim_flags],
+            env={"INFERWATCH_SIM_ADMIN_TOKEN": self.admin_token},
+        )  # fmt: skip
+        sidecar = Component(
+            "sidecar",
+            replica.name,
+            topology.url(self.ports.sidecar[replica.name]),
+            "/healthz",
+            [*INFERWATCH, "sidecar", "--engine-url", engine, "--engine", "vllm",
+             "--listen", f"127.0.0.1:{self.ports.sidecar[replica.name]}",
+             "--gpu", f"dcgm={engine}/gpu/metrics", "--model", replica.model,
+             "--model-version", replica.version, "--pod", replica.name, "--node", replica.node,
+             "--namespace", "demo", "--probes", "default",
+             "--probe-cycle", f"{self.options.probe_cycle:g}"],
+        )  # fmt: skip
+        config = workdir / f"proxy-{replica.name}.yaml"
+        config.write_text(topology.proxy_config(replica, engine))
+        proxy = Component(
+            "proxy",
+            replica.name,
+            topology.url(self.ports.proxy[replica.name]),
+            "/healthz",
+            [*INFERWATCH, "proxy", "--config", str(config), "--no-access-log",
+             "--listen", f"127.0.0.1:{self.ports.proxy[replica.name]}"],
+        )  # fmt: skip
+        return [sim, sidecar, proxy]
+
+    def _announce(self, supervisor: Supervisor, workdir: Path) -> None:
+        """Where everything listens, so that a person can curl it or open it."""
+        options = self.options
+        self.say(
+            f"inferwatch demo: {len(self.replicas)} replicas (simulated vLLM + sidecar + tenancy "
+            f"proxy each){', Prometheus' if options.prometheus else ''}; "
+            f"load {options.rate:g} req/s; speed {options.speed:g}x"
+        )
+        what = {
+            "sim": "OpenAI API, /metrics, /gpu/metrics",
+            "sidecar": "/metrics /readyz",
+            "proxy": "OpenAI API per tenant, /metrics",
+            "prometheus": "web UI and API",
+        }
+        for c in supervisor.components:
+            self.say(f"  {c.kind:<10} {c.name:<11} {c.url:<24} pid {c.pid:<7} {what[c.kind]}")
+        tenants = ", ".join(f"{t.name} ({t.key})" for t in topology.TENANTS)
+        first = self.replicas[0]
+        self.say(f"  tenant API keys: {tenants}")
+        question = "Which planet in our solar system is the largest? Reply with one word."
+        body = json.dumps(
+            {"model": first.model, "messages": [{"role": "user", "content": question}]}
+        )
+        self.say(
+            f"  try: curl -s {topology.url(self.ports.proxy[first.name])}/v1/chat/completions "
+            f"-H 'Authorization: Bearer {topology.TENANTS[0].key}' "
+            f"-H 'Content-Type: application/json' -d '{body}'"
+        )
+        self.say(f"  work dir {workdir} (removed on exit)")

@@ -1,0 +1,190 @@
+"""Scripted fault scenarios: a timeline of injections into the demo's simulated replicas.
+
+A scenario is a YAML file (the shipped ones live in ``scenarios/``)::
+
+    name: gpu-failure
+    description: What it shows, in a sentence or two.
+    steps:
+      - at: 20s                      # seconds after the fleet is up (30, 30s, 1m30s, 2m)
+        replica: primary-v1          # or replicas: [primary-v1, primary-v2]
+        inject: {gpu: [{index: 0, xid: 79}]}   # a fault document (see inferwatch.sim.faults)
+        say: XID 79 on primary-v1    # optional; shown in the event log
+      - at: 50s
+        replica: primary-v1
+        repair: true                 # reset the GPU (clear its faults) and restart the pod
+      - at: 55s
+        replica: primary-v2
+        clear: true                  # clear faults that need no repair (slow, degenerate, ...)
+      - at: 60s
+        replica: fallback
+        crash: true                  # SIGKILL the engine process (``repair`` starts it)
+      - at: 60s
+        rate: 9                      # the load generator's requests per second
+
+Everything is checked before the demo starts anything: an unknown replica, a misspelt fault or
+a bad time is one error line naming the file and step. Injections go through each simulator's
+``/admin/faults`` endpoint with its bearer token, as an operator's tooling would. A GPU that
+needed a reset stays unready in its sidecar until the pod restarts (the sidecar latches such
+faults), which is why ``repair`` restarts the replica's sidecar after clearing the faults.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from inferwatch.sim import faults as fault_doc
+
+GPUS_PER_REPLICA = 1  # every demo replica serves from one GPU
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+_STEP_KEYS = {"at", "replica", "replicas", "inject", "clear", "crash", "repair", "rate", "say"}
+Action = Literal["inject", "clear", "crash", "repair", "rate"]
+_ACTIONS: tuple[Action, ...] = ("inject", "clear", "crash", "repair", "rate")
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be run; the message names the file, step and field."""
+
+
+@dataclass(frozen=True)
+class Step:
+    at: float
+    action: Action
+    replicas: tuple[str, ...] = ()
+    faults: Mapping[str, Any] | None = None
+    rate: float = 0.0
+    say: str = ""
+
+    def describe(self) -> str:
+        if self.say:
+            return self.say
+        if self.action == "rate":
+            return f"load set to {self.rate:g} requests/s"
+        where = ", ".join(self.replicas)
+        if self.action == "clear":
+            return f"faults cleared on {where}"
+        if self.action == "crash":
+            return f"engine process killed on {where}"
+        if self.action == "repair":
+            return f"repaired {where}: engine up, faults cleared, GPU reset, pod restarted"
+        return f"inject {json.dumps(self.faults, separators=(',', ':'))} on {where}"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    steps: tuple[Step, ...]
+
+
+def shipped() -> list[str]:
+    """Names of the scenarios that come with inferwatch."""
+    folder = resources.files("inferwatch.demo") / "scenarios"
+    return sorted(
+        p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
+    )
+
+
+def load(spec: str, replicas: Sequence[str]) -> Scenario:
+    """A shipped scenario by name, or a YAML file by path; raises ScenarioError."""
+    path = Path(spec)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ScenarioError(f"scenario {spec}: cannot read: {exc.strerror}") from None
+        source = spec
+    elif spec in shipped():
+        resource = resources.files("inferwatch.demo") / "scenarios" / f"{spec}.yaml"
+        text, source = resource.read_text(encoding="utf-8"), f"scenario {spec}"
+    else:
+        raise ScenarioError(
+            f"unknown scenario {spec!r}; shipped: {', '.join(shipped())} (or give a YAML file)"
+        )
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        raise ScenarioError(
+            f"{source}: {where}invalid YAML: {getattr(exc, 'problem', exc)}"
+        ) from None
+    return parse(document, source, replicas)
+
+
+def parse(document: Any, source: str, replicas: Sequence[str]) -> Scenario:
+    if not isinstance(document, Mapping):
+        raise ScenarioError(f"{source}: expected a mapping with name, description and steps")
+    unknown = sorted(set(document) - {"name", "description", "steps"})
+    if unknown:
+        raise ScenarioError(f"{source}: unknown field {unknown[0]!r}")
+    raw_steps = document.get("steps")
+    if not isinstance(raw_steps, list) or not raw_steps:
+        raise ScenarioError(f"{source}: steps: expected a non-empty list")
+    steps = [_step(raw, f"{source}: steps[{i}]", replicas) for i, raw in enumerate(raw_steps)]
+    return Scenario(
+        name=str(document.get("name") or Path(source).stem),
+        description=" ".join(str(document.get("description", "")).split()),
+        steps=tuple(sorted(steps, key=lambda step: step.at)),
+    )
+
+
+def _seconds(value: Any, where: str) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    match = _DURATION.match(str(value))
+    if not match or not any(match.groups()):
+        raise ScenarioError(f"{where}.at: expected seconds such as 20, 20s or 1m30s, got {value!r}")
+    minutes, seconds = (float(group) if group else 0.0 for group in match.groups())
+    return 60 * minutes + seconds
+
+
+def _step(raw: Any, where: str, replicas: Sequence[str]) -> Step:
+    if not isinstance(raw, Mapping):
+        raise ScenarioError(f"{where}: expected a mapping")
+    unknown = sorted(set(raw) - _STEP_KEYS)
+    if unknown:
+        raise ScenarioError(f"{where}: unknown field {unknown[0]!r} (known: {sorted(_STEP_KEYS)})")
+    if "at" not in raw:
+        raise ScenarioError(f"{where}.at: required")
+    actions = [a for a in _ACTIONS if a in raw]
+    if len(actions) != 1:
+        raise ScenarioError(f"{where}: needs exactly one of {', '.join(_ACTIONS)}")
+    action = actions[0]
+    at, say = _seconds(raw["at"], where), str(raw.get("say", ""))
+    if action == "rate":
+        rate = raw["rate"]
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or rate < 0:
+            raise ScenarioError(f"{where}.rate: expected requests per second >= 0, got {rate!r}")
+        return Step(at, "rate", rate=float(rate), say=say)
+    targets = _targets(raw, where, replicas)
+    if action != "inject":
+        if raw[action] is not True:
+            raise ScenarioError(f"{where}.{action}: expected true")
+        return Step(at, action, targets, say=say)
+    try:  # the simulator's own validation, so that a bad document fails now, not at t=40s
+        fault_doc.parse(raw["inject"], fault_doc.Faults(), gpu_count=GPUS_PER_REPLICA)
+    except fault_doc.FaultError as exc:
+        raise ScenarioError(f"{where}.inject: {exc}") from None
+    return Step(at, "inject", targets, faults=raw["inject"], say=say)
+
+
+def _targets(raw: Mapping[str, Any], where: str, replicas: Sequence[str]) -> tuple[str, ...]:
+    if ("replica" in raw) == ("replicas" in raw):
+        raise ScenarioError(f"{where}: needs replica: NAME or replicas: [NAMES]")
+    names = [raw["replica"]] if "replica" in raw else raw["replicas"]
+    if not isinstance(names, list) or not names:
+        raise ScenarioError(f"{where}.replicas: expected a non-empty list of replica names")
+    for name in names:
+        if name not in replicas:
+            raise ScenarioError(
+                f"{where}: unknown replica {name!r} (replicas: {', '.join(replicas)})"
+            )
+    return tuple(str(name) for name in names)

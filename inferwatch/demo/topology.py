@@ -1,0 +1,168 @@
+"""The demo fleet: which replicas, tenants and prices exist, and the config files they need.
+
+The fleet is fixed so that scenarios can name its parts: the primary model served at two
+versions (``primary-v1`` on bf16 weights and the fp8 rollout ``primary-v2``, a canary taking a
+third of the primary traffic) and a smaller fallback model (``fallback``) that a batch tenant
+uses and that takes the primary traffic when no primary replica is ready. Every replica has
+its own sidecar and its own tenancy proxy in front of it, as in a pod.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from inferwatch.exporters.tenancy.tenants import hash_key
+
+Role = Literal["primary", "fallback"]
+
+PRIMARY_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+FALLBACK_MODEL = "Qwen/Qwen2.5-7B-Instruct"
+#: price per million tokens (uncached prompt, cached prompt, completion), by model
+PRICES: Mapping[str, Mapping[str, float]] = {
+    PRIMARY_MODEL: {"prompt": 0.20, "cached_prompt": 0.05, "completion": 0.60},
+    FALLBACK_MODEL: {"prompt": 0.10, "cached_prompt": 0.025, "completion": 0.30},
+}
+
+
+@dataclass(frozen=True)
+class Replica:
+    name: str
+    role: Role
+    model: str
+    version: str
+    gpu: str
+    node: str
+    #: share of its model's traffic while every replica of the role is ready
+    weight: float
+    sim_flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    key: str
+    role: Role  # the model the tenant asks for
+    share: float  # share of all requests
+    prompt_words: tuple[int, int]
+    max_tokens: tuple[int, int]
+    priority: str = "normal"
+    #: tokens per budget window, per proxy (each replica's proxy keeps its own ledger)
+    budget_tokens: int | None = None
+    budget_window: str = "1h"
+
+
+# Small KV caches (``--num-gpu-blocks``) keep cache usage visible at demo load.
+REPLICAS: tuple[Replica, ...] = (
+    Replica("primary-v1", "primary", PRIMARY_MODEL, "v1", "H100", "node-a", 2 / 3,
+            ("--num-gpu-blocks", "2048")),
+    Replica("primary-v2", "primary", PRIMARY_MODEL, "v2-fp8", "H100", "node-b", 1 / 3,
+            ("--num-gpu-blocks", "2048", "--weight-dtype", "fp8", "--kv-cache-dtype", "fp8")),
+    Replica("fallback", "fallback", FALLBACK_MODEL, "v1", "L40S", "node-c", 1.0,
+            ("--num-gpu-blocks", "1024")),
+)  # fmt: skip
+
+TENANTS: tuple[Tenant, ...] = (
+    Tenant("acme", "sk-demo-acme", "primary", 0.5, (20, 120), (32, 160), priority="high"),
+    Tenant("globex", "sk-demo-globex", "primary", 0.3, (400, 900), (16, 64)),
+    Tenant("initech", "sk-demo-initech", "fallback", 0.2, (200, 500), (128, 384),
+           priority="low", budget_tokens=30_000, budget_window="1m"),
+)  # fmt: skip
+
+
+def replica(name: str) -> Replica:
+    for candidate in REPLICAS:
+        if candidate.name == name:
+            return candidate
+    raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Loopback ports of every component."""
+
+    sim: Mapping[str, int]
+    sidecar: Mapping[str, int]
+    proxy: Mapping[str, int]
+    prometheus: int
+
+    @classmethod
+    def assign(cls, base: int | None, replicas: Sequence[Replica] = REPLICAS) -> Ports:
+        """Consecutive ports from ``base``, or free ones picked by the kernel."""
+        count = 3 * len(replicas) + 1
+        ports = list(range(base, base + count)) if base else free_ports(count)
+        names = [r.name for r in replicas]
+        n = len(names)
+        return cls(
+            sim=dict(zip(names, ports[0:n], strict=True)),
+            sidecar=dict(zip(names, ports[n : 2 * n], strict=True)),
+            proxy=dict(zip(names, ports[2 * n : 3 * n], strict=True)),
+            prometheus=ports[3 * n],
+        )
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports that were free a moment ago (held together so that they are distinct)."""
+    with ExitStack() as stack:
+        sockets = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def url(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+def proxy_config(replica: Replica, upstream: str, tenants: Sequence[Tenant] = TENANTS) -> str:
+    """The tenancy proxy's YAML for the proxy in front of one replica."""
+    tenant_entries: dict[str, Any] = {}
+    for tenant in tenants:
+        entry: dict[str, Any] = {"key_sha256": [hash_key(tenant.key)], "priority": tenant.priority}
+        if tenant.budget_tokens:
+            entry["budget"] = {"tokens": tenant.budget_tokens, "window": tenant.budget_window}
+        tenant_entries[tenant.name] = entry
+    document = {
+        "upstream": {"url": upstream, "reconcile_interval": 5},
+        "tenants": tenant_entries,
+        "versions": {"model_version": replica.version},
+        "prices": {"models": {model: dict(price) for model, price in PRICES.items()}},
+        "limits": {"max_input_tokens": 8192},
+    }
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+def prometheus_config(ports: Ports, rule_files: Sequence[Path] = ()) -> str:
+    """Prometheus scraping every sidecar and proxy, each target labelled with its replica."""
+
+    def targets(by_replica: Mapping[str, int]) -> list[dict[str, Any]]:
+        return [
+            {"targets": [f"127.0.0.1:{port}"], "labels": {"replica": name}}
+            for name, port in by_replica.items()
+        ]
+
+    document: dict[str, Any] = {
+        "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
+        "scrape_configs": [
+            {"job_name": "inferwatch-sidecar", "static_configs": targets(ports.sidecar)},
+            {"job_name": "inferwatch-proxy", "static_configs": targets(ports.proxy)},
+        ],
+    }
+    if rule_files:
+        document["rule_files"] = [str(path) for path in rule_files]
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+def generated_rule_files() -> list[Path]:
+    """Alert rule files generated by ``inferwatch generate alerts``, once there are any."""
+    from inferwatch import alerts
+
+    return sorted((Path(alerts.__file__).parent / "generated").glob("*.yaml"))

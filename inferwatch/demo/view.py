@@ -1,0 +1,216 @@
+"""The demo's two faces: a live table on a terminal, one summary line per refresh otherwise.
+
+Both show the same :class:`~inferwatch.demo.observer.FleetState`; the plain line has no escape
+codes so that it reads well in a log file or CI output.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from inferwatch.demo.observer import WINDOW, FleetState, ReplicaState, TenantState
+
+EVENTS_SHOWN = 8
+REPLICA_COLUMNS = ("replica", "version GPU", "/readyz", "engine", "GPU", "req/s", "tok/s",
+                   "TTFT p50/99", "TPOT p50/99", "run/wait", "KV", "err/s", "probes")  # fmt: skip
+TENANT_COLUMNS = ("tenant", "model", "req/s", "ok / rejected / errors", "tokens/s", "tokens",
+                  "cost", "cost/h", "budget left")  # fmt: skip
+
+
+@dataclass
+class Context:
+    """What the view shows besides the fleet: routing, scenario progress, recent events."""
+
+    speed: float
+    prometheus_url: str | None
+    models: str = ""
+    scenario: str = ""
+    next_step: str = ""
+    routing: str = ""
+    events: deque[str] = field(default_factory=lambda: deque(maxlen=EVENTS_SHOWN))
+
+
+# --- number formats --------------------------------------------------------------------------
+def pair(values: Sequence[float | None]) -> str:
+    """Latency quantiles in one unit: ``9/38ms`` or ``0.41/2.10s``."""
+    if all(v is None for v in values):
+        return "-"
+    known = [v for v in values if v is not None]
+    if max(known) < 1:
+        return "/".join("-" if v is None else f"{v * 1000:.0f}" for v in values) + "ms"
+    return "/".join("-" if v is None else f"{v:.2f}" for v in values) + "s"
+
+
+def number(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= limit:
+            return f"{value / limit:.1f}{suffix}"
+    return f"{value:.{digits}f}"
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def money(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"${value:.2f}" if value >= 1 else f"${value:.5f}"
+
+
+def stamp(t: float) -> str:
+    return f"[{t:6.1f}s]"
+
+
+# --- cells shared by both faces --------------------------------------------------------------
+def readiness(state: ReplicaState) -> tuple[str, str]:
+    """(text, style) of the replica's /readyz."""
+    if not state.reachable or state.ready is None:
+        return "no answer", "red"
+    if state.ready:
+        return "ready", "green"
+    return "NO: " + ",".join(name for name, _ in state.failing), "bold red"
+
+
+def gpu(state: ReplicaState) -> tuple[str, str]:
+    if state.gpu_healthy is None:
+        return "-", "dim"
+    if not state.gpu_healthy:
+        return f"BAD: {state.gpu_problem}", "bold red"
+    details = [percent(state.gpu_utilization)]
+    if state.gpu_temperature is not None:
+        details.append(f"{state.gpu_temperature:.0f}C")
+    return "ok " + " ".join(details), "green"
+
+
+def probes(state: ReplicaState) -> tuple[str, str]:
+    if not state.probe_verdict:
+        return "-", "dim"
+    style = {"pass": "green", "fail": "bold red"}.get(state.probe_verdict, "yellow")
+    return f"{state.probe_verdict} {percent(state.probe_pass)}", style
+
+
+def engine(state: ReplicaState) -> tuple[str, str]:
+    if state.engine_up is None:
+        return "-", "dim"
+    return ("up", "green") if state.engine_up else ("DOWN", "bold red")
+
+
+def budget(tenant: TenantState) -> str:
+    return "-" if tenant.budget_left is None else percent(tenant.budget_left)
+
+
+# --- the terminal view -----------------------------------------------------------------------
+def render(state: FleetState, context: Context) -> RenderableType:
+    load = state.load
+    header = Text.assemble(
+        ("inferwatch demo", "bold"),
+        f"   t={state.t:.0f}s   speed {context.speed:g}x   load {state.rate:g} req/s  ",
+        (f"sent {load.sent}  ok {load.ok}  rejected {load.rejected}  failed {load.failed}", "dim"),
+    )
+    lines: list[RenderableType] = [header]
+    if context.prometheus_url:
+        up = "-" if state.prometheus is None else f"{state.prometheus[0]}/{state.prometheus[1]}"
+        lines.append(Text(f"Prometheus {context.prometheus_url}   targets up {up}"))
+    lines.append(Text(f"models    {context.models}"))
+    lines.append(Text(f"routing   {context.routing}"))
+    if context.scenario:
+        lines.append(Text(f"scenario  {context.scenario}   {context.next_step}", style="cyan"))
+    lines += [_replica_table(state.replicas), _tenant_table(state.tenants)]
+    events = Table(title="events", title_justify="left", show_header=False, box=None)
+    for event in context.events:
+        events.add_row(Text(event, style="red" if "NOT READY" in event else ""))
+    lines.append(events)
+    return Group(*lines)
+
+
+def _replica_table(replicas: Sequence[ReplicaState]) -> Table:
+    table = Table(
+        title=f"replicas (sidecar /metrics and /readyz, rates over the last {WINDOW:g}s)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=0,
+        show_edge=False,
+    )
+    for column in REPLICA_COLUMNS:
+        table.add_column(column, no_wrap=True)
+    for state in replicas:
+        r = state.replica
+        table.add_row(
+            r.name,
+            f"{r.version} {r.gpu}",
+            Text(*readiness(state)),
+            Text(*engine(state)),
+            Text(*gpu(state)),
+            number(state.requests_per_s),
+            number(state.tokens_per_s, 0),
+            pair(state.ttft),
+            pair(state.tpot),
+            f"{number(state.running, 0)}/{number(state.waiting, 0)}",
+            percent(state.kv_usage),
+            Text(number(state.errors_per_s), style="red" if state.errors_per_s else ""),
+            Text(*probes(state)),
+        )
+    return table
+
+
+def _tenant_table(tenants: Sequence[TenantState]) -> Table:
+    table = Table(
+        title="tenants (tenancy proxies' /metrics)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=0,
+        show_edge=False,
+    )
+    for column in TENANT_COLUMNS:
+        table.add_column(column, no_wrap=True)
+    for state in tenants:
+        t = state.tenant
+        table.add_row(
+            t.name,
+            t.role,
+            number(state.requests_per_s),
+            f"{state.ok:.0f} / {state.rejected:.0f} / {state.errors:.0f}",
+            number(state.tokens_per_s, 0),
+            number(state.tokens, 0),
+            money(state.cost),
+            money(state.cost_per_hour),
+            budget(state),
+        )
+    return table
+
+
+# --- the plain line --------------------------------------------------------------------------
+def summary_line(state: FleetState) -> str:
+    """One line with the key signals of every replica and tenant."""
+    load = state.load
+    parts = [
+        f"{stamp(state.t)} load {state.rate:g}/s sent {load.sent} ok {load.ok} "
+        f"rejected {load.rejected} failed {load.failed}"
+    ]
+    for r in state.replicas:
+        parts.append(
+            f"{r.replica.name} {readiness(r)[0]} engine {engine(r)[0]} "
+            f"{number(r.requests_per_s)} req/s {number(r.tokens_per_s, 0)} tok/s "
+            f"ttft {pair(r.ttft)} tpot {pair(r.tpot)} "
+            f"run {number(r.running, 0)} wait {number(r.waiting, 0)} kv {percent(r.kv_usage)} "
+            f"err {number(r.errors_per_s)}/s gpu {gpu(r)[0]} probes {probes(r)[0]}"
+        )
+    tenants = ", ".join(
+        f"{t.tenant.name} {number(t.tokens, 0)} tok {money(t.cost)} "
+        f"ok {t.ok:.0f} rejected {t.rejected:.0f} errors {t.errors:.0f}"
+        for t in state.tenants
+    )
+    parts.append(f"tenants {tenants}")
+    if state.prometheus is not None:
+        parts.append(f"prometheus {state.prometheus[0]}/{state.prometheus[1]} targets up")
+    return " | ".join(parts)
