@@ -7,6 +7,7 @@ the client's view (proxy, probes) next to the engine's on the same buckets.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 
 #: gen_ai.server.time_to_first_token
@@ -49,3 +50,24 @@ class Histogram:
             cumulative += count
             out.append((bound, cumulative))
         return out
+
+
+def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float:
+    """Prometheus' histogram_quantile over (upper bound, cumulative count) pairs, sorted.
+
+    Linear interpolation inside the bucket that holds the rank; NaN when there is nothing.
+    """
+    if not buckets or buckets[-1][1] == 0:
+        return math.nan
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            width = count - lower_count
+            return lower_bound + (bound - lower_bound) * (
+                (rank - lower_count) / width if width else 0
+            )
+        lower_bound, lower_count = bound, count
+    return math.nan

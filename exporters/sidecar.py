@@ -145,8 +145,8 @@ class Sidecar:
     def app(self) -> Starlette:
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
-            await self.first_look()
-            jobs = [asyncio.create_task(job()) for job in self.background]
+            # Serve at once: a hung engine must not hold up start-up (or a SIGTERM).
+            jobs = [asyncio.create_task(job()) for job in (self.first_look, *self.background)]
             yield
             for job in jobs:
                 job.cancel()

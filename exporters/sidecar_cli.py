@@ -19,6 +19,7 @@ from inferwatch.exporters.collector import Collector, ReadinessSource
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.engine_scrape import EngineScraper, ScrapeFailure
 from inferwatch.exporters.gpu import GpuTelemetry
+from inferwatch.exporters.histogram import histogram_quantile
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.logs import log_event
 from inferwatch.probes import golden
@@ -269,30 +270,10 @@ def _histogram_rows(family: Metric, hide: set[str]) -> list[tuple[str, str, str]
         buckets = sorted(unsorted)
         count = buckets[-1][1]
         mean = sums.get(key, math.nan) / count if count else math.nan
-        summary = (
-            f"count={_fmt(count)} mean={_fmt(mean)} "
-            f"p50≈{_fmt(_quantile(buckets, 0.5))} p99≈{_fmt(_quantile(buckets, 0.99))}"
-        )
+        p50, p99 = (_fmt(histogram_quantile(buckets, q)) for q in (0.5, 0.99))
+        summary = f"count={_fmt(count)} mean={_fmt(mean)} p50≈{p50} p99≈{p99}"
         rows.append((family.name, ",".join(f"{k}={v}" for k, v in key), summary))
     return rows
-
-
-def _quantile(buckets: list[tuple[float, float]], q: float) -> float:
-    """Prometheus' histogram_quantile: linear interpolation inside the bucket."""
-    if not buckets or buckets[-1][1] == 0:
-        return math.nan
-    rank = q * buckets[-1][1]
-    lower_bound, lower_count = 0.0, 0.0
-    for bound, count in buckets:
-        if count >= rank:
-            if math.isinf(bound):
-                return lower_bound
-            width = count - lower_count
-            return lower_bound + (bound - lower_bound) * (
-                (rank - lower_count) / width if width else 0
-            )
-        lower_bound, lower_count = bound, count
-    return math.nan
 
 
 def _fmt(value: float) -> str:
