@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +91,26 @@ def test_family_has_catalogue_name_help_and_labels() -> None:
     assert family.name == "inferwatch_engine_up"
     assert family.type == "gauge"
     assert family.documentation == CAT["engine_up"].help
+
+
+REPO = Path(__file__).resolve().parent.parent
+CODE = "\n".join(
+    path.read_text(encoding="utf-8")
+    for folder in ("inferwatch", "exporters", "probes")
+    for path in (REPO / folder).rglob("*.py")
+)
+GOLDENS = "\n".join(
+    path.read_text(encoding="utf-8") for path in (REPO / "tests" / "golden").rglob("*.prom")
+)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_every_entry_is_emitted_by_some_collector(spec: catalog.MetricSpec) -> None:
+    """Named by key in a collector's code, or fed through its sources and seen in a golden
+    exposition that a collector produced from a real capture."""
+    if f'"{spec.key}"' in CODE:
+        return
+    assert spec.sources, f"{spec.key}: no code names it and it has no sources"
+    assert re.search(rf"^{spec.name}(_bucket)?[{{ ]", GOLDENS, re.MULTILINE), (
+        f"{spec.key}: fed by {sorted(spec.sources)} but absent from every golden exposition"
+    )
