@@ -1,0 +1,47 @@
+"""The shipped Kubernetes manifests call inferwatch with flags it really has."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+
+from inferwatch.cli import main
+
+MANIFESTS = sorted((Path(__file__).resolve().parent.parent / "deploy").rglob("*.yaml"))
+
+
+def inferwatch_containers() -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for path in MANIFESTS:
+        for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            spec = (document or {}).get("spec", {}).get("template", {}).get("spec", {})
+            for container in spec.get("containers", []):
+                if container["image"].startswith("inferwatch"):
+                    found.append((f"{path.name}:{container['name']}", container))
+    return found
+
+
+CONTAINERS = inferwatch_containers()
+
+
+def test_manifests_have_inferwatch_containers() -> None:
+    assert len(CONTAINERS) >= 2
+
+
+@pytest.mark.parametrize(("where", "container"), CONTAINERS, ids=[w for w, _ in CONTAINERS])
+def test_container_args_parse(where: str, container: dict[str, Any]) -> None:
+    name, *options = container["args"]
+    command = main.get_command(click.Context(main), name)
+    assert command is not None, f"{where}: no subcommand {name!r}"
+    # Parsing checks every option's name and value without running the command.
+    context = command.make_context(name, options)
+    assert context.params
+
+
+def test_readiness_points_at_the_sidecar() -> None:
+    probes = [c.get("readinessProbe") for _, c in CONTAINERS if c.get("readinessProbe")]
+    assert probes and all(p["httpGet"]["path"] == "/readyz" for p in probes)
