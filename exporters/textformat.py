@@ -25,6 +25,7 @@ import re
 import sys
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 Wanted = Callable[[str], bool] | Container[str]
 """Family-name filter: a predicate, or a container of the family names to keep."""
@@ -68,13 +69,19 @@ _MEMO_LIMIT = 1 << 15
 _series: dict[str, tuple[str, dict[str, str]]] = {}
 _label_pieces: dict[str, tuple[str, bool] | None] = {}
 _legacy_names: set[str] = set()
-_comments: dict[bool, dict[str, tuple[str, str, str]]] = {False: {}, True: {}}
+#: (keyword, family name, text, grouped sample names, their line starts): see _learn_comment
+_Comment = tuple[str, str, str, tuple[str, ...], tuple[str, ...]]
+_comments: dict[bool, dict[str, _Comment]] = {False: {}, True: {}}
 _line_starts: dict[str, tuple[str, str]] = {}
 
 
-@dataclass(slots=True)
-class Sample:
-    """One sample line. ``timestamp`` is in seconds (0.0.4 milliseconds are converted)."""
+class Sample(NamedTuple):
+    """One sample line. ``timestamp`` is in seconds (0.0.4 milliseconds are converted).
+
+    A named tuple: a scrape builds one per sample it keeps (straight from a tuple, without
+    the Python-level constructor) and readers take them apart by unpacking. Immutable: the
+    labels dict is the sample's own, but the fields cannot be reassigned.
+    """
 
     name: str
     labels: dict[str, str]
@@ -160,7 +167,7 @@ def _ends_with_eof(text: str) -> bool:
 class _Page:
     """Families of one page, and where each sample name's samples go."""
 
-    __slots__ = ("declared", "default_type", "families", "keep", "route", "typed")
+    __slots__ = ("declared", "default_type", "families", "keep", "route", "types")
 
     def __init__(self, wanted: Wanted | None, openmetrics: bool) -> None:
         self.keep: Callable[[str], bool] | None = (
@@ -168,8 +175,9 @@ class _Page:
         )
         self.default_type = "unknown" if openmetrics else "untyped"
         self.families: dict[str, Family] = {}  # what the caller gets: wanted families only
-        self.declared: dict[str, Family] = {}  # every family seen, wanted or not
-        self.typed: set[str] = set()  # families with an explicit # TYPE
+        # Every family seen; None for one the caller did not ask for (never built).
+        self.declared: dict[str, Family | None] = {}
+        self.types: dict[str, str] = {}  # the explicit # TYPE of each family that has one
         # Sample name -> the append of its family's sample list, or _discard when unwanted.
         # A family's own name always routes to it; suffixed names only when nothing else
         # claimed them, so an exact declaration beats a grouping suffix.
@@ -183,22 +191,31 @@ class _Page:
         comments = _comments[openmetrics]
         declared = self.declared
         discard = _discard
-        # How the lines of the sample name last dropped begin. Only a comment line can change
+        new_sample = tuple.__new__  # Sample without its Python-level __new__
+        # How the lines of sample names known to be dropped begin: those of the last sample
+        # dropped, or of an unwanted family just declared. Only a comment line can change
         # where an existing sample name goes, so until the next one, a line that begins so is
         # a sample that would be dropped too (or a malformed line, unchecked when unwanted).
-        dropping: tuple[str, str] | tuple[()] = ()
+        dropping: tuple[str, ...] = ()
         for line in lines:
             if dropping and line.startswith(dropping):
                 continue
             if line[0] == "#":
                 dropping = ()
-                keyword, name, text = comments.get(line) or _learn_comment(line, openmetrics)
+                comment = comments.get(line) or _learn_comment(line, openmetrics)
+                keyword, name, text, grouped, starts = comment
                 if keyword == "TYPE":
-                    malformed += self.declare_type(name, text)
+                    malformed += self.declare_type(name, text, grouped)
+                    if route[name] is discard:
+                        dropping = self.dropped(grouped, starts)
                 elif keyword == "HELP":
-                    (declared.get(name) or self.family(name)).help = text
+                    family = declared[name] if name in declared else self.family(name)
+                    if family is not None:
+                        family.help = text
                 elif keyword == "UNIT":
-                    (declared.get(name) or self.family(name)).unit = text
+                    family = declared[name] if name in declared else self.family(name)
+                    if family is not None:
+                        family.unit = text
                 elif keyword == "EOF":
                     break
                 elif keyword:
@@ -216,7 +233,7 @@ class _Page:
                 dropping = _line_starts.get(name) or _learn_line_starts(name)
                 continue
             try:
-                add(Sample(name, labels.copy(), float(value)))
+                add(new_sample(Sample, (name, labels.copy(), float(value), None)))
             except ValueError:
                 malformed += self.careful(line, openmetrics)
         for line in lines:  # only left over after # EOF
@@ -224,17 +241,19 @@ class _Page:
                 malformed += 1
         return malformed
 
-    def family(self, name: str) -> Family:
-        """The family declared as ``name``, created untyped on first mention."""
-        family = self.declared.get(name)
-        if family is None:
+    def family(self, name: str) -> Family | None:
+        """The family declared as ``name``, created untyped on first mention; None when the
+        caller does not want it (its samples are routed to nowhere)."""
+        if name in self.declared:
+            return self.declared[name]
+        if self.keep is None or self.keep(name):
             family = Family(name, self.default_type)
-            self.declared[name] = family
-            if self.keep is None or self.keep(name):
-                self.families[name] = family
-                self.route[name] = family.samples.append
-            else:
-                self.route[name] = _discard
+            self.families[name] = family
+            self.route[name] = family.samples.append
+        else:
+            family = None
+            self.route[name] = _discard
+        self.declared[name] = family
         return family
 
     def untyped(self, sample_name: str) -> Callable[[Sample], object]:
@@ -242,17 +261,31 @@ class _Page:
         self.family(sample_name)
         return self.route[sample_name]
 
-    def declare_type(self, name: str, type_: str) -> int:
-        """Apply ``# TYPE``; returns 1 when it contradicts an earlier one (malformed)."""
-        family = self.declared.get(name) or self.family(name)
-        if name in self.typed:
-            return int(family.type != type_)
-        self.typed.add(name)
-        family.type = type_
-        add = self.route[name]
-        for suffix in _GROUPED_SUFFIXES.get(type_, ()):
-            self.route.setdefault(name + suffix, add)
+    def declare_type(self, name: str, type_: str, grouped: tuple[str, ...]) -> int:
+        """Apply ``# TYPE`` (``grouped``: the sample names the type groups under the family);
+        returns 1 when it contradicts an earlier one (malformed)."""
+        declared = self.types.get(name)
+        if declared is not None:
+            return int(declared != type_)
+        self.types[name] = type_
+        family = self.declared[name] if name in self.declared else self.family(name)
+        if family is not None:
+            family.type = type_
+        route = self.route
+        add = route[name]
+        for sample_name in grouped:
+            route.setdefault(sample_name, add)
         return 0
+
+    def dropped(self, grouped: tuple[str, ...], starts: tuple[str, ...]) -> tuple[str, ...]:
+        """Line starts of sample names an unwanted family's ``# TYPE`` routes nowhere:
+        ``starts`` (those of its own name, then of each grouped name), or only its own when
+        another family claimed a grouped name first (rare: found by its first line then)."""
+        route = self.route
+        for sample_name in grouped:
+            if route.get(sample_name) is not _discard:
+                return starts[:2]
+        return starts
 
     def careful(self, line: str, openmetrics: bool) -> int:
         """Read a line the fast path declined; returns 1 when it is malformed, else 0."""
@@ -267,21 +300,29 @@ class _Page:
         return 0
 
 
-def _learn_line_starts(sample_name: str) -> tuple[str, str]:
+def _starts(sample_name: str) -> tuple[str, str]:
     """The beginnings a line of this sample name can have: "name{" or "name ". A line that
     begins with either is a sample of that name or malformed."""
-    starts = (sample_name + "{", sample_name + " ")
+    return (sample_name + "{", sample_name + " ")
+
+
+def _learn_line_starts(sample_name: str) -> tuple[str, str]:
+    starts = _starts(sample_name)
     if len(_line_starts) >= _MEMO_LIMIT:
         _line_starts.clear()
     _line_starts[sample_name] = starts
     return starts
 
 
-def _learn_comment(line: str, openmetrics: bool) -> tuple[str, str, str]:
-    """What a ``#`` line says, as (keyword, family name, text), memoised per format.
+def _learn_comment(line: str, openmetrics: bool) -> _Comment:
+    """What a ``#`` line says, as (keyword, family name, text, grouped, starts), memoised
+    per format.
 
     The keyword is HELP, TYPE or UNIT (with the help unescaped and the type checked), EOF,
     "" for a plain comment, or "malformed" for a HELP/TYPE/UNIT line that cannot be read.
+    For a TYPE line, ``grouped`` are the suffixed sample names its type puts under the
+    family (``x_bucket`` for a histogram ``x``) and ``starts`` how lines of the family's own
+    name and then of each grouped name begin; both are empty for other lines.
     """
     parts = line.split(" ", 3)
     if (
@@ -310,7 +351,12 @@ def _learn_comment(line: str, openmetrics: bool) -> tuple[str, str, str]:
         text = text.strip()
         if keyword == "TYPE" and text not in _TYPES:
             keyword = "malformed"
-    comment = (keyword, name, text)
+    grouped: tuple[str, ...] = ()
+    starts: tuple[str, ...] = ()
+    if keyword == "TYPE":
+        grouped = tuple(sys.intern(name + suffix) for suffix in _GROUPED_SUFFIXES.get(text, ()))
+        starts = tuple(start for sample_name in (name, *grouped) for start in _starts(sample_name))
+    comment = (keyword, name, text, grouped, starts)
     memo = _comments[openmetrics]
     if len(memo) >= _MEMO_LIMIT:
         memo.clear()

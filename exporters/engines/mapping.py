@@ -20,6 +20,7 @@ a ``Derivation`` and computed here with the same readers.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, cast
@@ -215,19 +216,15 @@ def read_values(
     take_max = aggregate == "max"
     values: dict[Key, float] = {}
     replicas: dict[tuple[Key, tuple[tuple[str, str], ...]], float] = {}
-    for sample in entry.samples:
-        name = sample.name
+    for name, labels, value, _ in entry.samples:
         if part:
             if not name.endswith(part):
                 continue
         elif skip_created and name.endswith("_created"):
             continue
-        labels = sample.labels
         if match and any(labels.get(k) != v for k, v in match):
             continue
-        if value_label is None:
-            value = sample.value
-        else:
+        if value_label is not None:
             label_value = _number(labels.get(value_label))
             if label_value is None:
                 continue
@@ -275,13 +272,15 @@ def read_histograms(page: Page, how: Reading) -> dict[Key, _Histogram]:
     found = page.find(how)
     if found is None or found[1] or found[0].type != "histogram":
         return {}
-    samples = found[0].samples
+    family = found[0]
+    samples = family.samples
+    # The parser interns sample names, so a bucket is nearly always this very string.
+    bucket = sys.intern(family.name + "_bucket")
     match = how.match
     key_of = how.key
     groups: dict[Key, _Histogram] = {}
-    group, group_key = None, None
-    for sample in samples:
-        labels = sample.labels
+    group, group_key, buckets = None, None, {}
+    for name, labels, value, _ in samples:
         if match and any(labels.get(k) != v for k, v in match):
             continue
         key = key_of(labels)
@@ -289,18 +288,17 @@ def read_histograms(page: Page, how: Reading) -> dict[Key, _Histogram]:
             group, group_key = groups.get(key), key
             if group is None:
                 group = groups[key] = _Histogram()
-        name = sample.name
-        if name.endswith("_bucket"):
+            buckets = group.buckets
+        if name is bucket or name.endswith("_bucket"):
             le = labels.get("le")
             if le is not None:
-                buckets = group.buckets
-                buckets[le] = buckets.get(le, 0.0) + sample.value
+                buckets[le] = buckets.get(le, 0.0) + value
                 group.bucket_samples += 1
         elif name.endswith("_count"):
-            group.count += sample.value
+            group.count += value
             group.series += 1
         elif name.endswith("_sum"):
-            group.sum = sample.value if group.sum is None else group.sum + sample.value
+            group.sum = value if group.sum is None else group.sum + value
     for key, group in groups.items():
         if group.series > 1 and len(group.buckets) * group.series != group.bucket_samples:
             group.common = _common_boundaries(samples, how, key)
@@ -550,20 +548,42 @@ def _series_labels(base: dict[str, str], how: Reading, key: Key) -> dict[str, st
 def _add_histogram(
     family: Metric,
     labels: dict[str, str],
-    les: Sequence[str],
+    les: tuple[str, ...],
     counts: Sequence[float],
     total: float,
 ) -> None:
     """The samples ``HistogramMetricFamily.add_metric`` would add, built several times faster
-    (it runs for every bucket of every histogram on every scrape): bucket samples are made
-    straight from tuples, skipping the namedtuple's Python-level constructor."""
-    bucket = family.name + "_bucket"
+    (it runs for every bucket of every histogram on every scrape): samples are made straight
+    from tuples, skipping the namedtuple's Python-level constructor, and their names and
+    label sets come from ``_histogram_series``."""
+    bucket, count, sum_, bucket_labels, labels = _histogram_series(family.name, labels, les)
+    new, defaults = _new_tuple, _SAMPLE_DEFAULTS
     family.samples += [
-        _new_tuple(OutputSample, (bucket, {**labels, "le": le}, n) + _SAMPLE_DEFAULTS)  # noqa: RUF005
-        for le, n in zip(les, counts, strict=True)
+        new(OutputSample, (bucket, le_labels, n) + defaults)  # noqa: RUF005
+        for le_labels, n in zip(bucket_labels, counts, strict=True)
     ]
-    family.samples.append(OutputSample(family.name + "_count", labels, counts[-1]))
-    family.samples.append(OutputSample(family.name + "_sum", labels, total))
+    family.samples.append(new(OutputSample, (count, labels, counts[-1]) + defaults))  # noqa: RUF005
+    family.samples.append(new(OutputSample, (sum_, labels, total) + defaults))  # noqa: RUF005
+
+
+_SeriesNames = tuple[str, str, str, tuple[dict[str, str], ...], dict[str, str]]
+_HISTOGRAM_SERIES: dict[tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]], _SeriesNames] = {}
+
+
+def _histogram_series(name: str, labels: dict[str, str], les: tuple[str, ...]) -> _SeriesNames:
+    """The sample names of one output histogram series (bucket, count, sum), the label set of
+    each bucket and that of count and sum. Cached across scrapes, since the same series come
+    back every time: the label dicts are shared by the families of successive pages, which
+    is why the families ``normalize`` returns must be treated as read-only."""
+    key = (name, tuple(labels.items()), les)
+    series = _HISTOGRAM_SERIES.get(key)
+    if series is None:
+        bucket_labels = tuple({**labels, "le": le} for le in les)
+        series = (name + "_bucket", name + "_count", name + "_sum", bucket_labels, labels)
+        if len(_HISTOGRAM_SERIES) >= 10_000:  # label values that never repeat must not grow memory
+            _HISTOGRAM_SERIES.clear()
+        _HISTOGRAM_SERIES[key] = series
+    return series
 
 
 _new_tuple = tuple.__new__
