@@ -92,7 +92,23 @@ class EngineCollector:
         exposition, engine = self._read(page.body)
         self.engine = engine
         self._maybe_discover_version(engine)
-        return engines.normalize(exposition, engine, self.identity)
+        families = engines.normalize(exposition, engine, self.identity)
+        self._learn_model(families)
+        return families
+
+    def _learn_model(self, families: list[Metric]) -> None:
+        """Label our own series with the model the engine's series name, when it names one.
+
+        vLLM and SGLang carry ``model_name`` on every series; without a --model flag the
+        sidecar's engine_up and scrape-health series would otherwise say model="" and fail to
+        join with them.
+        """
+        if self._given.get("model"):
+            return
+        models = {f.samples[0].labels.get("model", "") for f in families if f.samples}
+        models.discard("")
+        if len(models) == 1:
+            self._discovered["model"] = models.pop()
 
     def _read(self, body: bytes) -> tuple[textformat.Exposition, str]:
         """Parse the page and name its engine.

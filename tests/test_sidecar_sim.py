@@ -123,3 +123,24 @@ def test_a_reset_class_xid_fails_gpu_readiness(sim: SimHandle) -> None:
     conditions = asyncio.run(scenario())
     assert conditions["gpu"]["ok"] is False
     assert "79" in conditions["gpu"]["reason"]
+
+
+def test_engine_version_and_model_are_read_from_the_engine(sim: SimHandle) -> None:
+    async def scenario() -> list[dict[str, str]]:
+        async with Replica(sim) as replica:
+            await replica.get("/metrics")  # learns the engine; asks its /version meanwhile
+            task = replica.sidecar.engine._version_task
+            assert task is not None
+            await task
+            text = (await replica.get("/metrics")).text
+        return [
+            s.labels
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == "inferwatch_engine_up"
+        ]
+
+    (labels,) = asyncio.run(scenario())
+    assert labels["engine"] == "vllm"
+    assert labels["engine_version"] == "0.33.0"
+    assert labels["model"] == "meta-llama/Llama-3.1-8B-Instruct"
