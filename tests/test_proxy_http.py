@@ -383,15 +383,15 @@ def test_unknown_keys_are_rejected_or_attributed_by_policy(stack: Callable[..., 
 def test_tenant_header_is_honoured_only_from_trusted_sources(stack: Callable[..., Stack]) -> None:
     untrusted = stack(identity={"trusted_sources": ["10.0.0.0/8"]})
     reply = untrusted.client.post(
-        CHAT, json=chat(), headers=auth("acme", **{"x-tenant-id": "globex"})
+        CHAT, json=chat(), headers=auth("acme", **{"x-inferwatch-tenant": "globex"})
     )
     assert reply.status_code == 200
     text = untrusted.metrics()
     assert samples(text, "inferwatch_tenancy_tokens_total", tenant="globex") == 0
     assert samples(text, "inferwatch_tenancy_tokens_total", tenant="acme") > 0
-    assert "x-tenant-id" not in untrusted.engine.headers_seen[-1]
+    assert "x-inferwatch-tenant" not in untrusted.engine.headers_seen[-1]
     trusted = stack(identity={"trusted_sources": ["127.0.0.1/32"]})
-    reply = trusted.client.post(CHAT, json=chat(), headers={"x-tenant-id": "team-blue"})
+    reply = trusted.client.post(CHAT, json=chat(), headers={"x-inferwatch-tenant": "team-blue"})
     assert reply.status_code == 200
     assert samples(trusted.metrics(), "inferwatch_tenancy_tokens_total", tenant="team-blue") > 0
 

@@ -37,7 +37,7 @@ def test_100k_distinct_tenants_from_a_trusted_header_keep_the_bound() -> None:
     charged = 0
     for index in range(100_000):
         tenant_id = "".join(rng.choices(string.ascii_lowercase, k=12)) + str(index)
-        resolution = resolver.resolve([(b"x-tenant-id", tenant_id.encode())], "10.1.2.3")
+        resolution = resolver.resolve([(b"x-inferwatch-tenant", tenant_id.encode())], "10.1.2.3")
         assert resolution.tenant == tenant_id
         identity = (app.tenant_labels.label(tenant_id), "m", "", "", "")
         app.metrics.charge(identity, Usage(prompt=3, completion=2), "reported", "complete", 0.0)

@@ -2,9 +2,10 @@
 
 Per metered request: resolve the tenant, read and check the body, admit (input limit, budget,
 concurrency), forward with usage forced on, relay the response while metering it, then charge
-the tenant and write one access-log line. A client that goes away mid-request cancels the
-handler: the upstream connection is closed (the engine aborts the request) and the tokens seen
-so far are still charged, marked ``client_cancelled``.
+the tenant and write one access-log line. A sampled share of complete chat and completion
+responses is screened for degenerate output (counters only; no text is kept). A client that
+goes away mid-request cancels the handler: the upstream connection is closed (the engine
+aborts the request) and the tokens seen so far are still charged, marked ``client_cancelled``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from inferwatch.exporters.tenancy.config import ProxyConfig, Tenant
 from inferwatch.exporters.tenancy.labels import OTHER, BoundedLabels
 from inferwatch.exporters.tenancy.metrics import Identity, ProxyMetrics
 from inferwatch.exporters.tenancy.reconcile import Reconciler, engine_token_counters
+from inferwatch.exporters.tenancy.sampling import TranscribingMeter, prompt_text
 from inferwatch.exporters.tenancy.tenants import UNKNOWN, TenantResolver
 from inferwatch.exporters.tenancy.upstream import Timeouts, UpstreamError, UpstreamPool
 from inferwatch.exporters.tenancy.usage import (
@@ -37,6 +39,8 @@ from inferwatch.exporters.tenancy.usage import (
     estimate_prompt_tokens,
 )
 from inferwatch.logs import log_event
+from inferwatch.probes.client import PROBE_TENANT
+from inferwatch.probes.livesample import DegeneracySampler
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -122,6 +126,7 @@ class ProxyApp:
         self.ledger = BudgetLedger()
         self.gate = ConcurrencyGate(config.max_concurrency, config.queue_timeout)
         self.reconciler = Reconciler()
+        self.sampler = DegeneracySampler(config.quality_sample_rate)
         self._tasks: list[asyncio.Task[None]] = []
         self._ready: tuple[float, bool, str] = (0.0, False, "not checked yet")
         v = config.versions
@@ -252,7 +257,14 @@ class ProxyApp:
     async def _admit(self, exchange: Exchange, body: dict[str, Any]) -> Refusal | None:
         config = self.config
         prompt_estimate = estimate_prompt_tokens(body)
-        exchange.meter = UsageMeter(prompt_estimate)
+        if (
+            exchange.path in STREAMABLE_PATHS
+            and exchange.tenant != PROBE_TENANT
+            and self.sampler.should_sample()
+        ):
+            exchange.meter = TranscribingMeter(prompt_estimate, prompt_text(body))
+        else:
+            exchange.meter = UsageMeter(prompt_estimate)
         if config.max_input_tokens and prompt_estimate > config.max_input_tokens:
             return Refusal(
                 400,
@@ -317,6 +329,8 @@ class ProxyApp:
             else:
                 self.gate.in_flight -= 1
             self._charge(exchange)
+            if isinstance(exchange.meter, TranscribingMeter):
+                self._screen(exchange, exchange.meter)
 
     async def _forward_metered(
         self,
@@ -564,14 +578,30 @@ class ProxyApp:
             return
         usage = meter.usage()
         exchange.usage = usage
-        price = self.config.price(exchange.model)
-        exchange.cost = price.cost(usage.prompt, usage.cached_prompt, usage.completion)
+        # Quality probes are the operator's own traffic: their tokens are counted (so that
+        # they reconcile with the engine's) but cost no tenant anything.
+        if exchange.tenant != PROBE_TENANT:
+            price = self.config.price(exchange.model)
+            exchange.cost = price.cost(usage.prompt, usage.cached_prompt, usage.completion)
         self.metrics.charge(
             exchange.identity, usage, meter.source, exchange.accounting, exchange.cost
         )
         tenant: Tenant | None = self.config.tenants.get(exchange.tenant)
         if tenant is not None and tenant.budget is not None:
             self.ledger.charge(exchange.tenant, tenant.budget, usage.total)
+
+    def _screen(self, exchange: Exchange, meter: TranscribingMeter) -> None:
+        """Screen a sampled response that arrived whole; partial text would mislead."""
+        prompt, completion, has_tool_call = meter.take()
+        if (
+            exchange.outcome == "ok"
+            and exchange.accounting == "complete"
+            and not exchange.extra.get("no_done_marker")
+        ):
+            _, model, model_version, _, _ = exchange.identity  # bounded label values
+            self.sampler.observe(
+                model, model_version, prompt, completion, has_tool_call=has_tool_call
+            )
 
     def _finish(self, exchange: Exchange) -> None:
         duration = time.perf_counter() - exchange.start
@@ -633,13 +663,16 @@ class ProxyApp:
             for name, tenant in self.config.tenants.items()
             if tenant.budget is not None
         }
-        return self.metrics.families(
-            in_flight=self.gate.in_flight,
-            waiting=self.gate.waiting,
-            budgets=budgets,
-            tenant_label_values=len(self.tenant_labels),
-            tenant_label_folds=self.tenant_labels.folded,
-        )
+        return [
+            *self.metrics.families(
+                in_flight=self.gate.in_flight,
+                waiting=self.gate.waiting,
+                budgets=budgets,
+                tenant_label_values=len(self.tenant_labels),
+                tenant_label_folds=self.tenant_labels.folded,
+            ),
+            *self.sampler.families(),
+        ]
 
     def registry(self) -> CollectorRegistry:
         registry = CollectorRegistry(auto_describe=False)

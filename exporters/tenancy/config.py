@@ -3,11 +3,18 @@
 Every mistake is reported as ``<file>: <field path>: <reason>`` so that an operator can fix a
 ConfigMap without reading code. API keys are never stored: tenants list the SHA-256 of their
 keys (``printf %s "$KEY" | sha256sum``).
+
+``quality_sampling: {rate: 0.01}`` screens that share of chat and completion responses with
+the cheap degeneracy checks (empty output, repetition loops, wrong script) and counts what
+fires per model and model version; 0 turns it off. The text of a sampled response is held in
+memory only until it has been screened, and never written anywhere. Requests of the probe
+runner's reserved tenant ``_probe`` are never sampled (the probes screen their own replies).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,9 +23,12 @@ from typing import Any, Literal
 
 import yaml
 
+from inferwatch.probes.client import PROBE_TENANT, TENANT_HEADER
+
 UnknownPolicy = Literal["reject", "attribute"]
 PRIORITIES = {"high": 0, "normal": 1, "low": 2}
-TENANT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@/-]{0,127}$")
+# Tenant ids start with a letter or digit; the one exception is the probe runner's tenant.
+TENANT_PATTERN = re.compile(rf"^(?:{PROBE_TENANT}|[A-Za-z0-9][A-Za-z0-9._:@/-]{{0,127}})$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -84,7 +94,7 @@ class ProxyConfig:
     upstream_metrics_path: str = "/metrics"
     reconcile_interval: float = 15.0
     tenants: Mapping[str, Tenant] = field(default_factory=dict)
-    tenant_header: str = "x-tenant-id"
+    tenant_header: str = TENANT_HEADER.lower()
     trusted_sources: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     unknown_policy: UnknownPolicy = "reject"
     max_tenant_labels: int = 100
@@ -98,6 +108,8 @@ class ProxyConfig:
     max_response_bytes: int = 64 << 20
     max_concurrency: int = 0  # 0: no global cap
     queue_timeout: float = 10.0
+    #: share of chat/completion responses screened for degenerate output (0: none)
+    quality_sample_rate: float = 0.01
 
     def price(self, model: str) -> Price:
         return self.prices.get(model, self.default_price)
@@ -132,10 +144,21 @@ class _Reader:
     def child(self, key: str) -> _Reader:
         return _Reader(self.source, self.raw.get(key), f"{self.path}.{key}" if self.path else key)
 
-    def number(self, key: str, default: float, minimum: float = 0.0) -> float:
+    def number(
+        self, key: str, default: float, minimum: float = 0.0, maximum: float = math.inf
+    ) -> float:
         value = self.raw.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-            raise self.error(key, f"expected a number >= {minimum:g}, got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not minimum <= value <= maximum
+        ):
+            expected = (
+                f"a number >= {minimum:g}"
+                if maximum == math.inf
+                else f"a number from {minimum:g} to {maximum:g}"
+            )
+            raise self.error(key, f"expected {expected}, got {value!r}")
         return float(value)
 
     def integer(self, key: str, default: int, minimum: int = 0) -> int:
@@ -214,7 +237,18 @@ def _tenant(reader: _Reader, name: str) -> Tenant:
 def parse(document: Any, source: str = "<config>") -> ProxyConfig:
     """Build a config from a parsed YAML document."""
     top = _Reader(source, document, "")
-    top.check_keys({"upstream", "identity", "tenants", "labels", "versions", "prices", "limits"})
+    top.check_keys(
+        {
+            "upstream",
+            "identity",
+            "tenants",
+            "labels",
+            "versions",
+            "prices",
+            "limits",
+            "quality_sampling",
+        }
+    )
 
     upstream = top.child("upstream")
     upstream.check_keys(
@@ -293,6 +327,8 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             "queue_timeout",
         }
     )
+    sampling = top.child("quality_sampling")
+    sampling.check_keys({"rate"})
     return ProxyConfig(
         upstream_url=url.rstrip("/"),
         connect_timeout=upstream.duration("connect_timeout", 5.0),
@@ -302,7 +338,7 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
         upstream_metrics_path=upstream.text("metrics_path", "/metrics"),
         reconcile_interval=upstream.number("reconcile_interval", 15.0),
         tenants=tenants,
-        tenant_header=identity.text("tenant_header", "x-tenant-id").lower(),
+        tenant_header=identity.text("tenant_header", TENANT_HEADER).lower(),
         trusted_sources=tuple(trusted),
         unknown_policy="attribute" if unknown == "attribute" else "reject",
         max_tenant_labels=labels.integer("max_tenants", 100),
@@ -329,6 +365,9 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
         max_response_bytes=limits.integer("max_response_bytes", 64 << 20, minimum=1024),
         max_concurrency=limits.integer("max_concurrency", 0),
         queue_timeout=limits.duration("queue_timeout", 10.0),
+        quality_sample_rate=sampling.number(
+            "rate", ProxyConfig.quality_sample_rate, minimum=0.0, maximum=1.0
+        ),
     )
 
 

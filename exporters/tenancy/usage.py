@@ -84,7 +84,7 @@ def estimate_text_tokens(text: str) -> int:
     return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
     """Text of a message ``content``: a string, or a list of parts with ``text``."""
     if isinstance(content, str):
         return content
@@ -105,7 +105,7 @@ def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
         for message in messages:
             if isinstance(message, Mapping):
                 total += TOKENS_PER_MESSAGE + estimate_text_tokens(
-                    _content_text(message.get("content"))
+                    content_text(message.get("content"))
                 )
         return total
     prompt = body.get("prompt", body.get("input"))
