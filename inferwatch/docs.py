@@ -11,19 +11,31 @@ END = "<!-- end of metric table -->"
 
 
 def metric_table(cat: catalog.Catalog) -> str:
-    """A Markdown table: one row per catalogue entry, with the sources that feed it."""
-    rows = [
-        "| metric | type | labels | sources | help |",
-        "|---|---|---|---|---|",
+    """A legend of the identity label sets, then one Markdown table row per catalogue entry.
+
+    The sources column names what feeds an entry: for engine signals the engines whose
+    adapters produce it (by catalogue alias or by derivation), otherwise the catalogue's
+    sources or the collector itself.
+    """
+    from inferwatch.exporters import engines
+
+    fed_by = {
+        key: [engine for engine in engines.ENGINES if key in engines.signals(engine)]
+        for key in cat
+    }
+    lines = [
+        f"- *{name} identity*: " + ", ".join(f"`{label}`" for label in labels)
+        for name, labels in cat.identities.items()
     ]
+    lines += ["", "| metric | type | labels | sources | help |", "|---|---|---|---|---|"]
     for spec in cat.values():
         labels = ", ".join(spec.labels) or "-"
         if spec.identity:
             identity = next(name for name, ls in cat.identities.items() if ls == spec.identity)
             labels = f"*{identity} identity*, {labels}" if spec.labels else f"*{identity} identity*"
-        sources = ", ".join(spec.sources) or spec.collector
-        rows.append(f"| `{spec.name}` | {spec.type} | {labels} | {sources} | {spec.help} |")
-    return "\n".join(rows)
+        sources = ", ".join(fed_by[spec.key] or spec.sources) or spec.collector
+        lines.append(f"| `{spec.name}` | {spec.type} | {labels} | {sources} | {spec.help} |")
+    return "\n".join(lines)
 
 
 def render_readme(text: str, cat: catalog.Catalog) -> str:

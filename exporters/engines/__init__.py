@@ -71,6 +71,11 @@ def wanted(engine: str) -> Callable[[str], bool]:
     return _plan(engine).family_filter()
 
 
+def signals(engine: str) -> frozenset[str]:
+    """Catalogue keys this engine's pages can feed, through aliases or derivations."""
+    return frozenset(step.spec.key for step in _plan(engine).steps)
+
+
 @functools.cache
 def _plan(engine: str) -> mapping.Plan:
     return mapping.plan(catalog.load(), _adapter(engine))
