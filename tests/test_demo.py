@@ -32,6 +32,8 @@ steps:
   - {at: 3s, replica: fallback, crash: true}
   - {at: 5s, replica: fallback, repair: true}
 """
+# The run lasts well past the repair: a restarted engine and sidecar must come back and be
+# seen ready again, which takes a few seconds on a loaded 2-core machine.
 
 
 # --- rates and quantiles from /metrics deltas -------------------------------------------------
@@ -145,7 +147,7 @@ def test_demo_runs_a_scenario_and_stops_cleanly(tmp_path: Path, reaper: list[int
     faults = tmp_path / "fault.yaml"
     faults.write_text(FAULT)
     result = subprocess.run(
-        [*DEMO, "--duration", "8", "--speed", "50", "--rate", "5", "--scenario", str(faults)],
+        [*DEMO, "--duration", "12", "--speed", "50", "--rate", "5", "--scenario", str(faults)],
         capture_output=True,
         text=True,
         timeout=60,
