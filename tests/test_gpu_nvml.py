@@ -241,12 +241,17 @@ def test_a_hung_nvml_call_never_stalls_the_scrape(
     release = threading.Event()
     telemetry = make(timeout_s=0.2, watch_xids=False)
     good = collect(telemetry)
-    fake.inject("nvmlDeviceGetPowerUsage", lambda: release.wait(5), 1)
-    started = time.monotonic()
+    returned = threading.Event()
+
+    def hang() -> None:
+        release.wait(5)
+        returned.set()
+
+    fake.inject("nvmlDeviceGetPowerUsage", hang, 1)
     families = collect(telemetry)
-    waited = time.monotonic() - started
+    came_back_while_hung = not returned.is_set()
     release.set()
-    assert waited < 2  # bounded by timeout_s, not by the hung call
+    assert came_back_while_hung, "the scrape waited for the hung NVML call"
     assert value(families, "inferwatch_gpu_backend_up", reason="timeout") == 0
     # the last good values are still served while fresh
     assert values(families, "inferwatch_gpu_power_watts") == values(
