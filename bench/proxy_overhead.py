@@ -1,6 +1,6 @@
 """Overhead of the tenancy proxy, side by side with LiteLLM's proxy, against one fast mock.
 
-    .venv/bin/python bench/proxy_overhead.py [--requests 2000] [--no-litellm]
+    .venv/bin/python bench/proxy_overhead.py [--requests 2000] [--no-litellm] [--engine-ms 0]
 
 One run starts a mock OpenAI-compatible engine (raw asyncio, fixed replies, SSE streams with
 usage), then measures the same load three ways: direct to the mock, through
@@ -112,6 +112,14 @@ def _mock_replies() -> tuple[bytes, bytes, bytes]:
 
 class _MockProtocol(asyncio.Protocol):
     PLAIN, STREAM_USAGE, STREAM_BARE = _mock_replies()
+    #: seconds of simulated engine work before each reply (0: answer at once)
+    DELAY = 0.0
+
+    def _reply(self, data: bytes) -> None:
+        if self.DELAY:
+            asyncio.get_running_loop().call_later(self.DELAY, self.transport.write, data)
+        else:
+            self.transport.write(data)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -135,19 +143,21 @@ class _MockProtocol(asyncio.Protocol):
             self.buffer = self.buffer[end + 4 + length :]
             if head.startswith(b"get /v1/models"):
                 models = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
-                self.transport.write(
+                self.transport.write(  # not delayed: readiness checks only
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                     b"content-length: %d\r\n\r\n%s" % (len(models), models.encode())
                 )
             elif b'"stream":true' in body.replace(b" ", b""):
                 with_usage = b'"include_usage":true' in body.replace(b" ", b"")
-                self.transport.write(self.STREAM_USAGE if with_usage else self.STREAM_BARE)
+                self._reply(self.STREAM_USAGE if with_usage else self.STREAM_BARE)
             else:
-                self.transport.write(self.PLAIN)
+                self._reply(self.PLAIN)
 
 
-def _serve_mock(port: int) -> None:
+def _serve_mock(port: int, delay: float) -> None:
     import uvloop
+
+    _MockProtocol.DELAY = delay
 
     async def main() -> None:
         server = await asyncio.get_running_loop().create_server(_MockProtocol, "127.0.0.1", port)
@@ -405,6 +415,12 @@ def main() -> None:
     )
     parser.add_argument("--litellm-requests", type=int, default=400)
     parser.add_argument("--no-litellm", action="store_true")
+    parser.add_argument(
+        "--engine-ms",
+        type=float,
+        default=0.0,
+        help="milliseconds the mock spends per reply, like an engine would (default: none)",
+    )
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
@@ -412,7 +428,7 @@ def main() -> None:
     import multiprocessing
 
     mock = multiprocessing.get_context("spawn").Process(
-        target=_serve_mock, args=(mock_port,), daemon=True
+        target=_serve_mock, args=(mock_port, args.engine_ms / 1000), daemon=True
     )
     mock.start()
     _wait_ready(mock_port, "none", 30, mock.is_alive)
