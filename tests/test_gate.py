@@ -48,39 +48,27 @@ def _verdicts(report: gate.GateReport) -> dict[str, bool]:
     return {c.name: c.ok for c in report.comparisons}
 
 
+STEADY = _load(0.05, 0.01, 900)
+
+
+def _compare(
+    quality: tuple[gate.Quality, gate.Quality],
+    load: tuple[gate.Load, gate.Load] = (STEADY, STEADY),
+    repeats: int = 3,
+) -> gate.GateReport:
+    """The gate on (baseline, candidate) results, default thresholds."""
+    return gate.compare(GOLDENS, repeats, *quality, *load, gate.Thresholds())
+
+
 def test_identical_results_pass() -> None:
-    report = gate.compare(
-        GOLDENS,
-        3,
-        _quality(96, 96),
-        _quality(96, 96),
-        _load(0.05, 0.01, 900),
-        _load(0.05, 0.01, 900),
-        gate.Thresholds(),
-    )
+    report = _compare((_quality(96, 96), _quality(96, 96)))
     assert report.passed
 
 
 def test_one_flipped_answer_is_noise_but_a_real_drop_fails() -> None:
-    noise = gate.compare(
-        GOLDENS,
-        3,
-        _quality(96, 96),
-        _quality(95, 96),
-        _load(0.05, 0.01, 900),
-        _load(0.05, 0.01, 900),
-        gate.Thresholds(),
-    )
+    noise = _compare((_quality(96, 96), _quality(95, 96)))
     assert noise.passed
-    drop = gate.compare(
-        GOLDENS,
-        3,
-        _quality(96, 96),
-        _quality(84, 96),
-        _load(0.05, 0.01, 900),
-        _load(0.05, 0.01, 900),
-        gate.Thresholds(),
-    )
+    drop = _compare((_quality(96, 96), _quality(84, 96)))
     assert _verdicts(drop) == {
         "pass_rate": False,
         "ttft_p50": True,
@@ -91,24 +79,12 @@ def test_one_flipped_answer_is_noise_but_a_real_drop_fails() -> None:
 
 def test_latency_within_tolerance_passes_and_beyond_fails() -> None:
     base = _load(0.100, 0.020, 1000)
-    within = gate.compare(
-        GOLDENS,
-        1,
-        _quality(32, 32),
-        _quality(32, 32),
-        base,
-        _load(0.108, 0.021, 950),
-        gate.Thresholds(),
+    within = _compare(
+        (_quality(32, 32), _quality(32, 32)), (base, _load(0.108, 0.021, 950)), repeats=1
     )
     assert within.passed
-    slower = gate.compare(
-        GOLDENS,
-        1,
-        _quality(32, 32),
-        _quality(32, 32),
-        base,
-        _load(0.150, 0.030, 700),
-        gate.Thresholds(),
+    slower = _compare(
+        (_quality(32, 32), _quality(32, 32)), (base, _load(0.150, 0.030, 700)), repeats=1
     )
     assert _verdicts(slower) == {
         "pass_rate": True,
@@ -116,28 +92,14 @@ def test_latency_within_tolerance_passes_and_beyond_fails() -> None:
         "tpot_p50": False,
         "throughput": False,
     }
-    errors = gate.compare(
-        GOLDENS,
-        1,
-        _quality(32, 32),
-        _quality(32, 32),
-        base,
-        _load(0.1, 0.02, 1000, errors=3),
-        gate.Thresholds(),
+    errors = _compare(
+        (_quality(32, 32), _quality(32, 32)), (base, _load(0.1, 0.02, 1000, errors=3)), repeats=1
     )
     assert not _verdicts(errors)["throughput"]
 
 
 def test_report_renders_as_table_and_json() -> None:
-    report = gate.compare(
-        GOLDENS,
-        3,
-        _quality(96, 96),
-        _quality(84, 96),
-        _load(0.05, 0.01, 900),
-        _load(0.05, 0.01, 900),
-        gate.Thresholds(),
-    )
+    report = _compare((_quality(96, 96), _quality(84, 96)))
     table = gate.render_table(report, "http://base", "http://cand")
     assert "pass_rate" in table and "-12.5 pts" in table and table.endswith("verdict: FAIL")
     document = json.loads(json.dumps(report.as_json()))

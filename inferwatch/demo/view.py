@@ -133,16 +133,21 @@ def render(state: FleetState, context: Context) -> RenderableType:
     return Group(*lines)
 
 
-def _replica_table(replicas: Sequence[ReplicaState]) -> Table:
+def _table(title: str, columns: Sequence[str]) -> Table:
+    """A compact, left-titled table with one unwrapped column per name."""
     table = Table(
-        title=f"replicas (sidecar /metrics and /readyz, rates over the last {WINDOW:g}s)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        padding=0,
-        show_edge=False,
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=0, show_edge=False
     )
-    for column in REPLICA_COLUMNS:
+    for column in columns:
         table.add_column(column, no_wrap=True)
+    return table
+
+
+def _replica_table(replicas: Sequence[ReplicaState]) -> Table:
+    table = _table(
+        f"replicas (sidecar /metrics and /readyz, rates over the last {WINDOW:g}s)",
+        REPLICA_COLUMNS,
+    )
     for state in replicas:
         r = state.replica
         table.add_row(
@@ -164,15 +169,7 @@ def _replica_table(replicas: Sequence[ReplicaState]) -> Table:
 
 
 def _tenant_table(tenants: Sequence[TenantState]) -> Table:
-    table = Table(
-        title="tenants (tenancy proxies' /metrics)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        padding=0,
-        show_edge=False,
-    )
-    for column in TENANT_COLUMNS:
-        table.add_column(column, no_wrap=True)
+    table = _table("tenants (tenancy proxies' /metrics)", TENANT_COLUMNS)
     for state in tenants:
         t = state.tenant
         table.add_row(
