@@ -40,10 +40,13 @@ def samples(text: str, name: str) -> list[Sample]:
     return [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
 
 
-def value(text: str, name: str, **labels: str) -> float:
+def value(text: str, name: str, missing: float | None = None, **labels: str) -> float:
+    """Sum of the matching samples; ``missing`` when there are none (default: fail)."""
     # a counter family not ending in _total (DCGM) is parsed with "_total" added to its samples
     found = [s.value for f in text_string_to_metric_families(text) for s in f.samples
              if name in (s.name, f.name) and labels.items() <= s.labels.items()]  # fmt: skip
+    if not found and missing is not None:
+        return missing
     assert found, f"no {name} {labels}"
     return sum(found)
 
@@ -95,7 +98,8 @@ def test_tokens_are_counted_once_and_match_usage(sim: SimHandle) -> None:
     completion = sum(r["usage"]["completion_tokens"] for r in replies)
 
     def delta(name: str, **labels: str) -> float:
-        return value(after, name, **labels) - value(before, name, **labels)
+        # a labelled series appears with its first request: absent before means zero
+        return value(after, name, **labels) - value(before, name, missing=0.0, **labels)
 
     assert delta("vllm:generation_tokens_total") == completion == 21
     assert delta("vllm:prompt_tokens_total") == prompt
