@@ -396,6 +396,18 @@ def test_tenant_header_is_honoured_only_from_trusted_sources(stack: Callable[...
     assert samples(trusted.metrics(), "inferwatch_tenancy_tokens_total", tenant="team-blue") > 0
 
 
+def test_x_forwarded_for_does_not_make_a_local_client_trusted(
+    stack: Callable[..., Stack],
+) -> None:
+    proxy = stack(identity={"trusted_sources": ["10.0.0.0/8"]})
+    spoofed = {"x-inferwatch-tenant": "globex", "x-forwarded-for": "10.1.2.3"}
+    headers = auth("acme", **spoofed)
+    assert proxy.client.post(CHAT, json=chat(), headers=headers).status_code == 200
+    text = proxy.metrics()
+    assert samples(text, "inferwatch_tenancy_tokens_total", tenant="globex") == 0
+    assert samples(text, "inferwatch_tenancy_tokens_total", tenant="acme") > 0
+
+
 def test_budgets_refuse_with_retry_after_once_spent(stack: Callable[..., Stack]) -> None:
     proxy = stack(
         tenants={

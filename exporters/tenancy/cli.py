@@ -50,6 +50,7 @@ def proxy(config_path: str | None, listen: str, upstream: str | None, access_log
     import uvicorn
 
     from inferwatch.exporters.tenancy.app import ProxyApp
+    from inferwatch.exporters.tenancy.serving import uvicorn_config
 
     host, port = _host_port(listen)
     try:
@@ -61,17 +62,4 @@ def proxy(config_path: str | None, listen: str, upstream: str | None, access_log
         click.echo(f"inferwatch proxy: {exc}", err=True)
         sys.exit(2)
     gc.freeze()  # start-up objects never need collecting: shorter GC pauses on requests
-    uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            loop="auto",  # uvloop when installed
-            http="auto",  # httptools when installed
-            lifespan="on",
-            access_log=False,
-            log_config=None,
-            server_header=False,
-            date_header=False,
-        )
-    ).run()
+    uvicorn.Server(uvicorn_config(app, host, port)).run()
