@@ -315,11 +315,15 @@ def test_client_disconnect_mid_stream_charges_tokens_so_far_and_aborts_the_engin
 
 def test_slow_and_dead_upstreams_give_clear_errors(stack: Callable[..., Stack]) -> None:
     proxy = stack(upstream={"read_timeout": 0.3})
+    assert proxy.client.post(CHAT, json=chat(), headers=auth("acme")).status_code == 200
+    # on the pooled connection the first request left behind: a timeout is not retried
     reply = proxy.client.post(
         CHAT, json=chat(), headers=auth("acme", **{"x-scenario": "slow_headers"})
     )
     assert reply.status_code == 504
     assert "no response headers" in reply.json()["error"]["message"]
+    slow = [h for h in proxy.engine.headers_seen if h.get("x-scenario") == "slow_headers"]
+    assert len(slow) == 1
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = sock.getsockname()[1]

@@ -70,6 +70,10 @@ class _Connection(asyncio.Protocol):
         self._paused = False
         self._received_any = False
         self._keep_alive = False
+        # one timer per connection, pushed forward by each wait instead of re-armed per wait
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
+        self._wait_timeout = 0.0
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -111,7 +115,8 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     # used by the pool and the response
-    def start(self, request: bytes) -> asyncio.Future[None]:
+    def start(self, request: bytes, timeout: float) -> asyncio.Future[None]:
+        """Send a request; the future resolves on the response headers, or fails."""
         assert self.transport is not None
         self._headers = []
         self._chunks.clear()
@@ -120,8 +125,35 @@ class _Connection(asyncio.Protocol):
         self._error = None
         self._received_any = False
         self._head = asyncio.get_running_loop().create_future()
+        self._start_clock(timeout)
         self.transport.write(request)
         return self._head
+
+    def _start_clock(self, timeout: float) -> None:
+        """The wait that begins now fails with a timeout after ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        self._wait_timeout = timeout
+        self._deadline = loop.time() + timeout
+        if self._timer is None:
+            self._timer = loop.call_at(self._deadline, self._on_deadline)
+
+    def _on_deadline(self) -> None:
+        self._timer = None
+        head, wakeup = self._head, self._wakeup
+        waiting_for_head = head is not None and not head.done()
+        waiter = head if waiting_for_head else wakeup
+        if waiter is None or waiter.done():
+            return  # nobody waits: the next wait starts the clock again
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._deadline:
+            self._timer = loop.call_at(self._deadline, self._on_deadline)
+            return
+        what = (
+            "no response headers from the engine in"
+            if waiting_for_head
+            else ("no data from the engine for")
+        )
+        waiter.set_exception(UpstreamError("timeout", f"{what} {self._wait_timeout:g}s"))
 
     def _fail(self, error: UpstreamError) -> None:
         if self._error is None:
@@ -142,13 +174,9 @@ class _Connection(asyncio.Protocol):
             if self._error is not None:
                 raise self._error
             self._wakeup = asyncio.get_running_loop().create_future()
+            self._start_clock(timeout)
             try:
-                async with asyncio.timeout(timeout):
-                    await self._wakeup
-            except TimeoutError:
-                raise UpstreamError(
-                    "timeout", f"no data from the engine for {timeout:g}s"
-                ) from None
+                await self._wakeup
             finally:
                 self._wakeup = None
         # everything that arrived so far goes out as one piece: one write to the client
@@ -167,6 +195,9 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.transport is not None:
             self.transport.close()
 
@@ -293,17 +324,10 @@ class UpstreamPool:
         for attempt in range(2):
             if conn is None:
                 conn = await self._connect()
-            head = conn.start(payload)
             try:
-                async with asyncio.timeout(self.timeouts.read):
-                    await head
-            except TimeoutError:
-                conn.close()
-                raise UpstreamError(
-                    "timeout", f"no response headers from the engine in {self.timeouts.read:g}s"
-                ) from None
-            except UpstreamError:
-                stale = conn.reused and not conn._received_any
+                await conn.start(payload, self.timeouts.read)
+            except UpstreamError as exc:
+                stale = exc.reason == "reset" and conn.reused and not conn._received_any
                 conn.close()
                 if stale and attempt == 0:
                     conn = None
