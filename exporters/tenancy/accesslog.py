@@ -10,11 +10,11 @@ lines go through ``log_event`` like every other event.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any, TextIO
 
+from inferwatch.exporters.tenancy.jsoncodec import dumps_line
 from inferwatch.logs import JsonFormatter, log_event
 
 LOGGER_NAME = "inferwatch.proxy.access"
@@ -48,7 +48,7 @@ class AccessLog:
             "msg": "request",
             **fields,
         }
-        self._lines.append(json.dumps(event, default=str))
+        self._lines.append(dumps_line(event))
         if len(self._lines) >= self.max_lines:
             self.flush()
 

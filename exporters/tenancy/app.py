@@ -22,6 +22,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
+from inferwatch.exporters.tenancy import jsoncodec
 from inferwatch.exporters.tenancy.accesslog import AccessLog
 from inferwatch.exporters.tenancy.admission import BudgetLedger, ConcurrencyGate, Refusal
 from inferwatch.exporters.tenancy.config import ProxyConfig, Tenant
@@ -304,7 +305,7 @@ class ProxyApp:
             )
         else:
             try:
-                body = json.loads(raw)
+                body = jsoncodec.loads(raw)
             except ValueError as exc:
                 refusal = Refusal(400, "rejected_bad_request", f"request body is not JSON: {exc}")
             else:
@@ -414,7 +415,7 @@ class ProxyApp:
         if status < 400:
             payload: Any = None
             with contextlib.suppress(ValueError):
-                payload = json.loads(data)
+                payload = jsoncodec.loads(data)
             if not isinstance(payload, dict):
                 # a garbled success: the engine did take the prompt, so charge the estimate
                 error = UpstreamError(

@@ -13,11 +13,12 @@ Token types follow the OpenTelemetry GenAI conventions: ``cached_prompt`` is par
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from inferwatch.exporters.tenancy.jsoncodec import loads
 
 UsageSource = Literal["reported", "estimated"]
 TOKEN_TYPES = ("prompt", "cached_prompt", "completion", "reasoning")
@@ -193,16 +194,18 @@ class EventStream:
     def feed(self, chunk: bytes) -> Iterator[tuple[bytes, dict[str, Any] | str | None]]:
         """Yield each event completed by ``chunk``; a malformed one raises when reached."""
         data = self._buffer + chunk if self._buffer else chunk
+        crlf = b"\r" in data
         start = 0
-        while True:
-            end = _event_end(data, start)
-            if end < 0:
-                break
-            raw = data[start:end]
-            start = end
+        try:
+            while True:
+                end = _event_end(data, start, crlf)
+                if end < 0:
+                    break
+                raw = data[start:end]
+                start = end
+                yield raw, _parse_event(raw)
+        finally:  # also when an event is malformed: it is consumed, the rest stays
             self._buffer = data[start:]
-            yield raw, _parse_event(raw)
-        self._buffer = data[start:]
 
     @property
     def pending(self) -> bytes:
@@ -210,9 +213,12 @@ class EventStream:
         return self._buffer
 
 
-def _event_end(data: bytes, start: int) -> int:
-    """Index just past the blank line ending the event that begins at ``start``, or -1."""
-    if b"\r" not in data:
+def _event_end(data: bytes, start: int, crlf: bool) -> int:
+    """Index just past the blank line ending the event that begins at ``start``, or -1.
+
+    ``crlf`` says whether ``data`` holds any carriage return, which most streams never do.
+    """
+    if not crlf:
         index = data.find(b"\n\n", start)
         return index + 2 if index >= 0 else -1
     best = -1
@@ -234,7 +240,7 @@ def _parse_event(raw: bytes) -> dict[str, Any] | str | None:
         if text.strip() == b"[DONE]":
             return "[DONE]"
     try:
-        payload = json.loads(text.decode("utf-8"))
+        payload = loads(text)
     except ValueError:
         raise MalformedEvent(f"event data is not JSON: {text[:80]!r}") from None
     if not isinstance(payload, dict):
