@@ -3,7 +3,9 @@
     .venv/bin/python bench/proxy_overhead.py [--requests 2000] [--no-litellm] [--engine-ms 0]
 
 One run starts a mock OpenAI-compatible engine (raw asyncio, fixed replies, SSE streams with
-usage), then measures the same load three ways: direct to the mock, through
+usage), then measures the same load four ways: direct to the mock, through a byte relay
+(a Python process that copies bytes between each client connection and its own upstream
+connection without reading them: the ceiling of any Python proxy on this machine), through
 ``inferwatch proxy`` and through LiteLLM's proxy (installed on first use into
 bench/.venv-litellm with ``pip install 'litellm[proxy]'``, configured with a master key and no
 database). The load generator is a raw asyncio HTTP/1.1 client in its own process, one
@@ -161,6 +163,64 @@ def _serve_mock(port: int, delay: float) -> None:
 
     async def main() -> None:
         server = await asyncio.get_running_loop().create_server(_MockProtocol, "127.0.0.1", port)
+        await server.serve_forever()
+
+    uvloop.run(main())
+
+
+# ----------------------------------------------------------------------------- relay ceiling
+
+
+class _RelayProtocol(asyncio.Protocol):
+    """Copies a client connection's bytes to its own upstream connection and back, unread.
+
+    No parsing, no accounting: the most any Python proxy on uvloop can do on this machine, so
+    the report can show how much of the gap to direct is the runtime's, not the proxy's.
+    """
+
+    UPSTREAM_PORT = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.upstream: asyncio.Transport | None = None
+        self.pending: list[bytes] = []
+        self.connecting = asyncio.ensure_future(self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        upstream, _ = await loop.create_connection(
+            lambda: _RelayBack(self.transport), "127.0.0.1", self.UPSTREAM_PORT
+        )
+        self.upstream = cast(asyncio.Transport, upstream)
+        for data in self.pending:
+            self.upstream.write(data)
+
+    def data_received(self, data: bytes) -> None:
+        if self.upstream is None:
+            self.pending.append(data)
+        else:
+            self.upstream.write(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.upstream is not None:
+            self.upstream.close()
+
+
+class _RelayBack(asyncio.Protocol):
+    def __init__(self, client: asyncio.Transport) -> None:
+        self.client = client
+
+    def data_received(self, data: bytes) -> None:
+        self.client.write(data)
+
+
+def _serve_relay(port: int, upstream_port: int) -> None:
+    import uvloop
+
+    _RelayProtocol.UPSTREAM_PORT = upstream_port
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(_RelayProtocol, "127.0.0.1", port)
         await server.serve_forever()
 
     uvloop.run(main())
@@ -432,7 +492,7 @@ def main() -> None:
     )
     mock.start()
     _wait_ready(mock_port, "none", 30, mock.is_alive)
-    names = ["direct", "inferwatch"]
+    names = ["direct", "relay", "inferwatch"]
     litellm_note = ""
     script = None
     if not args.no_litellm:
@@ -443,6 +503,17 @@ def main() -> None:
     try:
         # one proxy runs at a time, so that an idle one never takes CPU from the one measured
         _measure(results, "direct", mock_port, "none", args.requests)
+        relay_port = _free_port()
+        relay = multiprocessing.get_context("spawn").Process(
+            target=_serve_relay, args=(relay_port, mock_port), daemon=True
+        )
+        relay.start()
+        try:
+            _wait_ready(relay_port, "none", 30, relay.is_alive)
+            _measure(results, "relay", relay_port, "none", args.requests)
+        finally:
+            relay.terminate()
+            relay.join(5)
         process, port = _start_inferwatch(mock_port, workdir)
         try:
             _measure(results, "inferwatch", port, TENANT_KEY, args.requests)
@@ -505,8 +576,12 @@ def _report(results: dict[tuple[str, str, int], dict[str, Any]], names: list[str
                     f"{f50 * ms:8.3f} {(f50 - statistics.median(base['first'])) * ms:8.3f} "
                     f"{r['rps']:8.0f} {r['rps'] / base['rps']:9.2f}"
                 )
+    print()
+    for mode in ("plain", "stream"):
+        ours = results[("inferwatch", mode, 16)]["rps"]
+        ceiling = results[("relay", mode, 16)]["rps"]
+        print(f"throughput at c=16, {mode}: inferwatch / byte relay = {ours / ceiling:.2f}")
     if "litellm" in names:
-        print()
         for mode in ("plain", "stream"):
             ours = results[("inferwatch", mode, 16)]["rps"]
             theirs = results[("litellm", mode, 16)]["rps"]

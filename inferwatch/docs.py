@@ -20,8 +20,7 @@ def metric_table(cat: catalog.Catalog) -> str:
     from inferwatch.exporters import engines
 
     fed_by = {
-        key: [engine for engine in engines.ENGINES if key in engines.signals(engine)]
-        for key in cat
+        key: [engine for engine in engines.ENGINES if key in engines.signals(engine)] for key in cat
     }
     lines = [
         f"- *{name} identity*: " + ", ".join(f"`{label}`" for label in labels)
