@@ -161,3 +161,22 @@ def test_prompt_estimates_cover_chat_completion_and_token_ids() -> None:
     assert estimate_prompt_tokens({"prompt": "z" * 80}) == 20
     assert estimate_prompt_tokens({"prompt": [1, 2, 3]}) == 3
     assert estimate_prompt_tokens({"input": ["aaaa", "bbbbbbbb"]}) == 3
+
+
+def test_events_the_standard_json_module_accepts_are_metered_as_before() -> None:
+    # -Infinity log-probabilities and integers past 64 bits: orjson refuses both
+    frame = (
+        b'data: {"choices": [{"index": 0, "delta": {"content": "ab"}, '
+        b'"logprobs": {"content": [{"token": "ab", "logprob": -Infinity}]}}], '
+        b'"seed": 123456789012345678901234567890, "usage": '
+        + json.dumps(_usage(1)).encode()
+        + b"}\n\n"
+    )
+    meter = UsageMeter(prompt_estimate=5)
+    for _, payload in EventStream().feed(frame):
+        assert isinstance(payload, dict)
+        assert payload["seed"] == 123456789012345678901234567890
+        meter.observe(payload)
+    assert meter.usage() == Usage(prompt=PROMPT, cached_prompt=16, completion=1, reasoning=0)
+    with pytest.raises(MalformedEvent):
+        list(EventStream().feed(b"data: {NaNa}\n\n"))
