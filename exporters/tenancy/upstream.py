@@ -134,6 +134,9 @@ class _Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._wait_timeout = timeout
         self._deadline = loop.time() + timeout
+        if self._timer is not None and self._timer.when() > self._deadline:
+            self._timer.cancel()  # a shorter timeout than the armed one
+            self._timer = None
         if self._timer is None:
             self._timer = loop.call_at(self._deadline, self._on_deadline)
 
@@ -148,12 +151,11 @@ class _Connection(asyncio.Protocol):
         if loop.time() < self._deadline:
             self._timer = loop.call_at(self._deadline, self._on_deadline)
             return
-        what = (
-            "no response headers from the engine in"
-            if waiting_for_head
-            else ("no data from the engine for")
-        )
-        waiter.set_exception(UpstreamError("timeout", f"{what} {self._wait_timeout:g}s"))
+        if waiting_for_head:
+            message = f"no response headers from the engine in {self._wait_timeout:g}s"
+        else:
+            message = f"no data from the engine for {self._wait_timeout:g}s"
+        waiter.set_exception(UpstreamError("timeout", message))
 
     def _fail(self, error: UpstreamError) -> None:
         if self._error is None:
