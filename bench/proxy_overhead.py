@@ -156,16 +156,19 @@ class _MockProtocol(asyncio.Protocol):
                 self._reply(self.PLAIN)
 
 
-def _serve_mock(port: int, delay: float) -> None:
+def _serve_forever(protocol: Callable[[], asyncio.Protocol], port: int) -> None:
     import uvloop
 
-    _MockProtocol.DELAY = delay
-
     async def main() -> None:
-        server = await asyncio.get_running_loop().create_server(_MockProtocol, "127.0.0.1", port)
+        server = await asyncio.get_running_loop().create_server(protocol, "127.0.0.1", port)
         await server.serve_forever()
 
     uvloop.run(main())
+
+
+def _serve_mock(port: int, delay: float) -> None:
+    _MockProtocol.DELAY = delay
+    _serve_forever(_MockProtocol, port)
 
 
 # ----------------------------------------------------------------------------- relay ceiling
@@ -215,15 +218,8 @@ class _RelayBack(asyncio.Protocol):
 
 
 def _serve_relay(port: int, upstream_port: int) -> None:
-    import uvloop
-
     _RelayProtocol.UPSTREAM_PORT = upstream_port
-
-    async def main() -> None:
-        server = await asyncio.get_running_loop().create_server(_RelayProtocol, "127.0.0.1", port)
-        await server.serve_forever()
-
-    uvloop.run(main())
+    _serve_forever(_RelayProtocol, port)
 
 
 # ----------------------------------------------------------------------------- load generator
