@@ -91,6 +91,13 @@ def _error_body(message: str, kind: str, code: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
 
 
+def _request_target(scope: Scope) -> bytes:
+    """The path and query string exactly as the client sent them."""
+    path: bytes = scope["raw_path"]
+    query: bytes = scope["query_string"]
+    return path + b"?" + query if query else path
+
+
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
     """The request body, or None when it exceeds ``limit`` bytes."""
     chunks: list[bytes] = []
@@ -355,11 +362,8 @@ class ProxyApp:
             if forced != options:
                 body["stream_options"] = forced
                 raw = json.dumps(body, separators=(",", ":")).encode()
-        target = scope["raw_path"] + (
-            b"?" + scope["query_string"] if scope["query_string"] else b""
-        )
-        watcher = _DisconnectWatcher(receive)
-        exchange.watcher = watcher
+        target = _request_target(scope)
+        exchange.watcher = watcher = _DisconnectWatcher(receive)
         try:
             try:
                 response = await self.pool.request(
@@ -531,11 +535,8 @@ class ProxyApp:
                     f"request body exceeds {self.config.max_body_bytes} bytes",
                 ),
             )
-        target = scope["raw_path"] + (
-            b"?" + scope["query_string"] if scope["query_string"] else b""
-        )
-        watcher = _DisconnectWatcher(receive)
-        exchange.watcher = watcher
+        target = _request_target(scope)
+        exchange.watcher = watcher = _DisconnectWatcher(receive)
         try:
             try:
                 response = await self.pool.request(
