@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import socket
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,18 +12,12 @@ from typing import Any
 
 import httpx
 import pytest
+import scripted_engine as se
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.exporters.tenancy import config as proxy_config
 from inferwatch.exporters.tenancy.app import ProxyApp
 from inferwatch.exporters.tenancy.tenants import hash_key
-
-_PATH = Path(__file__).parent / "fixtures" / "proxy" / "scripted_engine.py"
-_SPEC = importlib.util.spec_from_file_location("proxy_scripted_engine", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-se = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = se
-_SPEC.loader.exec_module(se)
 
 KEYS = {"acme": "sk-acme-1", "globex": "sk-globex-1"}
 CHAT = "/v1/chat/completions"

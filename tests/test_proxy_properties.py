@@ -11,18 +11,16 @@ serve the next request.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import scripted_engine as se
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import event as note_case
 from hypothesis import strategies as st
@@ -32,13 +30,6 @@ from inferwatch.exporters.tenancy import config as proxy_config
 from inferwatch.exporters.tenancy.app import ProxyApp
 from inferwatch.exporters.tenancy.tenants import hash_key
 from inferwatch.exporters.tenancy.usage import estimate_prompt_tokens
-
-_PATH = Path(__file__).parent / "fixtures" / "proxy" / "scripted_engine.py"
-_SPEC = importlib.util.spec_from_file_location("proxy_scripted_engine", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-se = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = se
-_SPEC.loader.exec_module(se)
 
 KEYS = {"acme": "sk-acme-1", "globex": "sk-globex-1"}
 READ_TIMEOUT = 0.4

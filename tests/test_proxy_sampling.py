@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import math
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import scripted_engine as harness
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -33,13 +32,6 @@ from inferwatch.probes import degeneracy, golden
 from inferwatch.probes.livesample import LIVE_SIGNALS
 from inferwatch.sim.server import run_in_thread
 from inferwatch.sim.simulator import SimConfig
-
-_PATH = Path(__file__).parent / "fixtures" / "proxy" / "scripted_engine.py"
-_SPEC = importlib.util.spec_from_file_location("proxy_scripted_engine", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-harness = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = harness
-_SPEC.loader.exec_module(harness)
 
 MODEL = "sim-model"
 ADMIN = "admin-token"

@@ -7,16 +7,14 @@ Tokens the proxy charges must equal the simulator's own vLLM counters
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+import scripted_engine as harness
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.exporters.tenancy import config as proxy_config
@@ -25,13 +23,6 @@ from inferwatch.exporters.tenancy.reconcile import engine_token_counters
 from inferwatch.exporters.tenancy.tenants import hash_key
 from inferwatch.sim.server import run_in_thread
 from inferwatch.sim.simulator import SimConfig
-
-_PATH = Path(__file__).parent / "fixtures" / "proxy" / "scripted_engine.py"
-_SPEC = importlib.util.spec_from_file_location("proxy_scripted_engine", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-harness = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = harness
-_SPEC.loader.exec_module(harness)
 
 MODEL = "sim-model"
 
