@@ -488,6 +488,10 @@ def test_other_paths_pass_through_and_metrics_pass_promtool(
         [promtool, "check", "metrics"], input=page, text=True, capture_output=True
     )
     assert check.returncode == 0, check.stderr
+    # query strings reach the engine as sent, on metered and passed-through paths alike
+    assert proxy.client.get("/v1/models?limit=2&x=%2F", headers=auth("acme")).status_code == 200
+    assert proxy.client.post(CHAT + "?v=1", json=chat(), headers=auth("acme")).status_code == 200
+    assert proxy.engine.targets_seen[-2:] == ["/v1/models?limit=2&x=%2F", CHAT + "?v=1"]
 
 
 def test_reconciliation_drift_is_zero_when_all_traffic_is_metered(
