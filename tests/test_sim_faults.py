@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -189,10 +190,16 @@ def test_kv_exhaustion_preempts_and_saturates_the_cache() -> None:
     with run_in_thread(config) as handle:
         inject(handle, {"kv_exhaustion": 0.9})  # 57 of 64 blocks withheld: 112 tokens left
         assert value(metrics(handle), "vllm:kv_cache_usage_perc") == 57 / 64
+        # held until all four are queued, so they run together however the threads start
+        inject(handle, {"hang": True})
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            replies = list(
-                pool.map(lambda i: chat(handle.url, f"req {i} " + "word " * 8, 40), range(4))
-            )
+            pending = pool.map(lambda i: chat(handle.url, f"req {i} " + "word " * 8, 40), range(4))
+            deadline = time.monotonic() + 20
+            while value(metrics(handle), "vllm:num_requests_waiting") < 4:
+                assert time.monotonic() < deadline, "the four requests never all queued"
+                time.sleep(0.01)
+            inject(handle, {"hang": False})
+            replies = list(pending)
         assert all(r.status_code == 200 for r in replies)
         assert all(r.json()["usage"]["completion_tokens"] == 40 for r in replies)
         text = metrics(handle)
