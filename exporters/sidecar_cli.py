@@ -229,9 +229,7 @@ def sidecar(
 def _gpu_scope(value: str, socket: Path, pod: str, namespace: str) -> GpuScope:
     client = podresources.PodResourcesClient(socket)
     try:
-        return scope.resolve(
-            value, pod=pod, namespace=namespace, environ=os.environ, client=client
-        )
+        return scope.resolve(value, pod=pod, namespace=namespace, environ=os.environ, client=client)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu-scope") from None
 

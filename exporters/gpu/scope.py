@@ -156,9 +156,7 @@ class KubeletScope(GpuScope):
         self._lookup = _Lookup()
         self._resolved = threading.Event()
         self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name="inferwatch-gpu-scope", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="inferwatch-gpu-scope", daemon=True)
 
     def start(self) -> KubeletScope:
         self._thread.start()
