@@ -6,7 +6,7 @@ import asyncio
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -187,8 +187,7 @@ def sidecar(
     reports inferwatch_engine_up 0 with the failure reason counted, and /readyz answers 503.
     """
     host, port = parse_listen(listen)
-    in_kubernetes = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-    emit_pod = pod_labels == "emit" or (pod_labels == "auto" and not in_kubernetes)
+    emit_pod = emits_pod_labels(pod_labels, os.environ)
     identity = {
         "model": model,
         "model_version": model_version,
@@ -224,6 +223,16 @@ def sidecar(
         pod_labels="emitted" if emit_pod else "left to service discovery",
     )
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+
+
+def emits_pod_labels(choice: str, environ: Mapping[str, str]) -> bool:
+    """Whether series carry pod, namespace and node (``--pod-labels``).
+
+    In Kubernetes a PodMonitor or ServiceMonitor already gives every series the target's
+    namespace and pod (and node, by relabeling); labels of the same name on the page would
+    be renamed exported_pod and so on, and break joins with every other pod metric.
+    """
+    return choice == "emit" or (choice == "auto" and not environ.get("KUBERNETES_SERVICE_HOST"))
 
 
 def _gpu_scope(value: str, socket: Path, pod: str, namespace: str) -> GpuScope:

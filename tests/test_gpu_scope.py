@@ -14,10 +14,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.core import Metric
 
+from inferwatch.cli import main
 from inferwatch.exporters.gpu.base import GpuTelemetry
 from inferwatch.exporters.gpu.dcgm import DcgmTelemetry
 from inferwatch.exporters.gpu.replay import FakeNvml, Recording, ReplayTelemetry
@@ -30,6 +32,7 @@ from inferwatch.exporters.gpu.scope import (
     parse_devices,
     resolve,
 )
+from inferwatch.exporters.sidecar_cli import emits_pod_labels
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "gpu"
 if not SHARED.is_dir():
@@ -306,3 +309,36 @@ def test_dcgm_mig_slices_are_found_by_the_pods_labels(
     replica = dcgm_node(PodScope(parse_devices("MIG-5b1e6f0a-93c2-5f4e-8d71-2a9c0b3d4e5f")))
     assert uuids(collect(replica)) == {dcgm_uuid(2)}
     assert ready(replica)
+
+
+# -- the sidecar's flags -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpu-scope", "cuda:0"], "names no GPU"),
+        (["--gpu-scope", "kubelet", "--pod", ""], "needs the pod's name"),
+    ],
+)
+def test_a_wrong_gpu_scope_is_one_clear_line(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(
+        main,
+        [
+            "sidecar",
+            "--engine-url",
+            "http://127.0.0.1:9",
+            "--gpu",
+            "dcgm=http://127.0.0.1:9/m",
+            *args,
+        ],
+        env={"POD_NAME": "", "POD_NAMESPACE": "serving"},
+    )
+    assert result.exit_code == 2 and message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_pod_labels_are_left_to_service_discovery_in_kubernetes() -> None:
+    k8s = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}
+    assert not emits_pod_labels("auto", k8s) and emits_pod_labels("emit", k8s)
+    assert emits_pod_labels("auto", {}) and not emits_pod_labels("omit", {})
