@@ -64,8 +64,8 @@ def porting_table(cat: catalog.Catalog) -> str:
         return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
 
     for source in PORTED:
-        derived = engines.derivations(source) if source in engines.ENGINES else {}
-        derived = {key: _derivation(how) for key, how in derived.items()}
+        adapter = engines.derivations(source) if source in engines.ENGINES else {}
+        derived = {key: _derivation(how) for key, how in adapter.items()}
         for spec in cat.values():
             semconv = f"`{spec.semconv}`" if spec.semconv else "-"
             rows = [(_alias(alias), ours(alias.metric)) for alias in spec.sources.get(source, ())]
