@@ -12,7 +12,9 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from click.testing import CliRunner
 from hypothesis import given
@@ -20,6 +22,8 @@ from hypothesis import strategies as st
 from prometheus_client.core import Metric
 
 from inferwatch.cli import main
+from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine_scrape import EngineScraper
 from inferwatch.exporters.gpu.base import GpuTelemetry
 from inferwatch.exporters.gpu.dcgm import DcgmTelemetry
 from inferwatch.exporters.gpu.replay import FakeNvml, Recording, ReplayTelemetry
@@ -32,6 +36,7 @@ from inferwatch.exporters.gpu.scope import (
     parse_devices,
     resolve,
 )
+from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.exporters.sidecar_cli import emits_pod_labels
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "gpu"
@@ -342,3 +347,47 @@ def test_pod_labels_are_left_to_service_discovery_in_kubernetes() -> None:
     k8s = {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}
     assert not emits_pod_labels("auto", k8s) and emits_pod_labels("emit", k8s)
     assert emits_pod_labels("auto", {}) and not emits_pod_labels("omit", {})
+
+
+def test_readyz_of_the_replica_on_the_lost_gpu_fails_and_no_other(
+    recording: Recording, page_server: Any
+) -> None:
+    """Two whole sidecars on one node (one engine page, four GPUs): GPU 3 falls off the bus."""
+    vllm = SHARED.parent / "engines" / "vllm-generated-0.33.0-1engine.prom"
+    page_server.page = vllm.read_bytes()
+    fake = FakeNvml(recording, gpus=GPUS)
+    sidecars = {}
+    for index in (1, 3):
+        backend = ReplayTelemetry(
+            RECORDING, fake=fake, scope=FixedScope(parse_devices(str(index))), watch_xids=False
+        )
+        engine = EngineCollector(EngineScraper(f"{page_server.url}/page/metrics", timeout=2.0), {})
+        sidecars[index] = Sidecar(engine, [backend], [backend])
+
+    async def node() -> tuple[str, httpx.Response, httpx.Response]:
+        clients = {
+            index: httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=sidecar.app()), base_url="http://sidecar"
+            )
+            for index, sidecar in sidecars.items()
+        }
+        try:
+            for client in clients.values():
+                assert (await client.get("/readyz")).status_code == 200
+                await client.get("/metrics")  # discovers the node's GPUs
+            fake.lose_gpu(3)
+            metrics = (await clients[1].get("/metrics")).text
+            await clients[3].get("/metrics")
+            return metrics, await clients[1].get("/readyz"), await clients[3].get("/readyz")
+        finally:
+            for client in clients.values():
+                await client.aclose()
+            for sidecar in sidecars.values():
+                await sidecar.aclose()
+
+    metrics, healthy, broken = asyncio.run(node())
+    assert healthy.status_code == 200, healthy.text
+    assert broken.status_code == 503
+    (gpu_condition,) = [c for c in broken.json()["conditions"] if c["name"] == "gpu"]
+    assert "lost" in gpu_condition["reason"]
+    assert metrics.count("inferwatch_gpu_healthy{") == 1  # its own GPU only
