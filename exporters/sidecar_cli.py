@@ -19,7 +19,7 @@ from inferwatch.exporters import engines, gpu
 from inferwatch.exporters.collector import Collector, ReadinessSource
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.engine_scrape import EngineScraper, ScrapeFailure
-from inferwatch.exporters.gpu import GpuTelemetry, podresources, scope
+from inferwatch.exporters.gpu import GpuTelemetry, scope
 from inferwatch.exporters.gpu.scope import GpuScope
 from inferwatch.exporters.histogram import histogram_quantile
 from inferwatch.exporters.sidecar import Sidecar
@@ -131,7 +131,7 @@ engine_options = option_group(
 @click.option(
     "--kubelet-socket",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=podresources.DEFAULT_SOCKET,
+    default=scope.KUBELET_SOCKET,
     show_envvar=True,
     show_default=True,
     help="The kubelet's PodResources socket (mount its directory into the sidecar).",
@@ -236,9 +236,8 @@ def emits_pod_labels(choice: str, environ: Mapping[str, str]) -> bool:
 
 
 def _gpu_scope(value: str, socket: Path, pod: str, namespace: str) -> GpuScope:
-    client = podresources.PodResourcesClient(socket)
     try:
-        return scope.resolve(value, pod=pod, namespace=namespace, environ=os.environ, client=client)
+        return scope.resolve(value, pod=pod, namespace=namespace, environ=os.environ, socket=socket)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu-scope") from None
 

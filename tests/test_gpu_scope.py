@@ -308,12 +308,17 @@ def test_dcgm_pages_are_scoped_by_uuid_and_index(
 def test_dcgm_mig_slices_are_found_by_the_pods_labels(
     dcgm_node: Callable[[GpuScope], DcgmTelemetry],
 ) -> None:
-    class PodScope(FixedScope):
+    mig = parse_devices("MIG-5b1e6f0a-93c2-5f4e-8d71-2a9c0b3d4e5f")
+
+    class OnGpu2(FixedScope):
         pod, namespace = "llama-2", "default"
 
-    replica = dcgm_node(PodScope(parse_devices("MIG-5b1e6f0a-93c2-5f4e-8d71-2a9c0b3d4e5f")))
-    assert uuids(collect(replica)) == {dcgm_uuid(2)}
-    assert ready(replica)
+    class OnGpu1(FixedScope):  # GPU 1 has the failed row remap
+        pod, namespace = "llama-1", "default"
+
+    healthy, broken = dcgm_node(OnGpu2(mig)), dcgm_node(OnGpu1(mig))
+    assert uuids(collect(healthy)) == {dcgm_uuid(2)} and ready(healthy)
+    assert uuids(collect(broken)) == {dcgm_uuid(1)} and not ready(broken)
 
 
 # -- the sidecar's flags -----------------------------------------------------------------------

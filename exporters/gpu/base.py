@@ -120,6 +120,8 @@ class GpuTelemetry(abc.ABC):
         #: GPUs the backend has seen: uuid -> index, and MIG device UUID -> parent GPU UUID
         self._indices: dict[str, int | None] = {}
         self._mig_parents: dict[str, str] = {}
+        #: every GPU found in scope so far (one that vanishes stays ours)
+        self._covered: frozenset[str] = frozenset()
 
     @abc.abstractmethod
     def poll(self) -> list[Metric]:
@@ -140,8 +142,12 @@ class GpuTelemetry(abc.ABC):
             return [Condition(name="gpu", ok=False, reason=f"GPU allocation unknown: {unknown}")]
         if selection is None:
             return [self.faults.condition()]
-        indices, parents = self._indices, self._mig_parents
-        return [self.faults.condition(lambda u: selection.covers(u, indices.get(u), parents))]
+        indices, parents, found = self._indices, self._mig_parents, self._covered
+        return [
+            self.faults.condition(
+                lambda u: u in found or selection.covers(u, indices.get(u), parents)
+            )
+        ]
 
     def scope_known(self) -> bool:
         try:
@@ -151,10 +157,14 @@ class GpuTelemetry(abc.ABC):
         return True
 
     def in_scope(
-        self, devices: Mapping[str, int | None], mig_parents: Mapping[str, str] | None = None
+        self,
+        devices: Mapping[str, int | None],
+        mig_parents: Mapping[str, str] | None = None,
+        also: Iterable[str] = (),
     ) -> set[str]:
-        """The UUIDs among ``devices`` (uuid -> index) this replica's scope covers, noting
-        them for readiness; empty while the scope is unknown."""
+        """The UUIDs among ``devices`` (uuid -> index) this replica's scope covers, and
+        ``also`` (GPUs a backend found ours by other means), noted for readiness; empty while
+        the scope is unknown."""
         self._indices = {**self._indices, **devices}
         if mig_parents:
             self._mig_parents = {**self._mig_parents, **mig_parents}
@@ -162,7 +172,9 @@ class GpuTelemetry(abc.ABC):
             selection: Selection | None = self.scope.selection()
         except ScopeUnknown:
             return set()
-        return covered(selection, devices.items(), self._mig_parents)
+        found = covered(selection, devices.items(), self._mig_parents) | set(also)
+        self._covered |= found
+        return found
 
     async def collect(self) -> list[Metric]:
         if self._inflight is None or self._inflight.done():

@@ -180,11 +180,8 @@ class DcgmTelemetry(GpuTelemetry):
             devices.setdefault(uuid, int(index) if index.isdigit() else None)
             if pod[1] and (_first(sample.labels, _NAMESPACE), _first(sample.labels, _POD)) == pod:
                 owned.add(uuid)
-        scoped = self.in_scope(devices)
         selection = self.scope.selection()
-        if selection is not None and selection.migs:
-            scoped |= owned
-        return scoped
+        return self.in_scope(devices, also=owned if selection and selection.migs else ())
 
     def _fetch(self) -> dict[str, Any]:
         try:

@@ -20,8 +20,8 @@ import grpc
 
 from inferwatch.exporters.gpu import podresources_api_pb2 as api
 from inferwatch.exporters.gpu.podresources_api_pb2_grpc import PodResourcesListerStub
+from inferwatch.exporters.gpu.scope import KUBELET_SOCKET
 
-DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 #: List answers for every pod of the node; large nodes passed gRPC's 4 MiB default
 #: (dcgm-exporter #509). Bounded all the same.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -57,7 +57,7 @@ class PodResourcesClient:
 
     def __init__(
         self,
-        socket: Path = DEFAULT_SOCKET,
+        socket: Path = KUBELET_SOCKET,
         *,
         timeout_s: float = 10.0,
         resource_names: Iterable[str] = (),

@@ -22,12 +22,17 @@ import re
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from inferwatch.exporters.gpu.podresources import PodResourcesClient, PodResourcesError
 from inferwatch.logs import log_event
+
+if TYPE_CHECKING:  # gRPC is imported only by sidecars that ask the kubelet
+    from inferwatch.exporters.gpu.podresources import PodResourcesClient
 
 logger = logging.getLogger("inferwatch.gpu.scope")
 
+KUBELET_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 SCOPE_HELP = "kubelet, all, node, or a device list (GPU-uuid, MIG-uuid, index, nvidiaN)"
 _NVIDIA_N = re.compile(r"^nvidia(\d+)(?:/gi\d+)?(?:/vgpu\d+)?$")
 _NO_DEVICES = frozenset({"", "none", "void", "-1"})
@@ -176,6 +181,8 @@ class KubeletScope(GpuScope):
         self._stop.set()
 
     def _run(self) -> None:
+        from inferwatch.exporters.gpu.podresources import PodResourcesError
+
         last_reason = ""
         while not self._stop.is_set():
             try:
@@ -233,7 +240,7 @@ def resolve(
     pod: str,
     namespace: str,
     environ: Mapping[str, str],
-    client: PodResourcesClient | None = None,
+    socket: Path = KUBELET_SOCKET,
 ) -> GpuScope:
     """The scope a ``--gpu-scope`` value names; ValueError (one line) when it is wrong.
 
@@ -259,5 +266,7 @@ def resolve(
                 "--gpu-scope kubelet needs the pod's name and namespace "
                 "(--pod/--namespace or the downward-API POD_NAME and POD_NAMESPACE)"
             )
-        return KubeletScope(client or PodResourcesClient(), pod, namespace).start()
+        from inferwatch.exporters.gpu.podresources import PodResourcesClient
+
+        return KubeletScope(PodResourcesClient(socket), pod, namespace).start()
     return FixedScope(parse_devices(value), "flag")
