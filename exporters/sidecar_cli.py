@@ -115,7 +115,7 @@ engine_options = option_group(
     "--gpu",
     default="auto",
     show_envvar=True,
-    help=f"GPU telemetry: {gpu.SPEC_HELP}.",
+    help="GPU telemetry: auto, nvml, dcgm=URL, replay=FILE or none.",
 )
 @click.option(
     "--gpu-scope",
@@ -201,8 +201,8 @@ def sidecar(
         identity,
         engine=None if engine == "auto" else engine,
     )
-    scope = _gpu_scope(gpu_scope, kubelet_socket, pod, namespace) if gpu != "none" else None
-    gpu_backend = _gpu_backend(gpu, scope)
+    gpus = _gpu_scope(gpu_scope, kubelet_socket, pod, namespace) if gpu != "none" else None
+    gpu_backend = _gpu_backend(gpu, gpus)
     collectors: list[Collector] = [gpu_backend]
     readiness: list[ReadinessSource] = [gpu_backend]
     background = []
