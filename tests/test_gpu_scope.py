@@ -1,8 +1,8 @@
 """A replica's GPU series and readiness cover exactly the GPUs its engine uses.
 
 The node is replayed from real captures: the H200 NVML recording as four GPUs (FakeNvml
-derives their UUIDs), and a dcgm-exporter page with the real RTX 4000 Ada scrape repeated for
-four GPUs. One GPU breaks; only the replica scoped to it goes unready.
+derives their UUIDs), and dcgm-exporter pages with each real scrape's GPU repeated four
+times. One GPU breaks; only the replica scoped to it goes unready.
 """
 
 from __future__ import annotations
@@ -43,8 +43,6 @@ SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" /
 if not SHARED.is_dir():
     pytest.skip(f"shared fixtures not found at {SHARED}", allow_module_level=True)
 RECORDING = SHARED / "nvml-h200"
-RTX = (SHARED / "dcgm" / "dcgm-rtx4000ada-k8s-pod.prom").read_text()
-RTX_UUID = "GPU-a8394b51-c086-568a-9f1a-c1e1c934c44c"
 GPUS = 4
 
 
@@ -255,16 +253,21 @@ def test_unknown_allocation_fails_readiness_and_serves_no_gpu(
 # -- DCGM: one page with every GPU of the node -------------------------------------------------
 
 
-def node_page(faulty: int | None = None) -> str:
-    """The real RTX scrape with each sample repeated for GPUs 0-3 (derived UUIDs, pods)."""
+SCRAPES = {path.stem: path.read_text() for path in sorted((SHARED / "dcgm").glob("*.prom"))}
+
+
+def node_page(scrape: str, faulty: int | None = None) -> str:
+    """A real scrape with each GPU sample repeated for GPUs 0-3 (derived UUIDs, pods)."""
+    text = SCRAPES[scrape]
+    (uuid,) = set(re.findall(r'UUID="(GPU-[^"]+)"', text))
     lines = []
-    for line in RTX.splitlines():
-        if line.startswith("#") or RTX_UUID not in line:
+    for line in text.splitlines():
+        if line.startswith("#") or uuid not in line:
             lines.append(line)
             continue
         for index in range(GPUS):
-            copy = line.replace(RTX_UUID, dcgm_uuid(index)).replace('gpu="0"', f'gpu="{index}"')
-            copy = copy.replace('pod="cuda-75454ffb9f-8ljq7"', f'pod="llama-{index}"')
+            copy = line.replace(uuid, dcgm_uuid(index)).replace('gpu="0"', f'gpu="{index}"')
+            copy = re.sub(r'pod="[^"]*"', f'pod="llama-{index}"', copy)
             if index == faulty and copy.startswith("DCGM_FI_DEV_ROW_REMAP_FAILURE"):
                 copy = re.sub(r" \S+$", " 1", copy)
             lines.append(copy)
@@ -272,12 +275,14 @@ def node_page(faulty: int | None = None) -> str:
 
 
 def dcgm_uuid(index: int) -> str:
-    return RTX_UUID if index == 0 else f"{RTX_UUID[:-2]}{index:02x}"
+    return f"GPU-a8394b51-c086-568a-9f1a-c1e1c934c4{index:02x}"
 
 
-@pytest.fixture
-def dcgm_node(page_server) -> Iterator[Callable[[GpuScope], DcgmTelemetry]]:  # type: ignore[no-untyped-def]
-    page_server.page = node_page(faulty=1).encode()
+@pytest.fixture(params=sorted(SCRAPES))
+def dcgm_node(
+    request: pytest.FixtureRequest, page_server: Any
+) -> Iterator[Callable[[GpuScope], DcgmTelemetry]]:
+    page_server.page = node_page(request.param, faulty=1).encode()
     made: list[DcgmTelemetry] = []
 
     def sidecar(scope: GpuScope) -> DcgmTelemetry:
@@ -305,6 +310,7 @@ def test_dcgm_pages_are_scoped_by_uuid_and_index(
     assert whole.readiness() == []
 
 
+@pytest.mark.parametrize("dcgm_node", ["dcgm-rtx4000ada-k8s-pod"], indirect=True)  # pod labels
 def test_dcgm_mig_slices_are_found_by_the_pods_labels(
     dcgm_node: Callable[[GpuScope], DcgmTelemetry],
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -56,6 +57,7 @@ NODE = [
     ),
     pod("llama-1", "serving", container("vllm", **{"nvidia_com__mig-1g_10gb": [MIG]})),
     pod("nic-user", "net", container("app", example_com__nic=["eth7"])),
+    pod("odd", "serving", container("vllm", nvidia_com__gpu=["gpu-0x1f"])),
 ]
 
 
@@ -191,3 +193,20 @@ def test_committed_stubs_match_the_proto() -> None:
         check=False,
     )
     assert checked.returncode == 0, checked.stderr
+
+
+def test_a_device_id_that_names_no_gpu_keeps_the_scope_unknown(
+    kubelet: Server, socket: Path
+) -> None:
+    """Fail closed: readiness must not pass on GPUs the sidecar could not identify."""
+    scope = KubeletScope(PodResourcesClient(socket, timeout_s=5), "odd", "serving", retry_s=0.05)
+    scope.start()
+    try:
+        deadline = time.monotonic() + 10
+        while kubelet.kubelet.calls.count("Get") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(ScopeUnknown) as unknown:
+            scope.selection()
+        assert unknown.value.reason == "bad_device_id" and "gpu-0x1f" in unknown.value.detail
+    finally:
+        scope.close()
