@@ -246,7 +246,8 @@ def resolve(
 
     ``auto`` is the kubelet's allocation in a Kubernetes pod (``KUBERNETES_SERVICE_HOST`` set
     and the pod known from the downward API), else ``CUDA_VISIBLE_DEVICES`` when set, else
-    every GPU the sidecar sees.
+    every GPU the sidecar sees. GPU resources renamed in the device plugin's config are
+    named in ``NVIDIA_RESOURCE_NAMES`` (comma-separated), as for dcgm-exporter.
     """
     value = value.strip()
     if value == "auto":
@@ -268,5 +269,7 @@ def resolve(
             )
         from inferwatch.exporters.gpu.podresources import PodResourcesClient
 
-        return KubeletScope(PodResourcesClient(socket), pod, namespace).start()
+        renamed = [name for name in environ.get("NVIDIA_RESOURCE_NAMES", "").split(",") if name]
+        client = PodResourcesClient(socket, resource_names=renamed)
+        return KubeletScope(client, pod, namespace).start()
     return FixedScope(parse_devices(value), "flag")
