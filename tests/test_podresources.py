@@ -23,7 +23,7 @@ import pytest
 from inferwatch.exporters.gpu import podresources_api_pb2 as api
 from inferwatch.exporters.gpu import podresources_api_pb2_grpc as api_grpc
 from inferwatch.exporters.gpu.podresources import PodResourcesClient, PodResourcesError
-from inferwatch.exporters.gpu.scope import KubeletScope, ScopeUnknown
+from inferwatch.exporters.gpu.scope import KubeletScope, ScopeUnknown, resolve
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_A = "GPU-8f1c2a7e-3b4d-4e5f-9a0b-1c2d3e4f5a6b"
@@ -58,6 +58,7 @@ NODE = [
     pod("llama-1", "serving", container("vllm", **{"nvidia_com__mig-1g_10gb": [MIG]})),
     pod("nic-user", "net", container("app", example_com__nic=["eth7"])),
     pod("odd", "serving", container("vllm", nvidia_com__gpu=["gpu-0x1f"])),
+    pod("renamed", "serving", container("vllm", example_com__gpu=[GPU_B])),
 ]
 
 
@@ -208,5 +209,17 @@ def test_a_device_id_that_names_no_gpu_keeps_the_scope_unknown(
         with pytest.raises(ScopeUnknown) as unknown:
             scope.selection()
         assert unknown.value.reason == "bad_device_id" and "gpu-0x1f" in unknown.value.detail
+    finally:
+        scope.close()
+
+
+def test_resources_renamed_in_the_device_plugin_come_from_the_environment(
+    kubelet: Server, socket: Path
+) -> None:
+    environ = {"NVIDIA_RESOURCE_NAMES": "example.com/gpu", "KUBERNETES_SERVICE_HOST": "10.0.0.1"}
+    scope = resolve("auto", pod="renamed", namespace="serving", environ=environ, socket=socket)
+    try:
+        assert isinstance(scope, KubeletScope) and scope.wait(10)
+        assert scope.selection().uuids == (GPU_B,)
     finally:
         scope.close()
