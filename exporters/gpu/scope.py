@@ -174,7 +174,7 @@ class KubeletScope(GpuScope):
     def selection(self) -> Selection:
         lookup = self._lookup
         if lookup.selection is None:
-            raise lookup.failure
+            raise ScopeUnknown(lookup.failure.reason, lookup.failure.detail)
         return lookup.selection
 
     def close(self) -> None:
@@ -188,8 +188,14 @@ class KubeletScope(GpuScope):
             try:
                 allocation = self.client.allocation(self.pod, self.namespace)
                 selection = parse_devices(",".join(allocation.device_ids))
-            except (PodResourcesError, ValueError) as error:
-                reason = getattr(error, "reason", "bad_device_id")
+            except Exception as error:  # a client bug must not leave the scope pending forever
+                if isinstance(error, PodResourcesError):
+                    reason = error.reason
+                elif isinstance(error, ValueError):
+                    reason = "bad_device_id"
+                else:
+                    reason = "error"
+                    logger.exception("kubelet lookup failed")
                 self._lookup = _Lookup(failure=ScopeUnknown(reason, str(error)))
                 if reason != last_reason:
                     log_event(
