@@ -12,7 +12,9 @@ uses it. The sidecar therefore scopes its GPU backend to the GPUs the engine was
 
 Device ids come as the NVIDIA device plugin, CUDA and dcgm-exporter spell them: a ``::N``
 time-slicing suffix is dropped, the pre-R470 ``MIG-GPU-<uuid>/<gi>/<ci>`` form and GKE's
-``nvidia0/gi3`` name their parent GPU.
+``nvidia0/gi3`` name their parent GPU. Indices are NVML's order (PCI bus order, as
+nvidia-smi numbers GPUs); CUDA numbers the same way only with CUDA_DEVICE_ORDER=PCI_BUS_ID,
+so UUIDs are the safe spelling.
 """
 
 from __future__ import annotations
