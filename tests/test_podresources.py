@@ -76,13 +76,16 @@ class Kubelet(api_grpc.PodResourcesListerServicer):
         self.calls.append("List")
         if self.mode == "hang":
             self.release.wait(10)
+        if self.mode == "huge":  # a node with more pods than any answer should carry
+            crowd = [pod(f"p-{i}-{'x' * 20_000}", "crowd") for i in range(900)]
+            return api.ListPodResourcesResponse(pod_resources=[*NODE, *crowd])
         return api.ListPodResourcesResponse(pod_resources=NODE)
 
     def Get(
         self, request: api.GetPodResourcesRequest, context: grpc.ServicerContext
     ) -> api.GetPodResourcesResponse:
         self.calls.append("Get")
-        if self.mode == "list-only":  # a kubelet before 1.27 has no Get
+        if self.mode in ("list-only", "huge"):  # a kubelet before 1.27 has no Get
             return super().Get(request, context)  # type: ignore[no-any-return]
         if self.mode == "gate-off":
             context.abort(grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled")
@@ -223,3 +226,10 @@ def test_resources_renamed_in_the_device_plugin_come_from_the_environment(
         assert scope.selection().uuids == (GPU_B,)
     finally:
         scope.close()
+
+
+@pytest.mark.parametrize("kubelet", ["huge"], indirect=True)
+def test_an_oversized_answer_is_refused_with_a_reason(kubelet: Server, socket: Path) -> None:
+    with pytest.raises(PodResourcesError) as failure:
+        PodResourcesClient(socket, timeout_s=10).allocation("llama-0", "serving")
+    assert failure.value.reason == "resource_exhausted"
