@@ -125,7 +125,8 @@ engine_options = option_group(
     "/readyz: kubelet (this pod's allocation, from the kubelet PodResources API), a device "
     "list (GPU-uuid, MIG-uuid, index or nvidiaN, comma-separated: the engine's "
     "CUDA_VISIBLE_DEVICES value works as it is), all (every GPU the sidecar sees), or node "
-    "(every GPU, readiness never gated: a GPU-only DaemonSet). auto: kubelet in Kubernetes, "
+    "(every GPU, readiness never gated: node-wide reading, one sidecar per node). auto: "
+    "kubelet in Kubernetes, "
     "else $CUDA_VISIBLE_DEVICES when set, else all.",
 )
 @click.option(

@@ -8,7 +8,7 @@ uses it. The sidecar therefore scopes its GPU backend to the GPUs the engine was
                    them), MIG device UUIDs (``MIG-...``), indices (``0,1``), ``nvidiaN``;
                    the engine's ``CUDA_VISIBLE_DEVICES`` value can be passed as it is
     all            every GPU the sidecar sees, readiness gated (a host that runs one engine)
-    node           every GPU, readiness never gated (a GPU-only DaemonSet)
+    node           every GPU, readiness never gated (node-wide reading, one per node)
 
 Device ids come as the NVIDIA device plugin, CUDA and dcgm-exporter spell them: a ``::N``
 time-slicing suffix is dropped, the pre-R470 ``MIG-GPU-<uuid>/<gi>/<ci>`` form and GKE's
