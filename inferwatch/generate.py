@@ -23,7 +23,7 @@ def generate() -> None:
 )
 @click.option("--check", is_flag=True, help="Fail instead of writing when the table is stale.")
 def readme(path: Path, check: bool) -> None:
-    """Rewrite the metric table in README.md."""
+    """Rewrite the metric and porting tables in README.md."""
     if check:
         current = path.read_text(encoding="utf-8")
         try:
@@ -31,7 +31,7 @@ def readme(path: Path, check: bool) -> None:
         except ValueError as exc:
             raise click.ClickException(str(exc)) from None
         if fresh != current:
-            raise click.ClickException(f"the metric table in {path} is stale")
+            raise click.ClickException(f"the generated tables in {path} are stale")
         return
     try:
         changed = docs.update_readme(path)

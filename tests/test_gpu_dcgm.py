@@ -240,7 +240,8 @@ def test_dbe_row_remap_failure_and_vanished_gpu_fail_readiness(
         families = collect(fresh)
     finally:
         fresh.close()
-    assert one(families, "inferwatch_gpu_healthy", gpu_uuid=RTX_UUID, reason="lost") == 0
+    assert one(families, "inferwatch_gpu_healthy", gpu_uuid=RTX_UUID) == 0
+    assert one(families, "inferwatch_gpu_fault_active", gpu_uuid=RTX_UUID, reason="lost") == 1
 
 
 @pytest.mark.parametrize(
@@ -268,7 +269,7 @@ def test_exporter_failures_become_a_reason(
         exporter.status = 500
     families = collect(dcgm)
     assert one(families, "inferwatch_gpu_backend_up", backend="dcgm") == 0
-    assert one(families, "inferwatch_gpu_backend_up", reason=reason) == 0
+    assert one(families, "inferwatch_gpu_backend_error_info", reason=reason) == 1
 
 
 def test_failed_scrape_serves_last_good_values_while_fresh(

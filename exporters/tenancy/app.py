@@ -39,6 +39,8 @@ from inferwatch.exporters.tenancy.usage import (
     UsageMeter,
     estimate_prompt_tokens,
 )
+from inferwatch.identity import UNKNOWN as UNKNOWN_VALUE
+from inferwatch.identity import or_unknown
 from inferwatch.logs import log_event
 from inferwatch.probes.client import PROBE_TENANT
 from inferwatch.probes.livesample import DegeneracySampler
@@ -73,7 +75,7 @@ class Exchange:
     via: str = ""
     model: str = ""
     versions: tuple[str, str, str] = ("", "", "")
-    identity: Identity = (UNKNOWN, "", "", "", "")
+    identity: Identity = (UNKNOWN, *(UNKNOWN_VALUE,) * 4)
     stream: bool = False
     status: int = 0
     outcome: str = ""
@@ -238,10 +240,10 @@ class ProxyApp:
         model_l, mv_l, ev_l, pv_l = self.value_labels
         exchange.identity = (
             self.tenant_labels.label(exchange.tenant),
-            model_l.label(exchange.model),
-            mv_l.label(versions[0]),
-            ev_l.label(versions[1]),
-            pv_l.label(versions[2]),
+            model_l.label(or_unknown(exchange.model)),
+            mv_l.label(or_unknown(versions[0])),
+            ev_l.label(or_unknown(versions[1])),
+            pv_l.label(or_unknown(versions[2])),
         )
 
     def _forward_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

@@ -218,9 +218,8 @@ class Observer:
         healthy = page.values(_name("gpu_healthy"))
         if healthy:
             state.gpu_healthy = all(value > 0 for _, value in healthy)
-            state.gpu_problem = ", ".join(
-                labels.get("reason", "") for labels, value in healthy if value <= 0
-            )
+            faults = page.values(_name("gpu_fault"))
+            state.gpu_problem = ", ".join(labels["reason"] for labels, value in faults if value > 0)
         state.gpu_utilization = page.total(_name("gpu_utilization"))
         state.gpu_temperature = page.total(
             _name("gpu_temperature"), lambda labels: labels.get("sensor") == "gpu"
