@@ -486,7 +486,7 @@ def _gpu(
 
 
 # Datasheet bandwidth and dense bf16 FLOP/s. Framebuffer totals are nvidia-smi's; the reserved
-# part is measured where a capture exists (H200: tests/fixtures NVML recording, 615 MiB; L4: the
+# part is measured where a capture exists (H200: the shared NVML recording, 615 MiB; L4: the
 # dcgm-exporter capture, 470 MiB; H100: vLLM's "79.18 GiB" total in the llm-d logs) and about
 # 500 MiB otherwise.
 GPU_PRESETS: dict[str, GPUSpec] = {

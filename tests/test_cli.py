@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from inferwatch import __version__
 from inferwatch.cli import SUBCOMMANDS, main
+from tests.conftest import shared_path
 
 
 def test_version() -> None:
@@ -26,6 +27,7 @@ def test_every_subcommand_loads_and_documents_env_twins(name: str) -> None:
 
 
 def test_options_read_their_environment_twin(page_server: Any) -> None:
+    shared_path("fixtures/engines/vllm-generated-0.33.0-1engine.prom")  # what the page serves
     url = f"{page_server.url}/fixture/vllm-generated-0.33.0-1engine/metrics"
     detected = CliRunner().invoke(main, ["scrape", url])
     assert detected.exit_code == 0, detected.output
@@ -36,6 +38,7 @@ def test_options_read_their_environment_twin(page_server: Any) -> None:
 
 
 def test_scrape_prints_the_canonical_table(page_server: Any) -> None:
+    shared_path("fixtures/engines/vllm-generated-0.33.0-1engine.prom")  # what the page serves
     url = f"{page_server.url}/fixture/vllm-generated-0.33.0-1engine/metrics"
     result = CliRunner().invoke(main, ["scrape", url])
     rows = {line.split()[0] for line in result.output.splitlines()[2:]}

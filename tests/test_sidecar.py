@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,8 +16,9 @@ from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.engine_scrape import EngineScraper
 from inferwatch.exporters.sidecar import Sidecar
+from tests.conftest import shared_path
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = shared_path("fixtures")
 VLLM_PAGE = "fixture/vllm-generated-0.33.0-1engine/metrics"
 
 
