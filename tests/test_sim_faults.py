@@ -226,7 +226,7 @@ def test_faults_from_a_file_at_start_up(tmp_path: Path) -> None:
     with start_subprocess(["--speed", "50", "--faults", str(path)]) as proc:
         assert chat(proc.url, "hello").status_code == 500
         assert (
-            value(httpx.get(proc.gpu_url + "/metrics").text, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") == 3
+            value(httpx.get(proc.gpu_url).text, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") == 3
         )
 
 

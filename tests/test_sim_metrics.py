@@ -146,7 +146,7 @@ def test_engine_ranks_are_engine_label_values() -> None:
 
 
 def test_gpu_endpoint_speaks_dcgm_exporter(sim: SimHandle) -> None:
-    for url in (sim.url + "/gpu/metrics", sim.gpu_url + "/metrics"):
+    for url in (sim.url + "/gpu/metrics", sim.gpu_url):
         text = httpx.get(url).text
         ours = shape(text)
         for fixture in DCGM_FIXTURES:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import logging
+import socket
 import sys
 
 import click
 
 from inferwatch.exporters.tenancy.config import ConfigError, ProxyConfig, load
+from inferwatch.logs import log_event
+
+logger = logging.getLogger("inferwatch.proxy")
 
 
 def _host_port(value: str) -> tuple[str, int]:
@@ -61,5 +66,37 @@ def proxy(config_path: str | None, listen: str, upstream: str | None, access_log
     except (ConfigError, ValueError) as exc:
         click.echo(f"inferwatch proxy: {exc}", err=True)
         sys.exit(2)
+    try:  # bound here so that the log line names the real port (--listen HOST:0 picks one)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.create_server((host, port), family=family)
+    except OSError as exc:
+        click.echo(f"inferwatch proxy: cannot listen on {listen}: {exc.strerror}", err=True)
+        sys.exit(2)
+    _announce(config, config_path, host, sock.getsockname()[1])
     gc.freeze()  # start-up objects never need collecting: shorter GC pauses on requests
-    uvicorn.Server(uvicorn_config(app, host, port)).run()
+    uvicorn.Server(uvicorn_config(app, host, port)).run(sockets=[sock])
+
+
+def _announce(config: ProxyConfig, config_path: str | None, host: str, port: int) -> None:
+    """Say where the proxy listens and what it forwards to, and warn when it can only refuse."""
+    log_event(
+        logger,
+        logging.INFO,
+        "proxy starting",
+        listen=f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}",
+        serves="OpenAI API, /metrics, /healthz, /readyz",
+        upstream=config.upstream_url,
+        tenants=len(config.tenants),
+        config=config_path or "none",
+    )
+    admits_nobody = (
+        not config.key_index and not config.trusted_sources and config.unknown_policy == "reject"
+    )
+    if admits_nobody:
+        why = "no --config given" if config_path is None else f"{config_path} names no tenant keys"
+        log_event(
+            logger,
+            logging.WARNING,
+            f"{why}: every request will be refused with 401; configure tenants with API keys "
+            "(or identity.trusted_sources, or identity.unknown: attribute)",
+        )

@@ -101,7 +101,8 @@ def _faults(path: Path | None) -> object:
     "--ready-file",
     type=click.Path(dir_okay=False, path_type=Path),
     show_envvar=True,
-    help="Write {url, gpu_url} as JSON here once serving.",
+    help="Once serving, write {url, gpu_url} as JSON here: the engine's base URL (for "
+    "--engine-url, --upstream, --target) and its DCGM page (for --gpu dcgm=URL).",
 )
 def sim(
     model: str,
