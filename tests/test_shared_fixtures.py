@@ -42,5 +42,5 @@ def test_a_missing_shared_folder_skips_with_the_reason_and_fails_under_ci(
 
 
 def test_a_missing_capture_is_a_failure_naming_it() -> None:
-    with pytest.raises(pytest.fail.Exception, match="no-such-capture.prom"):
+    with pytest.raises(pytest.fail.Exception, match=r"no-such-capture\.prom"):
         shared_path("fixtures/engines/no-such-capture.prom")

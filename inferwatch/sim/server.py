@@ -164,9 +164,8 @@ class _Servers:
             for app in apps
         ]
         self.url = _url(config.host, self.sockets[0])
-        # the dcgm-exporter page, as ``--gpu dcgm=URL`` takes it
-        gpu_base = _url(config.host, self.sockets[1]) if len(self.sockets) > 1 else self.url + "/gpu"
-        self.gpu_url = gpu_base + "/metrics"
+        gpu = _url(config.host, self.sockets[1]) if len(self.sockets) > 1 else self.url + "/gpu"
+        self.gpu_url = gpu + "/metrics"  # the dcgm-exporter page, as --gpu dcgm=URL takes it
 
     async def serve(self, on_ready: Callable[[], Awaitable[None] | None] | None = None) -> None:
         tasks = [
