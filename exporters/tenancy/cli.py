@@ -27,6 +27,7 @@ def _host_port(value: str) -> tuple[str, int]:
 @click.option(
     "--config",
     "config_path",
+    envvar="INFERWATCH_PROXY_CONFIG",
     type=click.Path(dir_okay=False),
     default=None,
     show_envvar=True,
