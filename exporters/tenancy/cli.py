@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from inferwatch.exporters.tenancy.config import ConfigError, ProxyConfig, load
+from inferwatch.exporters.tenancy.config import HTTP_URL, ConfigError, ProxyConfig, load
 from inferwatch.logs import log_event
 
 logger = logging.getLogger("inferwatch.proxy")
@@ -46,12 +46,26 @@ def _host_port(value: str) -> tuple[str, int]:
     help="Engine base URL (http://host:port); overrides upstream.url in the config.",
 )
 @click.option(
+    "--probe-metrics",
+    multiple=True,
+    show_envvar=True,
+    help="/metrics URL of a probe runner that probes the engine directly (the sidecar with "
+    "--probes); its probe tokens count in the reconciliation with the engine. Repeatable; "
+    "overrides upstream.probe_metrics in the config.",
+)
+@click.option(
     "--access-log/--no-access-log",
     default=True,
     show_envvar=True,
     help="Write one structured line per request.",
 )
-def proxy(config_path: str | None, listen: str, upstream: str | None, access_log: bool) -> None:
+def proxy(
+    config_path: str | None,
+    listen: str,
+    upstream: str | None,
+    probe_metrics: tuple[str, ...],
+    access_log: bool,
+) -> None:
     """Meter tokens and cost per tenant in front of an OpenAI-compatible engine."""
     import uvicorn
 
@@ -63,6 +77,11 @@ def proxy(config_path: str | None, listen: str, upstream: str | None, access_log
         config = load(config_path) if config_path else ProxyConfig()
         if upstream:
             config = dataclasses.replace(config, upstream_url=upstream.rstrip("/"))
+        if probe_metrics:
+            bad = [url for url in probe_metrics if not HTTP_URL.match(url)]
+            if bad:
+                raise ConfigError(f"--probe-metrics: {bad[0]!r} is not an http(s) URL")
+            config = dataclasses.replace(config, probe_metrics_urls=probe_metrics)
         app = ProxyApp(config, access_log=access_log)
     except (ConfigError, ValueError) as exc:
         click.echo(f"inferwatch proxy: {exc}", err=True)
@@ -88,6 +107,7 @@ def _announce(config: ProxyConfig, config_path: str | None, host: str, port: int
         serves="OpenAI API, /metrics, /healthz, /readyz",
         upstream=config.upstream_url,
         tenants=len(config.tenants),
+        probe_metrics=" ".join(config.probe_metrics_urls) or "none",
         config=config_path or "none",
     )
     admits_nobody = (

@@ -298,7 +298,8 @@ class Demo:
              "--probe-cycle", f"{self.options.probe_cycle:g}"],
         )  # fmt: skip
         config = workdir / f"proxy-{replica.name}.yaml"
-        config.write_text(topology.proxy_config(replica, engine))
+        sidecar_url = topology.url(self.ports.sidecar[replica.name])
+        config.write_text(topology.proxy_config(replica, engine, sidecar_url))
         proxy = Component(
             "proxy",
             replica.name,
