@@ -39,8 +39,8 @@ FAULT = """
 name: fallback-gpu
 steps:
   - {at: 1s, replica: fallback, inject: {gpu: [{index: 0, xid: 79}]}}
-  - {at: 4s, replica: fallback, crash: true}
-  - {at: 6s, replica: fallback, repair: true}
+  - {at: 6s, replica: fallback, crash: true}
+  - {at: 9s, replica: fallback, repair: true}
 """
 # The test waits for each event the scenario must cause (a restarted engine and sidecar are
 # seen ready again however long that takes on a loaded machine), then stops the demo.
