@@ -85,7 +85,9 @@ def demo(
     get a sidecar with quality probes and a tenancy proxy; a load generator sends three tenants'
     traffic through the proxies, routing around replicas whose /readyz fails. The view shows
     each replica's throughput, latency, queue, KV cache, GPU and probe verdict, and each tenant's
-    tokens and cost, computed from the components' own /metrics. Stop with Ctrl-C.
+    tokens and cost, computed from the components' own /metrics. Without --scenario it plays
+    xid-and-repair (a healthy start, one GPU fault and its repair); --scenario none runs
+    quietly. Stop with Ctrl-C.
     """
     timeline = None
     if scenario != scenarios.NONE:
