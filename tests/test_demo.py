@@ -265,7 +265,7 @@ def printed_urls(output: str) -> dict[str, str]:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
 def test_the_default_run_announces_its_scenario_and_its_urls_work_as_printed(
     tmp_path: Path, reaper: list[int], signum: signal.Signals
 ) -> None:
