@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import httpx
 import openai
@@ -30,6 +31,7 @@ from click.testing import CliRunner
 
 from inferwatch.cli import main
 from inferwatch.demo import scenario, topology
+from inferwatch.demo.observer import Observer, ReplicaState
 from inferwatch.demo.signals import History, Scrape, quantiles, rate
 from inferwatch.exporters import gpu
 
@@ -75,6 +77,20 @@ def test_history_spans_about_one_window() -> None:
         history.add(Scrape.parse(float(second), page(second, {"+Inf": 0})))
     span = history.span()
     assert span is not None and span[1].at - span[0].at == 10.0
+
+
+def test_a_sidecar_that_stops_answering_for_a_while_neither_hides_nor_invents_a_flip() -> None:
+    replica = topology.REPLICAS[0]
+    observer = Observer(cast(httpx.AsyncClient, None), [replica], [], {}, {}, None)  # no reads
+
+    def events(ready: bool | None) -> list[str]:
+        return observer._changes([ReplicaState(replica, reachable=ready is not None, ready=ready)])
+
+    assert events(False) == []  # the first look is no change
+    assert events(None) == []  # restarting: no answer
+    assert events(True) == [f"{replica.name}: /readyz NOT READY -> ready"]
+    assert events(None) == []
+    assert events(True) == []  # ready, no answer, ready: nothing happened
 
 
 # --- scenarios --------------------------------------------------------------------------------
