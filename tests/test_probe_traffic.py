@@ -98,7 +98,7 @@ def probe_page(families: Callable[[], list[Metric]]) -> Starlette:
 
 
 @contextlib.contextmanager
-def pod(probe_metrics: bool) -> Iterator[tuple[Any, Any, ProbeRunner]]:
+def pod(probe_metrics: bool) -> Iterator[tuple[Any, Any, Any, ProbeRunner]]:
     """Simulator, a proxy in front of it, and a runner probing the engine directly (as the
     sidecar does) and through the proxy (as a router probe would, as tenant ``_probe``)."""
     sim = run_in_thread(SimConfig(port=0, speed=50, served_model_name=MODEL))
@@ -119,12 +119,13 @@ def pod(probe_metrics: bool) -> Iterator[tuple[Any, Any, ProbeRunner]]:
     proxy = harness.ProxyServer(loop, ProxyApp(config))
     targets = [
         Target("replica-0", Endpoint(sim.url), "direct", "v1"),
-        Target("gateway", Endpoint(proxy.url), "router", "v1"),
+        # the model named: a discovery request (/v1/models) is no engine request
+        Target("gateway", Endpoint(proxy.url, model=MODEL), "router", "v1"),
     ]
     schedule = Schedule(cycle_s=0, jitter=0, timeout_s=10)
     runners.append(ProbeRunner(golden.load("default"), targets, schedule=schedule))
     try:
-        yield proxy, loop, runners[0]
+        yield sim, proxy, loop, runners[0]
     finally:
         proxy.stop()
         probes.stop()
@@ -159,12 +160,21 @@ def probe_tokens(runner: ProbeRunner, route: str) -> dict[str, float]:
 def test_drift_settles_at_zero_when_the_proxy_reads_the_direct_probes(
     probe_metrics: bool,
 ) -> None:
-    with pod(probe_metrics) as (proxy, loop, runner):
+    with pod(probe_metrics) as (sim, proxy, loop, runner):
         loop.run(proxy.app.reconcile_once)  # the baseline, before any traffic
         tenant_and_probe_traffic(proxy, loop, runner)
         loop.run(proxy.app.reconcile_once)
         page = httpx.get(proxy.url + "/metrics").text
+        engine_page = httpx.get(sim.url + "/metrics").text
     direct, routed = probe_tokens(runner, "direct"), probe_tokens(runner, "router")
+    # the engine's requests are the tenants' and the probes', as the demo shows them
+    probe_runs = {route: sum(n for key, n in runner.metrics.runs.items() if key[1] == route)
+                  for route in ("direct", "router")}  # fmt: skip
+    metered = {tenant: value(page, "inferwatch_tenancy_requests_total", tenant=tenant, outcome="ok")
+               for tenant in ("acme", "_probe")}  # fmt: skip
+    assert metered == {"acme": 2, "_probe": probe_runs["router"]}
+    finished = value(engine_page, "vllm:request_success_total")
+    assert finished == metered["acme"] + metered["_probe"] + probe_runs["direct"]
     assert min(direct.values()) > 0 and min(routed.values()) > 0
     # router probes pass the proxy: metered as _probe, at no cost; tenants pay for their own
     for token_type, spent in routed.items():
