@@ -72,11 +72,11 @@ def test_the_simulators_ready_file_urls_work_with_the_flags_that_take_them(
 
 
 class Proxy:
-    """``scripts/inferwatch proxy`` as a user starts it, its JSON log lines read as they come."""
+    """``inferwatch proxy`` as a user starts it, its JSON log lines read as they come."""
 
-    def __init__(self, args: list[str], cwd: Path) -> None:
+    def __init__(self, args: list[str], cwd: Path, command: Path = INFERWATCH) -> None:
         self.process = subprocess.Popen(
-            [str(SCRIPT), "--log-format", "json", "proxy", "--listen", "127.0.0.1:0", *args],
+            [str(command), "--log-format", "json", "proxy", "--listen", "127.0.0.1:0", *args],
             cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         self._lines: queue.Queue[str | None] = queue.Queue()  # None: the stream ended
@@ -116,9 +116,9 @@ def test_the_script_reads_a_relative_config_from_the_callers_directory(tmp_path:
         "upstream: {url: 'http://127.0.0.1:9', reconcile_interval: 0}\n"
         "tenants: {acme: {key_sha256: ['" + "0" * 64 + "']}}\n"
     )
-    proxy = Proxy(["--config", "proxy.yaml"], cwd=elsewhere)
-    try:
-        started = next(line for line in proxy.log() if line["msg"] == "proxy starting")
+    proxy = Proxy(["--config", "proxy.yaml"], cwd=elsewhere, command=SCRIPT)
+    try:  # the script may prepare .venv first when pyproject.toml is newer
+        started = next(line for line in proxy.log(180) if line["msg"] == "proxy starting")
     finally:
         proxy.stop()
     assert started["config"] == "proxy.yaml" and started["tenants"] == 1
