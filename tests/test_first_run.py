@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import socket
 import subprocess
 import sys
 import threading
@@ -145,3 +146,15 @@ def test_the_proxy_says_plainly_that_without_a_config_every_request_is_refused(
     assert warning["level"] == "warning"
     assert str(warning["msg"]).startswith("no --config given: every request will be refused")
     assert response.status_code == 401
+
+
+def test_a_taken_listen_address_is_one_clear_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(main, ["proxy", "--listen", f"127.0.0.1:{port}"])
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"inferwatch proxy: cannot listen on 127.0.0.1:{port}: Address already in use"
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import os
 import socket
 import sys
 
@@ -90,7 +91,8 @@ def proxy(
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.create_server((host, port), family=family)
     except OSError as exc:
-        click.echo(f"inferwatch proxy: cannot listen on {listen}: {exc.strerror}", err=True)
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        click.echo(f"inferwatch proxy: cannot listen on {listen}: {reason}", err=True)
         sys.exit(2)
     _announce(config, config_path, host, sock.getsockname()[1])
     gc.freeze()  # start-up objects never need collecting: shorter GC pauses on requests
