@@ -85,37 +85,51 @@ engine_options = option_group(
 @click.option("--listen", default=":9400", show_envvar=True, help="HOST:PORT to serve on.")
 @engine_options
 @click.option("--model", default="", show_envvar=True, help="Model label when the engine has none.")
-@click.option("--model-version", default="", show_envvar=True)
+@click.option(
+    "--model-version",
+    default="",
+    show_envvar=True,
+    help="Version label of the served weights (a rollout name, a checkpoint tag).",
+)
 @click.option(
     "--engine-version",
     default="",
     show_envvar=True,
     help="Engine version; read from the engine's version endpoint when empty.",
 )
-@click.option("--prompt-version", default="", show_envvar=True)
+@click.option(
+    "--prompt-version",
+    default="",
+    show_envvar=True,
+    help="Version label of the system prompt or template the replica serves with.",
+)
 @click.option(
     "--pod",
     default=lambda: os.environ.get("POD_NAME", ""),
     show_envvar=True,
+    help="Pod label of every series.",
     show_default="$POD_NAME (Kubernetes downward API)",
 )
 @click.option(
     "--namespace",
     default=lambda: os.environ.get("POD_NAMESPACE", ""),
     show_envvar=True,
+    help="Namespace label of every series.",
     show_default="$POD_NAMESPACE",
 )
 @click.option(
     "--node",
     default=lambda: os.environ.get("NODE_NAME", ""),
     show_envvar=True,
+    help="Node label of every series.",
     show_default="$NODE_NAME",
 )
 @click.option(
     "--gpu",
     default="auto",
     show_envvar=True,
-    help="GPU telemetry: auto, nvml, dcgm=URL, replay=FILE or none.",
+    help="GPU telemetry: auto, nvml, dcgm=URL (a dcgm-exporter /metrics page), replay=DIR "
+    "(a recorded NVML session) or none.",
 )
 @click.option(
     "--gpu-scope",

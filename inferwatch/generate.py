@@ -20,8 +20,14 @@ def generate() -> None:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=Path("README.md"),
     show_envvar=True,
+    help="The README whose generated metric table is rewritten.",
 )
-@click.option("--check", is_flag=True, help="Fail instead of writing when the table is stale.")
+@click.option(
+    "--check",
+    is_flag=True,
+    show_envvar=True,
+    help="Fail instead of writing when the table is stale.",
+)
 def readme(path: Path, check: bool) -> None:
     """Rewrite the metric and porting tables in README.md."""
     if check:

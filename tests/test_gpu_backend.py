@@ -11,8 +11,9 @@ from inferwatch.exporters.collector import Collector, ReadinessSource
 from inferwatch.exporters.gpu import GpuTelemetry, open_backend
 from inferwatch.exporters.gpu.dcgm import DcgmTelemetry
 from inferwatch.exporters.gpu.replay import ReplayTelemetry
+from tests.conftest import shared_path
 
-RECORDING = Path(__file__).parent / "fixtures" / "gpu" / "nvml-h200"
+RECORDING = shared_path("fixtures/gpu/nvml-h200")
 
 
 @pytest.mark.parametrize(

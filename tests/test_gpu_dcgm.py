@@ -16,8 +16,9 @@ from prometheus_client.core import Metric
 from inferwatch.exporters.gpu.dcgm import FIELD_LABELS, DcgmTelemetry, is_blank
 from inferwatch.exporters.gpu.families import exposition
 from inferwatch.exporters.gpu.replay import FakeNvml, Recording, ReplayTelemetry
+from tests.conftest import shared_path
 
-FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
+FIXTURES = shared_path("fixtures/gpu")
 GOLDEN = Path(__file__).parent / "golden" / "gpu"
 SCRAPES = sorted(p.stem for p in (FIXTURES / "dcgm").glob("*.prom"))
 RTX = (FIXTURES / "dcgm" / "dcgm-rtx4000ada-k8s-pod.prom").read_text()

@@ -16,8 +16,9 @@ from inferwatch.exporters.gpu import open_backend
 from inferwatch.exporters.gpu.families import exposition
 from inferwatch.exporters.gpu.nvml import NvmlTelemetry, error_name
 from inferwatch.exporters.gpu.replay import FakeNvml, Recording, ReplayTelemetry
+from tests.conftest import shared_path
 
-RECORDING = Path(__file__).parent / "fixtures" / "gpu" / "nvml-h200"
+RECORDING = shared_path("fixtures/gpu/nvml-h200")
 GOLDEN = Path(__file__).parent / "golden" / "gpu"
 UUID = "GPU-00b2b091-2154-3d4b-55dd-be43b60b9d6a"
 LOAD_T = 60.0  # seconds into nvml-phases.json: bf16 matmuls at the 700 W power cap

@@ -28,7 +28,12 @@ from inferwatch.exporters.tenancy.admission import BudgetLedger, ConcurrencyGate
 from inferwatch.exporters.tenancy.config import ProxyConfig, Tenant
 from inferwatch.exporters.tenancy.labels import OTHER, BoundedLabels
 from inferwatch.exporters.tenancy.metrics import Identity, ProxyMetrics
-from inferwatch.exporters.tenancy.reconcile import Reconciler, engine_token_counters
+from inferwatch.exporters.tenancy.reconcile import (
+    DirectTraffic,
+    DirectTrafficError,
+    Reconciler,
+    engine_token_counters,
+)
 from inferwatch.exporters.tenancy.sampling import TranscribingMeter, prompt_text
 from inferwatch.exporters.tenancy.tenants import UNKNOWN, TenantResolver
 from inferwatch.exporters.tenancy.upstream import Timeouts, UpstreamError, UpstreamPool
@@ -136,6 +141,7 @@ class ProxyApp:
         self.ledger = BudgetLedger()
         self.gate = ConcurrencyGate(config.max_concurrency, config.queue_timeout)
         self.reconciler = Reconciler()
+        self.direct_traffic = DirectTraffic(config.probe_metrics_urls)
         self.sampler = DegeneracySampler(config.quality_sample_rate)
         self._tasks: list[asyncio.Task[None]] = []
         self._ready: tuple[float, bool, str] = (0.0, False, "not checked yet")
@@ -198,6 +204,7 @@ class ProxyApp:
         self._tasks.clear()
         self.access_log.flush()
         self.pool.close()
+        await self.direct_traffic.aclose()
 
     # ------------------------------------------------------------------ request handling
     async def _guarded(
@@ -737,7 +744,13 @@ class ProxyApp:
             errors[reason] = errors.get(reason, 0) + 1
             log_event(logger, logging.WARNING, "engine token counters unreadable", reason=reason)
             return
-        self.metrics.drift = self.reconciler.update(counters, self.metrics.charged)
+        try:  # read after the engine: a probe the engine counted is counted here too
+            direct = await self.direct_traffic.read()
+        except DirectTrafficError as exc:
+            errors[exc.reason] = errors.get(exc.reason, 0) + 1
+            log_event(logger, logging.WARNING, "probe token counters unreadable", reason=exc.reason)
+            return
+        self.metrics.drift = self.reconciler.update(counters, self.metrics.charged, direct)
 
 
 class _FamiliesCollector:
