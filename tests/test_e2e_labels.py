@@ -20,11 +20,12 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import shared_path
+
 pytestmark = pytest.mark.e2e
 
 INFERWATCH = Path(sys.executable).parent / "inferwatch"
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "engines"
-PAGE = SHARED / "vllm-generated-0.33.0-1engine.prom"
+PAGE = shared_path("fixtures/engines/vllm-generated-0.33.0-1engine.prom")
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:

@@ -11,7 +11,6 @@ import asyncio
 import re
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -38,10 +37,9 @@ from inferwatch.exporters.gpu.scope import (
 )
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.exporters.sidecar_cli import emits_pod_labels
+from tests.conftest import shared_path
 
-SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "gpu"
-if not SHARED.is_dir():
-    pytest.skip(f"shared fixtures not found at {SHARED}", allow_module_level=True)
+SHARED = shared_path("fixtures/gpu")
 RECORDING = SHARED / "nvml-h200"
 GPUS = 4
 
