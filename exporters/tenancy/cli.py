@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
 import sys
+from collections.abc import Callable
 
 import click
 
@@ -16,6 +18,14 @@ def _host_port(value: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise click.BadParameter(f"expected HOST:PORT, got {value!r}")
     return host.strip("[]"), int(port)
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # not on Windows
+        return None
+    return uvloop.new_event_loop
 
 
 @click.command()
@@ -34,6 +44,23 @@ def _host_port(value: str) -> tuple[str, int]:
     help="HOST:PORT to serve on (clients call this instead of the engine).",
 )
 @click.option(
+    "--metrics-listen",
+    default="127.0.0.1:9402",
+    show_envvar=True,
+    help="HOST:PORT for the proxy's own /metrics, per-tenant series included. Keep it "
+    "pod-internal (the default) so that clients never see other tenants' names, tokens or "
+    "cost; the client port serves no tenant data.",
+)
+@click.option(
+    "--drain-grace",
+    type=click.FloatRange(min=0),
+    default=25.0,
+    show_default=True,
+    show_envvar=True,
+    help="Seconds SIGTERM lets in-flight requests finish (no new connections are accepted); "
+    "streams still running then are cut short and charged for what they generated.",
+)
+@click.option(
     "--upstream",
     default=None,
     show_envvar=True,
@@ -45,14 +72,20 @@ def _host_port(value: str) -> tuple[str, int]:
     show_envvar=True,
     help="Write one structured line per request.",
 )
-def proxy(config_path: str | None, listen: str, upstream: str | None, access_log: bool) -> None:
+def proxy(
+    config_path: str | None,
+    listen: str,
+    metrics_listen: str,
+    drain_grace: float,
+    upstream: str | None,
+    access_log: bool,
+) -> None:
     """Meter tokens and cost per tenant in front of an OpenAI-compatible engine."""
-    import uvicorn
-
     from inferwatch.exporters.tenancy.app import ProxyApp
-    from inferwatch.exporters.tenancy.serving import uvicorn_config
+    from inferwatch.exporters.tenancy.serving import serve
 
-    host, port = _host_port(listen)
+    address = _host_port(listen)
+    metrics_address = _host_port(metrics_listen)
     try:
         config = load(config_path) if config_path else ProxyConfig()
         if upstream:
@@ -62,4 +95,5 @@ def proxy(config_path: str | None, listen: str, upstream: str | None, access_log
         click.echo(f"inferwatch proxy: {exc}", err=True)
         sys.exit(2)
     gc.freeze()  # start-up objects never need collecting: shorter GC pauses on requests
-    uvicorn.Server(uvicorn_config(app, host, port)).run()
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(serve(app, address, metrics_address, drain_grace))
