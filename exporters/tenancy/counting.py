@@ -62,9 +62,11 @@ class PromptCounter:
         self.count_text = count_text
 
     def _strings(self, value: Any) -> int:
-        """Tokens of every string (keys included) and token id inside ``value``.
+        """Tokens of every string and token id inside ``value``.
 
-        Iterative, so that no nesting depth can exhaust the stack.
+        Keys and ``type`` tags are structure the template does not write out (schemas, where
+        it does, are counted as JSON text by :meth:`count`). Iterative, so that no nesting
+        depth can exhaust the stack.
         """
         total = 0
         stack = [value]
@@ -74,9 +76,7 @@ class PromptCounter:
             if isinstance(item, str):
                 total += count(item)
             elif isinstance(item, Mapping):
-                for key, child in item.items():
-                    total += count(str(key))
-                    stack.append(child)
+                stack.extend(child for key, child in item.items() if key != "type")
             elif isinstance(item, list):
                 stack.extend(item)
             elif isinstance(item, (int, float)) and not isinstance(item, bool):
