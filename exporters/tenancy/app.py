@@ -301,7 +301,8 @@ class ProxyApp:
         except _ClientGone:
             exchange.outcome = exchange.outcome or "client_cancelled"
         finally:
-            self._handlers.discard(task)  # type: ignore[arg-type]
+            if task is not None:
+                self._handlers.discard(task)
             self._finish(exchange)
 
     def _resolve(self, exchange: Exchange, scope: Scope) -> Refusal | None:
