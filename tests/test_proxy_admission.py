@@ -63,7 +63,7 @@ request_mix = st.lists(
         st.text(st.characters(codec="utf-8"), min_size=1, max_size=40),  # content
         st.one_of(st.none(), st.integers(0, 120)),  # max_tokens (None: not sent)
         st.booleans(),  # stream
-        st.sampled_from(["", "", "cut", "error_500", "no_usage"]),
+        st.sampled_from(["", "", "cut", "error_500", "no_usage", "disconnect"]),
     ),
     min_size=2,
     max_size=10,
@@ -92,8 +92,9 @@ def budgeted(stack: MakeStack) -> Stack:
 def test_concurrent_requests_never_overspend_the_budget(
     budgeted: Stack, mix: list[tuple[str, int | None, bool, str]], budget: int
 ) -> None:
-    """However a burst mixes sizes, caps, streams and failures, the window's spend stays
-    within budget + tolerance, and every reservation is released when its request ends."""
+    """However a burst mixes sizes, caps, streams, failures and clients hanging up, the
+    window's spend stays within budget + tolerance, and every reservation is released (and
+    settled to what was used) when its request ends."""
     app = budgeted.app
     tenant = app.config.tenants["acme"]
     assert tenant.budget is not None
@@ -111,7 +112,17 @@ def test_concurrent_requests_never_overspend_the_budget(
             body["stream"] = True
         # held at the engine, so that the whole burst is admitted before anything is charged
         headers = auth("acme", **{"x-delay-ms": "60", "x-scenario": scenario})
-        return budgeted.client.post(CHAT, json=body, headers=headers).status_code
+        if scenario != "disconnect":
+            return budgeted.client.post(CHAT, json=body, headers=headers).status_code
+        # the client hangs up after the first bytes of a slow stream
+        headers["x-scenario"] = "slow_stream"
+        with budgeted.client.stream(
+            "POST", CHAT, json={**body, "stream": True}, headers=headers
+        ) as r:
+            status = r.status_code
+            if status == 200:
+                next(r.iter_raw())
+        return status
 
     with ThreadPoolExecutor(len(mix)) as pool:
         statuses = list(pool.map(send, mix))
