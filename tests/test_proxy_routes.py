@@ -151,7 +151,10 @@ def spellings(draw: Any, path: str) -> str:
     for segment in path.strip("/").split("/"):
         parts.extend(_segment_spelling(draw, segment))
     trailing = draw(st.sampled_from(["", "/", "//", "/."]))
-    return "/" + "/".join(parts) + trailing
+    spelled = parts[0]
+    for part in parts[1:]:  # engines decode an escaped slash before they route
+        spelled += draw(st.sampled_from(["/", "/", "%2F", "%2f"])) + part
+    return "/" + spelled + trailing
 
 
 @settings(

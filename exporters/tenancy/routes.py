@@ -17,6 +17,7 @@ spelling reaches an engine route the proxy did not decide on.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -77,11 +78,16 @@ DEFAULT_PASSTHROUGH = (
 )
 
 
+_SAFE = "/:@!$&'()*+,;=-_~"
+#: a path that normalising leaves as it is: segments of plain characters, no dot segments
+_CANONICAL = re.compile(rb"(?:/(?!\.\.?(?:/|$))[A-Za-z0-9:@!$&'()*+,;=\-._~]+)+|/")
+
+
 class BadTarget(ValueError):
     """A request target that is not a path (or decodes to one with control characters)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Route:
     kind: Kind
     method: str
@@ -140,8 +146,11 @@ class Router:
     def route(self, method: str, raw_path: bytes, query: bytes) -> Route:
         """Classify one request; raises ``BadTarget`` for a path that cannot be normalised."""
         method = method.upper()
-        path = normalise_path(raw_path)
-        target = quote(path, safe="/:@!$&'()*+,;=-._~").encode()
+        if _CANONICAL.fullmatch(raw_path):  # the usual case: already the one spelling
+            path, target = raw_path.decode("ascii"), raw_path
+        else:
+            path = normalise_path(raw_path)
+            target = quote(path, safe=_SAFE).encode()
         if query:
             target += b"?" + query
         kind: Kind
