@@ -138,8 +138,8 @@ async def _read_body(receive: Receive, limit: int, timeout: float) -> bytes | Re
 
 def _completion_cap(body: dict[str, Any], path: str) -> tuple[str, int | None, int]:
     """The body field that caps completion tokens, its value if valid, and the choices asked."""
-    name = "max_tokens"
-    if path == "/v1/chat/completions" and "max_completion_tokens" in body:
+    name = "max_tokens"  # chat's newer field wins where it is set, as in vLLM
+    if path == "/v1/chat/completions" and type(body.get("max_completion_tokens")) is int:
         name = "max_completion_tokens"
     value = body.get(name)
     cap = value if type(value) is int and value >= 0 else None

@@ -11,6 +11,7 @@ charged rather than dropped (uvicorn cancels them then).
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 from typing import Any
 
@@ -116,7 +117,8 @@ def uvicorn_config(
         server_header=False,
         date_header=False,
         timeout_keep_alive=max(1, round(app.config.keep_alive_timeout)),
-        timeout_graceful_shutdown=None if drain_grace is None else max(1, round(drain_grace)),
+        # whole seconds, rounded up (uvicorn's setting is an int)
+        timeout_graceful_shutdown=None if drain_grace is None else math.ceil(drain_grace),
         # The tenant header is trusted by the address of the TCP peer. uvicorn would otherwise
         # replace that address with one from X-Forwarded-For when the peer is local, and any
         # process in the pod could then pass as a trusted gateway and bill another tenant.
