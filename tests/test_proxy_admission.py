@@ -254,6 +254,15 @@ def test_prompts_over_the_limit_are_refused_wherever_the_text_hides(
         assert reply.status_code == 200, reply.text  # 20: framing and the other parts
 
 
+def test_media_parts_are_not_counted_as_text(limited: dict[str, Stack]) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 100_000}}
+    content = [{"type": "text", "text": "what is this?"}, image]
+    body = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": content}]}
+    assert limited["bound"].client.post(CHAT, json=body, headers=auth("acme")).status_code == 200
+    content[0]["text"] = "?" * 100  # the text beside it still counts
+    assert limited["bound"].client.post(CHAT, json=body, headers=auth("acme")).status_code == 400
+
+
 @pytest.mark.parametrize("depth", [1000, 5000])
 def test_a_deeply_nested_tool_schema_is_a_clear_400(limited: dict[str, Stack], depth: int) -> None:
     nested = b"[" * depth + b'"x"' + b"]" * depth

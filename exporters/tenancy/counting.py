@@ -12,6 +12,10 @@ stands for at least one byte, a SentencePiece token with byte fallback (Llama 2,
 likewise, apart from the one word-boundary marker it may prepend to a string (the ``+ 1``).
 English text is overcounted about fourfold, which errs on refusing; configure the tokenizer
 where limits are tight.
+
+Media parts (images, audio, video, files) are not text: their base64 data would count a
+thousand times over, and what they cost depends on the model's encoder, so they are left
+out here and bounded by the body size limit instead.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ REPLY_PRIMING = 3
 #: request fields whose content reaches the model as prompt text
 _INPUT_FIELDS = ("prompt", "input", "suffix", "instructions", "system", "documents")
 _SCHEMA_FIELDS = ("tools", "functions")
+#: content part types that carry media rather than text (OpenAI chat and Responses, vLLM)
+MEDIA_PARTS = frozenset(
+    {"image_url", "input_image", "image", "input_audio", "audio_url", "video_url", "file"}
+)
 
 
 def byte_bound(text: str) -> int:
@@ -76,6 +84,8 @@ class PromptCounter:
             if isinstance(item, str):
                 total += count(item)
             elif isinstance(item, Mapping):
+                if item.get("type") in MEDIA_PARTS:
+                    continue
                 stack.extend(child for key, child in item.items() if key != "type")
             elif isinstance(item, list):
                 stack.extend(item)
