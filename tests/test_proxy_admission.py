@@ -58,9 +58,9 @@ def finished(app: Any) -> None:
 
 # ---------------------------------------------------------------- budgets under concurrency
 MAX_BURST = 10
-# The scripted engine counts the JSON of the messages, up to 2 tokens a request more than the
-# proxy's bound: the tolerance covers that for a whole burst, and nothing else.
-TOLERANCE = 2 * MAX_BURST
+# The scripted engine counts the JSON of the messages, which (control characters aside) never
+# exceeds the proxy's byte bound, so nothing may be overspent at all.
+TOLERANCE = 0
 request_mix = st.lists(
     st.tuples(
         # content; not control characters, which the scripted engine counts as the six
@@ -181,6 +181,18 @@ def test_choices_multiply_the_reservation(stack: MakeStack, engine: Engine) -> N
     proxy.app.ledger = BudgetLedger()
     many = proxy.client.post(CHAT, json={**body, "n": 4}, headers=auth("acme"))
     assert many.status_code == 429  # 4 choices of 30 tokens cannot fit in 100
+
+
+def test_the_tolerance_is_the_only_room_past_the_budget(stack: MakeStack) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30}
+    # the request reserves 3 + 4 + 3 (prompt bound) + 30 = 40 tokens
+    for tolerance, status in ((0, 429), (5, 200)):
+        budget = {"tokens": 35, "window": "1h", "tolerance": tolerance}
+        proxy = stack(
+            tenants={"acme": {"key_sha256": [hash_key(KEYS["acme"])], "budget": budget}},
+            limits={"over_budget": "reject"},
+        )
+        assert proxy.client.post(CHAT, json=body, headers=auth("acme")).status_code == status
 
 
 # ---------------------------------------------------------------- the input limit
