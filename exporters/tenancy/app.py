@@ -743,27 +743,22 @@ class ProxyApp:
     def _charge(self, exchange: Exchange) -> None:
         """Charge what the request used, and settle its budget reservation either way."""
         meter = exchange.meter
-        tenant: Tenant | None = self.config.tenants.get(exchange.tenant)
+        spent = 0
+        if meter is not None and exchange.accounting:
+            usage = exchange.usage = meter.usage()
+            spent = usage.total
+            # Quality probes are the operator's own traffic: their tokens are counted (so that
+            # they reconcile with the engine's) but cost no tenant anything.
+            if exchange.tenant != PROBE_TENANT:
+                price = self.config.price(exchange.model)
+                exchange.cost = price.cost(usage.prompt, usage.cached_prompt, usage.completion)
+            self.metrics.charge(
+                exchange.identity, usage, meter.source, exchange.accounting, exchange.cost
+            )
         reservation, exchange.reservation = exchange.reservation, None
-        if meter is None or not exchange.accounting:
-            if reservation is not None and tenant is not None and tenant.budget is not None:
-                self.ledger.settle(reservation, tenant.budget, 0)
-            return
-        usage = meter.usage()
-        exchange.usage = usage
-        # Quality probes are the operator's own traffic: their tokens are counted (so that
-        # they reconcile with the engine's) but cost no tenant anything.
-        if exchange.tenant != PROBE_TENANT:
-            price = self.config.price(exchange.model)
-            exchange.cost = price.cost(usage.prompt, usage.cached_prompt, usage.completion)
-        self.metrics.charge(
-            exchange.identity, usage, meter.source, exchange.accounting, exchange.cost
-        )
-        if tenant is not None and tenant.budget is not None:
-            if reservation is not None:
-                self.ledger.settle(reservation, tenant.budget, usage.total)
-            else:
-                self.ledger.charge(exchange.tenant, tenant.budget, usage.total)
+        tenant: Tenant | None = self.config.tenants.get(exchange.tenant)
+        if reservation is not None and tenant is not None and tenant.budget is not None:
+            self.ledger.settle(reservation, tenant.budget, spent)
 
     def _screen(self, exchange: Exchange, meter: TranscribingMeter) -> None:
         """Screen a sampled response that arrived whole; partial text would mislead."""
