@@ -364,12 +364,16 @@ class ProxyApp:
     ) -> tuple[Refusal | None, bool]:
         """Admit a request; also says whether the body was changed (a completion cap set)."""
         config = self.config
-        try:
-            prompt_count = await self._count(body, size)
-        except ValueError as exc:
-            return Refusal(400, "rejected_bad_request", str(exc)), False
-        # without a tokenizer the count is an upper bound: charge the usual estimate instead
+        tenant = config.tenants.get(exchange.tenant)
+        budget = tenant.budget if tenant is not None else None
         exact = self.counter.count_text is not byte_bound
+        prompt_count = 0
+        if config.max_input_tokens or budget is not None or exact:  # else nothing needs it
+            try:
+                prompt_count = await self._count(body, size)
+            except ValueError as exc:
+                return Refusal(400, "rejected_bad_request", str(exc)), False
+        # without a tokenizer the count is an upper bound: charge the usual estimate instead
         prompt_estimate = prompt_count if exact else estimate_prompt_tokens(body)
         if (
             exchange.path in STREAMABLE
@@ -389,8 +393,7 @@ class ProxyApp:
                 f"{config.max_input_tokens} input tokens",
             ), False
         changed = False
-        tenant = config.tenants.get(exchange.tenant)
-        if tenant is not None and tenant.budget is not None:
+        if tenant is not None and budget is not None:
             name, requested, choices = _completion_cap(body, exchange.path)
             if choices > MAX_CHOICES:
                 exchange.meter = None
@@ -401,7 +404,7 @@ class ProxyApp:
             cap = (requested if requested is not None else config.default_max_tokens) * generates
             reserved = self.ledger.reserve(
                 exchange.tenant,
-                tenant.budget,
+                budget,
                 prompt_count,
                 cap,
                 choices,
