@@ -81,6 +81,12 @@ class Stream(threading.Thread):
             self.ended.set()
 
 
+def hold(url: str) -> httpx.Response:
+    body = {"model": "m", "messages": [{"role": "user", "content": "wait"}], "max_tokens": 2}
+    headers = {"authorization": f"Bearer {KEYS['acme']}", "x-delay-ms": "30000"}
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+
 def wait_for(condition: Any, timeout: float = 15.0) -> bool:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -125,7 +131,11 @@ def test_sigterm_drains_then_cuts_short_and_charges_every_token(
         assert wait_for(lambda: not refused(metrics_port)), "the proxy did not start"
         short, long = Stream(url, 20), Stream(url, 1000)  # 0.4 s and 20 s at 20 ms a token
         short.start(), long.start()
+        held: list[httpx.Response] = []  # a whole (unstreamed) reply the engine holds 30 s
+        waiting = threading.Thread(target=lambda: held.append(hold(url)), daemon=True)
+        waiting.start()
         assert wait_for(lambda: short.tokens >= 2 and long.tokens >= 2)
+        assert wait_for(lambda: len(engine.engine.requests) == 3)
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         assert wait_for(lambda: refused(port), timeout=5), "still accepting after SIGTERM"
@@ -139,14 +149,20 @@ def test_sigterm_drains_then_cuts_short_and_charges_every_token(
     # the short stream finished inside the grace period; the long one was cut at its end
     assert short.done and short.tokens == 20 and not short.error
     assert long.error == "shutdown" and not long.done
+    waiting.join(10)
+    assert held[0].status_code == 503 and held[0].json()["error"]["code"] == "shutdown"
     assert GRACE - 0.5 < cut_after < GRACE + 5
     lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
     access = [line for line in lines if line.get("logger") == "inferwatch.proxy.access"]
     by_tokens = sorted(access, key=lambda line: line["completion_tokens"])
-    assert [line["accounting"] for line in by_tokens] == ["complete", "shutdown_cancelled"]
-    assert by_tokens[0]["completion_tokens"] == 20
+    assert [line["accounting"] for line in by_tokens] == [
+        "shutdown_cancelled",  # the held request: its prompt, the engine had taken it
+        "complete",
+        "shutdown_cancelled",
+    ]
+    assert by_tokens[1]["completion_tokens"] == 20
     # every token that left the engine before the cut was relayed and charged; the engine
     # only notices the hang-up on its next writes (as vLLM does), which no proxy can see
-    assert by_tokens[1]["completion_tokens"] == long.tokens
+    assert by_tokens[2]["completion_tokens"] == long.tokens
     assert engine.engine.generation_total - sum(line["completion_tokens"] for line in access) <= 2
     assert all(line["prompt_tokens"] > 0 for line in access)
