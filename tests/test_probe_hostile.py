@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,6 +14,7 @@ from click.testing import CliRunner
 
 from inferwatch.cli import main
 from inferwatch.probes import client, golden
+from inferwatch.probes.runner import ProbeRunner, Target
 
 MODELS = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
 #: replies no JSON parser reads back as data, as a whole body or as one stream frame
@@ -37,7 +39,9 @@ class Hostile(BaseHTTPRequestHandler):
         self.send_header("content-type", kind)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        # the client may give up on the body: its verdict, not this write, is the point
+        with contextlib.suppress(ConnectionError):
+            self.wfile.write(body)
 
     def do_GET(self) -> None:
         self._send(self.models, "application/json")
@@ -101,3 +105,25 @@ def test_an_unreadable_model_list_is_one_line_and_exit_2(
     result = CliRunner().invoke(main, ["gate", "--baseline", url, "--candidate", url])
     assert result.exit_code == 2
     assert result.output.count("\n") == 1 and "cannot list models" in result.output
+
+
+@pytest.mark.parametrize("kind", sorted(POISONS))
+def test_the_probe_runner_scores_no_verdict_from_an_unreadable_reply(
+    hostile: tuple[str, type[Hostile]], kind: str
+) -> None:
+    """The runner counts the probe as skipped and keeps it out of the verdict window, so a
+    hostile engine cannot fail (or pass) the replica's quality readiness with junk."""
+    url, handler = hostile
+    handler.poison = POISONS[kind]
+    target = Target("replica", client.Endpoint(url))
+    runner = ProbeRunner(golden.load(), [target])
+
+    async def probe() -> list[client.Reply | None]:
+        try:
+            return [await runner.probe_once(target, g) for g in golden.load().probes[:3]]
+        finally:
+            await runner.aclose()
+
+    assert asyncio.run(probe()) == [None, None, None]
+    assert runner.verdict_for(target)[1] == "warming"
+    assert runner.metrics.skipped[("replica", client.UNREADABLE)] == 3
