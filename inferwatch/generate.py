@@ -79,3 +79,36 @@ def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
         return
     changed = writer.write(target, files)
     click.echo(f"{target}: {len(changed)} of {len(files)} files updated")
+
+
+@generate.command()
+@click.option(
+    "--dir",
+    "kit",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=Path("deploy/kubernetes"),
+    show_envvar=True,
+    help="The kit's folder: overlays/ are rendered from its sites/*.yaml, components/ from "
+    "the generated rules and dashboards.",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    show_envvar=True,
+    help="Fail instead of writing when a generated file is stale.",
+)
+def k8s(kit: Path, check: bool) -> None:
+    """Write the kustomize overlays (one per site file) and the rules/dashboards components."""
+    from inferwatch import k8s as kit_files
+
+    try:
+        files = kit_files.render(kit)
+    except kit_files.SiteError as exc:
+        raise click.ClickException(str(exc)) from None
+    if check:
+        stale = kit_files.stale(kit, files)
+        if stale:
+            raise click.ClickException(f"stale under {kit}: {', '.join(stale)}")
+        return
+    changed = kit_files.write(kit, files)
+    click.echo(f"{kit}: {len(changed)} of {len(files)} files updated")
