@@ -1,0 +1,413 @@
+"""The Kubernetes kit, as ``kubectl kustomize`` renders each overlay, validated offline.
+
+Built-in kinds are checked by kubernetes-validate's strict schemas (unknown fields are
+errors); the prometheus-operator and Gateway API objects by the openAPIV3Schema of their
+CRDs, read in place from ../shared/fixtures/crds/, with unknown fields made errors too (the
+API server would silently prune them, so a misspelt field would be lost without a word). The
+CRDs' CEL rules (x-kubernetes-validations) need an API server and are not evaluated.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+from collections.abc import Iterator
+from functools import cache
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from inferwatch import catalog, k8s
+from tests.conftest import REPO, _tool, shared_path
+
+KIT = REPO / "deploy" / "kubernetes"
+OVERLAYS = sorted(p.parent.name for p in (KIT / "overlays").glob("*/kustomization.yaml"))
+#: oldest Kubernetes the kit supports, and the newest schema kubernetes-validate ships
+KUBERNETES_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
+CRD_GROUPS = ("monitoring.coreos.com", "gateway.networking.k8s.io")
+
+#: the receiver's actions and the API calls each makes: the RBAC rules must be exactly these
+RECEIVER_RULES = {
+    ("ClusterRole", "", "nodes"): {"get", "patch"},  # cordon / taint a node
+    ("Role", "", "pods"): {"delete"},  # restart a replica through its controller
+    ("Role", "gateway.networking.k8s.io", "httproutes"): {"get", "patch"},  # canary fallback
+}
+
+
+class _CrdLoader(yaml.SafeLoader):
+    """PyYAML reads a bare ``=`` (an enum value in the CRDs) as YAML 1.1's value tag."""
+
+
+_CrdLoader.add_constructor("tag:yaml.org,2002:value", yaml.SafeLoader.construct_scalar)
+
+
+@pytest.fixture(scope="module")
+def kubectl() -> str:
+    return _tool("kubectl")
+
+
+@cache
+def _render(kubectl: str, overlay: str) -> tuple[dict[str, Any], ...]:
+    result = subprocess.run(
+        [kubectl, "kustomize", str(KIT / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return tuple(d for d in yaml.safe_load_all(result.stdout) if d)
+
+
+@pytest.fixture(params=OVERLAYS)
+def rendered(request: pytest.FixtureRequest, kubectl: str) -> tuple[str, list[dict[str, Any]]]:
+    overlay = str(request.param)
+    return overlay, copy.deepcopy(list(_render(kubectl, overlay)))
+
+
+def _strict(schema: Any) -> Any:
+    """The schema with ``additionalProperties: false`` wherever properties are listed and
+    unknown fields are not explicitly kept, and patterns in Python's regex dialect."""
+    if isinstance(schema, list):
+        return [_strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    strict = {key: _strict(value) for key, value in schema.items()}
+    pattern = strict.get("pattern")
+    if isinstance(pattern, str) and "(?i)" in pattern[1:]:
+        # Go's RE2 takes a flag group anywhere; Python's re only at the start
+        strict["pattern"] = "(?i)" + pattern.replace("(?i)", "")
+    if (
+        "properties" in strict
+        and "additionalProperties" not in strict
+        and not strict.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        strict["additionalProperties"] = False
+    return strict
+
+
+@cache
+def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """(apiVersion, kind) -> strict schema, from every CRD file of the shared fixtures."""
+    schemas = {}
+    for path in sorted(shared_path("fixtures/crds").glob("*.yaml")):
+        crd = yaml.load(path.read_text(encoding="utf-8"), Loader=_CrdLoader)
+        spec = crd["spec"]
+        if spec["group"] not in CRD_GROUPS:
+            continue
+        for version in spec["versions"]:
+            schema = _strict(version["schema"]["openAPIV3Schema"])
+            schema["properties"]["metadata"] = {"type": "object"}
+            schemas[(f"{spec['group']}/{version['name']}", spec["names"]["kind"])] = schema
+    return schemas
+
+
+def validate(document: dict[str, Any]) -> None:
+    """Raise when ``document`` breaks its schema (CRD or Kubernetes, by its apiVersion)."""
+    key = (document["apiVersion"], document["kind"])
+    if key[0].split("/")[0] in CRD_GROUPS:
+        assert key in crd_schemas(), f"no CRD schema for {key}"
+        jsonschema.validate(document, crd_schemas()[key])
+        return
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(document, version, strict=True)
+
+
+def test_every_overlay_is_rendered() -> None:
+    assert set(OVERLAYS) >= {"single-cluster", "multi-cluster-east"}
+
+
+def test_every_rendered_object_matches_its_schema(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    overlay, documents = rendered
+    kinds = {d["kind"] for d in documents}
+    # the whole kit is there: a render that lost a base would still validate
+    assert kinds >= {
+        "Deployment", "DaemonSet", "Service", "ConfigMap", "ServiceAccount", "ClusterRole",
+        "ClusterRoleBinding", "Role", "RoleBinding", "PodDisruptionBudget", "NetworkPolicy",
+        "PodMonitor", "ServiceMonitor", "PrometheusRule", "AlertmanagerConfig", "Gateway",
+        "HTTPRoute",
+    }  # fmt: skip
+    for document in documents:
+        try:
+            validate(document)
+        except (jsonschema.ValidationError, kubernetes_validate.ValidationError) as exc:
+            pytest.fail(f"{overlay}: {document['kind']}/{document['metadata']['name']}: {exc}")
+
+
+def _first(documents: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    return copy.deepcopy(next(d for d in documents if d["kind"] == kind))
+
+
+@pytest.mark.parametrize(
+    ("kind", "breaks"),
+    [
+        ("PodMonitor", lambda d: d["spec"]["podMetricsEndpoints"][0].update(relabellings=[])),
+        ("PodMonitor", lambda d: d["spec"]["podMetricsEndpoints"][0].update(interval="15 s")),
+        ("HTTPRoute", lambda d: d["spec"]["rules"][1]["backendRefs"][0].update(weight="95")),
+        ("AlertmanagerConfig", lambda d: d["spec"]["route"].update(matchers="alertname")),
+        ("Deployment", lambda d: d["spec"]["template"]["spec"].update(containres=[])),
+        ("NetworkPolicy", lambda d: d["spec"].update(podSelector="llama-8b")),
+    ],
+    ids=["misspelt-field", "bad-duration", "string-weight", "matcher-string",
+         "deployment-typo", "wrong-type"],
+)  # fmt: skip
+def test_the_validation_rejects_a_broken_object(kubectl: str, kind: str, breaks: Any) -> None:
+    """The check above can fail: each class of mistake in a kit object is caught."""
+    document = _first(list(_render(kubectl, "single-cluster")), kind)
+    validate(document)
+    breaks(document)
+    with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):
+        validate(document)
+
+
+def pods(documents: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(workload, pod template) of every Deployment and DaemonSet."""
+    for document in documents:
+        if document["kind"] in ("Deployment", "DaemonSet"):
+            yield document, document["spec"]["template"]
+
+
+def test_rbac_grants_only_the_receivers_verbs(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, documents = rendered
+    granted: dict[tuple[str, str, str], set[str]] = {}
+    for role in (d for d in documents if d["kind"] in ("Role", "ClusterRole")):
+        for rule in role["rules"]:
+            assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames tricks
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    granted.setdefault((role["kind"], group, resource), set()).update(rule["verbs"])
+    assert granted == RECEIVER_RULES
+
+
+def test_role_bindings_bind_only_the_receivers_account(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, documents = rendered
+    (account,) = [d for d in documents if d["kind"] == "ServiceAccount"]
+    (receiver,) = [
+        t
+        for w, t in pods(documents)
+        if t["spec"].get("serviceAccountName") == "inferwatch-receiver"
+    ]
+    assert receiver
+    bindings = [d for d in documents if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    assert len(bindings) == 2
+    for binding in bindings:
+        assert binding["subjects"] == [
+            {
+                "kind": "ServiceAccount",
+                "name": account["metadata"]["name"],
+                "namespace": account["metadata"]["namespace"],
+            }
+        ]
+    # every other pod runs without an API token
+    for workload, template in pods(documents):
+        if workload["metadata"]["name"] != "inferwatch-receiver":
+            assert template["spec"].get("automountServiceAccountToken") is False
+
+
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_?KEY|CREDENTIAL", re.IGNORECASE)
+
+
+def test_no_secret_value_is_inlined(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, documents = rendered
+    assert not [d for d in documents if d["kind"] == "Secret"]
+    references = 0
+    for _, template in pods(documents):
+        for container in template["spec"]["containers"]:
+            for env in container.get("env", []):
+                if SECRET_NAME.search(env["name"]):
+                    assert "value" not in env, f"{container['name']}: {env['name']} is inlined"
+                    assert "secretKeyRef" in env["valueFrom"]
+                    references += 1
+            for arg in container.get("args", []):
+                assert not re.match(r"--[a-z-]*(token|secret|password)=", arg), arg
+    assert references >= 1  # the receiver's webhook token
+    (config,) = [d for d in documents if d["kind"] == "AlertmanagerConfig"]
+    (webhook,) = config["spec"]["receivers"][0]["webhookConfigs"]
+    credentials = webhook["httpConfig"]["authorization"]["credentials"]
+    assert set(credentials) == {"name", "key"}
+
+
+def test_every_pod_runs_restricted(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    _, documents = rendered
+    for workload, template in pods(documents):
+        spec = template["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True, workload["metadata"]["name"]
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in spec["containers"]:
+            if not container["image"].startswith("inferwatch"):
+                continue  # the engine's image is the user's
+            context = container["securityContext"]
+            assert context["readOnlyRootFilesystem"] is True, container["name"]
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["capabilities"]["drop"] == ["ALL"]
+            resources = container["resources"]
+            assert set(resources["requests"]) == set(resources["limits"]) == {"cpu", "memory"}
+            assert not [v for v in container.get("volumeMounts", []) if not v.get("readOnly")]
+
+
+def test_sidecars_are_probed_and_know_their_pod(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, documents = rendered
+    sidecars = [
+        (w, c)
+        for w, t in pods(documents)
+        for c in t["spec"]["containers"]
+        if c.get("args", [""])[0] == "sidecar"
+    ]
+    assert len(sidecars) == 3  # stable, canary, GPU exporter
+    for workload, container in sidecars:
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        env = {e["name"]: e.get("valueFrom", {}).get("fieldRef") for e in container["env"]}
+        assert env["NODE_NAME"] == {"fieldPath": "spec.nodeName"}
+        if workload["kind"] == "Deployment":
+            assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+            assert env["POD_NAME"] == {"fieldPath": "metadata.name"}
+            assert env["POD_NAMESPACE"] == {"fieldPath": "metadata.namespace"}
+        else:
+            assert "--gpu-scope=node" in container["args"]
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_monitors_scrape_named_ports_and_keep_discovery_labels(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """Each monitor selects pods of the kit on ports they name; relabeling adds only node and
+    cluster, never a label the sidecar emits, and leaves pod and namespace to discovery."""
+    _, documents = rendered
+    emitted = {label for entry in catalog.load().values() for label in entry.label_names}
+    assert {"model", "gpu_uuid"} <= emitted
+    services = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Service"}
+    templates = [t for _, t in pods(documents)]
+    monitors = [d for d in documents if d["kind"] in ("PodMonitor", "ServiceMonitor")]
+    assert len(monitors) == 4
+    for monitor in monitors:
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        if monitor["kind"] == "PodMonitor":
+            endpoints = monitor["spec"]["podMetricsEndpoints"]
+            matched = [t for t in templates if _selects(selector, t["metadata"]["labels"])]
+            assert len(matched) == 1, monitor["metadata"]["name"]  # stable and canary apart
+            ports = {
+                p["name"] for c in matched[0]["spec"]["containers"] for p in c.get("ports", [])
+            }
+        else:
+            endpoints = monitor["spec"]["endpoints"]
+            matched = [s for s in services.values() if _selects(selector, s["metadata"]["labels"])]
+            assert len(matched) == 1
+            ports = {p["name"] for p in matched[0]["spec"]["ports"]}
+        for endpoint in endpoints:
+            assert endpoint["port"] in ports
+            targets = [r["targetLabel"] for r in endpoint["relabelings"]]
+            assert sorted(targets) == ["cluster", "node"]
+            assert not set(targets) & (emitted - {"node"})
+
+
+def test_admin_ports_open_only_to_prometheus_and_the_receiver(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    overlay, documents = rendered
+    site = k8s.load_site(KIT / "sites" / f"{overlay}.yaml")
+    policies = [d for d in documents if d["kind"] == "NetworkPolicy"]
+    allowed_peers = [
+        {
+            "namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": site.monitoring_namespace}
+            },
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        },
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "inferwatch-receiver"}}},
+    ]
+    for _, template in pods(documents):
+        labels = template["metadata"]["labels"]
+        ports = {
+            p["containerPort"] for c in template["spec"]["containers"] for p in c.get("ports", [])
+        }
+        admin = ports & {9400, 9402}
+        if not admin:
+            continue
+        (policy,) = [
+            p for p in policies if _selects(p["spec"]["podSelector"]["matchLabels"], labels)
+        ]
+        for rule in policy["spec"]["ingress"]:
+            opened = {p["port"] for p in rule["ports"]}
+            if opened & admin:
+                assert rule["from"] == allowed_peers
+            else:
+                assert opened == {8080}  # clients reach the proxy only
+
+
+def test_the_canary_route_weighs_and_matches(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    overlay, documents = rendered
+    site = k8s.load_site(KIT / "sites" / f"{overlay}.yaml")
+    (route,) = [d for d in documents if d["kind"] == "HTTPRoute"]
+    (gateway,) = [d for d in documents if d["kind"] == "Gateway"]
+    assert route["spec"]["parentRefs"][0]["name"] == gateway["metadata"]["name"]
+    assert route["spec"]["hostnames"] == [site.hostname]
+    assert gateway["spec"]["gatewayClassName"] == site.gateway_class
+    header_rule, weighted = route["spec"]["rules"]
+    assert header_rule["matches"][0]["headers"][0]["name"] == "x-inferwatch-canary"
+    assert [b["name"] for b in header_rule["backendRefs"]] == ["llama-8b-canary"]
+    weights = {b["name"]: b["weight"] for b in weighted["backendRefs"]}
+    assert weights == {"llama-8b": 100 - site.canary_weight, "llama-8b-canary": site.canary_weight}
+    services = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Service"}
+    templates = [t["metadata"]["labels"] for _, t in pods(documents)]
+    for name in weights:
+        selector = services[name]["spec"]["selector"]
+        assert len([t for t in templates if _selects(selector, t)]) == 1, name
+
+
+def test_the_site_sets_namespace_release_and_cluster(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    overlay, documents = rendered
+    site = k8s.load_site(KIT / "sites" / f"{overlay}.yaml")
+    for document in documents:
+        if document["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+            assert document["metadata"]["namespace"] == site.namespace
+        if document["apiVersion"].startswith("monitoring.coreos.com/"):
+            assert document["metadata"]["labels"]["release"] == site.release
+        for endpoint in document.get("spec", {}).get("podMetricsEndpoints", []):
+            (cluster,) = [r for r in endpoint["relabelings"] if r["targetLabel"] == "cluster"]
+            assert cluster["replacement"] == site.cluster
+    (config,) = [d for d in documents if d["kind"] == "AlertmanagerConfig"]
+    url = config["spec"]["receivers"][0]["webhookConfigs"][0]["url"]
+    assert url == f"http://inferwatch-receiver.{site.namespace}.svc:9500/webhook"
+    for _, template in pods(documents):
+        for container in template["spec"]["containers"]:
+            if container["image"].startswith("inferwatch"):
+                assert container["image"] == f"inferwatch:{site.image_tag}"
+    values = KIT / "overlays" / overlay / "prometheus-values.yaml"
+    if site.cluster:
+        spec = yaml.safe_load(values.read_text(encoding="utf-8"))["prometheus"]["prometheusSpec"]
+        assert spec["externalLabels"] == {"cluster": site.cluster}
+        assert [w["url"] for w in spec.get("remoteWrite", [])] == (
+            [site.remote_write] if site.remote_write else []
+        )
+    else:
+        assert not values.exists()
+
+
+def test_rules_component_carries_the_generated_prometheus_rule(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, documents = rendered
+    (rule,) = [d for d in documents if d["kind"] == "PrometheusRule"]
+    source = yaml.safe_load(
+        (REPO / "alerts" / "generated" / "kubernetes" / "prometheusrule.yaml").read_text()
+    )
+    assert rule["spec"] == source["spec"]
