@@ -1,0 +1,404 @@
+"""Fleet-scale benchmark: what the sidecar's metrics cost a Prometheus as the fleet grows.
+
+Run from the repository root:
+  .venv/bin/python bench/fleet_scale.py [--replicas 10,50,200] [--minutes 12] [--dashboard PATH]
+
+Part 1, series per replica. A real ``inferwatch sidecar`` process in front of (a) the shared
+vLLM 0.33.0 capture and a dcgm-exporter capture, served as static pages, and (b) the
+simulator (``inferwatch sim``: engine page and its dcgm-exporter page, after some requests).
+For each: series (sample lines) and bytes of the raw engine page plus the dcgm-exporter
+page, against the sidecar's one /metrics page for the same replica.
+
+Part 2, a backfilled fleet. The sidecar's page from (b) is the template of one replica; the
+fleet is N copies with distinct pod, node, gpu_uuid, model and model_version labels (four
+models, two versions each), scraped every 15 s over the last ``--minutes``: counters and
+histograms grow at a replica-specific rate (every bucket of a replica by the same factor, so
+buckets stay monotonic), gauges keep their value. ``promtool tsdb create-blocks-from
+openmetrics`` writes the blocks; a real Prometheus opens them with the generated rule files
+(alerts/generated/*.yaml) and evaluates them every 15 s. Rows per fleet size: series, TSDB
+bytes per replica-hour (block size over replica-hours; blocks this short compress worse
+than 2 h blocks, so this is an upper bound), each rule group's evaluation time (Prometheus'
+own ``evaluationTime``, median of three evaluations), and each fleet-overview panel's query
+time (Prometheus' ``stats=all`` execution time of an instant query, median of five) as the
+dashboard has it and with every recorded series replaced by the raw expression its rule
+records (recursively). Panels on series the fleet does not have (``up``, ``ALERTS``) are
+left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from inferwatch.exporters import textformat
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared" / "fixtures"
+ENGINE_CAPTURE = SHARED / "engines" / "vllm-generated-0.33.0-1engine.prom"
+DCGM_CAPTURE = SHARED / "gpu" / "dcgm" / "dcgm-rtx4000ada-k8s-pod.prom"
+INFERWATCH = REPO / ".venv" / "bin" / "inferwatch"
+RULE_FILES = sorted((REPO / "alerts" / "generated").glob("*.yaml"))
+MODELS = ("llama-8b", "llama-70b", "qwen-32b", "mixtral-8x7b")
+STEP = 15
+RECORDED = re.compile(r"\b([a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]+)(\{[^}]*\})?")
+MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, deadline_s: float = 60.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.3)
+    raise SystemExit(f"{url} did not answer within {deadline_s:.0f} s")
+
+
+@contextlib.contextmanager
+def process(args: list[str], ready: str) -> Iterator[None]:
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_http(ready)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def static_pages(folder: Path) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def series(page: str) -> int:
+    return sum(1 for line in page.splitlines() if line and not line.startswith("#"))
+
+
+def sidecar_page(engine_url: str, dcgm_url: str) -> str:
+    port = free_port()
+    args = [
+        str(INFERWATCH), "sidecar", f"--engine-url={engine_url}", f"--listen=127.0.0.1:{port}",
+        f"--gpu=dcgm={dcgm_url}", "--gpu-scope=all", "--pod-labels=omit",
+    ]  # fmt: skip
+    with process(args, f"http://127.0.0.1:{port}/healthz"):
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)  # first scrape fills state
+        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+
+
+def per_replica() -> tuple[list[tuple[str, int, int, int, int]], str]:
+    """Rows (source, raw series, raw bytes, sidecar series, sidecar bytes) and the sidecar's
+    page of the simulated replica (the fleet's template)."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        shutil.copy(ENGINE_CAPTURE, folder / "engine")
+        shutil.copy(DCGM_CAPTURE, folder / "dcgm")
+        raw = ENGINE_CAPTURE.read_text() + DCGM_CAPTURE.read_text()
+        with static_pages(folder) as base:
+            page = sidecar_page(f"{base}/engine", f"{base}/dcgm")
+        rows.append(("captures (vLLM 0.33.0 + dcgm-exporter)", series(raw),
+                     len(raw.encode()), series(page), len(page.encode())))  # fmt: skip
+    port = free_port()
+    sim = f"http://127.0.0.1:{port}"
+    with process([str(INFERWATCH), "sim", f"--port={port}"], f"{sim}/health"):
+        for i in range(40):
+            httpx.post(
+                f"{sim}/v1/chat/completions",
+                json={"model": "meta-llama/Llama-3.1-8B-Instruct", "max_tokens": 24,
+                      "messages": [{"role": "user", "content": f"question {i}"}]},
+                timeout=60,
+            )  # fmt: skip
+        raw = httpx.get(f"{sim}/metrics").text + httpx.get(f"{sim}/gpu/metrics").text
+        page = sidecar_page(sim, f"{sim}/gpu/metrics")
+    rows.append(("simulator (vLLM page + its dcgm-exporter page)", series(raw),
+                 len(raw.encode()), series(page), len(page.encode())))  # fmt: skip
+    return rows, page
+
+
+def fleet_openmetrics(template: str, replicas: int, minutes: int, end: float, out: Path) -> int:
+    """Write the fleet's samples as OpenMetrics to ``out``; returns the number of series."""
+    exposition = textformat.parse(template)
+    growing = {"counter", "histogram", "summary"}
+    samples = [
+        (s.name, s.labels, s.value, family.type in growing)
+        for family in exposition.families.values()
+        for s in family.samples
+    ]
+    rng = random.Random(0)
+    fleet = []
+    for i in range(replicas):
+        identity = {
+            "namespace": "inference", "pod": f"{MODELS[i % 4]}-{i:04d}",
+            "node": f"node-{i // 8:03d}", "model": MODELS[i % 4],
+            "model_version": f"v{(i // 4) % 2}", "cluster": "c1",
+            "instance": f"10.0.{i // 250}.{i % 250}:9400", "job": "inference/llama-inferwatch",
+        }  # fmt: skip
+        rate = rng.uniform(0.5, 1.5)
+        for name, labels, value, grows in samples:
+            merged = {**labels, **identity}
+            if "gpu_uuid" in merged:
+                merged["gpu_uuid"] = f"GPU-{i:04d}-{merged['gpu_uuid'][-8:]}"
+            text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(merged.items()))
+            fleet.append((f"{name}{{{text}}}", value * rate, grows))
+    steps = minutes * 60 // STEP
+    with out.open("w", encoding="utf-8") as handle:
+        for step in range(steps + 1):
+            t = end - (steps - step) * STEP
+            growth = 1 + step / steps  # counters double over the span
+            handle.writelines(
+                f"{key} {value * growth if grows else value:.6g} {t:.3f}\n"
+                for key, value, grows in fleet
+            )
+        handle.write("# EOF\n")
+    return len(fleet)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def recording_rules() -> dict[str, list[tuple[dict[str, str], str]]]:
+    """record name -> [(static labels, expr)] from the generated rule files."""
+    rules: dict[str, list[tuple[dict[str, str], str]]] = {}
+    for path in RULE_FILES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                if "record" in rule:
+                    rules.setdefault(rule["record"], []).append(
+                        ({k: str(v) for k, v in (rule.get("labels") or {}).items()}, rule["expr"])
+                    )
+    return rules
+
+
+def expand(expr: str, rules: dict[str, list[tuple[dict[str, str], str]]]) -> str:
+    """``expr`` with every recorded series replaced by the expression its rule records."""
+
+    def replace(match: re.Match[str]) -> str:
+        name, selector = match.group(1), match.group(2) or ""
+        if name not in rules:
+            return match.group(0)
+        wanted = {k: v for k, op, v in MATCHER.findall(selector) if op == "="}
+        candidates = [
+            e for labels, e in rules[name] if all(wanted.get(k, v) == v for k, v in labels.items())
+        ]
+        inner = " or ".join(f"({expand(e, rules)})" for e in candidates)
+        return f"({inner})"
+
+    return RECORDED.sub(replace, expr)
+
+
+def panel_queries(dashboard: Path) -> list[tuple[str, str]]:
+    board = json.loads(dashboard.read_text())
+    found = []
+    for panel in board.get("panels", []):
+        for index, target in enumerate(panel.get("targets", [])):
+            expr = target.get("expr", "")
+            if not expr or re.search(r"\b(up|ALERTS)\{", expr):
+                continue
+            expr = re.sub(r"\$__rate_interval", "1m", expr)
+            expr = re.sub(r"\$\w+", ".*", expr)
+            found.append((f"{panel['title']} [{index}]", expr))
+    return found
+
+
+def query_seconds(api: str, expr: str, rounds: int = 5) -> float:
+    times = []
+    for _ in range(rounds):
+        reply = httpx.get(
+            f"{api}/api/v1/query", params={"query": expr, "stats": "all"}, timeout=120
+        )
+        body = reply.json()
+        if body.get("status") != "success":
+            raise SystemExit(f"query failed: {expr}\n{body.get('error')}")
+        times.append(body["data"]["stats"]["timings"]["execTotalTime"])
+    return statistics.median(times)
+
+
+def measure_fleet(
+    template: str, replicas: int, minutes: int, queries: list[tuple[str, str]], work: Path
+) -> dict[str, Any]:
+    rules = recording_rules()
+    data = work / f"tsdb-{replicas}"
+    source = work / f"fleet-{replicas}.om"
+    end = time.time()
+    count = fleet_openmetrics(template, replicas, minutes, end, source)
+    started = time.monotonic()
+    subprocess.run(
+        ["promtool", "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    backfill_s = time.monotonic() - started
+    source.unlink()
+    block_bytes = du(data)
+    config = work / f"prometheus-{replicas}.yml"
+    config.write_text(yaml.safe_dump({
+        "global": {"evaluation_interval": f"{STEP}s", "external_labels": {}},
+        "rule_files": [str(p) for p in RULE_FILES],
+    }))  # fmt: skip
+    port = free_port()
+    api = f"http://127.0.0.1:{port}"
+    args = [
+        "prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}",
+        f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d",
+    ]  # fmt: skip
+    with process(args, f"{api}/-/ready"):
+        groups = rule_group_times(api)
+        counted = httpx.get(
+            f"{api}/api/v1/query", params={"query": 'count({__name__=~"inferwatch_.+"})'}
+        ).json()["data"]["result"]
+        panels = []
+        for title, expr in queries:
+            raw = expand(expr, rules)
+            panels.append(
+                (title, query_seconds(api, expr), query_seconds(api, raw) if raw != expr else None)
+            )
+    return {
+        "replicas": replicas,
+        "series": count,
+        "series_in_prometheus": int(float(counted[0]["value"][1])) if counted else 0,
+        "bytes_per_replica_hour": block_bytes / (replicas * minutes / 60),
+        "backfill_s": backfill_s,
+        "groups": groups,
+        "panels": panels,
+    }
+
+
+def rule_group_times(api: str, evaluations: int = 3, deadline_s: float = 300) -> dict[str, float]:
+    """Median ``evaluationTime`` of each rule group over ``evaluations`` distinct runs."""
+    seen: dict[str, dict[str, float]] = {}
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        for group in httpx.get(f"{api}/api/v1/rules", timeout=30).json()["data"]["groups"]:
+            if not group["lastEvaluation"].startswith("0001"):
+                seen.setdefault(group["name"], {})[group["lastEvaluation"]] = group[
+                    "evaluationTime"
+                ]
+        if (
+            seen
+            and all(len(v) >= evaluations for v in seen.values())
+            and len(seen) >= len(RULE_FILES)
+        ):
+            return {name: statistics.median(v.values()) for name, v in sorted(seen.items())}
+        time.sleep(2)
+    raise SystemExit(f"rule groups did not evaluate {evaluations} times within {deadline_s} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", default="10,50,200")
+    parser.add_argument("--minutes", type=int, default=12)
+    parser.add_argument(
+        "--dashboard", type=Path, default=REPO / "dashboards" / "generated" / "fleet.json",
+        help="the fleet-overview dashboard whose panels are timed",
+    )  # fmt: skip
+    parser.add_argument("--skip-fleet", action="store_true")
+    options = parser.parse_args()
+    print(f"# {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(
+        subprocess.run(
+            ["prometheus", "--version"], capture_output=True, text=True
+        ).stdout.splitlines()[0]
+    )
+    rows, template = per_replica()
+    print("\n## Series and bytes per replica\n")
+    print("| source | raw series | raw bytes | sidecar series | sidecar bytes | series ratio |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, rs, rb, ss, sb in rows:
+        print(f"| {name} | {rs} | {rb} | {ss} | {sb} | {ss / rs:.2f} |")
+    if options.skip_fleet:
+        return
+    queries = panel_queries(options.dashboard) if options.dashboard.is_file() else []
+    if not queries:
+        print(f"\n(no dashboard at {options.dashboard}: panel queries are not timed)")
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for replicas in (int(r) for r in options.replicas.split(",")):
+            results.append(measure_fleet(template, replicas, options.minutes, queries, Path(tmp)))
+            shutil.rmtree(Path(tmp) / f"tsdb-{replicas}")
+            print(f"# {replicas} replicas measured", file=sys.stderr)
+    sizes = " | ".join(str(r["replicas"]) for r in results)
+    print(f"\n## Fleet in one Prometheus ({options.minutes} min backfilled at {STEP} s)\n")
+    print(f"| measure | {sizes} |")
+    print("|---" * (len(results) + 1) + "|")
+    print(
+        "| series | "
+        + " | ".join(f"{r['series']} ({r['series_in_prometheus']})" for r in results)
+        + " |"
+    )
+    print(
+        "| TSDB bytes per replica-hour | "
+        + " | ".join(f"{r['bytes_per_replica_hour'] / 1024:.0f} KiB" for r in results)
+        + " |"
+    )
+    print(
+        "| promtool backfill (s) | " + " | ".join(f"{r['backfill_s']:.1f}" for r in results) + " |"
+    )
+    for group in results[0]["groups"]:
+        print(
+            f"| rule group {group} (ms) | "
+            + " | ".join(f"{r['groups'].get(group, 0) * 1000:.1f}" for r in results)
+            + " |"
+        )
+    print("\n## Fleet-overview panels: query time in ms, as drawn / raw expression (speed-up)\n")
+    print(f"| panel | {sizes} |")
+    print("|---" * (len(results) + 1) + "|")
+    for index, (title, _) in enumerate(queries):
+        cells = []
+        for r in results:
+            _, drawn, raw = r["panels"][index]
+            cells.append(
+                f"{drawn * 1000:.2f}"
+                if raw is None
+                else f"{drawn * 1000:.2f} / {raw * 1000:.2f} ({raw / max(drawn, 1e-9):.0f}x)"
+            )
+        print(f"| {title} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
