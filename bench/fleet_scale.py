@@ -329,6 +329,149 @@ def rule_group_times(api: str, evaluations: int = 3, deadline_s: float = 300) ->
     raise SystemExit(f"rule groups did not evaluate {evaluations} times within {deadline_s} s")
 
 
+class _FleetPages(ThreadingHTTPServer):
+    """``/CLUSTER/INDEX`` serves replica INDEX of a cluster: the template with its own pod,
+    node and model labels (as ``--pod-labels emit`` writes them), counters growing with time."""
+
+    def __init__(self, template: str) -> None:
+        super().__init__(("127.0.0.1", 0), _FleetHandler)
+        self.template = template
+        self.started = time.monotonic()
+
+
+class _FleetHandler(SimpleHTTPRequestHandler):
+    server: _FleetPages
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        _, cluster, index = self.path.split("/")
+        i = int(index)
+        growth = 1 + (time.monotonic() - self.server.started) / 60
+        identity = (
+            f'namespace="inference",pod="{cluster}-{MODELS[i % 4]}-{i}",node="{cluster}-node-{i}",'
+            f'instance="{cluster}-{i}:9400",'
+        )
+        lines = []
+        for line in self.server.template.splitlines():
+            if not line or line.startswith("#"):
+                lines.append(line)
+                continue
+            series, _, value = line.rpartition(" ")
+            name, brace, rest = series.partition("{")
+            labels = rest[:-1] if brace else ""
+            labels = re.sub(r'model="[^"]*"', f'model="{MODELS[i % 4]}"', labels)
+            labels = re.sub(r'gpu_uuid="([^"]*)"', rf'gpu_uuid="{cluster}-{i}-\1"', labels)
+            grows = name.endswith(("_total", "_bucket", "_sum", "_count"))
+            number = float(value) * (growth if grows else 1)
+            lines.append(f"{name}{{{identity}{labels}}} {number:.6g}")
+        body = "\n".join(lines).encode() + b"\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def multi_cluster(
+    template: str, queries: list[tuple[str, str]], replicas: int, work: Path
+) -> list[tuple[str, str, dict[str, int]]]:
+    """Two Prometheus servers, each with the cluster label and remote write of the kit's
+    multi-cluster overlay (overlays/multi-cluster-east/prometheus-values.yaml, its URL pointed
+    at a local store), scrape their cluster's replicas; a third, with the remote-write
+    receiver, evaluates the generated rules. Returns, per panel, the series each cluster
+    contributes to it with ``$cluster`` set to both and to each one alone."""
+    values = yaml.safe_load(
+        (REPO / "deploy/kubernetes/overlays/multi-cluster-east/prometheus-values.yaml").read_text()
+    )["prometheus"]["prometheusSpec"]
+    central_port = free_port()
+    central = f"http://127.0.0.1:{central_port}"
+    pages = _FleetPages(template)
+    threading.Thread(target=pages.serve_forever, daemon=True).start()
+    page_port = pages.server_address[1]
+    clusters = ("east", "west")
+    with contextlib.ExitStack() as stack:
+        config = work / "central.yml"
+        config.write_text(yaml.safe_dump({
+            "global": {"evaluation_interval": "5s"},
+            "rule_files": [str(p) for p in RULE_FILES],
+        }))  # fmt: skip
+        stack.enter_context(process([
+            "prometheus", f"--config.file={config}", f"--storage.tsdb.path={work / 'central'}",
+            f"--web.listen-address=127.0.0.1:{central_port}", "--web.enable-remote-write-receiver",
+        ], f"{central}/-/ready"))  # fmt: skip
+        for cluster in clusters:
+            port = free_port()
+            remote = {**values["remoteWrite"][0], "url": f"{central}/api/v1/write"}
+            queue = remote.pop("queueConfig")
+            config = work / f"{cluster}.yml"
+            config.write_text(yaml.safe_dump({
+                "global": {
+                    "scrape_interval": "5s",
+                    "external_labels": {**values["externalLabels"], "cluster": cluster},
+                },
+                "remote_write": [{
+                    "url": remote["url"],
+                    "queue_config": {
+                        "capacity": queue["capacity"], "max_shards": queue["maxShards"],
+                        "max_samples_per_send": queue["maxSamplesPerSend"],
+                        "batch_send_deadline": "1s",
+                    },
+                }],
+                "scrape_configs": [{
+                    "job_name": "inference/llama-inferwatch",
+                    "honor_labels": True,
+                    "static_configs": [
+                        {"targets": [f"127.0.0.1:{page_port}"],
+                         "labels": {"__metrics_path__": f"/{cluster}/{i}"}}
+                        for i in range(replicas)
+                    ],
+                }],
+            }))  # fmt: skip
+            stack.enter_context(process([
+                "prometheus", f"--config.file={config}", f"--storage.tsdb.path={work / cluster}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ], f"http://127.0.0.1:{port}/-/ready"))  # fmt: skip
+        # rate()[5m] needs two samples of each series in the store, recording rules one run
+        wait_for(
+            central,
+            "count(count by (cluster) (model_version:inferwatch_engine_requests:rate5m))",
+            2,
+        )
+        rule_group_times(central, evaluations=2)
+        rows = []
+        for title, expr in queries:
+            both = expr.replace('cluster=~".*"', 'cluster=~"east|west"')
+            counts = {"both": _clusters(central, both)}
+            for cluster in clusters:
+                alone = _clusters(central, expr.replace('cluster=~".*"', f'cluster="{cluster}"'))
+                counts[cluster] = alone.get(cluster, 0) if set(alone) <= {cluster} else -1
+            rows.append((title, both, counts))
+    pages.shutdown()
+    return rows
+
+
+def _clusters(api: str, expr: str) -> dict[str, int]:
+    result = httpx.get(f"{api}/api/v1/query", params={"query": expr}, timeout=60).json()
+    counts: dict[str, int] = {}
+    for item in result["data"]["result"]:
+        cluster = item["metric"].get("cluster", "")
+        counts[cluster] = counts.get(cluster, 0) + 1
+    return counts
+
+
+def wait_for(api: str, expr: str, value: float, deadline_s: float = 240) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        result = httpx.get(f"{api}/api/v1/query", params={"query": expr}, timeout=30).json()
+        found = result["data"]["result"]
+        if found and float(found[0]["value"][1]) >= value:
+            return
+        time.sleep(2)
+    raise SystemExit(f"{expr} did not reach {value} within {deadline_s} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", default="10,50,200")
@@ -338,6 +481,10 @@ def main() -> None:
         help="the fleet-overview dashboard whose panels are timed",
     )  # fmt: skip
     parser.add_argument("--skip-fleet", action="store_true")
+    parser.add_argument(
+        "--multi-cluster", type=int, default=0, metavar="N",
+        help="also run two clusters of N replicas remote-writing into a central Prometheus",
+    )  # fmt: skip
     options = parser.parse_args()
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     print(
@@ -351,9 +498,20 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
     for name, rs, rb, ss, sb in rows:
         print(f"| {name} | {rs} | {rb} | {ss} | {sb} | {ss / rs:.2f} |")
+    queries = panel_queries(options.dashboard) if options.dashboard.is_file() else []
+    if options.multi_cluster:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows_mc = multi_cluster(template, queries, options.multi_cluster, Path(tmp))
+        print(f"\n## Two clusters of {options.multi_cluster} replicas in one central store\n")
+        print("Series of each panel by cluster: `$cluster` = east|west, and each alone")
+        print("(-1: a cluster's query returned another cluster's series).\n")
+        print("| panel | east+west | east alone | west alone |")
+        print("|---|---|---:|---:|")
+        for title, _, counts in rows_mc:
+            both = ", ".join(f"{k or '(none)'}: {v}" for k, v in sorted(counts["both"].items()))
+            print(f"| {title} | {both or 'none'} | {counts['east']} | {counts['west']} |")
     if options.skip_fleet:
         return
-    queries = panel_queries(options.dashboard) if options.dashboard.is_file() else []
     if not queries:
         print(f"\n(no dashboard at {options.dashboard}: panel queries are not timed)")
     results = []
