@@ -361,6 +361,7 @@ class _FleetHandler(SimpleHTTPRequestHandler):
             series, _, value = line.rpartition(" ")
             name, brace, rest = series.partition("{")
             labels = rest[:-1] if brace else ""
+            labels = re.sub(r'\b(pod|namespace|node|instance)="[^"]*",?', "", labels)
             labels = re.sub(r'model="[^"]*"', f'model="{MODELS[i % 4]}"', labels)
             labels = re.sub(r'gpu_uuid="([^"]*)"', rf'gpu_uuid="{cluster}-{i}-\1"', labels)
             grows = name.endswith(("_total", "_bucket", "_sum", "_count"))
