@@ -50,6 +50,7 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from inferwatch import catalog
 from inferwatch.alerts import promql, recording
 from inferwatch.alerts.config import Config
 
@@ -95,7 +96,16 @@ class Ctx:
         ]
 
     def m(self, key: str, scope: Scope, *extra: str, suffix: str = "") -> str:
-        """Catalogue series ``key`` narrowed by the variables of ``scope``."""
+        """Catalogue series ``key`` narrowed by the variables of ``scope``; a scope naming a
+        label the series does not carry is refused (its panel would always be empty)."""
+        carried = set(catalog.load()[key].label_names)
+        missing = [
+            label
+            for label in (m.split("=~")[0] for m in self.matchers(scope))
+            if label != self.config.cluster_label and label not in carried
+        ]
+        if missing:
+            raise ValueError(f"{key} carries no {', '.join(missing)} label (scope {scope.name})")
         return promql.metric(self.config, key, *self.matchers(scope), *extra, suffix=suffix)
 
     def r(self, name: str, scope: Scope = Scope.MODEL_VERSION, *extra: str) -> str:

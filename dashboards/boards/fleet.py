@@ -17,7 +17,7 @@ from inferwatch.dashboards.panels import (
     replica_link,
 )
 
-E, MV = Scope.ENGINE, Scope.MODEL_VERSION
+E, C = Scope.ENGINE, Scope.CLUSTER
 
 
 def board(ctx: Ctx) -> Board:
@@ -30,8 +30,8 @@ def board(ctx: Ctx) -> Board:
     c = config.cluster_label
     ready = f"min by ({c}, model, pod) ({ctx.m('replica_ready', E)})"
     mv = ctx.by("model", "model_version")
-    scrape_errors = ctx.m("engine_scrape_errors", E)
-    parse_errors = ctx.m("engine_scrape_parse_errors", E)
+    scrape_errors = ctx.on_replica(f"increase({ctx.m('engine_scrape_errors', C)}[5m])")
+    parse_errors = ctx.on_replica(f"increase({ctx.m('engine_scrape_parse_errors', C)}[5m])")
     up = ",".join(m for m in (config.selectors["sidecar_up"], *ctx.matchers(Scope.CLUSTER)) if m)
     firing = ",".join(('alertstate="firing"', *ctx.matchers(Scope.CLUSTER)))
     return (
@@ -81,11 +81,11 @@ def board(ctx: Ctx) -> Board:
                 "short",
                 [
                     Q(
-                        f"sum by ({c}, pod, reason) (increase({scrape_errors}[5m]))",
+                        f"sum by ({c}, pod, reason) ({scrape_errors})",
                         "{{pod}} {{reason}}",
                     ),
                     Q(
-                        f"sum by ({c}, pod) (increase({parse_errors}[5m]))",
+                        f"sum by ({c}, pod) ({parse_errors})",
                         "{{pod}} parse errors",
                     ),
                 ],
