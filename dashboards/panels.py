@@ -127,6 +127,11 @@ class Ctx:
         return self.r(recording.quantile(self.config, signal), Scope.MODEL_VERSION,
                       f'quantile="{promql.number(q)}"')  # fmt: skip
 
+    def new_in(self, counter: str, window: str) -> str:
+        """What a counter gained over ``window``, counting a series born inside the window
+        from 0 (``increase`` ignores a counter's first sample), as the GPU alerts do."""
+        return f"({counter} - ({counter} offset {window} or {counter} * 0))"
+
     def on_replica(self, gpu_series: str) -> str:
         """A GPU series with its replica's identity, joined on the scrape target both come
         from, and narrowed by every replica variable (GPU series carry none of them)."""

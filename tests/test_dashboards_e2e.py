@@ -4,9 +4,9 @@ The demo runs its replicas, sidecars and proxies (``inferwatch demo --no-prometh
 test runs its own Prometheus on the demo's ports with the generated rule files loaded (the
 demo's scrape config, plus a ``cluster`` target label as a multi-cluster setup adds), and a
 scenario that makes the fault series exist: a contained (restart-app, non-fatal) XID on the
-replica the variables pick, and some degenerate answers. Each variable is set to a real value, read with the
-variable's own ``label_values`` query; a panel is dead when none of its queries returns one
-finite sample. The snapshot command is checked against the same stack.
+replica the variables pick, and some degenerate answers. Each variable is set to a real
+value, read with the variable's own ``label_values`` query; a panel is dead when none of
+its queries returns one finite sample. The snapshot command is checked against the same stack.
 """
 
 from __future__ import annotations
@@ -197,14 +197,20 @@ def dead_panels(stack: Stack, boards: Mapping[str, Mapping[str, Any]]) -> list[s
     return dead
 
 
-def test_every_panel_returns_data_with_each_variable_set(stack: Stack) -> None:
+@pytest.fixture(scope="module")
+def dead_after_waiting(stack: Stack) -> list[str]:
+    """The dead panels once every panel has data or the deadline passed."""
     boards = writer.dashboards(alert_config.load())
     deadline = time.monotonic() + DATA_DEADLINE_S
     dead = dead_panels(stack, boards)
     while dead and time.monotonic() < deadline:
         time.sleep(3)
         dead = dead_panels(stack, boards)
-    assert dead == [], "dead panels: " + "; ".join(dead)
+    return dead
+
+
+def test_every_panel_returns_data_with_each_variable_set(dead_after_waiting: list[str]) -> None:
+    assert dead_after_waiting == [], "dead panels: " + "; ".join(dead_after_waiting)
 
 
 def test_a_dead_panel_is_named(stack: Stack) -> None:
@@ -215,3 +221,46 @@ def test_a_dead_panel_is_named(stack: Stack) -> None:
             {"refId": "A", "expr": "inferwatch_gpu_xid_errors_total{xid=\"999\"}"}]}],
     }  # fmt: skip
     assert dead_panels(stack, {"x": board}) == ["x 7 'Nothing here'"]
+
+
+# --- inferwatch snapshot against the same Prometheus -----------------------------------------
+def snapshot(stack: Stack, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*INFERWATCH, "snapshot", "--prometheus", stack.prometheus, "--from", "2m",
+         "--scrape-interval", f"{SCRAPE_S:g}s", "--out", str(out), *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("board", ["fleet", "gpu"])
+def test_snapshot_draws_every_panel_of_the_board_with_data(
+    stack: Stack, dead_after_waiting: list[str], tmp_path: Path, board: str
+) -> None:
+    import matplotlib.image
+
+    out = tmp_path / f"{board}.png"
+    result = snapshot(stack, out, "--dashboard", board, "--var", "replica=primary-v1")
+    assert result.returncode == 0, result.stderr
+    dashboard = writer.dashboards(alert_config.load())[board]
+    count = len(queries.panels(dashboard))
+    assert result.stdout.strip() == f"{out}: {board}, {count} of {count} panels with data"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pixels = matplotlib.image.imread(out)
+    units = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in dashboard["panels"]) + 2
+    assert pixels.shape[1] == 1280 and abs(pixels.shape[0] - units * 0.34 * 80) <= 1
+    # series are drawn in colour: a blank or all-"No data" board is only greys
+    rgb = pixels[..., :3]
+    coloured = (rgb.max(axis=2) - rgb.min(axis=2)) > 0.25
+    assert coloured.mean() > 0.002, coloured.mean()
+
+
+def test_snapshot_of_a_range_without_data_is_one_line_and_exit_2(
+    stack: Stack, tmp_path: Path
+) -> None:
+    out = tmp_path / "none.png"
+    result = snapshot(stack, out, "--dashboard", "fleet", "--var", "cluster=nowhere")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"Error: no data for any panel of fleet in the last 2m at {stack.prometheus}"
+    ]
+    assert not out.exists()

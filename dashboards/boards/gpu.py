@@ -27,8 +27,8 @@ def board(ctx: Ctx) -> Board:
     window = xid.text("window")
     throttle = ", ".join(config.alert("InferwatchGPUClocksThrottled").names("warning_reasons"))
     by_gpu = f"{c}, pod, gpu_uuid"
-    xids = j(f"increase({ctx.m('gpu_xid_errors', C)}[{window}])")
-    ecc = j(f"increase({ctx.m('gpu_ecc_errors', C)}[{ecc_window}])")
+    xids = j(ctx.new_in(ctx.m("gpu_xid_errors", C), window))
+    ecc = j(ctx.new_in(ctx.m("gpu_ecc_errors", C), ecc_window))
     slowdown = ctx.m("gpu_temperature_threshold", C, 'threshold="slowdown"')
     power = j(f"rate({ctx.m('gpu_energy', C)}[$__rate_interval])")
     return Board(

@@ -23,6 +23,7 @@ def board(ctx: Ctx) -> Board:
     c = config.cluster_label
     pod = ctx.by("pod")
     kv = config.alert("InferwatchKVCacheSaturated").number("usage")
+    xid_window = config.alert("InferwatchGPUXidErrors").text("window")
     temp_margin = config.alert("InferwatchGPUTemperatureNearSlowdown").number("margin")
     return Board(
         "replica", "Inferwatch / Replica drill-down",
@@ -81,12 +82,13 @@ def board(ctx: Ctx) -> Board:
                  "temp {{gpu_uuid}}"),
                Q(ctx.on_replica(ctx.m("gpu_power", C)), "W {{gpu_uuid}}")]),
         Panel(9, "GPU health and XIDs", "1 while the GPU is healthy (0 with the reason), "
-              "and XID errors in the last 10m by action. Any reset_gpu or reboot_node XID "
+              f"and XID errors in the last {xid_window} by action. Any reset_gpu or reboot_node "
+              "XID "
               "means drain and repair the GPU, not restart the engine.", "short",
               [Q(ctx.on_replica(f"min without (reason) ({ctx.m('gpu_healthy', C)})"),
                  "healthy {{gpu_uuid}}"),
                Q(f"sum by ({c}, pod, action) ("
-                 + ctx.on_replica(f"increase({ctx.m('gpu_xid_errors', C)}[10m])") + ")",
+                 + ctx.on_replica(ctx.new_in(ctx.m("gpu_xid_errors", C), xid_window)) + ")",
                  "XID {{action}}")],
               thresholds=below(1)),
     ).row(
