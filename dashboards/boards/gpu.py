@@ -123,14 +123,18 @@ def board(ctx: Ctx) -> Board:
               [Q(f"sum by ({c}, node) ({power})", "{{node}}")]),
     ).row(
         "Saturation",
-        Panel(8, "KV-cache usage and queue", f"KV-cache usage averaged over 5m, and waiting "
-              f"requests. Usage at {kv.number('usage'):g} with at least "
-              f"{kv.number('min_waiting'):g} waiting is InferwatchKVCacheSaturated: the "
-              "engine preempts; lower max_tokens or add replicas.", "percentunit",
-              [Q(f"avg_over_time({ctx.m('engine_kv_cache_usage', E)}[5m])", "KV {{pod}}"),
-               Q(f"avg_over_time({ctx.m('engine_requests_waiting', E)}[5m])",
-                 "waiting {{pod}}")],
-              thresholds=above(None, kv.number("usage"))),
+        Panel(8, "KV-cache usage (5m average)", "KV-cache usage per replica averaged over "
+              f"5m. At {kv.number('usage'):g} with at least {kv.number('min_waiting'):g} "
+              "request waiting (next panel) it is InferwatchKVCacheSaturated: the engine "
+              "preempts; lower max_tokens or add replicas.", "percentunit",
+              [Q(f"avg_over_time({ctx.m('engine_kv_cache_usage', E)}[5m])", "{{pod}}")],
+              thresholds=above(None, kv.number("usage")), max=1),
+        Panel(17, "Requests waiting (5m average)", "Requests queued in each engine, averaged "
+              f"over 5m: the other half of InferwatchKVCacheSaturated (at least "
+              f"{kv.number('min_waiting'):g}). A queue with a full KV cache is saturation, not "
+              "a slow GPU.", "short",
+              [Q(f"avg_over_time({ctx.m('engine_requests_waiting', E)}[5m])", "{{pod}}")],
+              thresholds=above(None, kv.number("min_waiting"))),
         Panel(9, "Preemptions per request", "Preempted requests per finished request, per "
               f"replica. Above {preempt:g} is InferwatchPreemptionStorm.", "percentunit",
               [Q(f"sum without (reason) ({ctx.rate('engine_preemptions', E)}) / "

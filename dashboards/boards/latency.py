@@ -21,7 +21,6 @@ MEANING = {
 def board(ctx: Ctx) -> Board:
     config = ctx.config
     c = config.cluster_label
-    queue = ctx.m("engine_request_queue_duration", Scope.ENGINE, suffix="_bucket")
     return Board(
         "latency", "Inferwatch / Latency and SLOs",
         "TTFT, TPOT and end-to-end latency quantiles per model version against the alert "
@@ -32,8 +31,36 @@ def board(ctx: Ctx) -> Board:
         Panel(4, "Queue time p99", "Time requests waited in the engine before being "
               "scheduled. When it makes up most of TTFT, the replica is saturated rather "
               "than slow.", "s",
-              [Q(f"histogram_quantile(0.99, sum by ({c}, model, model_version, le) "
-                 f"(rate({queue}[$__rate_interval])))", "p99 {{model_version}}")], width=24),
+              [Q(_quantile(ctx, "engine_request_queue_duration", 0.99), "p99 {{model_version}}")],
+              width=12),
+        Panel(5, "Inter-token latency p50 / p99", "Time between consecutive output tokens "
+              "of a request (what a streaming user feels). Spikes with steady TPOT mean "
+              "prefill of new requests interrupts decoding: consider chunked prefill.", "s",
+              [Q(_quantile(ctx, "engine_inter_token_latency", q),
+                 f"p{q * 100:g} {{{{model_version}}}}") for q in (0.5, 0.99)], width=12),
+    ).row(
+        "Requests",
+        Panel(6, "Prompt and output length p50 / p99", "Tokens per request in and out. "
+              "Longer prompts raise TTFT and longer outputs E2E latency without anything "
+              "being wrong: check here before blaming the engine.", "short",
+              [Q(_quantile(ctx, key, q), f"{name} p{q * 100:g} {{{{model_version}}}}")
+               for key, name in (("engine_request_prompt_tokens", "prompt"),
+                                 ("engine_request_generation_tokens", "output"))
+               for q in (0.5, 0.99)]),
+        Panel(7, "Finished requests by reason", "Requests per second by finish reason: "
+              "stop (the model ended), length (hit max_tokens), abort, error. A jump in "
+              "length means clients' max_tokens truncate answers.", "reqps",
+              [Q(f"sum by ({c}, model_version, reason) "
+                 f"({ctx.rate('engine_requests_finished', Scope.ENGINE)})",
+                 "{{model_version}} {{reason}}")]),
+        Panel(8, "Prefill and decode time per request (mean)", "Mean time to first token "
+              "less mean queue time (prefill), and mean end-to-end less mean time to first "
+              "token (decode). Which of the two grew tells prompt-side from output-side "
+              "slowness.", "s",
+              [Q(f"{_mean(ctx, 'engine_time_to_first_token')} - "
+                 f"{_mean(ctx, 'engine_request_queue_duration')}", "prefill {{model_version}}"),
+               Q(f"{_mean(ctx, 'engine_request_duration')} - "
+                 f"{_mean(ctx, 'engine_time_to_first_token')}", "decode {{model_version}}")]),
     ).row(
         "SLO burn rates",
         _burn(ctx, 10, "ttft", "TTFT SLO"),
@@ -41,6 +68,21 @@ def board(ctx: Ctx) -> Board:
         *[_budget(ctx, pid, slo, name)
           for pid, slo, name in ((12, "ttft", "TTFT"), (13, "availability", "Availability"))],
     )  # fmt: skip
+
+
+def _quantile(ctx: Ctx, key: str, q: float) -> str:
+    """A quantile per model version straight from a histogram no recording rule covers."""
+    bucket = ctx.m(key, Scope.ENGINE, suffix="_bucket")
+    return (f"histogram_quantile({q:g}, sum by ({ctx.config.cluster_label}, model, "
+            f"model_version, le) (rate({bucket}[$__rate_interval])))")  # fmt: skip
+
+
+def _mean(ctx: Ctx, key: str) -> str:
+    """Mean observation per model version over the rate window of a histogram."""
+    mv = ctx.by("model", "model_version")
+    total = ctx.rate(key, Scope.ENGINE, suffix="_sum")
+    count = ctx.rate(key, Scope.ENGINE, suffix="_count")
+    return f"(sum {mv} ({total}) / sum {mv} ({count}))"
 
 
 def _quantiles(ctx: Ctx, pid: int, signal: str) -> Panel:
