@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 from click.testing import CliRunner
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferwatch import catalog
@@ -269,6 +269,8 @@ BAD_CONFIGS = [
     ("latency: {thresholds: {ttft: {warning: 9}}}\n", "latency.thresholds.ttft", "below critical"),
     ("latency: {models: {m: {ttfb: {warning: 1}}}}\n", "latency.models.m.ttfb", "unknown"),
     ("selectors: {sidecar: '{job=\"x\"}'}\n", "selectors.sidecar", "braces"),
+    ("selectors: {proxy: 'job=x'}\n", "selectors.proxy", "label matchers"),
+    ("links: {dashboard_url: 'https://g/d/{board}'}\n", "links.dashboard_url", "'panel'"),
     ("links: {runbook_url: https://x/runbooks}\n", "links.runbook_url", "{alertname}"),
     ("cluster_label: 'my cluster'\n", "cluster_label", "label name"),
     ("- just\n- a list\n", "top level", "mapping"),
@@ -295,6 +297,7 @@ def test_a_config_error_is_one_line_naming_file_field_and_reason(
     assert result.output.strip() == f"Error: {message}"
 
 
+@settings(deadline=None)  # a busy 2-core machine is slow, not wrong
 @given(st.binary(max_size=200))
 def test_any_bytes_as_a_config_give_a_config_error_or_a_config(data: bytes) -> None:
     import tempfile
@@ -306,6 +309,50 @@ def test_any_bytes_as_a_config_give_a_config_error_or_a_config(data: bytes) -> N
             config.load(path)
         except config.ConfigError as exc:
             assert "\n" not in str(exc)
+
+
+def _paths(document: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = []
+    for key, value in document.items():
+        found.append((*prefix, key))
+        if isinstance(value, dict):
+            found += _paths(value, (*prefix, key))
+    return found
+
+
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 100),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.sampled_from(["5m", "0s", "1h30m", "-1m", "2.5", 'job="x"', "{x}"]),
+    st.lists(st.one_of(st.integers(0, 3), st.text(max_size=4)), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(0, 3), max_size=2),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(_paths(config.defaults())), VALUES)
+def test_any_value_at_any_field_is_rejected_in_one_line_or_generates(
+    path: tuple[str, ...], value: Any
+) -> None:
+    import tempfile
+
+    document: Any = value
+    for key in reversed(path):
+        document = {key: document}
+    with tempfile.TemporaryDirectory() as folder:
+        file = Path(folder) / "c.yaml"
+        file.write_text(yaml.safe_dump(document), encoding="utf-8")
+        try:
+            loaded = config.load(file)
+        except config.ConfigError as exc:
+            message = str(exc)
+            assert "\n" not in message and message.startswith(f"{file}: ")
+            return
+    files = writer.render(loaded)  # an accepted config always builds
+    assert set(files) >= {"recording.yaml", *(f"{layer}.yaml" for layer in build.LAYER_BUILDERS)}
 
 
 def test_missing_and_oversized_config_files(tmp_path: Path) -> None:
@@ -364,6 +411,7 @@ def go_style(value: float) -> str:
     return text
 
 
+@settings(deadline=None)  # a busy 2-core machine is slow, not wrong
 @given(st.sampled_from(BOUNDS), st.sampled_from(["repr", "go", "e", ".2e", "E", "pad"]))
 def test_le_matcher_accepts_every_spelling_of_its_bound(bound: float, style: str) -> None:
     spelled = {
@@ -378,6 +426,7 @@ def test_le_matcher_accepts_every_spelling_of_its_bound(bound: float, style: str
     assert re.fullmatch(pattern, spelled), (bound, spelled)
 
 
+@settings(deadline=None)  # a busy 2-core machine is slow, not wrong
 @given(st.sampled_from(BOUNDS), st.sampled_from(BOUNDS))
 def test_le_matcher_rejects_other_bounds(bound: float, other: float) -> None:
     pattern = promql.le_regex(bound).replace("\\\\", "\\")
@@ -401,3 +450,109 @@ def test_slo_threshold_snaps_down_to_a_bucket_bound() -> None:
     ]
     assert len(slo) == 1 and promql.le_matcher(2.5) in slo[0]["expr"]
     assert promql.le_matcher(2.5) == 'le=~"2\\\\.50*|2\\\\.50*[eE]\\\\+?0*0"'
+
+
+@needs_promtool
+def test_model_names_with_quotes_and_dots_stay_valid_promql(tmp_path: Path) -> None:
+    odd = 'org/model-2.5 "fast" \\\\ v'
+    path = write(
+        tmp_path,
+        yaml.safe_dump(
+            {
+                "latency": {"models": {odd: {"ttft": {"warning": 1.0}}}},
+                "alerts": {"InferwatchCostPer1kTokensDrift": {"baselines": {odd: 0.2}}},
+            }
+        ),
+    )
+    writer.write(tmp_path / "out", writer.render(config.load(path)))
+    files = [str(tmp_path / "out" / f) for f in ("latency.yaml", "cost.yaml")]
+    done = subprocess.run(
+        [str(PROMTOOL), "check", "rules", *files],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# Series each recording rule keeps for one vLLM replica, from the sidecar's golden page: the
+# cardinality the rules add, per model version (pod-level rules: per replica).
+SIDECAR_PAGE = ROOT / "tests" / "golden" / "engines" / "vllm-generated-0.33.0-1engine.prom"
+SERIES_PER_VERSION = {
+    "pod:inferwatch_engine_requests:rate5m": 1,
+    "pod:inferwatch_engine_request_errors:rate5m": 1,
+    "model_version:inferwatch_engine_requests:rate5m": 1,
+    "model_version:inferwatch_engine_request_errors:rate5m": 1,
+    "model_version:inferwatch_engine_request_errors_per_request:ratio_rate5m": 1,
+    "model_version:inferwatch_engine_prompt_tokens:rate5m": 1,
+    "model_version:inferwatch_engine_generation_tokens:rate5m": 1,
+    "model_version:inferwatch_engine_time_to_first_token_seconds_bucket:rate5m": 23,
+    "model_version:inferwatch_engine_time_per_output_token_seconds_bucket:rate5m": 20,
+    "model_version:inferwatch_engine_request_duration_seconds_bucket:rate5m": 22,
+    "model_version:inferwatch_engine_time_to_first_token_seconds:histogram_quantile_rate5m": 3,
+    "model_version:inferwatch_engine_time_per_output_token_seconds:histogram_quantile_rate5m": 3,
+    "model_version:inferwatch_engine_request_duration_seconds:histogram_quantile_rate5m": 3,
+    "model_version:inferwatch_engine_kv_cache_usage_ratio:max": 1,
+    "model_version:inferwatch_engine_requests_waiting:sum": 1,
+    **{
+        f"model_version:{metric}:slo_error_ratio_rate{window}": 1
+        for metric in (
+            "inferwatch_engine_requests",
+            "inferwatch_engine_time_to_first_token_seconds",
+        )
+        for window in ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
+    },
+}
+
+
+@needs_promtool
+def test_recording_rules_keep_a_known_number_of_series_per_replica(tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    series = []
+    for family in text_string_to_metric_families(SIDECAR_PAGE.read_text(encoding="utf-8")):
+        for sample in family.samples:
+            labels = {**sample.labels, "instance": "10.1.0.7:9400", "job": "inferwatch-sidecar"}
+            selector = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+            growth = max(sample.value, 1.0)
+            series.append(
+                {"series": f"{sample.name}{{{selector}}}", "values": f"{sample.value}+{growth}x10"}
+            )
+    writer.write(tmp_path, writer.render(config.load()))
+    test = {
+        "rule_files": [str(tmp_path / "recording.yaml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": 'count by (__name__) ({__name__=~".+:.+:.+"})',
+                        "eval_time": "10m",
+                        "exp_samples": [
+                            {"labels": f'{{__name__="{name}"}}', "value": count}
+                            for name, count in SERIES_PER_VERSION.items()
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test), encoding="utf-8")
+    done = subprocess.run(
+        [str(PROMTOOL), "test", "rules", str(tmp_path / "test.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    # every recording rule is accounted for (the per-tenant ones need proxy series)
+    recorded = {r["record"] for r in rules(writer.render(config.load())) if "record" in r}
+    assert recorded - set(SERIES_PER_VERSION) == {
+        "tenant:inferwatch_tenancy_tokens:rate5m",
+        "tenant:inferwatch_tenancy_cost:rate5m",
+        "model_version:inferwatch_tenancy_cost_per_1k_tokens:ratio_rate5m",
+    }
