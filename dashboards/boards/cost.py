@@ -10,7 +10,7 @@ from inferwatch.alerts import recording
 from inferwatch.alerts.promql import seconds_text
 from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below
 
-T, TO, C = Scope.TENANT, Scope.TENANT_ONLY, Scope.CLUSTER
+T, TO, C, MV = Scope.TENANT, Scope.TENANT_ONLY, Scope.CLUSTER, Scope.MODEL_VERSION
 REJECTED = 'outcome=~"rejected_.*"'
 
 
@@ -23,6 +23,16 @@ def board(ctx: Ctx) -> Board:
     reconcile = config.alert("InferwatchReconciliationDrift").number("tokens")
     remaining = ctx.m("tenancy_budget_remaining", TO)
     per_1k = ctx.r(recording.cost_per_1k(config))
+    # the baseline is cost over tokens across the window (every tenant, as the ratio), not an
+    # average of the ratio: that is NaN while a version has no tokens, and one NaN makes the
+    # whole window's average NaN
+    window = drift.text("baseline_window")
+    mv = ctx.by("model", "model_version")
+    tokens = ctx.r(recording.tenant_tokens(config), MV, 'token_type=~"prompt|completion"')
+    baseline = (
+        f"(1000 * sum {mv} (avg_over_time({ctx.r(recording.tenant_cost(config), MV)}[{window}])) "
+        f"/ sum {mv} (avg_over_time({tokens}[{window}])))"
+    )
     tenant_by = ctx.by("tenant", "model", "model_version")
     admitted = ctx.rate("tenancy_requests", T, 'outcome="ok"')
     return Board(
@@ -42,12 +52,11 @@ def board(ctx: Ctx) -> Board:
                  f"{seconds_text(budget.text('horizon'))})", "{{tenant}} projected")],
               thresholds=below(0)),
         Panel(2, "Cost per 1k tokens against its baseline", "Cost per 1k prompt and "
-              f"completion tokens divided by its own {drift.text('baseline_window')} average. "
+              f"completion tokens divided by the same over the last {window}. "
               f"Above {1 + drift.number('drift'):g} is InferwatchCostPer1kTokensDrift: the "
               "token mix or prices changed; check for longer outputs or a pricing change.",
               "short",
-              [Q(f"{per_1k} / avg_over_time({per_1k}[{drift.text('baseline_window')}])",
-                 "{{model}} {{model_version}}")],
+              [Q(f"{per_1k} / {baseline}", "{{model}} {{model_version}}")],
               thresholds=above(None, 1 + drift.number("drift"))),
         Panel(3, "Admission rejections", "Share of each tenant's requests the proxy refused, "
               f"by reason. Above {rejections:g} is InferwatchAdmissionRejectionsRising: budget "
