@@ -120,7 +120,8 @@ class Prometheus:
                            "a Prometheus?") from None  # fmt: skip
         if not isinstance(document, dict) or document.get("status") != "success":
             error = document.get("error") if isinstance(document, dict) else None
-            raise BadInput(f"Prometheus refused {params.get('query', path)!r}: {error}")
+            reason = error or "not a Prometheus API answer"
+            raise BadInput(f"Prometheus refused {params.get('query', path)!r}: {reason}")
         return document["data"]
 
     def range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:

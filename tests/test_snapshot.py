@@ -8,15 +8,25 @@ that test runs.
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
 from inferwatch.cli import main
-from inferwatch.dashboards.snapshot import format_value, legend, time_ticks
+from inferwatch.dashboards.snapshot import (
+    MAX_ANSWER_BYTES,
+    BadInput,
+    Prometheus,
+    format_value,
+    legend,
+    time_ticks,
+)
 
 
 def run(*args: str) -> tuple[int, list[str]]:
@@ -92,3 +102,40 @@ def test_time_ticks_fall_on_round_times(window: int, step: int) -> None:
     assert 2 <= len(ticks) <= 6
     assert all(t.timestamp() % step == 0 for t in ticks)
     assert ticks[0] >= datetime.fromtimestamp(end - window)
+
+
+def prometheus_answering(handler: Callable[[httpx.Request], httpx.Response]) -> Prometheus:
+    return Prometheus("http://prom", httpx.Client(transport=httpx.MockTransport(handler)))
+
+
+def test_an_answer_over_the_size_cap_is_refused_while_read() -> None:
+    sent = []
+
+    def huge(request: httpx.Request) -> httpx.Response:
+        def body() -> Iterator[bytes]:
+            for _ in range(MAX_ANSWER_BYTES // 65536 + 10):
+                sent.append(1)
+                yield b" " * 65536
+
+        return httpx.Response(200, content=body())
+
+    with pytest.raises(BadInput, match=f"answer over {MAX_ANSWER_BYTES} bytes"):
+        prometheus_answering(huge).range("up", 0, 60, 15)
+    assert len(sent) <= MAX_ANSWER_BYTES // 65536 + 2  # stopped reading at the cap
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "message"),
+    [
+        (400, '{"status":"error","errorType":"bad_data","error":"parse error at char 3"}',
+         "Prometheus refused 'up{': parse error at char 3"),
+        (200, "<html>hello</html>", "answered 200 without JSON: is it a Prometheus?"),
+        (200, "[1, 2]", "Prometheus refused 'up{': not a Prometheus API answer"),
+    ],
+)  # fmt: skip
+def test_a_refused_or_foreign_answer_is_one_clear_error(
+    status: int, body: str, message: str
+) -> None:
+    prom = prometheus_answering(lambda request: httpx.Response(status, text=body))
+    with pytest.raises(BadInput, match=re.escape(message)):
+        prom.range("up{", 0, 60, 15)
