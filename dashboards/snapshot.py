@@ -286,7 +286,7 @@ def _thresholds(ax: Any, panel: Mapping[str, Any], series: Sequence[Series], uni
             ax.axhline(value, color=step["color"], linestyle="--", linewidth=1)
         else:
             above.append(f"{step['color']} at {format_value(value, unit)}")
-    ax.set_ylim(min(low, 0), top)
+    ax.set_ylim(min(low, 0), max(top, high * 1.08) if high > 0 else top)  # line off the frame
     if above:
         ax.text(0.99, 0.97, "thresholds above: " + ", ".join(above), ha="right", va="top",
                 transform=ax.transAxes, fontsize=6, color="#aa3333")  # fmt: skip
