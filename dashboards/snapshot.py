@@ -320,14 +320,12 @@ def variable_values(dashboard: Mapping[str, Any], given: Sequence[str]) -> dict[
 @click.command()
 @click.option(
     "--dashboard",
-    "name",
     required=True,
     show_envvar=True,
     help="Board to render: fleet, latency, replica, gpu, cost, quality, versions.",
 )
 @click.option(
     "--prometheus",
-    "url",
     required=True,
     show_envvar=True,
     help="Prometheus base URL, e.g. http://127.0.0.1:9090.",
@@ -336,6 +334,7 @@ def variable_values(dashboard: Mapping[str, Any], given: Sequence[str]) -> dict[
     "--from",
     "since",
     default="15m",
+    envvar="INFERWATCH_SNAPSHOT_FROM",
     show_envvar=True,
     help="How far back from now to draw (a Prometheus duration).",
 )
@@ -348,7 +347,6 @@ def variable_values(dashboard: Mapping[str, Any], given: Sequence[str]) -> dict[
 )
 @click.option(
     "--var",
-    "variables",
     multiple=True,
     show_envvar=True,
     help="Set a board variable, NAME=VALUE (repeatable); unset ones are All.",
@@ -364,13 +362,15 @@ def variable_values(dashboard: Mapping[str, Any], given: Sequence[str]) -> dict[
     "config_path",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
+    envvar="INFERWATCH_SNAPSHOT_CONFIG",
     show_envvar=True,
     help="Alert config the boards are built from (thresholds, selectors).",
 )
 @click.option("--timeout", default=10.0, show_envvar=True, help="Seconds per query.")
-def snapshot(name: str, url: str, since: str, out: Path | None, variables: tuple[str, ...],
+def snapshot(dashboard: str, prometheus: str, since: str, out: Path | None, var: tuple[str, ...],
              scrape_interval: str, config_path: Path | None, timeout: float) -> None:  # fmt: skip
     """Render one dashboard's panels from Prometheus into a PNG, laid out as the board is."""
+    name, url = dashboard, prometheus
     for option, value in (("--from", since), ("--scrape-interval", scrape_interval)):
         if not _DURATION.match(value) or seconds(value) <= 0:
             raise BadInput(f"{option} {value!r}: expected a duration above 0 such as 15m or 1h")
@@ -383,17 +383,17 @@ def snapshot(name: str, url: str, since: str, out: Path | None, variables: tuple
     boards = writer.dashboards(config)
     if name not in boards:
         raise BadInput(f"unknown dashboard {name!r}; known: {', '.join(boards)}")
-    dashboard = boards[name]
-    values = variable_values(dashboard, variables)
+    board = boards[name]
+    values = variable_values(board, var)
     target = out if out is not None else Path(f"{name}.png")
-    shown = ", ".join(f"{v}" for v in variables) or "all variables at All"
+    shown = ", ".join(var) or "all variables at All"
     with httpx.Client(timeout=timeout) as http:
         prom = Prometheus(url, http)
         prom.get("/api/v1/status/buildinfo", {})  # reachable and a Prometheus, or one line
         subtitle = f"last {since} to {datetime.now():%Y-%m-%d %H:%M} · {shown}"
         window = Window.last(seconds(since))
         grafana = window.grafana(values, seconds(scrape_interval))
-        total, with_data = render(dashboard, prom, grafana, window, target, subtitle)
+        total, with_data = render(board, prom, grafana, window, target, subtitle)
     if with_data == 0:
         target.unlink(missing_ok=True)
         raise BadInput(f"no data for any panel of {name} in the last {since} at {url}")

@@ -87,6 +87,7 @@ def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
     "config_path",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
+    envvar="INFERWATCH_GENERATE_DASHBOARDS_CONFIG",
     show_envvar=True,
     help="Alert config (thresholds, selectors, cluster label) read on top of the defaults.",
 )
@@ -97,7 +98,9 @@ def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
     show_envvar=True,
     help="Directory for the dashboards [default: dashboards/generated of this checkout].",
 )
-@click.option("--check", is_flag=True, help="Fail instead of writing when a file is stale.")
+@click.option(
+    "--check", is_flag=True, show_envvar=True, help="Fail instead of writing when a file is stale."
+)
 def dashboards(config_path: Path | None, out: Path | None, check: bool) -> None:
     """Write the Grafana dashboards (JSON), a ConfigMap per board and a provisioning file."""
     from inferwatch.alerts import config
