@@ -9,6 +9,7 @@ went wrong, never a raw socket exception.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from dataclasses import dataclass
 
@@ -59,7 +60,7 @@ class RuntimeApi:
                 f"haproxy runtime API at {self.address}: no answer within {self.timeout:g}s"
             ) from None
         except OSError as exc:
-            reason = exc.strerror or str(exc) or type(exc).__name__
+            reason = os.strerror(exc.errno) if exc.errno else str(exc) or type(exc).__name__
             raise RuntimeApiError(f"haproxy runtime API at {self.address}: {reason}") from None
 
     async def _exchange(self, line: str) -> str:
