@@ -166,7 +166,9 @@ def _check(topology: Topology) -> None:
         if model.fallback is None:
             continue
         if model.fallback not in names or model.fallback == model.name:
-            raise TopologyError(f"model {model.name}: fallback {model.fallback!r} is not another model")
+            raise TopologyError(
+                f"model {model.name}: fallback {model.fallback!r} is not another model"
+            )
 
 
 def _address(value: Any, what: str) -> str:
@@ -192,9 +194,7 @@ def _runtime(value: Any) -> str:
     return _address(text, "runtime")
 
 
-def from_demo(
-    ports: Any, listen: str, runtime: str, metrics: str | None = None
-) -> Topology:
+def from_demo(ports: Any, listen: str, runtime: str, metrics: str | None = None) -> Topology:
     """The demo fleet's topology (``inferwatch.demo.topology``) behind one gateway.
 
     Clients call each replica's tenancy proxy; HAProxy checks each replica's sidecar.
@@ -302,8 +302,7 @@ def _frontend(topology: Topology) -> list[str]:
         match = f"{{ var(txn.model) -m str {model.name} }}"
         if model.fallback is not None:
             lines.append(
-                f"    use_backend {backend_name(model.fallback)} if {match} "
-                f"{{ nbsrv({own}) lt 1 }}"
+                f"    use_backend {backend_name(model.fallback)} if {match} {{ nbsrv({own}) lt 1 }}"
             )
         lines.append(f"    use_backend {own} if {match}")
     lines.append(f"    default_backend {backend_name(topology.models[0].name)}")

@@ -9,6 +9,7 @@ went wrong, never a raw socket exception.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 from dataclasses import dataclass
@@ -17,7 +18,14 @@ from dataclasses import dataclass
 MAX_ANSWER = 1 << 20
 TIMEOUT = 5.0
 # HAProxy's answers to a command it could not carry out (first line of the reply)
-_FAILURES = ("No such", "Can't find", "Unknown command", "Permission denied", "Require ", "Invalid ")
+_FAILURES = (
+    "No such",
+    "Can't find",
+    "Unknown command",
+    "Permission denied",
+    "Require ",
+    "Invalid ",
+)
 _COMMAND = re.compile(r"^[\x20-\x7e]{1,1024}$")
 _WEIGHT = re.compile(r"^(\d+) \(initial (\d+)\)$")
 
@@ -83,10 +91,8 @@ class RuntimeApi:
                 total += len(data)
         finally:
             writer.close()
-            try:
+            with contextlib.suppress(OSError):
                 await writer.wait_closed()
-            except OSError:
-                pass
         if total > MAX_ANSWER:
             raise RuntimeApiError(f"haproxy runtime API: answer over {MAX_ANSWER} bytes")
         answer = b"".join(chunks).decode("utf-8", "replace")

@@ -132,3 +132,10 @@ def test_unreadable_yaml_is_one_clear_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["generate", "gateway", "--topology", str(path)])
     assert result.exit_code == 1
     assert "cannot read topology" in result.output and "Traceback" not in result.output
+
+
+def test_the_readme_topology_is_the_demo_fleet() -> None:
+    """The README's example topology file renders exactly the committed demo config."""
+    section = (REPO / "README.md").read_text(encoding="utf-8").split("### The gateway", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert gateway.render(gateway.parse(yaml.safe_load(example))) == EXAMPLE.read_text("utf-8")

@@ -82,17 +82,20 @@ class Gateway:
                 if model is not None:
                     body["model"] = model  # type: ignore[assignment]
                 reply = client.post(self.url + "/v1/chat/completions", json=body, headers=headers)
-                seen[reply.json()["replica"] if reply.status_code == 200 else
-                     f"HTTP {reply.status_code}"] += 1  # fmt: skip
+                seen[
+                    reply.json()["replica"]
+                    if reply.status_code == 200
+                    else f"HTTP {reply.status_code}"
+                ] += 1
         return seen
 
-    def states(self, backend: str) -> dict[str, int]:
+    def states(self, backend: str) -> dict[str, bool]:
         servers = asyncio.run(RuntimeApi(self.runtime).servers(backend))
-        return {s.name: s.op_state for s in servers}
+        return {s.name: s.up for s in servers}
 
     def wait_state(self, backend: str, server: str, up: bool) -> None:
         deadline = time.monotonic() + DEADLINE
-        while (self.states(backend)[server] == 2) != up:
+        while self.states(backend)[server] != up:
             assert time.monotonic() < deadline, f"{backend}/{server} never went {up=}"
             time.sleep(0.1)
 
@@ -100,8 +103,12 @@ class Gateway:
 ReplicaSpec = tuple[str, str, str, int]  # model, replica, version, weight
 
 
-def _start(haproxy_bin: str, tmp_path: Path, replicas: list[ReplicaSpec],
-           dead: frozenset[str] = frozenset()) -> Gateway:  # fmt: skip
+def _start(
+    haproxy_bin: str,
+    tmp_path: Path,
+    replicas: list[ReplicaSpec],
+    dead: frozenset[str] = frozenset(),
+) -> Gateway:
     """Stubs for ``replicas`` and haproxy in front of them; replicas in ``dead`` listen nowhere."""
     ports = iter(free_ports(2 * len(replicas) + 1))
     listen = next(ports)
@@ -117,8 +124,13 @@ def _start(haproxy_bin: str, tmp_path: Path, replicas: list[ReplicaSpec],
         sidecars[name] = _Stub(check, name, "sidecar")
         stubs.append(sidecars[name])
         models[model]["replicas"].append(
-            {"name": name, "version": version, "address": f"127.0.0.1:{port}",
-             "check_port": check, "weight": weight}  # fmt: skip
+            {
+                "name": name,
+                "version": version,
+                "address": f"127.0.0.1:{port}",
+                "check_port": check,
+                "weight": weight,
+            }
         )
     for stub in stubs:
         threading.Thread(target=stub.serve_forever, args=(0.05,), daemon=True).start()
@@ -147,9 +159,7 @@ def _start(haproxy_bin: str, tmp_path: Path, replicas: list[ReplicaSpec],
 
 
 @pytest.fixture
-def start_gateway(
-    haproxy_bin: str, tmp_path: Path
-) -> Iterator[Callable[..., Gateway]]:
+def start_gateway(haproxy_bin: str, tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
     started: list[Gateway] = []
 
     def start(replicas: list[ReplicaSpec], dead: frozenset[str] = frozenset()) -> Gateway:
@@ -208,13 +218,13 @@ def test_no_ready_replica_sends_the_model_to_its_fallback(start_gateway: Any) ->
 
 def test_a_dead_replica_loses_no_request_to_redispatch(start_gateway: Any) -> None:
     # its sidecar still answers /readyz, so haproxy keeps it in rotation and must retry
-    gw = start_gateway(FLEET[:1] + [(BIG, "big-2", "v2", 100), FLEET[2]], dead=frozenset({"big-1"}))
+    gw = start_gateway([*FLEET[:1], (BIG, "big-2", "v2", 100), FLEET[2]], dead=frozenset({"big-1"}))
     seen = gw.ask(BIG, 60)
     assert seen == {"big-2": 60}, seen
 
 
 def test_a_session_stays_on_one_replica(start_gateway: Any) -> None:
-    gw = start_gateway(FLEET[:1] + [(BIG, "big-2", "v2", 75), FLEET[2]])
+    gw = start_gateway([*FLEET[:1], (BIG, "big-2", "v2", 75), FLEET[2]])
     homes = {}
     for session in range(16):
         seen = gw.ask(BIG, 6, **{"X-Session-Id": f"conversation-{session}"})
@@ -227,8 +237,14 @@ def test_a_session_stays_on_one_replica(start_gateway: Any) -> None:
 
 
 def _alert(**labels: str) -> Alert:
-    return Alert("firing", {"alertname": "InferwatchProbeFailing", **labels},
-                 {"summary": "probes fail"}, "2026-12-01T08:00:00Z", "", "fp1")  # fmt: skip
+    return Alert(
+        "firing",
+        {"alertname": "InferwatchProbeFailing", **labels},
+        {"summary": "probes fail"},
+        "2026-12-01T08:00:00Z",
+        "",
+        "fp1",
+    )
 
 
 class _Recorder(ShiftTraffic):
@@ -283,13 +299,19 @@ def test_shifting_a_model_moves_its_traffic_to_the_fallback(start_gateway: Any) 
     assert step.desired["drain"] is None
     outcome = asyncio.run(action.apply(step))
     assert outcome.ok and outcome.observed == {
-        "v1:big-1": 0, "v2:big-2": 0, "fallback:small-1": 100}, outcome  # fmt: skip
+        "v1:big-1": 0,
+        "v2:big-2": 0,
+        "fallback:small-1": 100,
+    }, outcome
     assert asyncio.run(action.verify(step)).ok
     assert gw.ask(BIG, 20) == {"small-1": 20}
     assert asyncio.run(action.revert(step)).ok
     weights = asyncio.run(RuntimeApi(gw.runtime).servers(B_BIG))
     assert {s.name: s.weight for s in weights} == {
-        "v1:big-1": 75, "v2:big-2": 25, "fallback:small-1": 0}  # fmt: skip
+        "v1:big-1": 75,
+        "v2:big-2": 25,
+        "fallback:small-1": 0,
+    }
 
 
 def test_draining_the_last_version_raises_the_fallback(start_gateway: Any) -> None:
@@ -310,7 +332,9 @@ def test_a_shift_left_halfway_is_finished_from_where_it_stands(start_gateway: An
     assert outcome.ok and action.sets == [("v2:big-2", 6), ("v2:big-2", 0)]
 
 
-def test_runtime_api_failures_are_outcomes_not_exceptions(start_gateway: Any, tmp_path: Path) -> None:
+def test_runtime_api_failures_are_outcomes_not_exceptions(
+    start_gateway: Any, tmp_path: Path
+) -> None:
     absent = ShiftTraffic(str(tmp_path / "nowhere.sock"))
     for call in (absent.apply, absent.verify, absent.revert):
         outcome = asyncio.run(call(_plan(absent)))

@@ -20,6 +20,7 @@ or ``host:port``) and ``timeout`` per command. Parameters per mapping: ``scope``
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -156,7 +157,7 @@ def _steps(value: Any) -> tuple[float, ...]:
     steps = tuple(value)
     if not all(isinstance(f, int | float) and not isinstance(f, bool) for f in steps):
         raise ActionError(f"steps must be numbers, not {list(steps)!r}")
-    if any(b <= a for a, b in zip(steps, steps[1:], strict=False)) or steps[0] <= 0:
+    if any(b <= a for a, b in itertools.pairwise(steps)) or steps[0] <= 0:
         raise ActionError(f"steps must increase from above 0, not {list(steps)!r}")
     if steps[-1] != 1:
         raise ActionError(f"steps must end at 1 (the whole shift), not {steps[-1]!r}")
