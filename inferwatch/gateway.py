@@ -27,6 +27,7 @@ MODEL_HEADER = "X-Model"
 SESSION_HEADER = "X-Session-Id"
 #: the server-name prefix of a fallback model's replicas inside another model's backend
 FALLBACK = "fallback"
+MAX_TOPOLOGY_BYTES = 1 << 20
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _MODEL = re.compile(r"^[A-Za-z0-9._:/@+-]{1,200}$")
 _ADDRESS = re.compile(r"^(?P<host>[0-9.]+|\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):(?P<port>[0-9]{1,5})$")
@@ -88,8 +89,12 @@ def parse_server_name(name: str) -> tuple[str, str]:
 def load(path: Path) -> Topology:
     """Read a topology YAML file (format in the README's gateway section)."""
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+        with path.open("rb") as file:
+            data = file.read(MAX_TOPOLOGY_BYTES + 1)
+        if len(data) > MAX_TOPOLOGY_BYTES:
+            raise TopologyError(f"topology {path} is over {MAX_TOPOLOGY_BYTES} bytes")
+        document = yaml.safe_load(data.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise TopologyError(f"cannot read topology {path}: {exc}") from None
     return parse(document)
 
@@ -272,6 +277,8 @@ def _defaults() -> list[str]:
         "    retries 2",
         "    option redispatch 1",
         "    retry-on conn-failure",
+        # a fresh server connection per request: a replica that restarted shows up as a
+        # connection failure, which is safe to retry, never as a request lost on a stale one
         "    option http-server-close",
         "    default-server inter 1s fastinter 500ms downinter 1s rise 2 fall 2",
         *(

@@ -27,7 +27,14 @@ _FAILURES = (
     "Invalid ",
 )
 _COMMAND = re.compile(r"^[\x20-\x7e]{1,1024}$")
+#: what HAProxy accepts in a proxy or server name; nothing else reaches a command line, so a
+#: name cannot smuggle a second command (``;``) in
+_NAME = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 _WEIGHT = re.compile(r"^(\d+) \(initial (\d+)\)$")
+
+
+def valid_name(name: str) -> bool:
+    return _NAME.match(name) is not None
 
 
 class RuntimeApiError(Exception):
@@ -103,7 +110,7 @@ class RuntimeApi:
 
     async def servers(self, backend: str) -> list[ServerState]:
         """The servers of ``backend`` in config order (``show servers state``)."""
-        answer = await self.command(f"show servers state {backend}")
+        answer = await self.command(f"show servers state {_checked(backend)}")
         rows = [line for line in answer.splitlines() if line and not line.startswith("#")]
         if rows and rows[0].strip().isdigit():
             rows = rows[1:]  # the format version
@@ -123,7 +130,7 @@ class RuntimeApi:
 
     async def weight(self, backend: str, server: str) -> tuple[int, int]:
         """(current, initial) weight of one server (``get weight``)."""
-        answer = (await self.command(f"get weight {backend}/{server}")).strip()
+        answer = (await self.command(f"get weight {_checked(backend)}/{_checked(server)}")).strip()
         match = _WEIGHT.match(answer)
         if match is None:
             raise RuntimeApiError(f"haproxy: unexpected answer to get weight: {answer[:120]!r}")
@@ -132,6 +139,14 @@ class RuntimeApi:
     async def set_weight(self, backend: str, server: str, weight: int) -> None:
         if not 0 <= weight <= 256:
             raise RuntimeApiError(f"weight {weight} is outside 0-256")
-        answer = await self.command(f"set server {backend}/{server} weight {weight}")
+        answer = await self.command(
+            f"set server {_checked(backend)}/{_checked(server)} weight {weight}"
+        )
         if answer.strip():
             raise RuntimeApiError(f"haproxy: set weight {backend}/{server}: {answer.strip()}")
+
+
+def _checked(name: str) -> str:
+    if not valid_name(name):
+        raise RuntimeApiError(f"not a HAProxy proxy or server name: {name[:80]!r}")
+    return name

@@ -21,12 +21,14 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from inferwatch import gateway
 from inferwatch.demo.topology import free_ports
 from inferwatch.runbooks.actions.base import ActionError, Alert, Step
-from inferwatch.runbooks.actions.haproxy import ShiftTraffic
-from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError
+from inferwatch.runbooks.actions.haproxy import ShiftTraffic, _schedule
+from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError, valid_name
 
 BIG, SMALL = "org/big", "org/small"
 DEADLINE = 20.0
@@ -379,3 +381,46 @@ def test_plan_refuses_what_it_cannot_act_on(
 ) -> None:
     with pytest.raises(ActionError, match=words):
         ShiftTraffic("/tmp/x.sock").plan(_alert(**labels), params)
+
+
+weights_st = st.integers(0, 256)
+
+
+@given(
+    data=st.data(),
+    servers=st.integers(1, 4),
+    cuts=st.lists(st.floats(0.01, 0.99), max_size=5, unique=True),
+)
+def test_every_step_moves_each_weight_part_way_from_start_to_end(
+    data: st.DataObject, servers: int, cuts: list[float]
+) -> None:
+    names = [f"v{i}:r{i}" for i in range(servers)]
+    start = {name: data.draw(weights_st) for name in names}
+    end = {name: data.draw(weights_st) for name in names}
+    fractions = [*sorted(cuts), 1.0]
+    schedule = _schedule(start, end, fractions)
+    assert len(schedule) == len(fractions) and schedule[-1] == end
+    for name in names:
+        path = [start[name]] + [weights[name] for weights in schedule]
+        low, high = sorted((start[name], end[name]))
+        assert all(low <= w <= high for w in path)
+        assert path == sorted(path) or path == sorted(path, reverse=True)
+
+
+@given(model=st.text(max_size=300), version=st.text(max_size=80))
+def test_any_label_text_plans_a_safe_backend_or_refuses(model: str, version: str) -> None:
+    action = ShiftTraffic("/tmp/x.sock")
+    try:
+        steps = action.plan(_alert(model=model, model_version=version), {})
+    except ActionError:
+        return
+    (step,) = steps
+    assert valid_name(step.desired["backend"]) and step.group == model
+
+
+@pytest.mark.parametrize("name", ["m_a;shutdown frontend gateway", "m a", "", "x" * 300])
+def test_a_name_that_is_not_haproxys_never_reaches_the_socket(name: str) -> None:
+    with pytest.raises(RuntimeApiError, match="not a HAProxy"):
+        asyncio.run(RuntimeApi("/nonexistent.sock").set_weight(name, "v1:a", 1))
+    with pytest.raises(ActionError, match="backend"):
+        ShiftTraffic("/tmp/x.sock").plan(_alert(model=BIG), {"backend": name or ";"})

@@ -26,7 +26,12 @@ from typing import Any, ClassVar
 
 from inferwatch.gateway import FALLBACK, backend_name, parse_server_name
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
-from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError, ServerState
+from inferwatch.runbooks.haproxy_runtime import (
+    RuntimeApi,
+    RuntimeApiError,
+    ServerState,
+    valid_name,
+)
 
 DEFAULT_STEPS = (0.25, 0.5, 1.0)
 DEFAULT_INTERVAL = 5.0
@@ -54,6 +59,8 @@ class ShiftTraffic:
         if scope == "version" and version is None:
             raise ActionError("scope 'version' needs a 'model_version' label on the alert")
         backend = str(params.get("backend") or backend_name(model))
+        if not valid_name(backend):
+            raise ActionError(f"backend {backend[:80]!r}: HAProxy names are A-Z a-z 0-9 . _ : -")
         steps = _steps(params.get("steps", DEFAULT_STEPS))
         interval = params.get("step_interval", DEFAULT_INTERVAL)
         if not isinstance(interval, int | float) or isinstance(interval, bool) or interval < 0:
@@ -105,16 +112,16 @@ class ShiftTraffic:
             end = _target(states, step.desired["drain"], shifted=shifted)
             if all(start[name] == weight for name, weight in end.items()):
                 return Outcome(True, False, f"already at {_show(end)}", end)
+            schedule = _schedule(start, end, step.desired["steps"])
             current = dict(start)
-            fractions = step.desired["steps"]
-            for index, fraction in enumerate(fractions):
-                for name, weight in end.items():
-                    value = round(start[name] + (weight - start[name]) * fraction)
-                    if value != current[name]:
-                        await self.api.set_weight(backend, name, value)
-                        current[name] = value
-                        changed = True
-                if index < len(fractions) - 1:
+            for index, weights in enumerate(schedule):
+                # raise before lowering, so that the model never has no server at all
+                moves = [(name, w) for name, w in weights.items() if w != current[name]]
+                for name, weight in sorted(moves, key=lambda move: move[1] < current[move[0]]):
+                    await self.api.set_weight(backend, name, weight)
+                    changed = True
+                current.update(weights)
+                if index < len(schedule) - 1:
                     await asyncio.sleep(step.desired["step_interval"])
             observed = await self._read(backend, end)
         except (RuntimeApiError, ActionError) as exc:
@@ -149,6 +156,14 @@ def _target(states: Sequence[ServerState], drain: str | None, *, shifted: bool) 
         weight = max(1, min(MAX_WEIGHT, round(share)))
         target |= {s.name: weight for s in fallback}
     return target
+
+
+def _schedule(start: Weights, end: Weights, fractions: Sequence[float]) -> list[Weights]:
+    """The weights after each step: ``end``'s servers moved from ``start`` by each fraction."""
+    return [
+        {name: round(start[name] + (goal - start[name]) * part) for name, goal in end.items()}
+        for part in fractions
+    ]
 
 
 def _steps(value: Any) -> tuple[float, ...]:
