@@ -91,6 +91,7 @@ def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
 @click.option(
     "--topology",
     "topology_path",
+    envvar="INFERWATCH_GENERATE_GATEWAY_TOPOLOGY",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
     show_envvar=True,
@@ -104,7 +105,12 @@ def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
     show_envvar=True,
     help="Where to write haproxy.cfg [default: standard output].",
 )
-@click.option("--check", is_flag=True, help="Fail instead of writing when --out is stale.")
+@click.option(
+    "--check",
+    is_flag=True,
+    show_envvar=True,
+    help="Fail instead of writing when --out is stale.",
+)
 def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
     """Write the HAProxy gateway config (routes, health checks, weights, fallbacks)."""
     from inferwatch import gateway as gw
