@@ -11,6 +11,7 @@ the kit's folder.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from collections.abc import Mapping
@@ -308,7 +309,6 @@ def render_components(rules: Path, dashboards: Path) -> dict[str, str]:
 
 def render(kit: Path) -> dict[str, str]:
     """Relative path (under the kit's folder) -> text, for every file this module writes."""
-    from inferwatch import dashboards
     from inferwatch.alerts import writer
 
     sites = sorted((kit / "sites").glob("*.yaml"))
@@ -318,11 +318,19 @@ def render(kit: Path) -> dict[str, str]:
     for path in sites:
         for name, text in render_overlay(load_site(path)).items():
             files[f"overlays/{name}"] = text
-    generated_dashboards = Path(dashboards.__file__).parent / "generated" / "kubernetes"
+    generated_dashboards = _package_dir("inferwatch.dashboards") / "generated" / "kubernetes"
     rules = writer.default_out() / "kubernetes" / "prometheusrule.yaml"
     for name, text in render_components(rules, generated_dashboards).items():
         files[f"components/{name}"] = text
     return files
+
+
+def _package_dir(name: str) -> Path:
+    """A package's folder, found without importing it (the dashboards package imports the
+    Grafana SDK, which rendering a kit does not need)."""
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.submodule_search_locations is not None, name
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def stale(kit: Path, files: Mapping[str, str]) -> list[str]:
