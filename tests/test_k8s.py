@@ -10,6 +10,7 @@ CRDs' CEL rules (x-kubernetes-validations) need an API server and are not evalua
 from __future__ import annotations
 
 import copy
+import json
 import re
 import subprocess
 from collections.abc import Iterator
@@ -411,3 +412,14 @@ def test_rules_component_carries_the_generated_prometheus_rule(
         (REPO / "alerts" / "generated" / "kubernetes" / "prometheusrule.yaml").read_text()
     )
     assert rule["spec"] == source["spec"]
+
+
+def test_every_object_fits_kubectl_applys_annotation(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """``kubectl apply`` keeps each object as JSON in an annotation of at most 256 KiB: a
+    dashboard ConfigMap larger than that cannot be applied (without --server-side)."""
+    _, documents = rendered
+    for document in documents:
+        size = len(json.dumps(document, separators=(",", ":")).encode())
+        assert size < 262144, f"{document['kind']}/{document['metadata']['name']}: {size} bytes"
