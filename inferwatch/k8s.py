@@ -55,7 +55,7 @@ class Site:
     canary_weight: int
 
 
-FIELDS: dict[str, tuple[re.Pattern[str] | None, str]] = {
+FIELDS: dict[str, tuple[re.Pattern[str], str]] = {
     # key -> (pattern its value must match, what a good value is), for strings
     "namespace": (DNS_LABEL, "a DNS label"),
     "cluster": (LABEL_VALUE, "a label value"),
@@ -101,12 +101,13 @@ def load_site(path: Path) -> Site:
     merged = {**DEFAULTS, **values}
     for key, (pattern, what) in FIELDS.items():
         value = merged[key]
-        if not isinstance(value, str) or (pattern and value and not pattern.match(value)):
+        if not isinstance(value, str) or (value and not pattern.match(value)):
             raise SiteError(f"{path}: {key} must be {what}, not {value!r}")
     weight = merged["gateway.canary_weight"]
     if isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= 100:
         raise SiteError(f"{path}: gateway.canary_weight must be an integer 0..100, not {weight!r}")
-    for key in ("namespace", "monitoring.namespace", "gateway.class", "gateway.hostname"):
+    # only the cluster label and the remote write may be empty (one cluster, no central store)
+    for key in sorted(FIELDS.keys() - {"cluster", "monitoring.remote_write"}):
         if not merged[key]:
             raise SiteError(f"{path}: {key} must not be empty")
     if merged["monitoring.remote_write"] and not merged["cluster"]:

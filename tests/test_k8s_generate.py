@@ -115,6 +115,7 @@ BAD_SITES = {
     "unknown-key": ("namespce: x\n", "unknown key 'namespce'"),
     "bad-namespace": ("namespace: Inference_1\n", "namespace must be a DNS label"),
     "empty-namespace": ("namespace: ''\n", "namespace must not be empty"),
+    "empty-release": ("monitoring: {release: ''}\n", "monitoring.release must not be empty"),
     "weight-range": ("gateway: {canary_weight: 101}\n", "canary_weight must be an integer"),
     "weight-type": ("gateway: {canary_weight: '5'}\n", "canary_weight must be an integer"),
     "weight-bool": ("gateway: {canary_weight: true}\n", "canary_weight must be an integer"),
