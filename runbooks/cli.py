@@ -59,6 +59,7 @@ def _config(path: str | None) -> mapping.Config:
 config_option = click.option(
     "--config",
     "config_path",
+    envvar="INFERWATCH_RUNBOOKS_SERVE_CONFIG",
     type=click.Path(dir_okay=False),
     default=None,
     show_envvar=True,
