@@ -8,8 +8,10 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
+from inferwatch.cli import main
 from inferwatch.runbooks.actions.base import ActionError, Alert
 from inferwatch.runbooks.actions.isolate_replica import IsolateReplica
 from tests import runbooks_harness as h
@@ -212,3 +214,12 @@ def test_apply_with_a_wrong_token_fails_and_changes_nothing(
     outcome = loop.run(scenario)
     assert not outcome.ok and "HTTP 401" in outcome.detail
     assert sidecar.state()["isolated"] is False
+
+
+def test_sidecar_refuses_a_guessable_admin_token(tmp_path: Path) -> None:
+    short = tmp_path / "short"
+    short.write_text("secret\n")
+    args = ["sidecar", "--engine-url", "http://127.0.0.1:9", "--admin-token-file", str(short)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2
+    assert "at least 16 characters" in result.output and "Traceback" not in result.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,7 @@ def test_dry_run_records_the_plan_and_changes_nothing(
 def test_acting_isolates_verifies_and_is_measured(
     receiver: Callable[..., h.ReceiverUnderTest],
     sidecars: Callable[[int], list[h.SidecarUnderTest]],
+    promtool: str,
 ) -> None:
     rx, (sidecar,) = receiver(), sidecars(1)
     assert rx.post(h.payload(h.alert(sidecar.address))).json() == {"accepted": 1}
@@ -210,6 +212,11 @@ def test_acting_isolates_verifies_and_is_measured(
     labels = {"action": "isolate_replica"}
     assert metric(rx.url, "inferwatch_runbooks_actions_total", outcome="applied", **labels) == 1
     assert metric(rx.url, "inferwatch_runbooks_alert_to_action_seconds_count", **labels) == 1
+    text = httpx.get(rx.url + "/metrics", timeout=10).text
+    checked = subprocess.run(
+        [promtool, "check", "metrics"], input=text.encode(), capture_output=True, check=False
+    )
+    assert checked.returncode == 0, checked.stderr
 
 
 def test_redelivery_and_an_ha_pair_act_once(
