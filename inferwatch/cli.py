@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "probe": ("inferwatch.probes.cli", "probe"),
     "gate": ("inferwatch.probes.cli", "gate"),
     "runbooks": ("inferwatch.runbooks.cli", "runbooks"),
+    "snapshot": ("inferwatch.dashboards.snapshot", "snapshot"),
 }
 
 

@@ -85,3 +85,91 @@ def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
         return
     changed = writer.write(target, files)
     click.echo(f"{target}: {len(changed)} of {len(files)} files updated")
+
+
+@generate.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="INFERWATCH_GENERATE_DASHBOARDS_CONFIG",
+    show_envvar=True,
+    help="Alert config (thresholds, selectors, cluster label) read on top of the defaults.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help="Directory for the dashboards [default: dashboards/generated of this checkout].",
+)
+@click.option(
+    "--check", is_flag=True, show_envvar=True, help="Fail instead of writing when a file is stale."
+)
+def dashboards(config_path: Path | None, out: Path | None, check: bool) -> None:
+    """Write the Grafana dashboards (JSON), a ConfigMap per board and a provisioning file."""
+    from inferwatch.alerts import config
+    from inferwatch.alerts.writer import stale, write
+    from inferwatch.dashboards import writer
+
+    try:
+        files = writer.render(config.load(config_path))
+    except config.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    target = out if out is not None else writer.default_out()
+    if check:
+        outdated = stale(target, files)
+        if outdated:
+            raise click.ClickException(f"stale under {target}: {', '.join(outdated)}")
+        return
+    changed = write(target, files)
+    click.echo(f"{target}: {len(changed)} of {len(files)} files updated")
+
+
+@generate.command()
+@click.option(
+    "--topology",
+    "topology_path",
+    envvar="INFERWATCH_GENERATE_GATEWAY_TOPOLOGY",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help="Fleet topology YAML (models, replicas, ports) [default: the demo fleet at "
+    "--base-port 18000].",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help="Where to write haproxy.cfg [default: standard output].",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    show_envvar=True,
+    help="Fail instead of writing when --out is stale.",
+)
+def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
+    """Write the HAProxy gateway config (routes, health checks, weights, fallbacks)."""
+    from inferwatch import gateway as gw
+
+    try:
+        text = gw.demo_example() if topology_path is None else gw.render(gw.load(topology_path))
+    except gw.TopologyError as exc:
+        raise click.ClickException(str(exc)) from None
+    if out is None:
+        if check:
+            raise click.UsageError("--check needs --out")
+        click.echo(text, nl=False)
+        return
+    current = out.read_text(encoding="utf-8") if out.is_file() else None
+    if check:
+        if current != text:
+            raise click.ClickException(f"{out} is stale: run inferwatch generate gateway")
+        return
+    if current != text:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+    click.echo(f"{out}: {'already current' if current == text else 'updated'}")
