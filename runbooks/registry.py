@@ -16,6 +16,7 @@ from inferwatch.runbooks.actions.base import Action
 # name -> (module, class)
 ACTIONS: dict[str, tuple[str, str]] = {
     "isolate_replica": ("inferwatch.runbooks.actions.isolate_replica", "IsolateReplica"),
+    "shift_traffic": ("inferwatch.runbooks.actions.haproxy", "ShiftTraffic"),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from click.testing import CliRunner
 
 from inferwatch.cli import main
 from inferwatch.runbooks import config as mapping
+from inferwatch.runbooks import registry
 from inferwatch.runbooks.config import ConfigError
 from tests import runbooks_harness as h
 
@@ -96,3 +98,16 @@ def test_serve_refuses_to_start_without_a_token(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("INFERWATCH_RUNBOOKS_TOKEN", raising=False)
     result = CliRunner().invoke(main, ["runbooks", "serve"])
     assert result.exit_code == 2 and "a bearer token is required" in result.output
+
+
+def test_every_registered_action_is_a_class_of_that_name() -> None:
+    for name, (module, attribute) in registry.ACTIONS.items():
+        cls = getattr(importlib.import_module(module), attribute)
+        assert cls.name == name
+        for method in ("plan", "apply", "verify", "revert"):
+            assert callable(getattr(cls, method)), (name, method)
+
+
+def test_wrong_action_settings_are_one_line() -> None:
+    with pytest.raises(ValueError, match=r"^actions\.isolate_replica: .*unexpected keyword"):
+        registry.create("isolate_replica", {"tokn_file": "x"})
