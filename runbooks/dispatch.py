@@ -44,6 +44,7 @@ class Dispatcher:
         breaker: CircuitBreaker | None = None,
         metrics: RunbookMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        queue_size: int = QUEUE_SIZE,
     ) -> None:
         self.config = config
         self.actions = actions
@@ -53,7 +54,7 @@ class Dispatcher:
         self.breaker = breaker or CircuitBreaker(config.breaker, clock=clock)
         self.metrics = metrics or RunbookMetrics()
         self.clock = clock
-        self.queue: asyncio.Queue[tuple[Notification, dict[str, Any]]] = asyncio.Queue(QUEUE_SIZE)
+        self.queue: asyncio.Queue[tuple[Notification, dict[str, Any]]] = asyncio.Queue(queue_size)
         self._last_applied: dict[tuple[str, str], float] = {}  # (action, target) -> when
         self._rollbacks: dict[tuple[str, str], asyncio.Task[None]] = {}  # (fingerprint, rule)
 
@@ -69,6 +70,10 @@ class Dispatcher:
         while True:
             notification, meta = await self.queue.get()
             try:
+                if notification.truncated_alerts:
+                    reason = f"{notification.truncated_alerts} alerts cut off by max_alerts"
+                    record = {**meta, "decision": "skipped", "outcome": "truncated"}
+                    await self.audit.write({**record, "reason": reason})
                 for alert in notification.alerts:
                     await self.handle(alert, meta)
             except Exception:  # a bug must cost this notification, never the worker

@@ -78,7 +78,9 @@ class Served:
 
 
 class ReceiverUnderTest:
-    def __init__(self, loop: Loop, tmp: Path, document: dict[str, Any], execute: bool) -> None:
+    def __init__(
+        self, loop: Loop, tmp: Path, document: dict[str, Any], execute: bool, queue_size: int = 100
+    ) -> None:
         token_file = tmp / "sidecar-token"
         token_file.write_text(SIDECAR_TOKEN + "\n")
         self.config = mapping.parse(document, "test.yaml")
@@ -88,7 +90,8 @@ class ReceiverUnderTest:
         async def build() -> Dispatcher:  # httpx clients belong to the loop that uses them
             action = IsolateReplica(token_file=str(token_file), timeout=5.0)
             audit = AuditLog(self.audit_path)
-            return Dispatcher(self.config, {"isolate_replica": action}, audit, execute=execute)
+            actions = {"isolate_replica": action}
+            return Dispatcher(self.config, actions, audit, execute=execute, queue_size=queue_size)
 
         self.dispatcher: Dispatcher = loop.run(build)
         self.served = Served(loop, Receiver(self.dispatcher, RECEIVER_TOKEN, 64 * 1024).app())

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -44,10 +46,10 @@ def sidecars(loop: h.Loop, page_server: Any) -> Iterator[Callable[[int], list[h.
 def receiver(loop: h.Loop, tmp_path: Path) -> Iterator[Callable[..., h.ReceiverUnderTest]]:
     made: list[h.ReceiverUnderTest] = []
 
-    def make(execute: bool = True, **overrides: Any) -> h.ReceiverUnderTest:
+    def make(execute: bool = True, queue_size: int = 100, **overrides: Any) -> h.ReceiverUnderTest:
         folder = tmp_path / f"receiver-{len(made)}"
         folder.mkdir()
-        made.append(h.ReceiverUnderTest(loop, folder, h.config(**overrides), execute))
+        made.append(h.ReceiverUnderTest(loop, folder, h.config(**overrides), execute, queue_size))
         return made[-1]
 
     yield make
@@ -410,3 +412,43 @@ def test_rollback_after_the_hold_unless_it_fires_again(
     assert outcomes.count("rollback_scheduled") == 2
     assert outcomes[-2:] == ["rollback_cancelled", "duplicate"]
     assert b.state()["isolated"] is True
+
+
+def test_a_full_queue_answers_503_so_alertmanager_retries(
+    loop: h.Loop, receiver: Callable[..., h.ReceiverUnderTest]
+) -> None:
+    """The worker is held by a target that does not answer yet; the queue holds one more."""
+    arrived, release = threading.Event(), asyncio.Event()
+
+    async def admin(request: Request) -> JSONResponse:
+        arrived.set()
+        await release.wait()
+        return JSONResponse({"isolated": True, "changed": True})
+
+    slow = h.Served(loop, Starlette(routes=[Route("/admin/isolation", admin, methods=["POST"])]))
+    try:
+        rx = receiver(queue_size=1)
+        assert rx.post(h.payload(h.alert(slow.address, fingerprint="a1"))).status_code == 200
+        assert arrived.wait(10), "the worker never reached the target"
+        assert rx.post(h.payload(h.alert(slow.address, fingerprint="a2"))).status_code == 200
+        busy = rx.post(h.payload(h.alert(slow.address, fingerprint="a3")))
+        assert busy.status_code == 503
+        assert metric(rx.url, "inferwatch_runbooks_webhooks_total", outcome="busy") == 1
+    finally:
+        loop.loop.call_soon_threadsafe(release.set)
+        slow.stop()
+
+
+def test_alerts_cut_off_by_alertmanager_are_recorded(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+) -> None:
+    rx, (sidecar,) = receiver(), sidecars(1)
+    rx.post({**h.payload(h.alert(sidecar.address)), "truncatedAlerts": 7})
+    rx.drain()
+    truncated, acted = rx.audit()
+    assert (truncated["outcome"], truncated["reason"]) == (
+        "truncated",
+        "7 alerts cut off by max_alerts",
+    )
+    assert acted["outcome"] == "applied"
