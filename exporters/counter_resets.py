@@ -14,9 +14,10 @@ still reported and ``HELD_FLOOR``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from inferwatch.exporters.engine_checks import SeriesKey as Labels
 from inferwatch.exporters.textformat import Exposition, Family, Sample
 
 #: the cumulative samples of each family type (a counter's: all but ``_created``)
@@ -26,7 +27,8 @@ _SUFFIXES = {
     "summary": ("_count", "_sum"),
 }
 
-SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
+#: sample name, ``le``, the series' other labels
+SeriesKey = tuple[str, str | None, Labels]
 
 #: series held while absent, at least (more while more are reported)
 HELD_FLOOR = 1024
@@ -52,34 +54,45 @@ class ResetCompensation:
         """Forget every series (a different engine answers at the URL)."""
         self._families.clear()
 
-    def apply(self, exposition: Exposition, wanted: Callable[[str], bool]) -> None:
-        """Rewrite, in place, the cumulative samples of the families named by ``wanted``."""
+    def apply(
+        self, exposition: Exposition, series: Mapping[str, dict[Labels, list[Sample]]]
+    ) -> None:
+        """Rewrite, in place, the cumulative samples of the families in ``series`` (each
+        family's samples by series, as ``engine_checks.series_of`` groups them)."""
         self._scrapes += 1
-        for name, family in exposition.families.items():
-            if family.type in _SUFFIXES and wanted(name):
-                self._family(family, self._families.setdefault(name, {}))
+        for name, groups in series.items():
+            family = exposition.families[name]
+            if family.type in _SUFFIXES:
+                self._family(family, groups, self._families.setdefault(name, {}))
 
-    def _family(self, family: Family, known: dict[SeriesKey, _Series]) -> None:
+    def _family(
+        self, family: Family, groups: dict[Labels, list[Sample]], known: dict[SeriesKey, _Series]
+    ) -> None:
         suffixes = _SUFFIXES[family.type]
         present: dict[SeriesKey, _Series] = {}
-        samples = family.samples
-        for index, (name, labels, value, timestamp) in enumerate(samples):
-            if name.endswith("_created") or not name.endswith(suffixes):
-                continue  # a creation time, a summary's quantiles
-            key = (name, tuple(sorted(labels.items())))
-            series = known.pop(key, None)
-            if series is None:
-                series = _Series(name, labels, value, self._scrapes)
-            elif value < series.last:
-                series.offset += series.last
-            series.last, series.seen = value, self._scrapes
-            present[key] = series
-            if series.offset:
-                samples[index] = Sample(name, labels, value + series.offset, timestamp)
+        samples: list[Sample] = []
+        for labels_key, group in groups.items():
+            for sample in group:
+                name, labels, value, timestamp = sample
+                if name.endswith("_created") or not name.endswith(suffixes):
+                    samples.append(sample)  # a creation time, a summary's quantiles
+                    continue
+                key = (name, labels.get("le"), labels_key)
+                series = known.pop(key, None)
+                if series is None:
+                    series = _Series(name, labels, value, self._scrapes)
+                elif value < series.last:
+                    series.offset += series.last
+                series.last, series.seen = value, self._scrapes
+                present[key] = series
+                if series.offset:
+                    sample = Sample(name, labels, value + series.offset, timestamp)
+                samples.append(sample)
         # Left in ``known``: series not on this page, held at their last value.
         held = sorted(known.items(), key=lambda item: item[1].seen, reverse=True)
         for key, series in held[: max(len(present), HELD_FLOOR)]:
             samples.append(Sample(series.name, series.labels, series.last + series.offset))
             present[key] = series
+        family.samples = samples
         known.clear()
         known.update(present)

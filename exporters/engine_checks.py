@@ -19,6 +19,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from inferwatch.exporters.textformat import Exposition, Family, Sample
 from inferwatch.logs import log_event
@@ -27,7 +28,6 @@ log = logging.getLogger("inferwatch.engine")
 
 #: ``reason`` label values of ``inferwatch_engine_scrape_dropped_series_total``
 MALFORMED, LABEL_TOO_LONG, SERIES_LIMIT = "malformed", "label_too_long", "series_limit"
-_MONOTONIC_TYPES = frozenset({"counter", "histogram", "summary"})
 _LOGGED_LIMIT = 10_000  # (reason, family) pairs remembered for log-once
 
 SeriesKey = tuple[tuple[str, str], ...]
@@ -49,27 +49,34 @@ class PageChecks:
         self.dropped: Counter[str] = Counter()
         self._logged: set[tuple[str, str]] = set()
 
-    def apply(self, exposition: Exposition, wanted: Callable[[str], bool]) -> None:
-        """Drop, in place, what the families named by ``wanted`` must not pass on."""
+    def apply(
+        self, exposition: Exposition, wanted: Callable[[str], bool]
+    ) -> dict[str, dict[SeriesKey, list[Sample]]]:
+        """Drop, in place, what the families named by ``wanted`` must not pass on; returns the
+        series of each family kept, as ``series_of`` gives them (for the next stage)."""
+        kept = {}
         for name, family in list(exposition.families.items()):
             if not wanted(name):
                 continue
             groups = series_of(family)
-            problem = malformed(family.type, groups)
+            problem = malformed(family, groups)
             if problem is not None:
                 del exposition.families[name]
                 self._drop(MALFORMED, family, len(groups), problem)
                 continue
-            self._bound(family, groups)
+            kept[name] = self._bound(family, groups)
+        return kept
 
-    def _bound(self, family: Family, groups: dict[SeriesKey, list[Sample]]) -> None:
+    def _bound(
+        self, family: Family, groups: dict[SeriesKey, list[Sample]]
+    ) -> dict[SeriesKey, list[Sample]]:
         limit = self.limits.label_length
         too_long = [key for key in groups if any(len(value) > limit for _, value in key)]
         for key in too_long:
             del groups[key]
         over = max(len(groups) - self.limits.series_per_family, 0)
         if not too_long and not over:
-            return
+            return groups
         if too_long:
             self._drop(
                 LABEL_TOO_LONG,
@@ -87,6 +94,7 @@ class PageChecks:
                 f"more than {self.limits.series_per_family} series (--max-series-per-family)",
             )
         family.samples = [sample for samples in groups.values() for sample in samples]
+        return groups
 
     def _drop(self, reason: str, family: Family, series: int, detail: str) -> None:
         self.dropped[reason] += series
@@ -105,73 +113,115 @@ class PageChecks:
 
 
 def series_of(family: Family) -> dict[SeriesKey, list[Sample]]:
-    """The family's samples by series (label set without ``le``), in page order."""
-    groups: dict[SeriesKey, list[Sample]] = {}
+    """The family's samples by series (label set without ``le``, sorted), in page order.
+
+    Samples are grouped by their labels as listed (cheap: one tuple per sample), and only the
+    groups are put in canonical order, so the same series listed with its labels in another
+    order still lands in one group."""
+    listed: dict[SeriesKey, list[Sample]] = {}
     for sample in family.samples:
         labels = sample.labels
         if "le" in labels:
-            key = tuple(sorted(item for item in labels.items() if item[0] != "le"))
-        else:
-            key = tuple(sorted(labels.items()))
-        group = groups.get(key)
+            labels = labels.copy()
+            del labels["le"]
+        items = tuple(labels.items())
+        group = listed.get(items)
         if group is None:
-            groups[key] = [sample]
+            listed[items] = [sample]
         else:
             group.append(sample)
+    groups: dict[SeriesKey, list[Sample]] = {}
+    for items, samples in listed.items():
+        key = tuple(sorted(items))
+        if key in groups:
+            groups[key] += samples
+        else:
+            groups[key] = samples
     return groups
 
 
-def malformed(type_: str, groups: dict[SeriesKey, list[Sample]]) -> str | None:
+def malformed(family: Family, groups: dict[SeriesKey, list[Sample]]) -> str | None:
     """What makes the family wrong as data, or None when it is sound."""
+    names = _series_names(family)
     for key, samples in groups.items():
-        names = {(name, labels.get("le")) for name, labels, _, _ in samples}
-        if len(names) != len(samples):
+        if len({(name, labels.get("le")) for name, labels, _, _ in samples}) != len(samples):
             return f"the same series appears twice ({_describe(samples[0].name, key)})"
-        if type_ in _MONOTONIC_TYPES:
-            problem = _count_problem(type_, samples)
+        if names is not None:
+            problem = _count_problem(names, samples)
             if problem is not None:
                 return f"{problem} ({_describe(samples[0].name, key)})"
     return None
 
 
-def _count_problem(type_: str, samples: list[Sample]) -> str | None:
+class _Names(NamedTuple):
+    """The sample names whose values must be counts, in one family."""
+
+    counts: frozenset[str]  # a counter's samples, a histogram's or summary's _count
+    bucket: str | None
+    sum: str | None
+
+
+def _series_names(family: Family) -> _Names | None:
+    name = family.name
+    if family.type == "counter":  # x_total in OpenMetrics, x_total or bare in 0.0.4 (TGI)
+        stem = name.removesuffix("_total")
+        return _Names(frozenset({name, stem + "_total"}), None, None)
+    if family.type == "histogram":
+        return _Names(frozenset({name + "_count"}), name + "_bucket", name + "_sum")
+    if family.type == "summary":
+        return _Names(frozenset({name + "_count"}), None, name + "_sum")
+    return None
+
+
+def _count_problem(names: _Names, samples: list[Sample]) -> str | None:
     buckets: list[tuple[float, float]] = []
     count = None
     for name, labels, value, _ in samples:
-        if name.endswith("_created"):
-            continue
-        if name.endswith("_sum"):
-            if math.isnan(value):
-                return "_sum is NaN"
-            continue
-        if type_ == "summary" and not name.endswith("_count"):
-            continue  # a quantile: NaN before the first observation, as prometheus_client has it
-        if not 0 <= value < math.inf:
-            return f"{name} is {value}, which no count can be"
-        if name.endswith("_bucket"):
+        if name == names.bucket:
             bound = _bound(labels.get("le"))
             if bound is None:
                 return f"bucket with le={labels.get('le')!r}"
+            if not 0 <= value < math.inf:
+                return f"{name} is {value}, which no count can be"
             buckets.append((bound, value))
-        elif name.endswith("_count"):
+        elif name in names.counts:
+            if not 0 <= value < math.inf:
+                return f"{name} is {value}, which no count can be"
             count = value
-    buckets.sort()
+        elif name == names.sum and math.isnan(value):
+            return "_sum is NaN"
+    if not buckets:
+        return None
+    if any(a[0] > b[0] for a, b in itertools.pairwise(buckets)):
+        buckets.sort()
     for (_, below), (bound, at) in itertools.pairwise(buckets):
         if at < below:
             return f"bucket le={bound} holds {at}, fewer than the bucket below it ({below})"
-    if buckets and count is not None and buckets[-1][0] == math.inf and buckets[-1][1] != count:
+    if count is not None and buckets[-1][0] == math.inf and buckets[-1][1] != count:
         return f"_count {count} differs from the +Inf bucket {buckets[-1][1]}"
     return None
 
 
 def _bound(le: str | None) -> float | None:
+    """``le`` as a number (memoised: pages repeat the same few boundaries), None if it is not
+    one."""
     if le is None:
         return None
-    try:
-        bound = float(le)
-    except ValueError:
-        return None
-    return None if math.isnan(bound) else bound
+    bound = _BOUNDS.get(le, _UNKNOWN)
+    if bound is _UNKNOWN:
+        try:
+            bound = float(le)
+        except ValueError:
+            bound = None
+        if bound is not None and math.isnan(bound):
+            bound = None
+        if len(_BOUNDS) < 10_000:
+            _BOUNDS[le] = bound
+    return bound  # type: ignore[return-value]
+
+
+_BOUNDS: dict[str, float | None] = {}
+_UNKNOWN = object()
 
 
 def _describe(name: str, key: SeriesKey) -> str:

@@ -136,8 +136,7 @@ class EngineCollector:
                 self._discovered.clear()
         self.engine = engine
         wanted = engines.wanted(engine)
-        self.checks.apply(exposition, wanted)
-        self.resets.apply(exposition, wanted)
+        self.resets.apply(exposition, self.checks.apply(exposition, wanted))
         families = engines.normalize(exposition, engine, self.identity)
         self._learn_model(families)
         return families
