@@ -53,48 +53,30 @@ class PageChecks:
         self, exposition: Exposition, wanted: Callable[[str], bool]
     ) -> dict[str, dict[SeriesKey, list[Sample]]]:
         """Drop, in place, what the families named by ``wanted`` must not pass on; returns the
-        series of each family kept, as ``series_of`` gives them (for the next stage)."""
+        series of each family kept, as ``series_of`` groups them (for the next stage)."""
         kept = {}
         for name, family in list(exposition.families.items()):
             if not wanted(name):
                 continue
-            groups = series_of(family)
-            problem = malformed(family, groups)
+            found = series_of(family, self.limits)
+            problem = malformed(family, found.groups)
             if problem is not None:
                 del exposition.families[name]
-                self._drop(MALFORMED, family, len(groups), problem)
+                series = len(found.groups) + found.too_long + found.over
+                self._drop(MALFORMED, family, series, problem)
                 continue
-            kept[name] = self._bound(family, groups)
+            if found.too_long:
+                limit = self.limits.label_length
+                detail = f"label values longer than {limit} characters (--max-label-length)"
+                self._drop(LABEL_TOO_LONG, family, found.too_long, detail)
+            if found.over:
+                limit = self.limits.series_per_family
+                detail = f"more than {limit} series (--max-series-per-family)"
+                self._drop(SERIES_LIMIT, family, found.over, detail)
+            if found.too_long or found.over:
+                family.samples = [sample for group in found.groups.values() for sample in group]
+            kept[name] = found.groups
         return kept
-
-    def _bound(
-        self, family: Family, groups: dict[SeriesKey, list[Sample]]
-    ) -> dict[SeriesKey, list[Sample]]:
-        limit = self.limits.label_length
-        too_long = [key for key in groups if any(len(value) > limit for _, value in key)]
-        for key in too_long:
-            del groups[key]
-        over = max(len(groups) - self.limits.series_per_family, 0)
-        if not too_long and not over:
-            return groups
-        if too_long:
-            self._drop(
-                LABEL_TOO_LONG,
-                family,
-                len(too_long),
-                f"label values longer than {limit} characters (--max-label-length)",
-            )
-        if over:
-            kept = list(groups)[: self.limits.series_per_family]
-            groups = {key: groups[key] for key in kept}
-            self._drop(
-                SERIES_LIMIT,
-                family,
-                over,
-                f"more than {self.limits.series_per_family} series (--max-series-per-family)",
-            )
-        family.samples = [sample for samples in groups.values() for sample in samples]
-        return groups
 
     def _drop(self, reason: str, family: Family, series: int, detail: str) -> None:
         self.dropped[reason] += series
@@ -112,13 +94,26 @@ class PageChecks:
         )
 
 
-def series_of(family: Family) -> dict[SeriesKey, list[Sample]]:
-    """The family's samples by series (label set without ``le``, sorted), in page order.
+class Series(NamedTuple):
+    """A family's samples by series, and the series left out by the bounds."""
 
-    Samples are grouped by their labels as listed (cheap: one tuple per sample), and only the
+    groups: dict[SeriesKey, list[Sample]]  # label set without ``le``, sorted -> samples
+    too_long: int  # series with a label value over the length cap
+    over: int  # series past the per-family cap
+
+
+def series_of(family: Family, limits: Limits) -> Series:
+    """The family's samples by series (label set without ``le``), the first
+    ``limits.series_per_family`` series with no label value over ``limits.label_length``.
+
+    Samples are grouped by their labels as listed (one tuple per sample); the bounds are
+    checked once per new series, series left out cost one set entry each, and only kept
     groups are put in canonical order, so the same series listed with its labels in another
     order still lands in one group."""
     listed: dict[SeriesKey, list[Sample]] = {}
+    left_out: set[SeriesKey] = set()
+    too_long = 0
+    cap, length = limits.series_per_family, limits.label_length
     for sample in family.samples:
         labels = sample.labels
         if "le" in labels:
@@ -126,10 +121,16 @@ def series_of(family: Family) -> dict[SeriesKey, list[Sample]]:
             del labels["le"]
         items = tuple(labels.items())
         group = listed.get(items)
-        if group is None:
-            listed[items] = [sample]
-        else:
+        if group is not None:
             group.append(sample)
+        elif items not in left_out:
+            if any(len(value) > length for _, value in items):
+                left_out.add(items)
+                too_long += 1
+            elif len(listed) < cap:
+                listed[items] = [sample]
+            else:
+                left_out.add(items)
     groups: dict[SeriesKey, list[Sample]] = {}
     for items, samples in listed.items():
         key = tuple(sorted(items))
@@ -137,7 +138,7 @@ def series_of(family: Family) -> dict[SeriesKey, list[Sample]]:
             groups[key] += samples
         else:
             groups[key] = samples
-    return groups
+    return Series(groups, too_long, len(left_out) - too_long)
 
 
 def malformed(family: Family, groups: dict[SeriesKey, list[Sample]]) -> str | None:

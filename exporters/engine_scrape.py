@@ -118,19 +118,21 @@ async def read_bounded(response: httpx.Response, max_bytes: int) -> bytes:
             raise ScrapeFailure("too_large", f"over the {max_bytes}-byte cap")
         return response.content
     inflater = Inflater(response.headers.get("content-encoding", ""))
-    chunks: list[bytes] = []
-    size = sent = 0
+    # One growing buffer rather than a list of pieces: a refused page is one allocation that
+    # goes back to the system at once, not hundreds of pieces that fragment the heap.
+    body = bytearray()
+    sent = 0
     async for raw in response.aiter_raw():
         sent += len(raw)
         if sent > max_bytes:
             raise ScrapeFailure("too_large", f"over the {max_bytes}-byte cap")
         for chunk in inflater.feed(raw):
-            size += len(chunk)
-            if size > max_bytes:
+            body += chunk
+            if len(body) > max_bytes:
+                del body[:]  # the failure's traceback keeps this frame, not the page
                 raise ScrapeFailure("too_large", f"over the {max_bytes}-byte cap once inflated")
-            chunks.append(chunk)
             await asyncio.sleep(0)  # one step at a time: /healthz keeps answering
-    return b"".join(chunks)
+    return bytes(body)
 
 
 class Inflater:
