@@ -101,10 +101,9 @@ class EngineCollector:
         try:
             return await asyncio.wait_for(asyncio.shield(scrape), wait)
         except TimeoutError:
-            self._record_failure(
-                scrape, ScrapeFailure("timeout", f"no complete answer within {wait:.1f}s")
-            )
-            raise ScrapeFailure("timeout", f"no complete answer within {wait:.1f}s") from None
+            failure = ScrapeFailure("timeout", f"no complete answer within {wait:.1f}s")
+            self._record_failure(scrape, failure)
+            raise failure from None
 
     async def _scrape(self) -> list[Metric]:
         """One scrape, its outcome recorded once."""
