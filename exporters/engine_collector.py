@@ -29,6 +29,8 @@ from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.counter_resets import ResetCompensation
 from inferwatch.exporters.engine_checks import Limits, PageChecks
 from inferwatch.exporters.engine_scrape import EngineScraper, Page, ScrapeFailure
+from inferwatch.identity import KEYS as KNOWABLE
+from inferwatch.identity import UNKNOWN, or_unknown
 from inferwatch.logs import log_event
 
 log = logging.getLogger("inferwatch.engine")
@@ -83,6 +85,8 @@ class EngineCollector:
         labels.update(self._discovered)
         labels.update(self._given)
         labels["engine"] = self.engine or self._given.get("engine", "")
+        for key in KNOWABLE:  # one spelling for what nobody knows, as in the proxy and probes
+            labels[key] = or_unknown(labels.get(key))
         return labels
 
     async def collect(self, deadline: float | None = None) -> Sequence[Metric]:
@@ -151,7 +155,7 @@ class EngineCollector:
         if self._given.get("model") or self._discovered.get("model"):
             return
         models = {f.samples[0].labels.get("model", "") for f in families if f.samples}
-        models.discard("")
+        models -= {"", UNKNOWN}
         if len(models) == 1:
             self._discovered["model"] = models.pop()
 

@@ -25,6 +25,7 @@ import httpx
 from prometheus_client.core import Metric
 
 from inferwatch.exporters.collector import Condition
+from inferwatch.identity import or_unknown
 from inferwatch.logs import log_event
 from inferwatch.probes import client
 from inferwatch.probes.golden import Golden, GoldenSet
@@ -35,7 +36,6 @@ from inferwatch.probes.verdict import Policy, SeriesKey, Verdicts
 logger = logging.getLogger("inferwatch.probes")
 
 Route = Literal["direct", "router"]
-UNKNOWN_VERSION: Final = "unknown"
 _HOUR_S: Final = 3600.0
 _CHARS_PER_TOKEN: Final = 4
 
@@ -144,7 +144,8 @@ class ProbeRunner:
         return self._models[target.name]
 
     async def probe_once(self, target: Target, golden: Golden) -> Outcome | None:
-        """Send one golden to one target and record it; None when skipped (budget, model)."""
+        """Send one golden to one target and record it; None when skipped (budget, model, or a
+        reply no parser can read)."""
         if not self.budget.allows(estimate_tokens(golden)):
             self.metrics.skip(target.name, "budget")
             return None
@@ -158,8 +159,12 @@ class ProbeRunner:
         reply = await client.send(self.http, endpoint, golden, self.schedule.timeout_s)
         spent = reply.prompt_tokens + reply.completion_tokens
         self.budget.spend(spent or (estimate_tokens(golden) if reply.ok else 0))
+        if reply.error == client.UNREADABLE:  # the probe could not run: no quality verdict
+            self.metrics.skip(target.name, client.UNREADABLE)
+            log_event(logger, logging.WARNING, "probe reply unreadable", target=target.name)
+            return None
         outcome = score(golden, reply, self.limits)
-        version = target.model_version or reply.system_fingerprint or UNKNOWN_VERSION
+        version = or_unknown(target.model_version or reply.system_fingerprint)
         key = SeriesKey(target.name, target.route, model, version)
         previous = self._current.get(target.name)
         if previous is not None and previous != key and reply.ok:

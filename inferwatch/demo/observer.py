@@ -1,10 +1,11 @@
 """What the demo shows, read the way an operator's tools read it: from the components' endpoints.
 
 Every poll scrapes each sidecar's ``/metrics`` and ``/readyz`` and each proxy's ``/metrics``
-(and Prometheus' target list now and then), keeps the last few seconds of scrapes, and turns
-them into one :class:`FleetState`: rates from counter increases and latency quantiles from
-histogram bucket increases over that window. Changes an operator would want to hear about
-(readiness flips, probe verdicts, engine up/down, GPU health) become events.
+on its tenant metrics listener (and Prometheus' target list now and then), keeps the last few
+seconds of scrapes, and turns them into one :class:`FleetState`: rates from counter increases
+and latency quantiles from histogram bucket increases over that window. Changes an operator
+would want to hear about (readiness flips, probe verdicts, engine up/down, GPU health) become
+events.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -43,7 +44,8 @@ class ReplicaState:
     gpu_problem: str = ""
     gpu_utilization: float | None = None
     gpu_temperature: float | None = None
-    requests_per_s: float | None = None
+    requests_per_s: float | None = None  # all the engine finished, probes included
+    probe_requests_per_s: float | None = None  # the sidecar's probes, straight to the engine
     tokens_per_s: float | None = None
     errors_per_s: float | None = None
     ttft: tuple[float | None, ...] = (None, None)  # p50, p99
@@ -137,7 +139,9 @@ class Observer:
         for now in replicas:
             name = now.replica.name
             before = self._previous.get(name)
-            self._previous[name] = now
+            # an unknown state (a sidecar restarting) keeps the last known one, so that
+            # ready -> no answer -> ready is no event and NOT READY -> no answer -> ready is one
+            self._previous[name] = now if before is None else _known(before, now)
             if before is None:
                 continue
             if _flipped(before.ready, now.ready):
@@ -218,9 +222,8 @@ class Observer:
         healthy = page.values(_name("gpu_healthy"))
         if healthy:
             state.gpu_healthy = all(value > 0 for _, value in healthy)
-            state.gpu_problem = ", ".join(
-                labels.get("reason", "") for labels, value in healthy if value <= 0
-            )
+            faults = page.values(_name("gpu_fault"))
+            state.gpu_problem = ", ".join(labels["reason"] for labels, value in faults if value > 0)
         state.gpu_utilization = page.total(_name("gpu_utilization"))
         state.gpu_temperature = page.total(
             _name("gpu_temperature"), lambda labels: labels.get("sensor") == "gpu"
@@ -235,6 +238,9 @@ class Observer:
         if span is not None:
             old, new = span
             state.requests_per_s = rate(old, new, _name("engine_requests_finished"))
+            state.probe_requests_per_s = rate(
+                old, new, _name("probe_runs"), lambda labels: labels.get("route") == "direct"
+            )
             state.tokens_per_s = rate(old, new, _name("engine_generation_tokens"))
             state.errors_per_s = rate(old, new, _name("engine_request_errors"))
             state.ttft = quantiles(old, new, _name("engine_time_to_first_token"), (0.5, 0.99))
@@ -290,6 +296,17 @@ class Observer:
         state.cost_per_hour = per_second["cost"] * 3600 if "cost" in per_second else None
         state.budget_left = min(budgets) if budgets else None
         return state
+
+
+def _known(before: ReplicaState, now: ReplicaState) -> ReplicaState:
+    """``now``, with the states it does not know taken from ``before``."""
+    return replace(
+        now,
+        ready=before.ready if now.ready is None else now.ready,
+        engine_up=before.engine_up if now.engine_up is None else now.engine_up,
+        gpu_healthy=before.gpu_healthy if now.gpu_healthy is None else now.gpu_healthy,
+        probe_verdict=now.probe_verdict or before.probe_verdict,
+    )
 
 
 def _flipped(before: object, now: object) -> bool:

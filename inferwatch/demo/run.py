@@ -131,7 +131,7 @@ class Demo:
             self.replicas,
             topology.TENANTS,
             {r.name: topology.url(self.ports.sidecar[r.name]) for r in self.replicas},
-            {r.name: topology.url(self.ports.proxy[r.name]) for r in self.replicas},
+            {r.name: topology.url(self.ports.proxy_metrics[r.name]) for r in self.replicas},
             self.context.prometheus_url,
         )
         background = [asyncio.create_task(load.run())]
@@ -298,14 +298,17 @@ class Demo:
              "--probe-cycle", f"{self.options.probe_cycle:g}"],
         )  # fmt: skip
         config = workdir / f"proxy-{replica.name}.yaml"
-        config.write_text(topology.proxy_config(replica, engine))
+        sidecar_url = topology.url(self.ports.sidecar[replica.name])
+        config.write_text(topology.proxy_config(replica, engine, sidecar_url))
         proxy = Component(
             "proxy",
             replica.name,
             topology.url(self.ports.proxy[replica.name]),
             "/healthz",
             [*INFERWATCH, "proxy", "--config", str(config), "--no-access-log",
-             "--listen", f"127.0.0.1:{self.ports.proxy[replica.name]}"],
+             "--listen", f"127.0.0.1:{self.ports.proxy[replica.name]}",
+             "--metrics-listen", f"127.0.0.1:{self.ports.proxy_metrics[replica.name]}",
+             "--drain-grace", "1"],
         )  # fmt: skip
         return [sim, sidecar, proxy]
 
@@ -317,14 +320,16 @@ class Demo:
             f"proxy each){', Prometheus' if options.prometheus else ''}; "
             f"load {options.rate:g} req/s; speed {options.speed:g}x"
         )
-        what = {
-            "sim": "OpenAI API, /metrics, /gpu/metrics",
+        what = {  # each URL as the flags that take it want it
+            "sim": "OpenAI API and /metrics (--engine-url, --upstream); DCGM page {url}/gpu/metrics"
+            " (--gpu dcgm=URL)",
             "sidecar": "/metrics /readyz",
-            "proxy": "OpenAI API per tenant, /metrics",
+            "proxy": "OpenAI API per tenant (base URL {url}/v1); tenant /metrics on its own port",
             "prometheus": "web UI and API",
         }
         for c in supervisor.components:
-            self.say(f"  {c.kind:<10} {c.name:<11} {c.url:<24} pid {c.pid:<7} {what[c.kind]}")
+            about = what[c.kind].format(url=c.url)
+            self.say(f"  {c.kind:<10} {c.name:<11} {c.url:<24} pid {c.pid:<7} {about}")
         tenants = ", ".join(f"{t.name} ({t.key})" for t in topology.TENANTS)
         first = self.replicas[0]
         self.say(f"  tenant API keys: {tenants}")

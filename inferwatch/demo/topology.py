@@ -90,12 +90,14 @@ class Ports:
     sim: Mapping[str, int]
     sidecar: Mapping[str, int]
     proxy: Mapping[str, int]
+    #: each proxy's own metrics listener (tenant series), apart from the client port
+    proxy_metrics: Mapping[str, int]
     prometheus: int
 
     @classmethod
     def assign(cls, base: int | None, replicas: Sequence[Replica] = REPLICAS) -> Ports:
         """Consecutive ports from ``base``, or free ones picked by the kernel."""
-        count = 3 * len(replicas) + 1
+        count = 4 * len(replicas) + 1
         ports = list(range(base, base + count)) if base else free_ports(count)
         names = [r.name for r in replicas]
         n = len(names)
@@ -103,7 +105,8 @@ class Ports:
             sim=dict(zip(names, ports[0:n], strict=True)),
             sidecar=dict(zip(names, ports[n : 2 * n], strict=True)),
             proxy=dict(zip(names, ports[2 * n : 3 * n], strict=True)),
-            prometheus=ports[3 * n],
+            proxy_metrics=dict(zip(names, ports[3 * n : 4 * n], strict=True)),
+            prometheus=ports[4 * n],
         )
 
 
@@ -122,8 +125,14 @@ def url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def proxy_config(replica: Replica, upstream: str, tenants: Sequence[Tenant] = TENANTS) -> str:
-    """The tenancy proxy's YAML for the proxy in front of one replica."""
+def proxy_config(
+    replica: Replica, upstream: str, sidecar: str, tenants: Sequence[Tenant] = TENANTS
+) -> str:
+    """The tenancy proxy's YAML for the proxy in front of one replica.
+
+    The replica's sidecar probes the engine directly; the proxy reads its probe token counters
+    so that they reconcile with the engine's.
+    """
     tenant_entries: dict[str, Any] = {}
     for tenant in tenants:
         entry: dict[str, Any] = {"key_sha256": [hash_key(tenant.key)], "priority": tenant.priority}
@@ -131,7 +140,11 @@ def proxy_config(replica: Replica, upstream: str, tenants: Sequence[Tenant] = TE
             entry["budget"] = {"tokens": tenant.budget_tokens, "window": tenant.budget_window}
         tenant_entries[tenant.name] = entry
     document = {
-        "upstream": {"url": upstream, "reconcile_interval": 5},
+        "upstream": {
+            "url": upstream,
+            "reconcile_interval": 5,
+            "probe_metrics": [sidecar + "/metrics"],
+        },
         "tenants": tenant_entries,
         "versions": {"model_version": replica.version},
         "prices": {"models": {model: dict(price) for model, price in PRICES.items()}},
@@ -155,7 +168,7 @@ def prometheus_config(ports: Ports, rule_files: Sequence[Path] = ()) -> str:
         "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
         "scrape_configs": [
             {"job_name": "inferwatch-sidecar", "static_configs": targets(ports.sidecar)},
-            {"job_name": "inferwatch-proxy", "static_configs": targets(ports.proxy)},
+            {"job_name": "inferwatch-proxy", "static_configs": targets(ports.proxy_metrics)},
         ],
     }
     if rule_files:
