@@ -94,9 +94,9 @@ def flags() -> st.SearchStrategy[Field]:
 def degenerate() -> st.SearchStrategy[Field]:
     modes = ["repetition", "empty", "wrong_script", "wrong_answer"]
     plain = st.sampled_from([*modes, None]).map(lambda v: (v, True))
-    bad_mode = st.sampled_from(["shouting", 3, ["empty"], {"mode": "empty"}]).map(
-        lambda v: (v, False)
-    )
+    bad_mode = st.sampled_from(
+        ["shouting", 3, ["empty"], {"mode": "loud"}, {"rate": 0.5, "mode": 7}]
+    ).map(lambda v: (v, False))
 
     @st.composite
     def spelled_out(draw: st.DrawFn) -> Field:
