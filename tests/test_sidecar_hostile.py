@@ -572,3 +572,24 @@ def test_scrapers_giving_up_on_one_hung_fetch_count_one_timeout(engine: _Engine)
 
     asyncio.run(run())
     assert dict(collector.errors) == {"timeout": 1}
+
+
+def test_a_scrape_that_overruns_a_late_waking_loop_still_counts_its_timeout() -> None:
+    """A busy process wakes the event loop late, past the engine's deadline: the scrape is
+    still recorded as a timeout with engine_up 0, not dropped by a second timer."""
+
+    def page() -> bytes:
+        time.sleep(1.5)  # holds the event loop itself, as a starved process would
+        return cardinality_page(1)
+
+    sidecar = Sidecar(collector_for(page))
+
+    async def run() -> str:
+        transport = httpx.ASGITransport(app=sidecar.app())
+        async with httpx.AsyncClient(transport=transport, base_url="http://s") as client:
+            headers = {"X-Prometheus-Scrape-Timeout-Seconds": "1.5"}  # a 1 s engine deadline
+            return (await client.get("/metrics", headers=headers)).text
+
+    text = asyncio.run(run())
+    assert value(text, "inferwatch_engine_up") == 0
+    assert value(text, "inferwatch_engine_scrape_errors_total", reason="timeout") == 1
