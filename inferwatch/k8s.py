@@ -195,7 +195,7 @@ REPLACEMENTS = [
         "namespace",
         [
             {
-                # http://inferwatch-receiver.NAMESPACE.svc:9500/webhook
+                # http://inferwatch-receiver.NAMESPACE.svc:9405/webhook
                 "select": {"kind": "AlertmanagerConfig"},
                 "fieldPaths": ["spec.receivers.0.webhookConfigs.0.url"],
                 "options": {"delimiter": ".", "index": 1},
