@@ -1,0 +1,298 @@
+"""Gateway API ``HTTPRoute`` weight shift: move a failing backend's traffic to its fallback.
+
+In every rule of the route whose ``backendRefs`` name both the failing backend (a model
+version's Service) and its fallback, the failing backend's weight moves to the fallback in
+``steps`` stages ``interval_s`` apart, each written with the route's ``resourceVersion``
+(re-read and recomputed on 409) and read back before the next. The weights before the shift
+are recorded on the route, in the annotation ``weight-shift.inferwatch.io/<backend>``, so a
+second receiver, a restarted one or a revert starts from the route alone; revert walks the
+weights back in the same stages and removes the record with the last one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from kubernetes import client
+
+from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
+from inferwatch.runbooks.actions.kubernetes_api import (
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT,
+    MERGE_PATCH,
+    Obj,
+    alert_reason,
+    annotations,
+    body,
+    call,
+    group_of,
+    object_name,
+    read_modify_write,
+)
+
+GROUP, VERSION, PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
+PREFIX = "weight-shift.inferwatch.io/"
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+#: Gateway API's default weight of a backendRef without one
+_DEFAULT_WEIGHT = 1
+
+
+def _template(params: Mapping[str, Any], name: str, labels: Mapping[str, str]) -> str:
+    """Parameter ``name`` with ``{label}`` replaced by the alert's label values."""
+    raw = params.get(name)
+    if not isinstance(raw, str):
+        raise ActionError(f"parameter {name} is required (a name, may use {{label}})")
+
+    def fill(match: re.Match[str]) -> str:
+        label = match.group(1)
+        if label not in labels:
+            raise ActionError(f"parameter {name} uses {{{label}}}, which the alert lacks")
+        return labels[label]
+
+    return object_name(_PLACEHOLDER.sub(fill, raw), f"parameter {name}")
+
+
+def _bounded(params: Mapping[str, Any], name: str, default: float, low: float, high: float) -> Any:
+    value = params.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ActionError(f"parameter {name} must be a number in [{low}, {high}], got {value!r}")
+    return value
+
+
+def _weight(ref: Mapping[str, Any]) -> int:
+    return int(ref.get("weight", _DEFAULT_WEIGHT))
+
+
+def _is(ref: Mapping[str, Any], service: str) -> bool:
+    return ref.get("name") == service and ref.get("kind", "Service") == "Service"
+
+
+def _originals(route: Obj, backend: str, fallback: str) -> list[list[int]]:
+    """[rule index, backend weight, fallback weight] of each rule that routes to both."""
+    found = []
+    for index, rule in enumerate((route.get("spec") or {}).get("rules") or []):
+        refs = rule.get("backendRefs") or []
+        mine = [r for r in refs if _is(r, backend)]
+        theirs = [r for r in refs if _is(r, fallback)]
+        if mine and not theirs:
+            raise ValueError(f"rule {index} routes to {backend} but not to its fallback {fallback}")
+        if mine:
+            found.append([index, _weight(mine[0]), _weight(theirs[0])])
+    if not found:
+        raise ValueError(f"no rule routes to {backend}")
+    return found
+
+
+def _record(route: Obj, backend: str) -> dict[str, Any] | None:
+    try:
+        record = json.loads(annotations(route).get(PREFIX + backend, ""))
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("original"), list) else None
+
+
+def _weights(original: list[list[int]], moved_share: float) -> dict[int, tuple[int, int]]:
+    """Per rule index, (backend, fallback) weights with ``moved_share`` of the traffic moved."""
+    result = {}
+    for index, backend, fallback in original:
+        moved = round(backend * moved_share)
+        result[index] = (backend - moved, fallback + moved)
+    return result
+
+
+def _refs(route: Obj, index: int, desired: Mapping[str, Any]) -> list[int]:
+    """[backend weight, fallback weight] of one rule."""
+    refs = route["spec"]["rules"][index]["backendRefs"]
+    return [
+        _weight(next(r for r in refs if _is(r, desired["backend"]))),
+        _weight(next(r for r in refs if _is(r, desired["fallback"]))),
+    ]
+
+
+def _stage(desired: Mapping[str, Any], moved_share: float, last: bool) -> Any:
+    """The change to one stage's weights; a no-op when the route is at or past the stage.
+
+    Reverting, the ``last`` stage restores the recorded weights and removes the record.
+    """
+    backend, fallback, reverting = desired["backend"], desired["fallback"], desired["reverting"]
+    key = PREFIX + backend
+
+    def change(route: Obj) -> Obj | None:
+        record = _record(route, backend)
+        if record is None:
+            if reverting:
+                return None
+            record = {
+                "fallback": fallback,
+                "fingerprint": desired["fingerprint"],
+                "original": _originals(route, backend, fallback),
+            }
+        elif not reverting or not last:
+            target = _weights(record["original"], moved_share)
+            if all(
+                (_refs(route, i, desired)[0] >= w)
+                if reverting
+                else (_refs(route, i, desired)[0] <= w)
+                for i, (w, _) in target.items()
+            ):
+                return None
+        rules = json.loads(json.dumps(route["spec"]["rules"]))
+        for index, (mine, theirs) in _weights(record["original"], moved_share).items():
+            for ref in rules[index]["backendRefs"]:
+                if _is(ref, backend):
+                    ref["weight"] = mine
+                elif _is(ref, fallback):
+                    ref["weight"] = theirs
+        value = None if reverting and last else json.dumps(record, sort_keys=True)
+        return {"metadata": {"annotations": {key: value}}, "spec": {"rules": rules}}
+
+    return change
+
+
+def _observed(route: Obj, desired: Mapping[str, Any]) -> dict[str, Any]:
+    record = _record(route, desired["backend"])
+    indexes = [entry[0] for entry in record["original"]] if record else []
+    return {
+        "weights": {str(i): _refs(route, i, desired) for i in indexes},
+        "shifted": record is not None,
+        "resourceVersion": route["metadata"]["resourceVersion"],
+    }
+
+
+class HTTPRouteShift:
+    """Shift an HTTPRoute's weight from ``backend`` to ``fallback`` (see the module docstring).
+
+    Parameters: ``route``, ``backend``, ``fallback`` (names; ``{label}`` is replaced by the
+    alert's label, e.g. ``llama-{model_version}``), ``namespace`` (default: the alert's
+    ``namespace`` label), ``steps`` (1-20, default 4), ``interval_s`` (0-600, default 10),
+    ``group``.
+    """
+
+    name: ClassVar[str] = "kubernetes_httproute_shift"
+
+    def __init__(self, api: client.ApiClient, *, retries: int = DEFAULT_RETRIES) -> None:
+        self._custom = client.CustomObjectsApi(api)
+        self._retries = retries
+
+    def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:
+        labels = alert.labels
+        namespace = object_name(
+            params.get("namespace", labels.get("namespace")), "namespace (parameter or label)"
+        )
+        route = _template(params, "route", labels)
+        backend = _template(params, "backend", labels)
+        fallback = _template(params, "fallback", labels)
+        if backend == fallback:
+            raise ActionError(f"backend and fallback are both {backend}")
+        desired = {
+            "namespace": namespace,
+            "route": route,
+            "backend": backend,
+            "fallback": fallback,
+            "steps": int(_bounded(params, "steps", 4, 1, 20)),
+            "interval_s": float(_bounded(params, "interval_s", 10, 0, 600)),
+            "fingerprint": alert.fingerprint,
+        }
+        target = f"httproute {namespace}/{route} {backend}->{fallback}"
+        group = group_of(params, f"httproute {namespace}/{route}")
+        return [Step(self.name, target, "traffic", group, desired, alert_reason(alert))]
+
+    def _read(self, desired: Mapping[str, Any]) -> Obj:
+        response = self._custom.get_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            desired["namespace"],
+            PLURAL,
+            desired["route"],
+            _preload_content=False,
+            _request_timeout=DEFAULT_TIMEOUT,
+        )
+        return body(response)
+
+    def _write(self, desired: Mapping[str, Any], patch: Obj) -> Obj:
+        response = self._custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            desired["namespace"],
+            PLURAL,
+            desired["route"],
+            patch,
+            _content_type=MERGE_PATCH,
+            _preload_content=False,
+            _request_timeout=DEFAULT_TIMEOUT,
+        )
+        return body(response)
+
+    async def _walk(self, step: Step, reverting: bool) -> Outcome:
+        desired = {**step.desired, "reverting": reverting}
+        steps: int = desired["steps"]
+        changed = False
+        observed: Mapping[str, Any] = {}
+        for stage in range(1, steps + 1):
+            share = (steps - stage) / steps if reverting else stage / steps
+            change = _stage(desired, share, last=stage == steps)
+
+            def work(change: Any = change) -> Outcome:
+                patch, _ = read_modify_write(
+                    lambda: self._read(desired),
+                    change,
+                    lambda p: self._write(desired, p),
+                    self._retries,
+                )
+                return self._read_back(desired, patch)
+
+            outcome = await call(step.target, work)
+            if not outcome.ok:
+                return outcome
+            changed = changed or outcome.changed
+            observed = outcome.observed
+            if outcome.changed and stage < steps:
+                await asyncio.sleep(desired["interval_s"])
+        done = "reverted" if reverting else "shifted"
+        return Outcome(
+            True, changed, f"{step.target}: {done if changed else 'already ' + done}", observed
+        )
+
+    def _read_back(self, desired: Mapping[str, Any], patch: Obj | None) -> Outcome:
+        """Read the route again: the rules and record a stage wrote must be there."""
+        route = self._read(desired)
+        observed = _observed(route, desired)
+        if patch is None:
+            return Outcome(True, False, "at or past this stage", observed)
+        key = PREFIX + desired["backend"]
+        if (
+            route["spec"]["rules"] != patch["spec"]["rules"]
+            or annotations(route).get(key) != patch["metadata"]["annotations"][key]
+        ):
+            return Outcome(
+                False, True, f"read back {observed['weights']}: not what was written", observed
+            )
+        return Outcome(True, True, "weights read back", observed)
+
+    async def apply(self, step: Step) -> Outcome:
+        return await self._walk(step, reverting=False)
+
+    async def revert(self, step: Step) -> Outcome:
+        return await self._walk(step, reverting=True)
+
+    async def verify(self, step: Step) -> Outcome:
+        desired = step.desired
+
+        def work() -> Outcome:
+            route = self._read(desired)
+            record = _record(route, desired["backend"])
+            observed = _observed(route, desired)
+            if record is None:
+                return Outcome(False, False, f"{step.target}: no shift recorded", observed)
+            for index, mine, theirs in record["original"]:
+                if _refs(route, index, desired) != [0, mine + theirs]:
+                    return Outcome(
+                        False, False, f"{step.target}: rule {index} not shifted", observed
+                    )
+            return Outcome(True, False, f"{step.target}: shifted", observed)
+
+        return await call(step.target, work)
