@@ -25,7 +25,7 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     DEFAULT_RETRIES,
     Obj,
     alert_reason,
-    annotations,
+    annotations_of,
     call,
     group_of,
     node_access,
@@ -40,7 +40,7 @@ _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Fa-f-]{8,56}$")
 
 
 def _pending(node: Obj) -> dict[str, str]:
-    return {k: v for k, v in annotations(node).items() if k.startswith(PREFIX)}
+    return {k: v for k, v in annotations_of(node).items() if k.startswith(PREFIX)}
 
 
 def _request(desired: Mapping[str, Any]) -> Any:

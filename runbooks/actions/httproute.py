@@ -26,7 +26,7 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     MERGE_PATCH,
     Obj,
     alert_reason,
-    annotations,
+    annotations_of,
     body,
     call,
     group_of,
@@ -89,7 +89,7 @@ def _originals(route: Obj, backend: str, fallback: str) -> list[list[int]]:
 
 def _record(route: Obj, backend: str) -> dict[str, Any] | None:
     try:
-        record = json.loads(annotations(route).get(PREFIX + backend, ""))
+        record = json.loads(annotations_of(route).get(PREFIX + backend, ""))
     except ValueError:
         return None
     return record if isinstance(record, dict) and isinstance(record.get("original"), list) else None
@@ -266,7 +266,7 @@ class HTTPRouteShift:
         key = PREFIX + desired["backend"]
         if (
             route["spec"]["rules"] != patch["spec"]["rules"]
-            or annotations(route).get(key) != patch["metadata"]["annotations"][key]
+            or annotations_of(route).get(key) != patch["metadata"]["annotations"][key]
         ):
             return Outcome(
                 False, True, f"read back {observed['weights']}: not what was written", observed

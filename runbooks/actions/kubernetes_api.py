@@ -62,9 +62,11 @@ def connect(host: str | None = None, *, kubeconfig: str | None = None) -> client
     if host is not None:
         configuration.host = host
     elif kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
-        config.load_incluster_config(client_configuration=configuration)
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
+        )
     return client.ApiClient(configuration)
 
 
@@ -173,7 +175,7 @@ def node_access(api: client.ApiClient, name: str) -> tuple[Callable[[], Obj], Ca
     return read, write
 
 
-def annotations(obj: Mapping[str, Any]) -> dict[str, str]:
+def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
     return dict((obj.get("metadata") or {}).get("annotations") or {})
 
 

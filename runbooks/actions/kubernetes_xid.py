@@ -50,7 +50,7 @@ class XidRemediation:
     name: ClassVar[str] = "kubernetes_xid_remediation"
 
     def __init__(self, api: client.ApiClient, *, retries: int = DEFAULT_RETRIES) -> None:
-        self._actions = {
+        self._actions: dict[str, PodRestart | GpuResetRequest | NodeIsolation] = {
             PodRestart.name: PodRestart(api, retries=retries),
             GpuResetRequest.name: GpuResetRequest(api, retries=retries),
             NodeIsolation.name: NodeIsolation(api, retries=retries),

@@ -22,7 +22,7 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     DEFAULT_RETRIES,
     Obj,
     alert_reason,
-    annotations,
+    annotations_of,
     call,
     group_of,
     node_access,
@@ -54,7 +54,7 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 def _record(node: Obj) -> dict[str, Any]:
     empty: dict[str, Any] = {"alerts": {}, "taints": [], "cordoned": False}
     try:
-        record = json.loads(annotations(node).get(ISOLATION, ""))
+        record = json.loads(annotations_of(node).get(ISOLATION, ""))
     except ValueError:
         return empty
     if not isinstance(record, dict):

@@ -99,7 +99,8 @@ class PodRestart:
                 why = _restarted(pod, step.desired["not_before"])
                 if why is not None:
                     return Outcome(True, False, f"{step.target}: {why}")
-                options = {"preconditions": {"uid": pod["metadata"]["uid"]}}
+                uid = pod["metadata"]["uid"]
+                options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
                 try:
                     self._core.delete_namespaced_pod(
                         step.desired["pod"],
