@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubernetes import client
 
 from inferwatch.exporters.gpu.xid import catalogue
@@ -549,3 +551,77 @@ def test_every_rbac_rule_is_needed(fake, api, resource, verb) -> None:
     ]
     outcomes = _exercise_every_action(fake, api)
     assert any(not o.ok and "forbidden" in o.detail for o in outcomes)
+
+
+# -- properties -------------------------------------------------------------------------------
+
+LABELS = st.dictionaries(
+    st.sampled_from(["node", "gpu_uuid", "xid", "action", "pod", "namespace", "model_version"]),
+    st.one_of(st.text(max_size=300), st.sampled_from(["79", "95", "13", "gpu-1", "reset_gpu"])),
+)
+PARAMS = st.dictionaries(
+    st.sampled_from(
+        [
+            "no_execute",
+            "cordon",
+            "taint_key",
+            "steps",
+            "interval_s",
+            "route",
+            "backend",
+            "fallback",
+            "group",
+            "namespace",
+        ]
+    ),
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=80)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(labels=LABELS, params=PARAMS)
+def test_planning_any_alert_either_plans_or_refuses_with_action_error(offline, labels, params):
+    firing = Alert("firing", labels, {}, "2026-12-01T08:00:00Z", "", "f")
+    for action in (
+        XidRemediation(offline),
+        NodeIsolation(offline),
+        GpuResetRequest(offline),
+        PodRestart(offline),
+        HTTPRouteShift(offline),
+    ):
+        try:
+            steps = action.plan(firing, params)
+        except ActionError:
+            continue
+        for step in steps:
+            assert len(json.dumps(step.desired)) < 4096  # bounded whatever the labels held
+
+
+@settings(max_examples=25, deadline=None)
+@given(backend=st.integers(0, 1000), fallback=st.integers(0, 1000), steps=st.integers(1, 8))
+def test_httproute_stages_keep_the_total_and_revert_restores_it(
+    validator, backend, fallback, steps
+) -> None:
+    fake = FakeKube(validator)
+    spec = {
+        "rules": [
+            {
+                "backendRefs": [
+                    {"name": "v2", "port": 80, "weight": backend},
+                    {"name": "v1", "port": 80, "weight": fallback},
+                ]
+            }
+        ]
+    }
+    fake.add_httproute("inference", "llama", spec)
+    params = {"route": "llama", "backend": "v2", "fallback": "v1", "steps": steps, "interval_s": 0}
+    with fake.serve() as host, connect(host) as api:
+        action = HTTPRouteShift(api)
+        [step] = action.plan(alert(namespace="inference"), params)
+        assert run(action.apply(step)).ok
+        shifted = [weights(w) for w in fake.written]
+        assert run(action.revert(step)).ok
+    assert all(sum(w) == backend + fallback for w in shifted)
+    assert [w[0] for w in shifted] == sorted((w[0] for w in shifted), reverse=True)
+    assert shifted[-1] == [0, backend + fallback]
+    assert fake.get("httproutes", "inference", "llama")["spec"] == spec
