@@ -465,7 +465,12 @@ class FakeKube:
                 key: Key | None = None
                 try:
                     if length > MAX_BODY:
-                        self.close_connection = True  # the unread body ends the connection
+                        # read (bounded) and drop it, so the client sees the answer
+                        # rather than a reset; the connection is not reused
+                        left = min(length, 2 * MAX_BODY)
+                        while left > 0 and (chunk := self.rfile.read(min(left, 65536))):
+                            left -= len(chunk)
+                        self.close_connection = True
                         raise ApiError(413, "RequestEntityTooLarge", "request entity too large")
                     body = self.rfile.read(length) if length else b""
                     result, code = fake.handle(self.command, path, content_type, body), 200

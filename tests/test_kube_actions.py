@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
+import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes import client
@@ -625,3 +626,36 @@ def test_httproute_stages_keep_the_total_and_revert_restores_it(
     assert [w[0] for w in shifted] == sorted((w[0] for w in shifted), reverse=True)
     assert shifted[-1] == [0, backend + fallback]
     assert fake.get("httproutes", "inference", "llama")["spec"] == spec
+
+
+def test_fake_answers_bad_requests_like_the_api_server(fake, host) -> None:
+    fake.add_node("gpu-1")
+    url = f"{host}/api/v1/nodes/gpu-1"
+    merge = {"Content-Type": "application/merge-patch+json"}
+    cases = [
+        (requests.patch(url, data=b"{", headers=merge), 400, "BadRequest"),
+        (
+            requests.patch(url, data=b"{}", headers={"Content-Type": "text/plain"}),
+            415,
+            "UnsupportedMediaType",
+        ),
+        (
+            requests.patch(url, data=b"x" * (3 * 1024 * 1024 + 1), headers=merge),
+            413,
+            "RequestEntityTooLarge",
+        ),
+        (
+            requests.patch(url, json={"metadata": {"resourceVersion": "1"}}, headers=merge),
+            409,
+            "Conflict",
+        ),
+        (requests.patch(url, json={"metadata": {"name": "other"}}, headers=merge), 422, "Invalid"),
+        (requests.get(f"{host}/api/v1/nodes/gpu-1/proxy"), 404, "NotFound"),
+        (requests.delete(url), 405, "MethodNotAllowed"),
+    ]
+    for response, code, reason in cases:
+        assert response.status_code == code, response.text
+        assert response.json()["kind"] == "Status" and response.json()["reason"] == reason
+    version = fake.get("nodes", "", "gpu-1")["metadata"]["resourceVersion"]
+    same = requests.patch(url, json={"spec": {"providerID": "fake://gpu-1"}}, headers=merge)
+    assert same.json()["metadata"]["resourceVersion"] == version  # no-op: no new version
