@@ -659,3 +659,38 @@ def test_fake_answers_bad_requests_like_the_api_server(fake, host) -> None:
     version = fake.get("nodes", "", "gpu-1")["metadata"]["resourceVersion"]
     same = requests.patch(url, json={"spec": {"providerID": "fake://gpu-1"}}, headers=merge)
     assert same.json()["metadata"]["resourceVersion"] == version  # no-op: no new version
+
+
+def test_httproute_stays_shifted_until_the_last_alert_reverts(fake, api) -> None:
+    fake.add_httproute("inference", "llama", ROUTE)
+    action = HTTPRouteShift(api)
+    [first] = action.plan(alert("f1", namespace="inference", model_version="v2"), SHIFT)
+    [second] = action.plan(alert("f2", namespace="inference", model_version="v2"), SHIFT)
+    assert run(action.apply(first)).changed
+    assert run(action.apply(second)).changed  # recorded, weights already moved
+    assert len(fake.written) == 4
+    kept = run(action.revert(first))
+    assert kept.changed and "other alerts" in kept.detail
+    assert weights(fake.get("httproutes", "inference", "llama")) == [0, 100]
+    assert run(action.revert(second)).changed
+    assert fake.get("httproutes", "inference", "llama")["spec"] == ROUTE
+
+
+def test_httproute_edited_during_a_shift_fails_clearly(fake, api) -> None:
+    fake.add_httproute("inference", "llama", ROUTE)
+    action = HTTPRouteShift(api)
+    [step] = action.plan(alert(namespace="inference", model_version="v2"), SHIFT)
+    run(action.apply(step))
+    custom = client.CustomObjectsApi(api)
+    edit = {"spec": {"rules": [{"backendRefs": [{"name": "llama-v1", "port": 8000}]}]}}
+    custom.patch_namespaced_custom_object(
+        "gateway.networking.k8s.io",
+        "v1",
+        "inference",
+        "httproutes",
+        "llama",
+        edit,
+        _content_type="application/merge-patch+json",
+    )
+    outcome = run(action.revert(step))
+    assert not outcome.ok and "edited during the shift" in outcome.detail

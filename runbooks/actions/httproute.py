@@ -105,12 +105,18 @@ def _weights(original: list[list[int]], moved_share: float) -> dict[int, tuple[i
 
 
 def _refs(route: Obj, index: int, desired: Mapping[str, Any]) -> list[int]:
-    """[backend weight, fallback weight] of one rule."""
-    refs = route["spec"]["rules"][index]["backendRefs"]
-    return [
-        _weight(next(r for r in refs if _is(r, desired["backend"]))),
-        _weight(next(r for r in refs if _is(r, desired["fallback"]))),
-    ]
+    """[backend weight, fallback weight] of one recorded rule."""
+    try:
+        refs = route["spec"]["rules"][index]["backendRefs"]
+        return [
+            _weight(next(r for r in refs if _is(r, desired["backend"]))),
+            _weight(next(r for r in refs if _is(r, desired["fallback"]))),
+        ]
+    except (KeyError, IndexError, TypeError, StopIteration):
+        raise ValueError(
+            f"rule {index} no longer routes to {desired['backend']} and {desired['fallback']}"
+            " (the route was edited during the shift)"
+        ) from None
 
 
 def _stage(desired: Mapping[str, Any], moved_share: float, last: bool) -> Any:
@@ -119,6 +125,7 @@ def _stage(desired: Mapping[str, Any], moved_share: float, last: bool) -> Any:
     Reverting, the ``last`` stage restores the recorded weights and removes the record.
     """
     backend, fallback, reverting = desired["backend"], desired["fallback"], desired["reverting"]
+    fingerprint = desired["fingerprint"]
     key = PREFIX + backend
 
     def change(route: Obj) -> Obj | None:
@@ -126,29 +133,44 @@ def _stage(desired: Mapping[str, Any], moved_share: float, last: bool) -> Any:
         if record is None:
             if reverting:
                 return None
-            record = {
-                "fallback": fallback,
-                "fingerprint": desired["fingerprint"],
-                "original": _originals(route, backend, fallback),
-            }
-        elif not reverting or not last:
-            target = _weights(record["original"], moved_share)
-            if all(
-                (_refs(route, i, desired)[0] >= w)
-                if reverting
-                else (_refs(route, i, desired)[0] <= w)
-                for i, (w, _) in target.items()
-            ):
+            record = {"fallback": fallback, "original": _originals(route, backend, fallback)}
+        alerts = [str(a) for a in record.get("alerts") or []]
+        if not reverting and fingerprint not in alerts:
+            record = {**record, "alerts": [*alerts, fingerprint]}
+        value = json.dumps(record, sort_keys=True)
+        target = _weights(record["original"], moved_share)
+        if reverting and last:
+            value = None
+        elif all(
+            (_refs(route, i, desired)[0] >= w) if reverting else (_refs(route, i, desired)[0] <= w)
+            for i, (w, _) in target.items()
+        ):
+            if annotations_of(route).get(key) == value:
                 return None
+            return {"metadata": {"annotations": {key: value}}}  # past the stage: record only
         rules = json.loads(json.dumps(route["spec"]["rules"]))
-        for index, (mine, theirs) in _weights(record["original"], moved_share).items():
+        for index, (mine, theirs) in target.items():
             for ref in rules[index]["backendRefs"]:
                 if _is(ref, backend):
                     ref["weight"] = mine
                 elif _is(ref, fallback):
                     ref["weight"] = theirs
-        value = None if reverting and last else json.dumps(record, sort_keys=True)
         return {"metadata": {"annotations": {key: value}}, "spec": {"rules": rules}}
+
+    return change
+
+
+def _release(desired: Mapping[str, Any]) -> Any:
+    """Drop this alert from the record while other alerts still want the shift."""
+    key, fingerprint = PREFIX + desired["backend"], desired["fingerprint"]
+
+    def change(route: Obj) -> Obj | None:
+        record = _record(route, desired["backend"])
+        alerts = [str(a) for a in (record or {}).get("alerts") or []]
+        if record is None or fingerprint not in alerts or alerts == [fingerprint]:
+            return None
+        kept = {**record, "alerts": [a for a in alerts if a != fingerprint]}
+        return {"metadata": {"annotations": {key: json.dumps(kept, sort_keys=True)}}}
 
     return change
 
@@ -227,8 +249,30 @@ class HTTPRouteShift:
         )
         return body(response)
 
+    def _rmw(self, desired: Mapping[str, Any], change: Any) -> tuple[Obj | None, Obj]:
+        return read_modify_write(
+            lambda: self._read(desired), change, lambda p: self._write(desired, p), self._retries
+        )
+
     async def _walk(self, step: Step, reverting: bool) -> Outcome:
         desired = {**step.desired, "reverting": reverting}
+        if reverting:
+
+            def release() -> Outcome:
+                patch, route = self._rmw(desired, _release(desired))
+                record = _record(route, desired["backend"])
+                ours = record is not None and desired["fingerprint"] in record.get("alerts", [])
+                return Outcome(True, patch is not None, "", {"walk_back": ours})
+
+            released = await call(step.target, release)
+            if not released.ok or released.changed or not released.observed["walk_back"]:
+                detail = (
+                    "kept shifted for other alerts"
+                    if released.changed
+                    else "not shifted for this alert"
+                )
+                detail = released.detail if not released.ok else f"{step.target}: {detail}"
+                return Outcome(released.ok, released.changed, detail)
         steps: int = desired["steps"]
         changed = False
         observed: Mapping[str, Any] = {}
@@ -237,12 +281,7 @@ class HTTPRouteShift:
             change = _stage(desired, share, last=stage == steps)
 
             def work(change: Any = change) -> Outcome:
-                patch, _ = read_modify_write(
-                    lambda: self._read(desired),
-                    change,
-                    lambda p: self._write(desired, p),
-                    self._retries,
-                )
+                patch, _ = self._rmw(desired, change)
                 return self._read_back(desired, patch)
 
             outcome = await call(step.target, work)
@@ -264,10 +303,9 @@ class HTTPRouteShift:
         if patch is None:
             return Outcome(True, False, "at or past this stage", observed)
         key = PREFIX + desired["backend"]
-        if (
-            route["spec"]["rules"] != patch["spec"]["rules"]
-            or annotations_of(route).get(key) != patch["metadata"]["annotations"][key]
-        ):
+        if ("spec" in patch and route["spec"]["rules"] != patch["spec"]["rules"]) or annotations_of(
+            route
+        ).get(key) != patch["metadata"]["annotations"][key]:
             return Outcome(
                 False, True, f"read back {observed['weights']}: not what was written", observed
             )
