@@ -137,7 +137,7 @@ def _stage(desired: Mapping[str, Any], moved_share: float, last: bool) -> Any:
         alerts = [str(a) for a in record.get("alerts") or []]
         if not reverting and fingerprint not in alerts:
             record = {**record, "alerts": [*alerts, fingerprint]}
-        value = json.dumps(record, sort_keys=True)
+        value: str | None = json.dumps(record, sort_keys=True)
         target = _weights(record["original"], moved_share)
         if reverting and last:
             value = None
