@@ -88,11 +88,16 @@ class Sidecar:
 
     async def _run(self, collector: Collector, deadline: float) -> CollectorRun:
         started = time.perf_counter()
-        # The engine collector gets the deadline itself, so that running out of time is
-        # recorded as a scrape failure (engine_up 0) rather than a bare cancellation.
-        run = self.engine.collect(deadline) if collector is self.engine else collector.collect()
+        # The engine collector gets the deadline itself and keeps it, so that running out of
+        # time is recorded as a scrape failure (engine_up 0). No second timer around it: when
+        # a busy process wakes the loop late, both would be due at once, and the outer one
+        # would cancel the inner one before it records anything.
+        if collector is self.engine:
+            run, limit = self.engine.collect(deadline), None
+        else:
+            run, limit = collector.collect(), deadline + 0.05
         try:
-            families = await asyncio.wait_for(run, deadline + 0.05)
+            families = await asyncio.wait_for(run, limit)
         except Exception as exc:  # a failing source costs its own metrics, never the scrape
             self._note_failure(collector.name, exc)
             return CollectorRun((), False, time.perf_counter() - started)

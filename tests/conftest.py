@@ -89,6 +89,11 @@ def prometheus_bin() -> str:
     return _tool("prometheus")
 
 
+@pytest.fixture(scope="session")
+def haproxy_bin() -> str:
+    return _tool("haproxy")
+
+
 @pytest.fixture
 def golden(request: pytest.FixtureRequest) -> Callable[[Path, str], None]:
     """Compare text with a committed golden file, or rewrite it under --update-goldens."""
