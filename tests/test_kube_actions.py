@@ -214,7 +214,13 @@ def test_node_stays_isolated_until_the_last_alert_reverts(fake, api) -> None:
 
 @pytest.mark.parametrize(
     "params",
-    [{"taint_key": "bad key!"}, {"no_execute": "yes"}, {"taint_value": "x" * 64}, {"group": ""}],
+    [
+        {"taint_key": "bad key!"},
+        {"no_execute": "yes"},
+        {"taint_value": "x" * 64},
+        {"group": ""},
+        {"no_exceute": True},  # a typo is refused, not ignored
+    ],
 )
 def test_bad_parameters_are_refused_at_plan_time(offline, params) -> None:
     with pytest.raises(ActionError):
@@ -375,8 +381,8 @@ SHIFT = {
     "route": "llama",
     "backend": "llama-{model_version}",
     "fallback": "llama-v1",
-    "steps": 3,
-    "interval_s": 0,
+    "steps": [1 / 3, 2 / 3, 1],
+    "step_interval": 0,
 }
 
 
@@ -414,7 +420,7 @@ def test_httproute_shift_resumes_a_partial_shift(fake, api) -> None:
     run(action.apply(step))
     run(action.revert(step))
     # a receiver that died after the first stage: the record and the first weights are there
-    [one] = action.plan(alert(namespace="inference", model_version="v2"), {**SHIFT, "steps": 1})
+    [one] = action.plan(alert(namespace="inference", model_version="v2"), {**SHIFT, "steps": [1]})
     fake.written.clear()
     assert run(action.apply(step)).changed
     assert [weights(w) for w in fake.written] == [[60, 40], [30, 70], [0, 100]]
@@ -467,7 +473,9 @@ def test_httproute_missing_or_forbidden_is_a_failed_outcome(fake, api) -> None:
         {**SHIFT, "backend": "llama-{missing}"},
         {**SHIFT, "fallback": "llama-v2"},
         {**SHIFT, "steps": 0},
-        {**SHIFT, "interval_s": True},
+        {**SHIFT, "step_interval": True},
+        {**SHIFT, "steps": [0.5, 0.25, 1]},
+        {**SHIFT, "weight": 3},
         {k: v for k, v in SHIFT.items() if k != "route"},
         {**SHIFT, "route": "{alertname}"},  # a label value that is no object name
     ],
@@ -567,7 +575,7 @@ PARAMS = st.dictionaries(
             "cordon",
             "taint_key",
             "steps",
-            "interval_s",
+            "step_interval",
             "route",
             "backend",
             "fallback",
@@ -615,7 +623,13 @@ def test_httproute_stages_keep_the_total_and_revert_restores_it(
         ]
     }
     fake.add_httproute("inference", "llama", spec)
-    params = {"route": "llama", "backend": "v2", "fallback": "v1", "steps": steps, "interval_s": 0}
+    params = {
+        "route": "llama",
+        "backend": "v2",
+        "fallback": "v1",
+        "steps": [i / steps for i in range(1, steps + 1)],
+        "step_interval": 0,
+    }
     with fake.serve() as host, connect(host) as api:
         action = HTTPRouteShift(api)
         [step] = action.plan(alert(namespace="inference"), params)
@@ -694,3 +708,14 @@ def test_httproute_edited_during_a_shift_fails_clearly(fake, api) -> None:
     )
     outcome = run(action.revert(step))
     assert not outcome.ok and "edited during the shift" in outcome.detail
+
+
+def test_xid_remediation_passes_each_action_only_its_parameters(offline) -> None:
+    action = XidRemediation(offline)
+    labels = {"namespace": "inference", "pod": "llama-0"}
+    [restart] = action.plan(alert(xid="13", **labels), {"no_execute": True})
+    assert restart.action == PodRestart.name
+    [isolate] = action.plan(alert(xid="79", **labels), {"no_execute": True})
+    assert [t["effect"] for t in isolate.desired["taints"]] == ["NoSchedule", "NoExecute"]
+    with pytest.raises(ActionError, match="unknown parameters steps"):
+        action.plan(alert(xid="79"), {"steps": [1]})

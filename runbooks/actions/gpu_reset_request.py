@@ -27,6 +27,7 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     alert_reason,
     annotations_of,
     call,
+    check_params,
     group_of,
     node_access,
     object_name,
@@ -85,12 +86,14 @@ class GpuResetRequest:
     """Request a reset of the alert's GPU (labels ``node``, ``gpu_uuid``; ``xid`` if known)."""
 
     name: ClassVar[str] = "kubernetes_request_gpu_reset"
+    PARAMS: ClassVar[frozenset[str]] = frozenset({"group"})
 
     def __init__(self, api: client.ApiClient, *, retries: int = DEFAULT_RETRIES) -> None:
         self._api = api
         self._retries = retries
 
     def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:
+        check_params(params, self.PARAMS, self.name)
         node = object_name(alert.labels.get("node"), "alert label node")
         gpu = alert.labels.get("gpu_uuid", "")
         if not _UUID.match(gpu):

@@ -2,11 +2,13 @@
 
 In every rule of the route whose ``backendRefs`` name both the failing backend (a model
 version's Service) and its fallback, the failing backend's weight moves to the fallback in
-``steps`` stages ``interval_s`` apart, each written with the route's ``resourceVersion``
-(re-read and recomputed on 409) and read back before the next. The weights before the shift
-are recorded on the route, in the annotation ``weight-shift.inferwatch.io/<backend>``, so a
-second receiver, a restarted one or a revert starts from the route alone; revert walks the
-weights back in the same stages and removes the record with the last one.
+stages (``steps``: the increasing fractions moved, as the HAProxy action takes them)
+``step_interval`` seconds apart, each written with the route's ``resourceVersion`` (re-read
+and recomputed on 409) and read back before the next. The weights before the shift and the
+alerts that want it are recorded on the route, in the annotation
+``weight-shift.inferwatch.io/<backend>``, so a second receiver, a restarted one or a revert
+starts from the route alone; the last alert's revert walks the weights back through the same
+fractions and removes the record with the last stage.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, ClassVar
 from kubernetes import client
 
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
+from inferwatch.runbooks.actions.haproxy import DEFAULT_INTERVAL, DEFAULT_STEPS, _steps
 from inferwatch.runbooks.actions.kubernetes_api import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT,
@@ -29,6 +32,7 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     annotations_of,
     body,
     call,
+    check_params,
     group_of,
     object_name,
     read_modify_write,
@@ -190,17 +194,21 @@ class HTTPRouteShift:
 
     Parameters: ``route``, ``backend``, ``fallback`` (names; ``{label}`` is replaced by the
     alert's label, e.g. ``llama-{model_version}``), ``namespace`` (default: the alert's
-    ``namespace`` label), ``steps`` (1-20, default 4), ``interval_s`` (0-600, default 10),
-    ``group``.
+    ``namespace`` label), ``steps`` (increasing fractions ending at 1, default 0.25, 0.5, 1),
+    ``step_interval`` (seconds, default 5), ``group``.
     """
 
     name: ClassVar[str] = "kubernetes_httproute_shift"
+    PARAMS: ClassVar[frozenset[str]] = frozenset(
+        {"namespace", "route", "backend", "fallback", "steps", "step_interval", "group"}
+    )
 
     def __init__(self, api: client.ApiClient, *, retries: int = DEFAULT_RETRIES) -> None:
         self._custom = client.CustomObjectsApi(api)
         self._retries = retries
 
     def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:
+        check_params(params, self.PARAMS, self.name)
         labels = alert.labels
         namespace = object_name(
             params.get("namespace", labels.get("namespace")), "namespace (parameter or label)"
@@ -215,8 +223,8 @@ class HTTPRouteShift:
             "route": route,
             "backend": backend,
             "fallback": fallback,
-            "steps": int(_bounded(params, "steps", 4, 1, 20)),
-            "interval_s": float(_bounded(params, "interval_s", 10, 0, 600)),
+            "steps": list(_steps(params.get("steps", DEFAULT_STEPS))),
+            "step_interval": float(_bounded(params, "step_interval", DEFAULT_INTERVAL, 0, 600)),
             "fingerprint": alert.fingerprint,
         }
         target = f"httproute {namespace}/{route} {backend}->{fallback}"
@@ -273,12 +281,13 @@ class HTTPRouteShift:
                 )
                 detail = released.detail if not released.ok else f"{step.target}: {detail}"
                 return Outcome(released.ok, released.changed, detail)
-        steps: int = desired["steps"]
+        fractions: list[float] = desired["steps"]
+        # reverting walks back through the same fractions to none moved
+        shares = [*reversed(fractions[:-1]), 0.0] if reverting else fractions
         changed = False
         observed: Mapping[str, Any] = {}
-        for stage in range(1, steps + 1):
-            share = (steps - stage) / steps if reverting else stage / steps
-            change = _stage(desired, share, last=stage == steps)
+        for stage, share in enumerate(shares, start=1):
+            change = _stage(desired, share, last=stage == len(shares))
 
             def work(change: Any = change) -> Outcome:
                 patch, _ = self._rmw(desired, change)
@@ -289,8 +298,8 @@ class HTTPRouteShift:
                 return outcome
             changed = changed or outcome.changed
             observed = outcome.observed
-            if outcome.changed and stage < steps:
-                await asyncio.sleep(desired["interval_s"])
+            if outcome.changed and stage < len(shares):
+                await asyncio.sleep(desired["step_interval"])
         done = "reverted" if reverting else "shifted"
         return Outcome(
             True, changed, f"{step.target}: {done if changed else 'already ' + done}", observed

@@ -192,6 +192,13 @@ def alert_reason(alert: Alert) -> str:
     return " ".join(parts)[:_MESSAGE_LIMIT]
 
 
+def check_params(params: Mapping[str, Any], known: frozenset[str], action: str) -> None:
+    """Refuse parameters ``action`` does not know (a typo would otherwise be ignored)."""
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ActionError(f"{action}: unknown parameters {', '.join(unknown)}")
+
+
 def group_of(params: Mapping[str, Any], default: str) -> str:
     """The breaker's population for a step: parameter ``group``, else ``default``."""
     group = params.get("group", default)

@@ -19,7 +19,7 @@ from kubernetes import client
 from inferwatch.exporters.gpu.xid import ACTIONS, Action, classify
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
 from inferwatch.runbooks.actions.gpu_reset_request import GpuResetRequest
-from inferwatch.runbooks.actions.kubernetes_api import DEFAULT_RETRIES
+from inferwatch.runbooks.actions.kubernetes_api import DEFAULT_RETRIES, check_params
 from inferwatch.runbooks.actions.node_isolation import NodeIsolation
 from inferwatch.runbooks.actions.pod_restart import PodRestart
 
@@ -48,6 +48,9 @@ class XidRemediation:
     """Dispatch an XID alert to the remediation its class calls for."""
 
     name: ClassVar[str] = "kubernetes_xid_remediation"
+    PARAMS: ClassVar[frozenset[str]] = (
+        PodRestart.PARAMS | GpuResetRequest.PARAMS | NodeIsolation.PARAMS
+    )
 
     def __init__(self, api: client.ApiClient, *, retries: int = DEFAULT_RETRIES) -> None:
         self._actions: dict[str, PodRestart | GpuResetRequest | NodeIsolation] = {
@@ -57,12 +60,14 @@ class XidRemediation:
         }
 
     def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:
+        check_params(params, self.PARAMS, self.name)
         action = xid_class(alert)
         chosen = REMEDIATION.get(action)
         if chosen is None:
             xid = alert.labels.get("xid", "?")
             raise ActionError(f"XID {xid} is class {action}: no automatic remediation")
-        return self._actions[chosen].plan(alert, params)
+        delegate = self._actions[chosen]
+        return delegate.plan(alert, {k: v for k, v in params.items() if k in delegate.PARAMS})
 
     def _for(self, step: Step) -> PodRestart | GpuResetRequest | NodeIsolation:
         try:

@@ -24,6 +24,7 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     alert_reason,
     annotations_of,
     call,
+    check_params,
     group_of,
     node_access,
     object_name,
@@ -141,12 +142,16 @@ class NodeIsolation:
     """
 
     name: ClassVar[str] = "kubernetes_isolate_node"
+    PARAMS: ClassVar[frozenset[str]] = frozenset(
+        {"cordon", "no_execute", "taint_key", "taint_value", "group"}
+    )
 
     def __init__(self, api: client.ApiClient, *, retries: int = DEFAULT_RETRIES) -> None:
         self._api = api
         self._retries = retries
 
     def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:
+        check_params(params, self.PARAMS, self.name)
         node = object_name(alert.labels.get("node"), "alert label node")
         key = params.get("taint_key", TAINT_KEY)
         value = params.get("taint_value", "true")

@@ -25,6 +25,7 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     alert_reason,
     body,
     call,
+    check_params,
     group_of,
     object_name,
 )
@@ -56,12 +57,14 @@ class PodRestart:
     """Delete the pod named by the alert's ``namespace`` and ``pod`` labels (``group``)."""
 
     name: ClassVar[str] = "kubernetes_restart_pod"
+    PARAMS: ClassVar[frozenset[str]] = frozenset({"group"})
 
     def __init__(self, api: client.ApiClient, *, retries: int = DEFAULT_RETRIES) -> None:
         self._core = client.CoreV1Api(api)
         self._retries = retries
 
     def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:
+        check_params(params, self.PARAMS, self.name)
         namespace = object_name(alert.labels.get("namespace"), "alert label namespace")
         pod = object_name(alert.labels.get("pod"), "alert label pod")
         _seconds(alert.starts_at)
