@@ -719,3 +719,12 @@ def test_xid_remediation_passes_each_action_only_its_parameters(offline) -> None
     assert [t["effect"] for t in isolate.desired["taints"]] == ["NoSchedule", "NoExecute"]
     with pytest.raises(ActionError, match="unknown parameters steps"):
         action.plan(alert(xid="79"), {"steps": [1]})
+
+
+def test_an_object_the_action_cannot_read_is_a_failed_outcome(fake, api) -> None:
+    fake.add_pod("inference", "llama-0", created="yesterday")
+    action = PodRestart(api)
+    [step] = action.plan(alert(namespace="inference", pod="llama-0"), {})
+    outcome = run(action.apply(step))
+    assert not outcome.ok and "yesterday" in outcome.detail
+    assert fake.count("DELETE") == 0

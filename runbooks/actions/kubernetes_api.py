@@ -151,7 +151,7 @@ async def call(target: str, work: Callable[[], Outcome]) -> Outcome:
     """Run blocking client work in a thread; API and connection errors become outcomes."""
     try:
         return await asyncio.to_thread(work)
-    except (client.ApiException, ConflictsExhausted, HTTPError, ValueError) as exc:
+    except (client.ApiException, ConflictsExhausted, HTTPError, ValueError, ActionError) as exc:
         return failure(exc, target)
 
 
