@@ -29,6 +29,7 @@ from inferwatch.exporters.collector import Collector, Condition, ReadinessSource
 from inferwatch.exporters.endpoints import healthz, metrics_response, readiness_response
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.engine_scrape import ScrapeFailure
+from inferwatch.exporters.isolation import Isolation
 from inferwatch.logs import log_event
 
 log = logging.getLogger("inferwatch.sidecar")
@@ -53,12 +54,14 @@ class Sidecar:
         *,
         background: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
         readiness_max_age: float = 5.0,
+        admin_token: str | None = None,
     ):
         """``background`` holds long-running jobs (the quality probe loop) that live and die
-        with the server."""
+        with the server; ``admin_token`` enables ``/admin/isolation`` (see ``isolation``)."""
         self.engine = engine
+        self.isolation = Isolation(admin_token)
         self.collectors: list[Collector] = [engine, *collectors]
-        self.readiness_sources: list[ReadinessSource] = [engine, *readiness]
+        self.readiness_sources: list[ReadinessSource] = [engine, *readiness, self.isolation]
         self.background = background
         self.readiness_max_age = readiness_max_age
         self._failing: set[str] = set()
@@ -176,6 +179,7 @@ class Sidecar:
                 Route("/metrics", self.metrics),
                 Route("/healthz", healthz),
                 Route("/readyz", self.readyz),
+                *self.isolation.routes(),
             ],
             lifespan=lifespan,
         )

@@ -14,6 +14,7 @@ import click
 import uvicorn
 from prometheus_client.core import Metric
 
+from inferwatch.auth import TokenError, load_token
 from inferwatch.cli import option_group
 from inferwatch.exporters import engines, gpu
 from inferwatch.exporters.collector import Collector, ReadinessSource
@@ -192,6 +193,15 @@ engine_options = option_group(
     show_envvar=True,
     help="Seconds over which one pass of the golden set is spread.",
 )
+@click.option(
+    "--admin-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help="File holding the bearer token of POST/DELETE /admin/isolation (the runbook "
+    "receiver's replica isolation). Without it (or INFERWATCH_SIDECAR_ADMIN_TOKEN) the admin "
+    "endpoint answers 403.",
+)
 def sidecar(
     engine_url: str,
     listen: str,
@@ -213,6 +223,7 @@ def sidecar(
     pod_labels: str,
     probes: str,
     probe_cycle: float,
+    admin_token_file: Path | None,
 ) -> None:
     """Serve one canonical /metrics, /healthz and /readyz for one engine replica.
 
@@ -246,7 +257,15 @@ def sidecar(
         collectors.append(runner)
         readiness.append(runner)
         background.append(runner.run)
-    app = Sidecar(engine_collector, collectors, readiness, background=background).app()
+    try:
+        admin_token = load_token(
+            os.environ.get("INFERWATCH_SIDECAR_ADMIN_TOKEN"), admin_token_file, what="admin token"
+        )
+    except TokenError as exc:
+        raise click.BadParameter(str(exc), param_hint="--admin-token-file") from None
+    app = Sidecar(
+        engine_collector, collectors, readiness, background=background, admin_token=admin_token
+    ).app()
     log_event(
         log,
         logging.INFO,
