@@ -728,3 +728,14 @@ def test_an_object_the_action_cannot_read_is_a_failed_outcome(fake, api) -> None
     outcome = run(action.apply(step))
     assert not outcome.ok and "yesterday" in outcome.detail
     assert fake.count("DELETE") == 0
+
+
+def test_actions_build_their_client_from_settings(fake, host, tmp_path) -> None:
+    """The receiver builds an action from its config settings alone (``cls(**settings)``)."""
+    fake.add_node("gpu-1")
+    action = XidRemediation(host=host, retries=2)
+    [step] = action.plan(alert(xid="79"), {})
+    assert run(action.apply(step)).changed
+    with pytest.raises(ValueError, match="kubernetes client configuration") as bad:
+        NodeIsolation(kubeconfig=str(tmp_path / "missing"))
+    assert "\n" not in str(bad.value)

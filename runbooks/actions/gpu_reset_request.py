@@ -28,6 +28,7 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     annotations_of,
     call,
     check_params,
+    client_for,
     group_of,
     node_access,
     object_name,
@@ -88,7 +89,16 @@ class GpuResetRequest:
     name: ClassVar[str] = "kubernetes_request_gpu_reset"
     PARAMS: ClassVar[frozenset[str]] = frozenset({"group"})
 
-    def __init__(self, api: client.ApiClient, *, retries: int = DEFAULT_RETRIES) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient | None = None,
+        *,
+        host: str | None = None,
+        kubeconfig: str | None = None,
+        retries: int = DEFAULT_RETRIES,
+    ) -> None:
+        """Settings: ``host`` or ``kubeconfig`` (else in-cluster), ``retries`` on 409."""
+        api = client_for(api, host, kubeconfig)
         self._api = api
         self._retries = retries
 

@@ -33,6 +33,7 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     body,
     call,
     check_params,
+    client_for,
     group_of,
     object_name,
     read_modify_write,
@@ -203,7 +204,16 @@ class HTTPRouteShift:
         {"namespace", "route", "backend", "fallback", "steps", "step_interval", "group"}
     )
 
-    def __init__(self, api: client.ApiClient, *, retries: int = DEFAULT_RETRIES) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient | None = None,
+        *,
+        host: str | None = None,
+        kubeconfig: str | None = None,
+        retries: int = DEFAULT_RETRIES,
+    ) -> None:
+        """Settings: ``host`` or ``kubeconfig`` (else in-cluster), ``retries`` on 409."""
+        api = client_for(api, host, kubeconfig)
         self._custom = client.CustomObjectsApi(api)
         self._retries = retries
 

@@ -56,18 +56,29 @@ def connect(host: str | None = None, *, kubeconfig: str | None = None) -> client
     """A client: ``host`` as given (plain URL, no credentials), else a kubeconfig, else in-cluster.
 
     Inside a pod with no kubeconfig named, the pod's service account is used, which is how
-    the receiver runs in a cluster.
+    the receiver runs in a cluster. A configuration that cannot be loaded is a ``ValueError``
+    with one line.
     """
     configuration = client.Configuration()
-    if host is not None:
-        configuration.host = host
-    elif kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, client_configuration=configuration
-        )
+    try:
+        if host is not None:
+            configuration.host = host
+        elif kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=configuration
+            )
+    except (config.ConfigException, OSError) as exc:
+        raise ValueError(f"kubernetes client configuration: {exc}") from None
     return client.ApiClient(configuration)
+
+
+def client_for(
+    api: client.ApiClient | None, host: str | None, kubeconfig: str | None
+) -> client.ApiClient:
+    """The client an action was given, else one from its settings (see :func:`connect`)."""
+    return api if api is not None else connect(host, kubeconfig=kubeconfig)
 
 
 def object_name(value: object, what: str) -> str:

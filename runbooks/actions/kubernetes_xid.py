@@ -19,7 +19,7 @@ from kubernetes import client
 from inferwatch.exporters.gpu.xid import ACTIONS, Action, classify
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
 from inferwatch.runbooks.actions.gpu_reset_request import GpuResetRequest
-from inferwatch.runbooks.actions.kubernetes_api import DEFAULT_RETRIES, check_params
+from inferwatch.runbooks.actions.kubernetes_api import DEFAULT_RETRIES, check_params, client_for
 from inferwatch.runbooks.actions.node_isolation import NodeIsolation
 from inferwatch.runbooks.actions.pod_restart import PodRestart
 
@@ -52,7 +52,16 @@ class XidRemediation:
         PodRestart.PARAMS | GpuResetRequest.PARAMS | NodeIsolation.PARAMS
     )
 
-    def __init__(self, api: client.ApiClient, *, retries: int = DEFAULT_RETRIES) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient | None = None,
+        *,
+        host: str | None = None,
+        kubeconfig: str | None = None,
+        retries: int = DEFAULT_RETRIES,
+    ) -> None:
+        """Settings: ``host`` or ``kubeconfig`` (else in-cluster), ``retries`` on 409."""
+        api = client_for(api, host, kubeconfig)
         self._actions: dict[str, PodRestart | GpuResetRequest | NodeIsolation] = {
             PodRestart.name: PodRestart(api, retries=retries),
             GpuResetRequest.name: GpuResetRequest(api, retries=retries),

@@ -25,6 +25,7 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     annotations_of,
     call,
     check_params,
+    client_for,
     group_of,
     node_access,
     object_name,
@@ -146,7 +147,16 @@ class NodeIsolation:
         {"cordon", "no_execute", "taint_key", "taint_value", "group"}
     )
 
-    def __init__(self, api: client.ApiClient, *, retries: int = DEFAULT_RETRIES) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient | None = None,
+        *,
+        host: str | None = None,
+        kubeconfig: str | None = None,
+        retries: int = DEFAULT_RETRIES,
+    ) -> None:
+        """Settings: ``host`` or ``kubeconfig`` (else in-cluster), ``retries`` on 409."""
+        api = client_for(api, host, kubeconfig)
         self._api = api
         self._retries = retries
 

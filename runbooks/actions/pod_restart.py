@@ -26,6 +26,7 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     body,
     call,
     check_params,
+    client_for,
     group_of,
     object_name,
 )
@@ -59,7 +60,16 @@ class PodRestart:
     name: ClassVar[str] = "kubernetes_restart_pod"
     PARAMS: ClassVar[frozenset[str]] = frozenset({"group"})
 
-    def __init__(self, api: client.ApiClient, *, retries: int = DEFAULT_RETRIES) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient | None = None,
+        *,
+        host: str | None = None,
+        kubeconfig: str | None = None,
+        retries: int = DEFAULT_RETRIES,
+    ) -> None:
+        """Settings: ``host`` or ``kubeconfig`` (else in-cluster), ``retries`` on 409."""
+        api = client_for(api, host, kubeconfig)
         self._core = client.CoreV1Api(api)
         self._retries = retries
 
