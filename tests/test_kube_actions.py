@@ -739,3 +739,16 @@ def test_actions_build_their_client_from_settings(fake, host, tmp_path) -> None:
     with pytest.raises(ValueError, match="kubernetes client configuration") as bad:
         NodeIsolation(kubeconfig=str(tmp_path / "missing"))
     assert "\n" not in str(bad.value)
+
+
+@pytest.mark.parametrize(
+    ("group", "expected"), [(None, "nodes"), ("pool {node}", "pool gpu-1"), ("{missing}", None)]
+)
+def test_group_parameter_is_a_label_template(offline, group, expected) -> None:
+    params = {} if group is None else {"group": group}
+    if expected is None:
+        with pytest.raises(ActionError, match="missing"):
+            NodeIsolation(offline).plan(alert(), params)
+        return
+    [step] = NodeIsolation(offline).plan(alert(), params)
+    assert step.group == expected

@@ -117,7 +117,7 @@ class GpuResetRequest:
             "fingerprint": alert.fingerprint,
             "requested_at": alert.starts_at,
         }
-        group = group_of(params, "gpus")
+        group = group_of(params, alert.labels, "gpus")
         return [Step(self.name, f"gpu {gpu} on node {node}", "gpu", group, desired, reason)]
 
     async def apply(self, step: Step) -> Outcome:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -23,6 +22,7 @@ from kubernetes import client
 
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
 from inferwatch.runbooks.actions.haproxy import DEFAULT_INTERVAL, DEFAULT_STEPS, _steps
+from inferwatch.runbooks.actions.isolate_replica import _fill as fill
 from inferwatch.runbooks.actions.kubernetes_api import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT,
@@ -41,7 +41,6 @@ from inferwatch.runbooks.actions.kubernetes_api import (
 
 GROUP, VERSION, PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
 PREFIX = "weight-shift.inferwatch.io/"
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 #: Gateway API's default weight of a backendRef without one
 _DEFAULT_WEIGHT = 1
 
@@ -51,14 +50,7 @@ def _template(params: Mapping[str, Any], name: str, labels: Mapping[str, str]) -
     raw = params.get(name)
     if not isinstance(raw, str):
         raise ActionError(f"parameter {name} is required (a name, may use {{label}})")
-
-    def fill(match: re.Match[str]) -> str:
-        label = match.group(1)
-        if label not in labels:
-            raise ActionError(f"parameter {name} uses {{{label}}}, which the alert lacks")
-        return labels[label]
-
-    return object_name(_PLACEHOLDER.sub(fill, raw), f"parameter {name}")
+    return object_name(fill(raw, labels, url_safe=False), f"parameter {name}")
 
 
 def _bounded(params: Mapping[str, Any], name: str, default: float, low: float, high: float) -> Any:
@@ -238,7 +230,7 @@ class HTTPRouteShift:
             "fingerprint": alert.fingerprint,
         }
         target = f"httproute {namespace}/{route} {backend}->{fallback}"
-        group = group_of(params, f"httproute {namespace}/{route}")
+        group = group_of(params, alert.labels, f"httproute {namespace}/{route}")
         return [Step(self.name, target, "traffic", group, desired, alert_reason(alert))]
 
     def _read(self, desired: Mapping[str, Any]) -> Obj:

@@ -26,6 +26,9 @@ from urllib3.exceptions import HTTPError
 
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome
 
+# the one implementation of {label} templates, shared with the replica isolation action
+from inferwatch.runbooks.actions.isolate_replica import _fill as fill
+
 #: The verbs and resources the Kubernetes actions use (PolicyRule form, for a ClusterRole:
 #: nodes are cluster-scoped). Node isolation and GPU reset requests read and patch nodes;
 #: replica restart reads and deletes pods; route shifts read and patch HTTPRoutes.
@@ -210,9 +213,12 @@ def check_params(params: Mapping[str, Any], known: frozenset[str], action: str) 
         raise ActionError(f"{action}: unknown parameters {', '.join(unknown)}")
 
 
-def group_of(params: Mapping[str, Any], default: str) -> str:
-    """The breaker's population for a step: parameter ``group``, else ``default``."""
-    group = params.get("group", default)
+def group_of(params: Mapping[str, Any], labels: Mapping[str, str], default: str) -> str:
+    """The breaker's population for a step: parameter ``group`` (``{label}`` filled), else
+    ``default``."""
+    if "group" not in params:
+        return default
+    group = params["group"]
     if not isinstance(group, str) or not group:
         raise ActionError(f"parameter group must be a non-empty string, got {group!r}")
-    return group
+    return fill(group, labels, url_safe=False)

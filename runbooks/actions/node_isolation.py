@@ -178,7 +178,7 @@ class NodeIsolation:
             "fingerprint": alert.fingerprint,
             "reason": reason,
         }
-        group = group_of(params, "nodes")
+        group = group_of(params, alert.labels, "nodes")
         return [Step(self.name, f"node {node}", "node", group, desired, reason)]
 
     async def apply(self, step: Step) -> Outcome:

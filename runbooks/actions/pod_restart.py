@@ -79,7 +79,7 @@ class PodRestart:
         pod = object_name(alert.labels.get("pod"), "alert label pod")
         _seconds(alert.starts_at)
         model = alert.labels.get("model")
-        group = group_of(params, f"model {model}" if model else "replicas")
+        group = group_of(params, alert.labels, f"model {model}" if model else "replicas")
         desired = {
             "namespace": namespace,
             "pod": pod,
