@@ -61,6 +61,17 @@ def prometheus_bin() -> str:
     return _tool("prometheus")
 
 
+@pytest.fixture(scope="session")
+def amtool() -> str:
+    return _tool("amtool")
+
+
+@pytest.fixture(scope="session")
+def alertmanager_bin() -> str:
+    """Debian names the binary prometheus-alertmanager; upstream's is alertmanager."""
+    return shutil.which("alertmanager") or _tool("prometheus-alertmanager")
+
+
 @pytest.fixture
 def golden(request: pytest.FixtureRequest) -> Callable[[Path, str], None]:
     """Compare text with a committed golden file, or rewrite it under --update-goldens."""
