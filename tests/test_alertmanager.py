@@ -197,8 +197,10 @@ INHIBITION = [
     ),
     (
         "an engine that is down hides its model version's latency alerts",
-        [("InferwatchTPOTHigh", "warning", MODEL_V2), ("InferwatchErrorRatioHigh", "warning", MODEL_V1),
-         ("InferwatchEngineDown", "critical", REPLICA_A), ("InferwatchTPOTHigh", "warning", MODEL_V1)],
+        [("InferwatchTPOTHigh", "warning", MODEL_V2),
+         ("InferwatchErrorRatioHigh", "warning", MODEL_V1),
+         ("InferwatchEngineDown", "critical", REPLICA_A),
+         ("InferwatchTPOTHigh", "warning", MODEL_V1)],
         {3},
     ),
 ]  # fmt: skip
