@@ -41,9 +41,9 @@ from inferwatch.demo.run import Demo, Options
 )
 @click.option(
     "--base-port",
-    type=click.IntRange(1024, 65535 - 3 * len(topology.REPLICAS)),
+    type=click.IntRange(1024, 65536 - topology.Ports.count()),
     show_envvar=True,
-    help="Use consecutive ports from here (sims, sidecars, proxies, Prometheus).  "
+    help="Use consecutive ports from here (sims, sidecars, proxies, Prometheus, Alertmanager).  "
     "[default: free ports]",
 )
 @click.option(
@@ -51,6 +51,13 @@ from inferwatch.demo.run import Demo, Options
     default=True,
     show_envvar=True,
     help="Run a Prometheus scraping the sidecars and proxies (when the binary is on PATH).",
+)
+@click.option(
+    "--alertmanager/--no-alertmanager",
+    default=True,
+    show_envvar=True,
+    help="Load the generated alert rules into Prometheus and run an Alertmanager with the "
+    "generated routing and inhibition (when the binary is on PATH; needs --prometheus).",
 )
 @click.option(
     "--probe-cycle",
@@ -73,16 +80,19 @@ def demo(
     rate: float,
     base_port: int | None,
     prometheus: bool,
+    alertmanager: bool,
     probe_cycle: float,
     refresh: float,
 ) -> None:
-    """Run simulated replicas with sidecars, tenancy proxies, probes and Prometheus, under load.
+    """Run simulated replicas with sidecars, tenancy proxies, probes, Prometheus and
+    Alertmanager, under load.
 
     Three replicas (the primary model at v1 and at an fp8 v2 canary, and a fallback model) each
     get a sidecar with quality probes and a tenancy proxy; a load generator sends three tenants'
     traffic through the proxies, routing around replicas whose /readyz fails. The view shows
     each replica's throughput, latency, queue, KV cache, GPU and probe verdict, and each tenant's
-    tokens and cost, computed from the components' own /metrics. Stop with Ctrl-C.
+    tokens and cost, computed from the components' own /metrics, and the alerts that reach
+    Alertmanager from the generated rules. Stop with Ctrl-C.
     """
     timeline = None
     if scenario:
@@ -93,6 +103,14 @@ def demo(
     prometheus_bin = shutil.which("prometheus") if prometheus else None
     if prometheus and prometheus_bin is None:
         click.echo("prometheus is not on PATH; running without it (Debian package: prometheus)")
+    alertmanager_bin = None
+    if alertmanager and prometheus_bin:
+        alertmanager_bin = shutil.which("alertmanager") or shutil.which("prometheus-alertmanager")
+        if alertmanager_bin is None:
+            click.echo(
+                "alertmanager is not on PATH; running without alerts "
+                "(Debian package: prometheus-alertmanager)"
+            )
     options = Options(
         duration=duration,
         scenario=timeline,
@@ -100,6 +118,7 @@ def demo(
         rate=rate,
         base_port=base_port,
         prometheus=prometheus_bin,
+        alertmanager=alertmanager_bin,
         probe_cycle=probe_cycle,
         refresh=refresh,
     )

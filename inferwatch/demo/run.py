@@ -26,7 +26,7 @@ import httpx
 from rich.console import Console
 from rich.live import Live
 
-from inferwatch.demo import topology
+from inferwatch.demo import alerting, topology
 from inferwatch.demo.loadgen import LoadGenerator, Router
 from inferwatch.demo.observer import FleetState, Observer
 from inferwatch.demo.processes import INFERWATCH, Component, StartError, Supervisor
@@ -45,6 +45,7 @@ class Options:
     rate: float
     base_port: int | None
     prometheus: str | None  # path of the binary; None: no Prometheus
+    alertmanager: str | None  # path of the binary; None: no Alertmanager (nor without Prometheus)
     probe_cycle: float
     refresh: float
 
@@ -65,9 +66,15 @@ class Demo:
         self.context = Context(
             speed=options.speed,
             prometheus_url=topology.url(self.ports.prometheus) if options.prometheus else None,
+            alertmanager_url=(topology.url(self.ports.alertmanager) if self._alerting else None),
             models=f"primary {topology.PRIMARY_MODEL}   fallback {topology.FALLBACK_MODEL}",
         )
         self.console = Console(file=out, highlight=False)
+
+    @property
+    def _alerting(self) -> bool:
+        """Alertmanager runs only where a Prometheus sends it alerts."""
+        return bool(self.options.prometheus and self.options.alertmanager)
 
     # --- output ---------------------------------------------------------------------------------
     def say(self, line: str) -> None:
@@ -133,6 +140,7 @@ class Demo:
             {r.name: topology.url(self.ports.sidecar[r.name]) for r in self.replicas},
             {r.name: topology.url(self.ports.proxy[r.name]) for r in self.replicas},
             self.context.prometheus_url,
+            self.context.alertmanager_url,
         )
         background = [asyncio.create_task(load.run())]
         if self.options.scenario is not None:
@@ -257,20 +265,37 @@ class Demo:
         for index, replica in enumerate(self.replicas):
             components += self._replica_components(replica, index, workdir)
         if self.options.prometheus:
-            config = workdir / "prometheus.yml"
-            config.write_text(
-                topology.prometheus_config(self.ports, topology.generated_rule_files())
-            )
-            argv = [
-                self.options.prometheus,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={workdir / 'prometheus-data'}",
-                f"--web.listen-address=127.0.0.1:{self.ports.prometheus}",
-                "--log.level=warn",
-            ]
-            url = topology.url(self.ports.prometheus)
-            components.append(Component("prometheus", "", url, "/-/ready", argv))
+            components.append(self._prometheus(workdir))
+        if self._alerting:
+            components.append(self._alertmanager(workdir))
         return components
+
+    def _prometheus(self, workdir: Path) -> Component:
+        assert self.options.prometheus
+        rules = alerting.rule_files(workdir / "rules") if self._alerting else []
+        config = workdir / "prometheus.yml"
+        config.write_text(topology.prometheus_config(self.ports, rules, self._alerting))
+        argv = [
+            self.options.prometheus,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={workdir / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{self.ports.prometheus}",
+            "--log.level=warn",
+        ]
+        return Component("prometheus", "", topology.url(self.ports.prometheus), "/-/ready", argv)
+
+    def _alertmanager(self, workdir: Path) -> Component:
+        assert self.options.alertmanager
+        config = workdir / "alertmanager.yml"
+        config.write_text(alerting.alertmanager_config())
+        argv = topology.alertmanager_argv(
+            self.options.alertmanager,
+            config,
+            workdir / "alertmanager-data",
+            self.ports.alertmanager,
+        )
+        url = topology.url(self.ports.alertmanager)
+        return Component("alertmanager", "", url, "/-/ready", argv)
 
     def _replica_components(self, replica: Replica, index: int, workdir: Path) -> list[Component]:
         engine = topology.url(self.ports.sim[replica.name])
@@ -314,17 +339,19 @@ class Demo:
         options = self.options
         self.say(
             f"inferwatch demo: {len(self.replicas)} replicas (simulated vLLM + sidecar + tenancy "
-            f"proxy each){', Prometheus' if options.prometheus else ''}; "
+            f"proxy each){', Prometheus' if options.prometheus else ''}"
+            f"{' with the generated alerts, Alertmanager' if self._alerting else ''}; "
             f"load {options.rate:g} req/s; speed {options.speed:g}x"
         )
         what = {
             "sim": "OpenAI API, /metrics, /gpu/metrics",
             "sidecar": "/metrics /readyz",
             "proxy": "OpenAI API per tenant, /metrics",
-            "prometheus": "web UI and API",
+            "prometheus": "web UI and API, /alerts",
+            "alertmanager": "web UI, /api/v2/alerts",
         }
         for c in supervisor.components:
-            self.say(f"  {c.kind:<10} {c.name:<11} {c.url:<24} pid {c.pid:<7} {what[c.kind]}")
+            self.say(f"  {c.kind:<12} {c.name:<11} {c.url:<24} pid {c.pid:<7} {what[c.kind]}")
         tenants = ", ".join(f"{t.name} ({t.key})" for t in topology.TENANTS)
         first = self.replicas[0]
         self.say(f"  tenant API keys: {tenants}")
