@@ -71,7 +71,20 @@ class Sidecar:
             families.extend(run.families)
         families.extend(self.engine.status_families())
         families.extend(self._self_families(zip(self.collectors, runs, strict=True)))
+        families.append(self._readiness_family())
         return families
+
+    def _readiness_family(self) -> Metric:
+        """/readyz as metrics, one series per condition, so alerts see what routers see."""
+        cat = catalog.load()
+        ready = cat.family("replica_ready")
+        identity = [self.engine.identity[label] for label in cat["replica_ready"].identity]
+        holds: dict[str, bool] = {}
+        for condition in self.conditions():  # two sources may report the same condition
+            holds[condition.name] = holds.get(condition.name, True) and condition.ok
+        for name, ok in sorted(holds.items()):
+            ready.add_metric([*identity, name], int(ok))
+        return ready
 
     async def _run(self, collector: Collector, deadline: float) -> CollectorRun:
         started = time.perf_counter()

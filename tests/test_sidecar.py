@@ -249,3 +249,19 @@ def test_a_new_engine_behind_the_url_is_detected_again(page_server: Any) -> None
     assert value(get(sidecar, "/metrics").text, "inferwatch_engine_up", engine="vllm") == 1
     page_server.page = fixture_page("fixture/tgi-datadog-payload/metrics")
     assert value(get(sidecar, "/metrics").text, "inferwatch_engine_up", engine="tgi") == 1
+
+
+def test_readiness_conditions_are_served_as_one_series_each(page_server: Any) -> None:
+    quality = _Quality()
+    sidecar = make_sidecar(f"{page_server.url}/{VLLM_PAGE}", readiness=[quality])
+    text = get(sidecar, "/metrics").text
+    assert value(text, "inferwatch_replica_ready", condition="engine", model="m", pod="p-0") == 1
+    assert value(text, "inferwatch_replica_ready", condition="quality") == 1
+    quality.ok = False
+    text = get(sidecar, "/metrics").text
+    assert value(text, "inferwatch_replica_ready", condition="quality") == 0
+    assert value(text, "inferwatch_replica_ready", condition="engine") == 1
+    # the reason text stays in /readyz: the series' labels do not change with it
+    names = {labels for (name, labels) in samples(text) if name == "inferwatch_replica_ready"}
+    assert all(dict(labels).keys() >= {"model", "pod", "condition"} for labels in names)
+    assert not any("reason" in dict(labels) for labels in names)
