@@ -4,6 +4,7 @@ engineer expects them, and inhibits on a real Alertmanager what its rules say it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import io
 import re
@@ -125,18 +126,15 @@ def test_a_bad_section_is_one_line_naming_the_field(section: Any, message: str) 
 
 
 # --- inhibition on a real Alertmanager --------------------------------------------------------
-@pytest.fixture(scope="module")
-def alertmanager_url(
-    alertmanager_bin: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+@contextlib.contextmanager
+def running_alertmanager(binary: str, folder: Path) -> Iterator[str]:
     """The generated inhibition rules in a running Alertmanager; receivers send nowhere."""
-    folder = tmp_path_factory.mktemp("alertmanager")
     silent = alertmanager.Settings(receivers={name: () for name in alertmanager.RECEIVERS})
     config = write(folder, silent)
     port = topology.free_ports(1)[0]
     with (folder / "alertmanager.log").open("w") as log:
         process = subprocess.Popen(
-            topology.alertmanager_argv(alertmanager_bin, config, folder / "data", port),
+            topology.alertmanager_argv(binary, config, folder / "data", port),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -147,6 +145,15 @@ def alertmanager_url(
     finally:
         process.terminate()
         process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def alertmanager_url(
+    alertmanager_bin: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """One Alertmanager for the inhibition cases (each case has a cluster of its own)."""
+    with running_alertmanager(alertmanager_bin, tmp_path_factory.mktemp("alertmanager")) as url:
+        yield url
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
@@ -245,7 +252,7 @@ def test_alertmanager_inhibits_what_a_worse_alert_explains(
 
 # --- the demo's view of Alertmanager ----------------------------------------------------------
 def test_the_demo_observer_reports_alerts_firing_inhibited_and_resolved(
-    alertmanager_url: str,
+    alertmanager_bin: str, tmp_path: Path
 ) -> None:
     cluster = "demo-view"
     gpu = {
@@ -260,7 +267,7 @@ def test_the_demo_observer_reports_alerts_firing_inhibited_and_resolved(
                "cluster": cluster, "instance": "127.0.0.1:1", "replica": "primary-v1"}  # fmt: skip
     replicas = topology.REPLICAS
 
-    async def observe() -> list[tuple[observer.FleetState, str]]:
+    async def observe(alertmanager_url: str) -> list[tuple[observer.FleetState, str]]:
         async with httpx.AsyncClient() as http:
             down = {r.name: "http://127.0.0.1:1" for r in replicas}  # no fleet, only alerts
             watch = observer.Observer(http, replicas, (), down, down, None, alertmanager_url)
@@ -284,7 +291,8 @@ def test_the_demo_observer_reports_alerts_firing_inhibited_and_resolved(
             await poll_until(lambda s: not observer_alerts(s))
             return seen
 
-    seen = asyncio.run(observe())
+    with running_alertmanager(alertmanager_bin, tmp_path) as alertmanager_url:
+        seen = asyncio.run(observe(alertmanager_url))
     events = [event for state, _ in seen for event in state.events]
     assert "ALERT firing: InferwatchGPUUnhealthy critical primary-v1 -> page" in events, events
     assert any(e.startswith("ALERT resolved: InferwatchReplicaNotReady warning") for e in events)
@@ -293,7 +301,7 @@ def test_the_demo_observer_reports_alerts_firing_inhibited_and_resolved(
                for _, line in seen), [line for _, line in seen]  # fmt: skip
     firing = next(state for state, _ in seen if len(observer_alerts(state)) == 2)
     console = Console(width=200, record=True, file=io.StringIO())
-    console.print(view.render(firing, view.Context(1.0, None, alertmanager_url)))
+    console.print(view.render(firing, view.Context(1.0, None, "http://am")))
     table = console.export_text()
     assert re.search(r"InferwatchGPUUnhealthy +critical +primary-v1 +firing", table), table
     assert re.search(r"InferwatchReplicaNotReady +warning +primary-v1 +inhibited", table), table
