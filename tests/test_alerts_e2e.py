@@ -109,8 +109,9 @@ class Demo:
 
     def read(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append((time.monotonic(), line.rstrip("\n")))
+        with self.process.stdout:
+            for line in self.process.stdout:
+                self.lines.append((time.monotonic(), line.rstrip("\n")))
         self.ended.set()
 
     def wait_line(self, pattern: str, timeout: float) -> tuple[float, re.Match[str]]:
