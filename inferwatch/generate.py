@@ -38,3 +38,38 @@ def readme(path: Path, check: bool) -> None:
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{path}: {'updated' if changed else 'already current'}")
+
+
+@generate.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help="Alert config read on top of the shipped defaults (alerts/config.yaml).",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help="Directory for the rule files [default: alerts/generated of this checkout].",
+)
+@click.option("--check", is_flag=True, help="Fail instead of writing when a file is stale.")
+def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
+    """Write the Prometheus rule files (one per layer, recording rules) and a PrometheusRule."""
+    from inferwatch.alerts import config, writer
+
+    try:
+        files = writer.render(config.load(config_path))
+    except config.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    target = out if out is not None else writer.default_out()
+    if check:
+        stale = writer.stale(target, files)
+        if stale:
+            raise click.ClickException(f"stale under {target}: {', '.join(stale)}")
+        return
+    changed = writer.write(target, files)
+    click.echo(f"{target}: {len(changed)} of {len(files)} files updated")

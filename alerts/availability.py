@@ -1,0 +1,143 @@
+"""Availability layer: engine and sidecar down, scrape errors, error ratio, readiness.
+
+Readiness reads ``inferwatch_replica_ready``, the sidecar's /readyz conditions as series:
+one replica out is a warning (the router already routes around it), more than a configured
+share of a model's replicas out pages.
+"""
+
+from __future__ import annotations
+
+from inferwatch.alerts import promql, recording
+from inferwatch.alerts.config import Config
+from inferwatch.alerts.model import Alert, Panel
+from inferwatch.alerts.promql import MODEL, by, metric, on
+
+
+def alerts(config: Config) -> list[Alert]:
+    return [
+        *_down(config),
+        *_scrape_errors(config),
+        *_error_ratio(config),
+        *_readiness(config),
+    ]
+
+
+def _down(config: Config) -> list[Alert]:
+    engine = config.alert("InferwatchEngineDown")
+    sidecar = config.alert("InferwatchSidecarDown")
+    up_selector = config.selectors["sidecar_up"]
+    return [
+        Alert(
+            name="InferwatchEngineDown",
+            severity="critical",
+            expr=f"{metric(config, 'engine_up')} == 0",
+            for_=engine.for_,
+            summary="An inference engine does not answer its sidecar.",
+            description=(
+                "The engine of {{ $labels.model }} {{ $labels.model_version }} on pod "
+                "{{ $labels.pod }} ({{ $labels.instance }}) has not answered the sidecar's "
+                f"scrapes for {engine.for_}; the replica is out of /readyz."
+            ),
+            panel=Panel("fleet", 1),
+        ),
+        Alert(
+            name="InferwatchSidecarDown",
+            severity="warning",
+            expr=f"up{{{up_selector}}} == 0" if up_selector else "up == 0",
+            for_=sidecar.for_,
+            summary="Prometheus cannot scrape an inferwatch target.",
+            description=(
+                "Target {{ $labels.instance }} of job {{ $labels.job }} has failed every "
+                f"scrape for {sidecar.for_}: its replica's engine, GPU and quality series "
+                "are missing, so no other alert can fire for it."
+            ),
+            panel=Panel("fleet", 2),
+        ),
+    ]
+
+
+def _scrape_errors(config: Config) -> list[Alert]:
+    settings = config.alert("InferwatchScrapeErrors")
+    window = config.rate_window
+    errors = metric(config, "engine_scrape_errors")
+    return [
+        Alert(
+            name="InferwatchScrapeErrors",
+            severity="warning",
+            expr=f"increase({errors}[{window}]) >= {promql.number(settings.number('min_errors'))}",
+            for_=settings.for_,
+            summary="A sidecar keeps failing to read its engine's metrics.",
+            description=(
+                "The sidecar at {{ $labels.instance }} failed {{ $value | humanize }} engine "
+                f"scrapes in {window} with reason {{{{ $labels.reason }}}}."
+            ),
+            panel=Panel("fleet", 3),
+        )
+    ]
+
+
+def _error_ratio(config: Config) -> list[Alert]:
+    settings = config.alert("InferwatchErrorRatioHigh")
+    ratio = recording.error_ratio(config)
+    traffic = recording.requests(config)
+    floor = promql.number(settings.number("min_rate"))
+    result = []
+    for severity in ("critical", "warning"):
+        threshold = settings.number(severity)
+        result.append(
+            Alert(
+                name="InferwatchErrorRatioHigh",
+                severity=severity,
+                expr=f"{ratio} > {promql.number(threshold)}\nand {traffic} > {floor}",
+                for_=settings.for_,
+                summary="A model version fails too many requests.",
+                description=(
+                    "{{ $labels.model }} {{ $labels.model_version }} failed "
+                    "{{ $value | humanizePercentage }} of its requests over the last "
+                    f"{config.rate_window} (threshold {promql.number(threshold * 100)}%)."
+                ),
+                panel=Panel("fleet", 4),
+            )
+        )
+    return result
+
+
+def _readiness(config: Config) -> list[Alert]:
+    one = config.alert("InferwatchReplicaNotReady")
+    share = config.alert("InferwatchModelReplicasNotReady")
+    ready = metric(config, "replica_ready")
+    per_replica = f"min {by(config, (*MODEL, 'pod'))} ({ready})"
+    return [
+        Alert(
+            name="InferwatchReplicaNotReady",
+            severity="warning",
+            expr=f"{ready} == 0",
+            for_=one.for_,
+            summary="A replica fails a readiness condition and takes no traffic.",
+            description=(
+                "Pod {{ $labels.pod }} ({{ $labels.model }} {{ $labels.model_version }}) "
+                "fails its {{ $labels.condition }} readiness condition; routers send it no "
+                "traffic until it passes again."
+            ),
+            panel=Panel("fleet", 5),
+        ),
+        Alert(
+            name="InferwatchModelReplicasNotReady",
+            severity="critical",
+            expr=(
+                f"count {by(config, MODEL)} ({per_replica} == 0)\n"
+                f"/ {on(config, MODEL)} count {by(config, MODEL)} ({per_replica})\n"
+                f"> {promql.number(share.number('share'))}"
+            ),
+            for_=share.for_,
+            summary="Too many replicas of a model are out of service.",
+            description=(
+                "{{ $value | humanizePercentage }} of the replicas of {{ $labels.model }} fail "
+                f"readiness (threshold {promql.number(share.number('share') * 100)}%): the "
+                "rest carry its traffic or it moves to a fallback model."
+            ),
+            panel=Panel("fleet", 6),
+        ),
+    ]
+
+

@@ -1,0 +1,255 @@
+"""GPU and resource layer: hardware faults, thermals, KV-cache pressure, waste, telemetry.
+
+GPU series carry ``gpu_uuid`` and the scrape target's labels; alerts keep those labels as
+they are (no aggregation), so an isolation action finds the GPU and its replica. XIDs are
+counted over a window by the action NVIDIA's catalogue recommends, never read from the
+sticky last-XID gauge. ``gpu_healthy`` and ``gpu_backend_up`` are read with any ``reason``
+label summed away, so a change of reason never restarts a ``for:`` timer.
+"""
+
+from __future__ import annotations
+
+from inferwatch.alerts import promql, recording
+from inferwatch.alerts.config import Config
+from inferwatch.alerts.model import Alert, Panel
+from inferwatch.alerts.promql import metric, one_of
+
+GPU = "gpu"
+
+
+def grew(selector: str, window: str) -> str:
+    """How much a counter grew over ``window``, counting a series born inside the window
+    from zero (an XID counter appears at 1 with its first error, which ``increase`` misses)."""
+    return f"({selector} - ({selector} offset {window} or {selector} * 0))"
+
+
+def alerts(config: Config) -> list[Alert]:
+    return [
+        *_xid(config),
+        *_memory(config),
+        *_health(config),
+        *_thermal(config),
+        *_saturation(config),
+        *_waste(config),
+    ]
+
+
+def _xid(config: Config) -> list[Alert]:
+    settings = config.alert("InferwatchGPUXidErrors")
+    window = settings.text("window")
+    result = []
+    for severity in ("critical", "warning"):
+        actions = settings.names(f"{severity}_actions")
+        if not actions:
+            continue
+        xids = metric(config, "gpu_xid_errors", f'action=~"{one_of(actions)}"')
+        result.append(
+            Alert(
+                name="InferwatchGPUXidErrors",
+                severity=severity,
+                expr=f"{grew(xids, window)} > 0",
+                for_=settings.for_,
+                summary="A GPU reported XID errors that call for action.",
+                description=(
+                    "GPU {{ $labels.gpu_uuid }} on {{ $labels.instance }} reported XID "
+                    "{{ $labels.xid }} {{ $value | humanize }} time(s) in the last "
+                    f"{window}; NVIDIA's catalogue says: {{{{ $labels.action }}}}."
+                ),
+                panel=Panel(GPU, 1),
+            )
+        )
+    return result
+
+
+def _memory(config: Config) -> list[Alert]:
+    ecc = config.alert("InferwatchGPUEccUncorrectable")
+    window = ecc.text("window")
+    uncorrected = metric(config, "gpu_ecc_errors", 'error="uncorrected"')
+    failed = config.alert("InferwatchGPURowRemapFailure")
+    pending = config.alert("InferwatchGPURowRemapPending")
+    return [
+        Alert(
+            name="InferwatchGPUEccUncorrectable",
+            severity="critical",
+            expr=f"max without (scope) {grew(uncorrected, window)} > 0",
+            for_=ecc.for_,
+            summary="A GPU had uncorrectable ECC memory errors.",
+            description=(
+                "GPU {{ $labels.gpu_uuid }} on {{ $labels.instance }} counted "
+                f"{{{{ $value | humanize }}}} uncorrectable ECC error(s) in {window}: data in "
+                "its memory may be corrupt; the GPU needs a reset."
+            ),
+            panel=Panel(GPU, 2),
+        ),
+        Alert(
+            name="InferwatchGPURowRemapFailure",
+            severity="critical",
+            expr=f"{metric(config, 'gpu_row_remap_failed')} == 1",
+            for_=failed.for_,
+            summary="A GPU failed to remap a bad memory row.",
+            description=(
+                "GPU {{ $labels.gpu_uuid }} on {{ $labels.instance }} ran out of spare rows "
+                "or failed a row remap: take it out of service and start an RMA."
+            ),
+            panel=Panel(GPU, 3),
+        ),
+        Alert(
+            name="InferwatchGPURowRemapPending",
+            severity="warning",
+            expr=f"{metric(config, 'gpu_row_remap_pending')} == 1",
+            for_=pending.for_,
+            summary="A GPU has a memory row remap waiting for a reset.",
+            description=(
+                "GPU {{ $labels.gpu_uuid }} on {{ $labels.instance }} has had a row remap "
+                f"pending for {pending.for_}; it takes effect at the next GPU reset."
+            ),
+            panel=Panel(GPU, 3),
+        ),
+    ]
+
+
+def _health(config: Config) -> list[Alert]:
+    unhealthy = config.alert("InferwatchGPUUnhealthy")
+    telemetry = config.alert("InferwatchGPUTelemetryDown")
+    return [
+        Alert(
+            name="InferwatchGPUUnhealthy",
+            severity="critical",
+            expr=f"min without (reason) ({metric(config, 'gpu_healthy')}) == 0",
+            for_=unhealthy.for_,
+            summary="A GPU is lost or needs a reset.",
+            description=(
+                "GPU {{ $labels.gpu_uuid }} on {{ $labels.instance }} is unhealthy (an XID "
+                "that needs a reset or reboot, uncorrectable ECC, a failed row remap, or "
+                "the GPU is lost); its replica fails /readyz."
+            ),
+            panel=Panel(GPU, 4),
+        ),
+        Alert(
+            name="InferwatchGPUTelemetryDown",
+            severity="warning",
+            expr=f"min without (reason) ({metric(config, 'gpu_backend_up')}) == 0",
+            for_=telemetry.for_,
+            summary="A sidecar cannot read GPU telemetry.",
+            description=(
+                "The {{ $labels.backend }} GPU backend of {{ $labels.instance }} has not "
+                f"answered for {telemetry.for_}: GPU faults on that replica go unseen."
+            ),
+            panel=Panel(GPU, 5),
+        ),
+    ]
+
+
+def _thermal(config: Config) -> list[Alert]:
+    hot = config.alert("InferwatchGPUTemperatureNearSlowdown")
+    margin = promql.number(hot.number("margin"))
+    temperature = metric(config, "gpu_temperature", 'sensor="gpu"')
+    slowdown = metric(config, "gpu_temperature_threshold", 'threshold="slowdown"')
+    throttled = config.alert("InferwatchGPUClocksThrottled")
+    result = [
+        Alert(
+            name="InferwatchGPUTemperatureNearSlowdown",
+            severity="warning",
+            expr=f"{temperature}\n>= ignoring (sensor, threshold) ({slowdown} - {margin})",
+            for_=hot.for_,
+            summary="A GPU runs close to its own thermal slowdown threshold.",
+            description=(
+                "GPU {{ $labels.gpu_uuid }} on {{ $labels.instance }} is at "
+                f"{{{{ $value }}}} °C, within {margin} °C of the temperature at which it "
+                "slows its clocks."
+            ),
+            panel=Panel(GPU, 6),
+        )
+    ]
+    for severity in ("warning", "info"):
+        reasons = throttled.names(f"{severity}_reasons")
+        if not reasons:
+            continue
+        events = metric(config, "gpu_clock_event", f'reason=~"{one_of(reasons)}"')
+        result.append(
+            Alert(
+                name="InferwatchGPUClocksThrottled",
+                severity=severity,
+                expr=f"{events} == 1",
+                for_=throttled.for_,
+                summary="A GPU's clocks are held down by power or thermal limits.",
+                description=(
+                    "GPU {{ $labels.gpu_uuid }} on {{ $labels.instance }} has had its clocks "
+                    f"held down by {{{{ $labels.reason }}}} for {throttled.for_}: it serves "
+                    "slower than it can."
+                ),
+                panel=Panel(GPU, 7),
+            )
+        )
+    return result
+
+
+def _saturation(config: Config) -> list[Alert]:
+    kv = config.alert("InferwatchKVCacheSaturated")
+    storm = config.alert("InferwatchPreemptionStorm")
+    window = config.rate_window
+    usage = metric(config, "engine_kv_cache_usage")
+    queue = metric(config, "engine_requests_waiting")
+    preemptions = metric(config, "engine_preemptions")
+    requests = recording.requests(config, "pod")
+    return [
+        Alert(
+            name="InferwatchKVCacheSaturated",
+            severity="warning",
+            expr=(
+                f"avg_over_time({usage}[{window}]) >= {promql.number(kv.number('usage'))}\n"
+                f"and avg_over_time({queue}[{window}]) >= "
+                f"{promql.number(kv.number('min_waiting'))}"
+            ),
+            for_=kv.for_,
+            summary="A replica's KV cache is full while requests queue.",
+            description=(
+                "The KV cache of pod {{ $labels.pod }} ({{ $labels.model }} "
+                "{{ $labels.model_version }}) averaged {{ $value | humanizePercentage }} over "
+                f"{window} with requests waiting: expect preemptions, TTFT growth and OOM risk."
+            ),
+            panel=Panel(GPU, 8),
+        ),
+        Alert(
+            name="InferwatchPreemptionStorm",
+            severity="warning",
+            expr=(
+                f"sum without (reason) (rate({preemptions}[{window}]))\n"
+                f"/ {requests}\n> {promql.number(storm.number('ratio'))}"
+            ),
+            for_=storm.for_,
+            summary="A replica keeps preempting running requests to free KV cache.",
+            description=(
+                "Pod {{ $labels.pod }} ({{ $labels.model }} {{ $labels.model_version }}) "
+                "preempted {{ $value | humanize }} requests per finished request over "
+                f"{window}: requests are recomputed and latency climbs."
+            ),
+            panel=Panel(GPU, 9),
+        ),
+    ]
+
+
+def _waste(config: Config) -> list[Alert]:
+    idle = config.alert("InferwatchGPUIdleWaste")
+    window = idle.text("window")
+    utilization = metric(config, "gpu_utilization")
+    queue = metric(config, "engine_requests_waiting")
+    return [
+        Alert(
+            name="InferwatchGPUIdleWaste",
+            severity="info",
+            expr=(
+                f"avg_over_time({utilization}[{window}]) < "
+                f"{promql.number(idle.number('utilization'))}\n"
+                f"and on (instance) max by (instance) (max_over_time({queue}[{window}])) == 0"
+            ),
+            for_=idle.for_,
+            summary="A serving GPU sits nearly idle.",
+            description=(
+                "GPU {{ $labels.gpu_uuid }} on {{ $labels.instance }} averaged "
+                f"{{{{ $value | humanizePercentage }}}} utilization over {window} with an "
+                "empty queue: the replica could be scaled in or share its GPU."
+            ),
+            panel=Panel(GPU, 10),
+        )
+    ]
