@@ -20,21 +20,19 @@ Alertmanager treats a label that is missing on both sides as equal, so every rul
 fleet-wide alert that has no ``instance`` label.
 
 The receivers are webhooks whose URLs come from the ``alertmanager`` section of the alerts
-config (:func:`settings`); by default all three point at the local runbook receiver.
+config (:func:`settings`); by default all three point at the local runbook receiver's address.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
+from inferwatch.alerts.config import Config, ConfigError
 
-#: where ``inferwatch runbooks serve`` listens by default; the demo replaces it with its own
-DEFAULT_WEBHOOK = "http://127.0.0.1:9095/alerts"
 RECEIVERS = ("page", "ticket", "automation")
 #: the labels a notification group is keyed on
 GROUP_BY = ("alertname", "cluster", "model")
@@ -66,89 +64,61 @@ REPLICA_SYMPTOMS = (
     "InferwatchDegenerateOutputRising",
 )
 LATENCY_ALERTS = ("InferwatchTTFTHigh", "InferwatchTPOTHigh", "InferwatchE2ELatencyHigh")
+#: every alert name the routing and inhibition rules spell (checked against the rule files)
+NAMED_ALERTS = tuple(dict.fromkeys((*GPU_FAULTS, *REPLICA_SYMPTOMS, *LATENCY_ALERTS)))
 
 _DURATION = re.compile(r"^(?:\d+y)?(?:\d+w)?(?:\d+d)?(?:\d+h)?(?:\d+m)?(?:\d+s)?(?:\d+ms)?$")
-_FIELDS = {"receivers", "group_wait", "group_interval", "repeat_interval"}
-
-
-class AlertmanagerConfigError(ValueError):
-    """A bad ``alertmanager`` section; the message names the file, the field and the reason."""
 
 
 @dataclass(frozen=True)
 class Settings:
-    """What a user chooses; everything else in the config is the recommendation."""
+    """What the alerts config chooses; everything else in the file is the recommendation."""
 
-    #: webhook URLs per receiver name (page, ticket, automation); an empty list drops
-    receivers: Mapping[str, tuple[str, ...]] = field(
-        default_factory=lambda: {name: (DEFAULT_WEBHOOK,) for name in RECEIVERS}
-    )
-    group_wait: str = "30s"
-    group_interval: str = "5m"
+    #: webhook URLs per receiver name (page, ticket, automation); empty: the receiver drops
+    receivers: Mapping[str, tuple[str, ...]]
+    group_wait: str
+    group_interval: str
     #: per receiver: pages are repeated sooner than tickets
-    repeat_interval: Mapping[str, str] = field(
-        default_factory=lambda: {"page": "4h", "ticket": "24h", "automation": "1h"}
-    )
+    repeat_interval: Mapping[str, str]
+
+    def silent(self) -> Settings:
+        """The same routing with receivers that send nothing (the demo's, and tests')."""
+        return replace(self, receivers={name: () for name in self.receivers})
 
 
-def settings(section: Any, source: str) -> Settings:
-    """The ``alertmanager`` section of an alerts config (None: defaults), validated."""
-    if section is None:
-        return Settings()
-    where = f"{source}: alertmanager"
-    if not isinstance(section, Mapping):
-        raise AlertmanagerConfigError(f"{where}: expected a mapping")
-    unknown = sorted(set(section) - _FIELDS)
-    if unknown:
-        raise AlertmanagerConfigError(
-            f"{where}.{unknown[0]}: unknown field (known: {', '.join(sorted(_FIELDS))})"
-        )
-    defaults = Settings()
-    receivers = dict(defaults.receivers)
-    for name, urls in _mapping(section, "receivers", where).items():
-        receivers[name] = _urls(urls, f"{where}.receivers.{name}")
-    repeat = dict(defaults.repeat_interval)
-    for name, value in _mapping(section, "repeat_interval", where).items():
-        repeat[name] = _duration(value, f"{where}.repeat_interval.{name}")
+def settings(config: Config) -> Settings:
+    """The ``alertmanager`` section of a loaded alerts config; raises ConfigError.
+
+    The config loader has checked the section's shape against the shipped defaults; this
+    checks what the shape cannot say: that URLs are http(s) and durations parse.
+    """
+    section = config.raw["alertmanager"]
+    where = f"{config.source}: alertmanager"
+    receivers = {
+        name: tuple(_url(url, f"{where}.receivers.{name}[{i}]") for i, url in enumerate(urls))
+        for name, urls in section["receivers"].items()
+    }
     return Settings(
         receivers=receivers,
-        group_wait=_duration(section.get("group_wait", defaults.group_wait), f"{where}.group_wait"),
-        group_interval=_duration(
-            section.get("group_interval", defaults.group_interval), f"{where}.group_interval"
-        ),
-        repeat_interval=repeat,
+        group_wait=_duration(section["group_wait"], f"{where}.group_wait"),
+        group_interval=_duration(section["group_interval"], f"{where}.group_interval"),
+        repeat_interval={
+            name: _duration(value, f"{where}.repeat_interval.{name}")
+            for name, value in section["repeat_interval"].items()
+        },
     )
 
 
-def _mapping(section: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
-    """A sub-mapping keyed by receiver name; {} when absent."""
-    value = section.get(key, {})
-    if not isinstance(value, Mapping):
-        raise AlertmanagerConfigError(f"{where}.{key}: expected a mapping of receiver names")
-    for name in value:
-        if name not in RECEIVERS:
-            raise AlertmanagerConfigError(
-                f"{where}.{key}.{name}: unknown receiver (receivers: {', '.join(RECEIVERS)})"
-            )
-    return value
+def _url(url: str, where: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}: expected an http(s) URL, got {url!r}")
+    return url
 
 
-def _urls(value: Any, where: str) -> tuple[str, ...]:
-    values = [value] if isinstance(value, str) else value
-    if not isinstance(values, list):
-        raise AlertmanagerConfigError(f"{where}: expected a webhook URL or a list of them")
-    for url in values:
-        parts = urlsplit(url) if isinstance(url, str) else None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-            raise AlertmanagerConfigError(f"{where}: expected an http(s) URL, got {url!r}")
-    return tuple(values)
-
-
-def _duration(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value or not _DURATION.match(value):
-        raise AlertmanagerConfigError(
-            f"{where}: expected a duration such as 30s, 5m or 4h, got {value!r}"
-        )
+def _duration(value: str, where: str) -> str:
+    if not value or not _DURATION.match(value):
+        raise ConfigError(f"{where}: expected a duration such as 30s, 5m or 4h, got {value!r}")
     return value
 
 
@@ -238,9 +208,3 @@ def document(chosen: Settings) -> dict[str, Any]:
         "inhibit_rules": inhibit_rules(),
         "receivers": receivers,
     }
-
-
-def render(chosen: Settings, header: str) -> str:
-    """The config file's text: ``header`` (the generated-file marker) and the YAML."""
-    body = yaml.safe_dump(document(chosen), sort_keys=False, default_flow_style=False, width=100)
-    return header + body

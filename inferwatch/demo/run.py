@@ -70,6 +70,7 @@ class Demo:
             models=f"primary {topology.PRIMARY_MODEL}   fallback {topology.FALLBACK_MODEL}",
         )
         self.console = Console(file=out, highlight=False)
+        self.alerts = alerting.demo_config()
 
     @property
     def _alerting(self) -> bool:
@@ -272,7 +273,7 @@ class Demo:
 
     def _prometheus(self, workdir: Path) -> Component:
         assert self.options.prometheus
-        rules = alerting.rule_files(workdir / "rules") if self._alerting else []
+        rules = alerting.write_rules(workdir / "rules", self.alerts) if self._alerting else []
         config = workdir / "prometheus.yml"
         config.write_text(topology.prometheus_config(self.ports, rules, self._alerting))
         argv = [
@@ -287,7 +288,7 @@ class Demo:
     def _alertmanager(self, workdir: Path) -> Component:
         assert self.options.alertmanager
         config = workdir / "alertmanager.yml"
-        config.write_text(alerting.alertmanager_config())
+        config.write_text(alerting.alertmanager_config(self.alerts))
         argv = topology.alertmanager_argv(
             self.options.alertmanager,
             config,
