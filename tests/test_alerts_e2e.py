@@ -53,6 +53,8 @@ class Expect:
     subject: Mapping[str, str]
     #: the step whose fault the alerts report (overload first raises the load, then slows)
     fault_step: int = 0
+    #: alerts that must arrive inhibited (by a worse alert about the same replica)
+    inhibited: frozenset[str] = frozenset()
 
     def met_by(self, alert: Mapping[str, Any]) -> frozenset[str] | None:
         """The group this alert satisfies, if any."""
@@ -76,6 +78,8 @@ EXPECTED = {
         [frozenset({"InferwatchGPUXidErrors"}), frozenset({"InferwatchGPUUnhealthy"}),
          frozenset({"InferwatchReplicaNotReady"})],
         _about("primary-v1"),
+        # the replica is not ready because its GPU is lost: the page is the GPU's, not this
+        inhibited=frozenset({"InferwatchReplicaNotReady"}),
     ),
     "overload": Expect(
         [frozenset({"InferwatchKVCacheSaturated", "InferwatchTTFTHigh",
@@ -248,7 +252,10 @@ def test_a_fault_scenario_makes_its_alerts_reach_alertmanager(
                 group = expect.met_by(alert)
                 if group is not None and group not in done:
                     done.add(group)
-                    reached[alert["labels"]["alertname"]] = time.monotonic()
+                    alertname = alert["labels"]["alertname"]
+                    reached[alertname] = time.monotonic()
+                    if alertname in expect.inhibited:
+                        assert alert["status"]["inhibitedBy"], alert
             time.sleep(0.2)
         missing = [sorted(g) for g in expect.groups if g not in done]
         assert not missing, f"never reached Alertmanager: {missing}\n{demo.alerts()}\n{demo.output}"
