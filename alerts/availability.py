@@ -139,5 +139,3 @@ def _readiness(config: Config) -> list[Alert]:
             panel=Panel("fleet", 6),
         ),
     ]
-
-

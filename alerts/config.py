@@ -72,19 +72,20 @@ class _Checker:
                 where = f"{path}.{key}" if path else str(key)
                 if not isinstance(key, str):
                     raise self.fail(where, "keys are strings")
-                merged[key] = self.entry(base, key, value, where)
+                merged[key] = self.entry(base, key, value, path)
             return merged
         return self.scalar(base, given, path)
 
-    def entry(self, base: dict[str, Any], key: str, value: Any, where: str) -> Any:
-        if where.startswith("alerts.") and where.count(".") == 1:
+    def entry(self, base: dict[str, Any], key: str, value: Any, parent: str) -> Any:
+        where = f"{parent}.{key}" if parent else key
+        if parent == "alerts":
             if key not in base:
                 raise self.fail(where, f"no alert of that name (known: {_short(base)})")
             return self.alert(base[key], value, where)
-        if where.startswith("latency.models.") and where.count(".") == 2:
+        if parent == "latency.models":
             thresholds = defaults()["latency"]["thresholds"]
             return self.partial(thresholds, value, where)
-        if where.endswith(".baselines." + key):
+        if parent.endswith(".baselines"):
             return self.number(value, where)
         if key not in base:
             raise self.fail(where, f"unknown field (known: {_short(base)})")
@@ -277,7 +278,7 @@ def _check_meaning(config: Config, fail: Any) -> None:
         fail("cluster_label", f"{config.cluster_label!r} is not a label name")
     for name, selector in config.selectors.items():
         if any(ch in selector for ch in "{}"):
-            fail(f"selectors.{name}", "give label matchers without braces, e.g. job=\"x\"")
+            fail(f"selectors.{name}", 'give label matchers without braces, e.g. job="x"')
     if "{alertname}" not in config.links["runbook_url"]:
         fail("links.runbook_url", "must contain {alertname}")
     if config.rate_window and seconds(config.rate_window) <= 0:
@@ -318,7 +319,9 @@ def _check_meaning(config: Config, fail: Any) -> None:
             if isinstance(value, float) and value < 0:
                 fail(f"alerts.{name}.{key}", "must not be negative")
         if "severity" in settings.labels:
-            fail(f"alerts.{name}.labels.severity", "severity is set by the rule; disable it instead")
+            fail(
+                f"alerts.{name}.labels.severity", "severity is set by the rule; disable it instead"
+            )
 
 
 def load(path: Path | None = None) -> Config:

@@ -58,7 +58,7 @@ def _cost_drift(config: Config) -> list[Alert]:
     series = recording.cost_per_1k(config)
     baselines: dict[str, float] = {k: float(v) for k, v in settings.params["baselines"].items()}
     description = (
-        "{{ $labels.model }} {{ $labels.model_version }} costs {{ $value | humanize }} per 1k "
+        '{{ $labels.model }} {{ $labels.model_version }} costs {{ printf "%.4f" $value }} per 1k '
         f"tokens over {config.rate_window}, more than {promql.number(drift * 100)}% above "
     )
     alerts = []

@@ -221,7 +221,7 @@ def _saturation(config: Config) -> list[Alert]:
             summary="A replica keeps preempting running requests to free KV cache.",
             description=(
                 "Pod {{ $labels.pod }} ({{ $labels.model }} {{ $labels.model_version }}) "
-                "preempted {{ $value | humanize }} requests per finished request over "
+                'preempted {{ printf "%.2f" $value }} requests per finished request over '
                 f"{window}: requests are recomputed and latency climbs."
             ),
             panel=Panel(GPU, 9),

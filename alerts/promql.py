@@ -25,6 +25,7 @@ SOURCE_OF_COLLECTOR = {
     "tenancy": "proxy",
     "probes": "probes",
 }
+_REGEX_SPECIAL = re.compile(r"[.^$*+?()\[\]{}|\\]")
 #: label sets alerts group by
 MODEL = ("model",)
 MODEL_VERSION = ("model", "model_version")
@@ -57,8 +58,9 @@ def on(config: Config, labels: Sequence[str]) -> str:
 
 
 def one_of(values: Sequence[str]) -> str:
-    """A regex alternative matching exactly these label values."""
-    return "|".join(re.escape(v) for v in values)
+    """A regex alternative matching exactly these label values, written for a PromQL
+    double-quoted string (where a regex backslash is itself escaped)."""
+    return "|".join(_REGEX_SPECIAL.sub(r"\\\\\g<0>", v) for v in values)
 
 
 def snap(threshold: float, buckets: Sequence[float]) -> float:
@@ -105,7 +107,7 @@ def _digits(bound: float) -> tuple[str, int]:
     """Significant digits and exponent of the shortest decimal spelling of ``bound``."""
     if bound <= 0 or math.isinf(bound) or math.isnan(bound):
         raise ValueError(f"a latency bucket bound is positive and finite, got {bound}")
-    sign, digit_tuple, exponent = Decimal(repr(bound)).normalize().as_tuple()
+    _, digit_tuple, exponent = Decimal(repr(bound)).normalize().as_tuple()
     assert isinstance(exponent, int)
     return "".join(str(d) for d in digit_tuple), exponent
 

@@ -53,8 +53,8 @@ def bucket_rate(config: Config, signal: str) -> str:
 
 
 def slo_error_ratio(config: Config, slo: str, window: str) -> str:
-    metric_name = "inferwatch_engine_requests" if slo == "availability" else catalog_name(
-        LATENCY[slo]
+    metric_name = (
+        "inferwatch_engine_requests" if slo == "availability" else catalog_name(LATENCY[slo])
     )
     return f"model_version:{metric_name}:slo_error_ratio_rate{window}"
 
@@ -91,7 +91,7 @@ def request_total(config: Config, window: str, grouping: str) -> str:
 
 
 def request_errors(config: Config, window: str, grouping: str) -> str:
-    return f'sum {grouping} (rate({metric(config, "engine_request_errors")}[{window}]))'
+    return f"sum {grouping} (rate({metric(config, 'engine_request_errors')}[{window}]))"
 
 
 def groups(config: Config) -> list[Group]:
@@ -114,7 +114,9 @@ def _rate_group(config: Config) -> Group:
     for key in ("engine_prompt_tokens", "engine_generation_tokens"):
         name = catalog_name(key).removesuffix("_total")
         rules.append(
-            Recording(f"model_version:{name}:rate{w}", f"sum {mv} (rate({metric(config, key)}[{w}]))")
+            Recording(
+                f"model_version:{name}:rate{w}", f"sum {mv} (rate({metric(config, key)}[{w}]))"
+            )
         )
     le_by = by(config, (*MODEL_VERSION, "le"))
     for signal, key in LATENCY.items():

@@ -23,9 +23,7 @@ def burn_alerts(
     for window in config.burn_windows:
         long_ratio = recording.slo_error_ratio(config, slo, window.long)
         short_ratio = recording.slo_error_ratio(config, slo, window.short)
-        traffic = recording.request_total(
-            config, window.long, promql.by(config, MODEL_VERSION)
-        )
+        traffic = recording.request_total(config, window.long, promql.by(config, MODEL_VERSION))
         factor = promql.number(window.factor)
         expr = (
             f"{long_ratio} / {promql.number(budget)} > {factor}\n"

@@ -62,11 +62,12 @@ def render(config: Config) -> dict[str, str]:
         "kind": "PrometheusRule",
         "metadata": {
             "name": "inferwatch",
-            "labels": {"app.kubernetes.io/name": "inferwatch", "app.kubernetes.io/part-of": "inferwatch"},
+            "labels": {
+                "app.kubernetes.io/name": "inferwatch",
+                "app.kubernetes.io/part-of": "inferwatch",
+            },
         },
-        "spec": {
-            "groups": [group_dict(g, config) for groups in layers.values() for g in groups]
-        },
+        "spec": {"groups": [group_dict(g, config) for groups in layers.values() for g in groups]},
     }
     files[PROMETHEUS_RULE] = MARKER + dump(resource)
     files[ALERTMANAGER] = MARKER + dump(alertmanager.document(alertmanager.settings(config)))

@@ -77,13 +77,13 @@ class Sidecar:
     def _readiness_family(self) -> Metric:
         """/readyz as metrics, one series per condition, so alerts see what routers see."""
         cat = catalog.load()
-        ready = cat.family("replica_ready")
+        ready = cat["replica_ready"].new_family()
         identity = [self.engine.identity[label] for label in cat["replica_ready"].identity]
         holds: dict[str, bool] = {}
         for condition in self.conditions():  # two sources may report the same condition
             holds[condition.name] = holds.get(condition.name, True) and condition.ok
         for name, ok in sorted(holds.items()):
-            ready.add_metric([*identity, name], int(ok))
+            ready.add_metric([*identity, name], int(ok))  # type: ignore[attr-defined]
         return ready
 
     async def _run(self, collector: Collector, deadline: float) -> CollectorRun:
