@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -187,12 +187,17 @@ class Observer:
         )
 
     def _changes(self, replicas: Sequence[ReplicaState]) -> list[str]:
-        """Events for what changed on each replica since the last poll."""
+        """Events for what changed on each replica since it was last known.
+
+        A sidecar that does not answer (restarting with its pod) leaves its states unknown;
+        they are compared with the last known ones, so that a replica that comes back ready
+        says so.
+        """
         events = []
         for now in replicas:
             name = now.replica.name
             before = self._previous.get(name)
-            self._previous[name] = now
+            self._previous[name] = _known(now, before)
             if before is None:
                 continue
             if _flipped(before.ready, now.ready):
@@ -381,6 +386,19 @@ class Observer:
 
 
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def _known(now: ReplicaState, before: ReplicaState | None) -> ReplicaState:
+    """``now``, with each state it does not know taken from ``before``."""
+    if before is None:
+        return now
+    return replace(
+        now,
+        ready=before.ready if now.ready is None else now.ready,
+        engine_up=before.engine_up if now.engine_up is None else now.engine_up,
+        gpu_healthy=before.gpu_healthy if now.gpu_healthy is None else now.gpu_healthy,
+        probe_verdict=now.probe_verdict or before.probe_verdict,
+    )
 
 
 def _flipped(before: object, now: object) -> bool:
