@@ -227,7 +227,6 @@ class Config:
     """The merged, validated configuration, with typed accessors for the builders."""
 
     def __init__(self, document: Mapping[str, Any], source: str) -> None:
-        self.raw = document
         self.source = source
         self.cluster_label: str = document["cluster_label"]
         self.selectors: Mapping[str, str] = document["selectors"]

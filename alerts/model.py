@@ -13,8 +13,6 @@ from typing import Any
 
 from inferwatch.alerts.config import Config
 
-LAYERS = ("latency", "availability", "gpu", "cost", "quality")
-
 
 @dataclass(frozen=True)
 class Recording:
