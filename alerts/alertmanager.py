@@ -92,7 +92,7 @@ def settings(config: Config) -> Settings:
     The config loader has checked the section's shape against the shipped defaults; this
     checks what the shape cannot say: that URLs are http(s) and durations parse.
     """
-    section = config.raw["alertmanager"]
+    section = config.alertmanager
     where = f"{config.source}: alertmanager"
     receivers = {
         name: tuple(_url(url, f"{where}.receivers.{name}[{i}]") for i, url in enumerate(urls))

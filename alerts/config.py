@@ -231,6 +231,7 @@ class Config:
         self.cluster_label: str = document["cluster_label"]
         self.selectors: Mapping[str, str] = document["selectors"]
         self.links: Mapping[str, str] = document["links"]
+        self.alertmanager: Mapping[str, Any] = document["alertmanager"]
         self.rate_window: str = document["rate_window"]
         self.quantiles: list[float] = [float(q) for q in document["quantiles"]]
         self.latency: Mapping[str, Any] = document["latency"]
