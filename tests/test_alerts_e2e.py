@@ -218,8 +218,11 @@ class Watched:
 
 
 @pytest.fixture(scope="module")
-def healthy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watched]:
-    """A demo without a scenario, running while the fault scenarios run."""
+def healthy(
+    prometheus_bin: str, alertmanager_bin: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Watched]:
+    """A demo without a scenario, running while the fault scenarios run (the binaries are
+    asked for so that a machine without them skips, or fails under CI, before any demo)."""
     with running_demo(tmp_path_factory.mktemp("healthy")) as demo:
         watched = Watched(demo)
         watcher = threading.Thread(target=watched.watch, daemon=True)
