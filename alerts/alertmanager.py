@@ -11,13 +11,14 @@ Inhibition hides what is explained by something worse that is already firing:
 - the critical twin of an alert hides its warning (and both hide an ``info`` twin) for the
   same series;
 - a critical GPU fault (lost or unhealthy GPU, XID, uncorrectable ECC, failed row remap) hides
-  the symptoms of the replica that GPU serves (engine down, not ready, errors, latency, probes),
-  matched on the scrape target, the one label that the sidecar's GPU and engine series share;
+  the symptoms of the replica that GPU serves (engine down, not ready, KV pressure, probes, and
+  any per-replica latency or error alert), matched on the scrape target (``instance``), the one
+  label that the sidecar's GPU and engine series share;
 - an engine that is down hides the latency alerts of its model version.
 
-Alertmanager treats a label that is missing on both sides as equal, so every rule whose
-``equal`` names a label also requires that label on the target: a GPU fault never silences a
-fleet-wide alert that has no ``instance`` label.
+Alertmanager treats a label that is missing on both sides as equal, so the rules across alert
+names also require the labels they match on to be present on the target: a GPU fault never
+silences a model-wide alert, which has no ``instance`` label.
 
 The receivers are webhooks whose URLs come from the ``alertmanager`` section of the alerts
 config (:func:`settings`); by default all three point at the local runbook receiver's address.
