@@ -2,9 +2,9 @@
 
 Routing follows the severities the rules carry: ``critical`` pages, ``warning`` opens a
 ticket, ``info`` is kept for troubleshooting and sent nowhere. Every critical and warning alert
-also goes to the runbook automation receiver first (``continue: true``), which decides on its
-own what it may act on. Notifications are grouped per alert name, cluster and model, so that a
-model whose replicas all fail at once pages once.
+also goes to the runbook automation receiver first (``continue: true``), alone and at once,
+and the automation decides on its own what it may act on. People's notifications are grouped
+per alert name, cluster and model, so that a model whose replicas all fail at once pages once.
 
 Inhibition hides what is explained by something worse that is already firing:
 
@@ -193,7 +193,10 @@ def document(chosen: Settings) -> dict[str, Any]:
                 {
                     "receiver": "automation",
                     "matchers": _matchers(severity=("critical", "warning")),
-                    "group_wait": "0s",  # act on the first alert, not after the batch
+                    # one notification per alert, sent at once: a second replica's fault must
+                    # not wait a group interval behind the first one's
+                    "group_by": ["..."],
+                    "group_wait": "0s",
                     "repeat_interval": repeat["automation"],
                     "continue": True,
                 },

@@ -343,3 +343,28 @@ def test_the_demo_observer_reports_alerts_firing_inhibited_and_resolved(
 
 def observer_alerts(state: observer.FleetState) -> list[observer.AlertState]:
     return [a for a in state.alerts or () if a.where == "primary-v1"]
+
+
+def test_people_get_one_group_per_model_and_the_automation_one_per_alert(
+    alertmanager_url: str,
+) -> None:
+    cluster = "grouping"
+    alerts = [
+        {"labels": {"alertname": "InferwatchGPUXidErrors", "severity": "critical",
+                    "cluster": cluster, "model": "llama", "instance": instance}}
+        for instance in ("10.0.0.1:9400", "10.0.0.2:9400")
+    ]  # fmt: skip
+    httpx.post(f"{alertmanager_url}/api/v2/alerts", json=alerts).raise_for_status()
+
+    def groups() -> dict[str, list[int]] | None:
+        answer = httpx.get(
+            f"{alertmanager_url}/api/v2/alerts/groups", params={"filter": f'cluster="{cluster}"'}
+        ).json()
+        sizes: dict[str, list[int]] = {}
+        for group in answer:
+            sizes.setdefault(group["receiver"]["name"], []).append(len(group["alerts"]))
+        complete = sum(sizes.get("page", [])) == sum(sizes.get("automation", [])) == 2
+        return sizes if complete else None
+
+    sizes = wait_for(groups, "both alerts in their groups")
+    assert sizes == {"page": [2], "automation": [1, 1]}, sizes
