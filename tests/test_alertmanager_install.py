@@ -21,8 +21,9 @@ RECORDED = ("apt-get", "systemctl")
 
 @pytest.fixture
 def bare_path(tmp_path: Path) -> Path:
-    if not (REPO / ".venv" / "bin" / "inferwatch").exists():
-        pytest.skip("needs the checkout's .venv (scripts/bootstrap)")
+    entry = REPO / ".venv" / "bin" / "inferwatch"
+    if not entry.exists() or entry.stat().st_mtime <= (REPO / "pyproject.toml").stat().st_mtime:
+        pytest.skip("needs the checkout's .venv, current with pyproject.toml (scripts/bootstrap)")
     folder = tmp_path / "bin"
     folder.mkdir()
     for tool in TOOLS:
