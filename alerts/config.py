@@ -9,6 +9,7 @@ entry by entry. Every error names the file, the field and the reason on one line
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ _DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
 _DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
+_MATCHERS = re.compile(rf"^{_MATCHER}(?:,{_MATCHER})*,?$")
 
 
 class ConfigError(ValueError):
@@ -165,6 +168,8 @@ class _Checker:
     def number(self, given: Any, path: str) -> float:
         if isinstance(given, bool) or not isinstance(given, (int, float)):
             raise self.fail(path, f"expected a number, got {_kind(given)}")
+        if not math.isfinite(given):
+            raise self.fail(path, f"expected a finite number, got {given}")
         return float(given)
 
     def strings(self, given: Any, path: str) -> dict[str, str]:
@@ -277,8 +282,13 @@ def _check_meaning(config: Config, fail: Any) -> None:
     if not _LABEL_NAME.match(config.cluster_label):
         fail("cluster_label", f"{config.cluster_label!r} is not a label name")
     for name, selector in config.selectors.items():
-        if any(ch in selector for ch in "{}"):
-            fail(f"selectors.{name}", 'give label matchers without braces, e.g. job="x"')
+        if selector and not _MATCHERS.match(selector):
+            fail(f"selectors.{name}", 'expected label matchers without braces, e.g. job="x"')
+    for link, fields in (("runbook_url", {"alertname"}), ("dashboard_url", {"uid", "panel"})):
+        try:
+            config.links[link].format(**{field: "x" for field in fields})
+        except (KeyError, IndexError, ValueError):
+            fail(f"links.{link}", f"may only use {sorted(fields)} in braces")
     if "{alertname}" not in config.links["runbook_url"]:
         fail("links.runbook_url", "must contain {alertname}")
     if config.rate_window and seconds(config.rate_window) <= 0:

@@ -67,7 +67,8 @@ def _cost_drift(config: Config) -> list[Alert]:
             Alert(
                 name="InferwatchCostPer1kTokensDrift",
                 severity="warning",
-                expr=f'{series}{{model="{model}"}} > {promql.number(baseline * (1 + drift))}',
+                expr=f"{series}{{model={promql.quoted(model)}}} > "
+                f"{promql.number(baseline * (1 + drift))}",
                 for_=settings.for_,
                 summary="Cost per token drifts above its baseline.",
                 description=description + f"its baseline of {promql.number(baseline)}.",

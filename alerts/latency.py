@@ -50,7 +50,7 @@ def _threshold(config: Config, name: str, signal: str, meaning: str, panel: Pane
     q = promql.number(float(config.latency["quantile"]))
     series = recording.quantile(config, signal)
     own = [m for m in config.latency["models"] if signal in config.latency["models"][m]]
-    scopes: list[tuple[str | None, str]] = [(m, f'model="{m}"') for m in sorted(own)]
+    scopes: list[tuple[str | None, str]] = [(m, f"model={promql.quoted(m)}") for m in sorted(own)]
     scopes.append((None, f'model!~"{promql.one_of(sorted(own))}"' if own else ""))
     result = []
     for severity in ("critical", "warning"):

@@ -58,9 +58,18 @@ def on(config: Config, labels: Sequence[str]) -> str:
 
 
 def one_of(values: Sequence[str]) -> str:
-    """A regex alternative matching exactly these label values, written for a PromQL
-    double-quoted string (where a regex backslash is itself escaped)."""
-    return "|".join(_REGEX_SPECIAL.sub(r"\\\\\g<0>", v) for v in values)
+    """A regex alternative matching exactly these label values, for a double-quoted
+    PromQL string (so a regex backslash is itself escaped there)."""
+    return "|".join(_string(_REGEX_SPECIAL.sub(r"\\\g<0>", v)) for v in values)
+
+
+def quoted(value: str) -> str:
+    """A label value as a PromQL double-quoted string."""
+    return f'"{_string(value)}"'
+
+
+def _string(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def snap(threshold: float, buckets: Sequence[float]) -> float:

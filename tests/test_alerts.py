@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 from click.testing import CliRunner
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferwatch import catalog
@@ -269,6 +269,8 @@ BAD_CONFIGS = [
     ("latency: {thresholds: {ttft: {warning: 9}}}\n", "latency.thresholds.ttft", "below critical"),
     ("latency: {models: {m: {ttfb: {warning: 1}}}}\n", "latency.models.m.ttfb", "unknown"),
     ("selectors: {sidecar: '{job=\"x\"}'}\n", "selectors.sidecar", "braces"),
+    ("selectors: {proxy: 'job=x'}\n", "selectors.proxy", "label matchers"),
+    ("links: {dashboard_url: 'https://g/d/{board}'}\n", "links.dashboard_url", "'panel'"),
     ("links: {runbook_url: https://x/runbooks}\n", "links.runbook_url", "{alertname}"),
     ("cluster_label: 'my cluster'\n", "cluster_label", "label name"),
     ("- just\n- a list\n", "top level", "mapping"),
@@ -306,6 +308,50 @@ def test_any_bytes_as_a_config_give_a_config_error_or_a_config(data: bytes) -> N
             config.load(path)
         except config.ConfigError as exc:
             assert "\n" not in str(exc)
+
+
+def _paths(document: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = []
+    for key, value in document.items():
+        found.append((*prefix, key))
+        if isinstance(value, dict):
+            found += _paths(value, (*prefix, key))
+    return found
+
+
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 100),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.sampled_from(["5m", "0s", "1h30m", "-1m", "2.5", 'job="x"', "{x}"]),
+    st.lists(st.one_of(st.integers(0, 3), st.text(max_size=4)), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(0, 3), max_size=2),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(_paths(config.defaults())), VALUES)
+def test_any_value_at_any_field_is_rejected_in_one_line_or_generates(
+    path: tuple[str, ...], value: Any
+) -> None:
+    import tempfile
+
+    document: Any = value
+    for key in reversed(path):
+        document = {key: document}
+    with tempfile.TemporaryDirectory() as folder:
+        file = Path(folder) / "c.yaml"
+        file.write_text(yaml.safe_dump(document), encoding="utf-8")
+        try:
+            loaded = config.load(file)
+        except config.ConfigError as exc:
+            message = str(exc)
+            assert "\n" not in message and message.startswith(f"{file}: ")
+            return
+    files = writer.render(loaded)  # an accepted config always builds
+    assert set(files) >= {"recording.yaml", *(f"{layer}.yaml" for layer in build.LAYER_BUILDERS)}
 
 
 def test_missing_and_oversized_config_files(tmp_path: Path) -> None:
@@ -401,3 +447,27 @@ def test_slo_threshold_snaps_down_to_a_bucket_bound() -> None:
     ]
     assert len(slo) == 1 and promql.le_matcher(2.5) in slo[0]["expr"]
     assert promql.le_matcher(2.5) == 'le=~"2\\\\.50*|2\\\\.50*[eE]\\\\+?0*0"'
+
+
+@needs_promtool
+def test_model_names_with_quotes_and_dots_stay_valid_promql(tmp_path: Path) -> None:
+    odd = 'org/model-2.5 "fast" \\\\ v'
+    path = write(
+        tmp_path,
+        yaml.safe_dump(
+            {
+                "latency": {"models": {odd: {"ttft": {"warning": 1.0}}}},
+                "alerts": {"InferwatchCostPer1kTokensDrift": {"baselines": {odd: 0.2}}},
+            }
+        ),
+    )
+    writer.write(tmp_path / "out", writer.render(config.load(path)))
+    files = [str(tmp_path / "out" / f) for f in ("latency.yaml", "cost.yaml")]
+    done = subprocess.run(
+        [str(PROMTOOL), "check", "rules", *files],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
