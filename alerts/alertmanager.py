@@ -30,9 +30,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlsplit
 
-from inferwatch.alerts.config import Config, ConfigError
+from inferwatch.alerts.config import Config, ConfigError, seconds
 
 RECEIVERS = ("page", "ticket", "automation")
 #: the labels a notification group is keyed on
@@ -68,6 +67,15 @@ LATENCY_ALERTS = ("InferwatchTTFTHigh", "InferwatchTPOTHigh", "InferwatchE2ELate
 #: every alert name the routing and inhibition rules spell (checked against the rule files)
 NAMED_ALERTS = tuple(dict.fromkeys((*GPU_FAULTS, *REPLICA_SYMPTOMS, *LATENCY_ALERTS)))
 
+#: the webhook URLs Alertmanager's (Go) URL parser takes: a host name or [IPv6] literal, a
+#: numeric port, and a path and query of URL characters with well-formed %-escapes
+_URL_CHARS = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@/-]|%[0-9A-Fa-f]{2})"
+_URL = re.compile(
+    r"\A(?:http|https)://"
+    r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
+    r"(?::(?P<port>[0-9]{1,5}))?"
+    rf"(?:/{_URL_CHARS}*)?(?:\?(?:{_URL_CHARS}|\?)*)?\Z"
+)
 _DURATION = re.compile(r"^(?:\d+y)?(?:\d+w)?(?:\d+d)?(?:\d+h)?(?:\d+m)?(?:\d+s)?(?:\d+ms)?$")
 
 
@@ -88,10 +96,11 @@ class Settings:
 
 
 def settings(config: Config) -> Settings:
-    """The ``alertmanager`` section of a loaded alerts config; raises ConfigError.
+    """The ``alertmanager`` section of an alerts config; raises ConfigError.
 
-    The config loader has checked the section's shape against the shipped defaults; this
-    checks what the shape cannot say: that URLs are http(s) and durations parse.
+    The config loader has checked the section's shape against the shipped defaults and calls
+    this for what the shape cannot say, so that a config it accepts always gives a file
+    Alertmanager accepts: http(s) URLs, durations that parse, intervals above zero.
     """
     section = config.alertmanager
     where = f"{config.source}: alertmanager"
@@ -101,7 +110,7 @@ def settings(config: Config) -> Settings:
     }
     return Settings(
         receivers=receivers,
-        group_wait=_duration(section["group_wait"], f"{where}.group_wait"),
+        group_wait=_duration(section["group_wait"], f"{where}.group_wait", zero=True),
         group_interval=_duration(section["group_interval"], f"{where}.group_interval"),
         repeat_interval={
             name: _duration(value, f"{where}.repeat_interval.{name}")
@@ -111,15 +120,20 @@ def settings(config: Config) -> Settings:
 
 
 def _url(url: str, where: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{where}: expected an http(s) URL, got {url!r}")
+    match = _URL.match(url)
+    if not match or int(match["port"] or 0) > 65535:
+        raise ConfigError(
+            f"{where}: expected an http(s) URL (scheme://host[:port][/path][?query]), got {url!r}"
+        )
     return url
 
 
-def _duration(value: str, where: str) -> str:
+def _duration(value: str, where: str, zero: bool = False) -> str:
+    """A Prometheus duration; only ``zero`` allows 0s (Alertmanager refuses zero intervals)."""
     if not value or not _DURATION.match(value):
         raise ConfigError(f"{where}: expected a duration such as 30s, 5m or 4h, got {value!r}")
+    if not zero and seconds(value) == 0:
+        raise ConfigError(f"{where}: must be longer than 0s")
     return value
 
 

@@ -345,6 +345,9 @@ def load(path: Path | None = None) -> Config:
         raise checker.fail(where, reason)
 
     _check_meaning(config, fail)
+    from inferwatch.alerts import alertmanager  # its section's rules live with their use
+
+    alertmanager.settings(config)
     return config
 
 

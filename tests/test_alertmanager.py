@@ -19,6 +19,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 
 from inferwatch.alerts import alertmanager, build, config, writer
@@ -143,6 +145,10 @@ def test_configured_urls_become_the_receivers_webhooks(amtool: str, tmp_path: Pa
         ("{group_interval: 30}", "alertmanager.group_interval: expected a string"),
         ("{repeat_interval: {page: ''}}", "alertmanager.repeat_interval.page: expected a"),
         ("{repeat_interval: 4h}", "alertmanager.repeat_interval: expected a mapping"),
+        ("{repeat_interval: {ticket: 0s}}", "alertmanager.repeat_interval.ticket: must be longer"),
+        ("{group_interval: 0m}", "alertmanager.group_interval: must be longer than 0s"),
+        ("{receivers: {page: ['http://a b/']}}", "alertmanager.receivers.page[0]: expected an"),
+        ("{receivers: {page: ['http://[::1/']}}", "alertmanager.receivers.page[0]: expected an"),
     ],
 )
 def test_a_bad_section_is_one_line_naming_the_field(
@@ -368,3 +374,52 @@ def test_people_get_one_group_per_model_and_the_automation_one_per_alert(
 
     sizes = wait_for(groups, "both alerts in their groups")
     assert sizes == {"page": [2], "automation": [1, 1]}, sizes
+
+
+# mostly well-formed values, so that the URLs get explored on configs that pass the rest
+_DURATIONS = st.one_of(
+    st.from_regex(r"\A[1-9][0-9]{0,2}(ms|s|m|h|d|w)\Z"),
+    st.from_regex(r"\A[1-9][0-9]{0,2}(ms|s|m|h|d|w)\Z"),
+    st.sampled_from(["0s", "", "1h30m", "5 m", "1y"]),
+)
+_URLS = st.one_of(
+    st.builds(
+        "{}://{}{}".format,
+        st.sampled_from(["http", "https", "ftp", ""]),
+        st.sampled_from(
+            ["127.0.0.1:9095", "hooks.example", "[::1]:80", "[::1", "", "a b", "h\tx", "h:99999"]
+        ),
+        st.text(max_size=12),
+    ),
+    st.text(max_size=20),
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    urls=st.lists(_URLS, max_size=3),
+    group_wait=_DURATIONS,
+    group_interval=_DURATIONS,
+    repeat=_DURATIONS,
+)
+def test_an_accepted_section_always_gives_a_config_amtool_accepts(
+    amtool: str, tmp_path: Path, urls: list[str], group_wait: str, group_interval: str,
+    repeat: str,
+) -> None:  # fmt: skip
+    section = {
+        "receivers": {"page": urls},
+        "group_wait": group_wait,
+        "group_interval": group_interval,
+        "repeat_interval": {"page": repeat},
+    }
+    given = config_file(tmp_path, yaml.safe_dump({"alertmanager": section}))
+    try:
+        loaded = config.load(given)
+    except config.ConfigError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith(f"{given}: alertmanager")
+        return
+    path = write(tmp_path, alertmanager.settings(loaded))
+    check = subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, (section, check.stdout + check.stderr)
