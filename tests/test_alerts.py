@@ -471,3 +471,85 @@ def test_model_names_with_quotes_and_dots_stay_valid_promql(tmp_path: Path) -> N
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# Series each recording rule keeps for one vLLM replica, from the sidecar's golden page: the
+# cardinality the rules add, per model version (pod-level rules: per replica).
+SIDECAR_PAGE = ROOT / "tests" / "golden" / "engines" / "vllm-generated-0.33.0-1engine.prom"
+SERIES_PER_VERSION = {
+    "pod:inferwatch_engine_requests:rate5m": 1,
+    "pod:inferwatch_engine_request_errors:rate5m": 1,
+    "model_version:inferwatch_engine_requests:rate5m": 1,
+    "model_version:inferwatch_engine_request_errors:rate5m": 1,
+    "model_version:inferwatch_engine_request_errors_per_request:ratio_rate5m": 1,
+    "model_version:inferwatch_engine_prompt_tokens:rate5m": 1,
+    "model_version:inferwatch_engine_generation_tokens:rate5m": 1,
+    "model_version:inferwatch_engine_time_to_first_token_seconds_bucket:rate5m": 23,
+    "model_version:inferwatch_engine_time_per_output_token_seconds_bucket:rate5m": 20,
+    "model_version:inferwatch_engine_request_duration_seconds_bucket:rate5m": 22,
+    "model_version:inferwatch_engine_time_to_first_token_seconds:histogram_quantile_rate5m": 3,
+    "model_version:inferwatch_engine_time_per_output_token_seconds:histogram_quantile_rate5m": 3,
+    "model_version:inferwatch_engine_request_duration_seconds:histogram_quantile_rate5m": 3,
+    "model_version:inferwatch_engine_kv_cache_usage_ratio:max": 1,
+    "model_version:inferwatch_engine_requests_waiting:sum": 1,
+    **{
+        f"model_version:{metric}:slo_error_ratio_rate{window}": 1
+        for metric in (
+            "inferwatch_engine_requests",
+            "inferwatch_engine_time_to_first_token_seconds",
+        )
+        for window in ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
+    },
+}
+
+
+@needs_promtool
+def test_recording_rules_keep_a_known_number_of_series_per_replica(tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    series = []
+    for family in text_string_to_metric_families(SIDECAR_PAGE.read_text(encoding="utf-8")):
+        for sample in family.samples:
+            labels = {**sample.labels, "instance": "10.1.0.7:9400", "job": "inferwatch-sidecar"}
+            selector = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+            growth = max(sample.value, 1.0)
+            series.append(
+                {"series": f"{sample.name}{{{selector}}}", "values": f"{sample.value}+{growth}x10"}
+            )
+    writer.write(tmp_path, writer.render(config.load()))
+    test = {
+        "rule_files": [str(tmp_path / "recording.yaml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [
+                    {
+                        "expr": 'count by (__name__) ({__name__=~".+:.+:.+"})',
+                        "eval_time": "10m",
+                        "exp_samples": [
+                            {"labels": f'{{__name__="{name}"}}', "value": count}
+                            for name, count in SERIES_PER_VERSION.items()
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test), encoding="utf-8")
+    done = subprocess.run(
+        [str(PROMTOOL), "test", "rules", str(tmp_path / "test.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    # every recording rule is accounted for (the per-tenant ones need proxy series)
+    recorded = {r["record"] for r in rules(writer.render(config.load())) if "record" in r}
+    assert recorded - set(SERIES_PER_VERSION) == {
+        "tenant:inferwatch_tenancy_tokens:rate5m",
+        "tenant:inferwatch_tenancy_cost:rate5m",
+        "model_version:inferwatch_tenancy_cost_per_1k_tokens:ratio_rate5m",
+    }
