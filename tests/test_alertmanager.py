@@ -423,3 +423,20 @@ def test_an_accepted_section_always_gives_a_config_amtool_accepts(
     path = write(tmp_path, alertmanager.settings(loaded))
     check = subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True)
     assert check.returncode == 0, (section, check.stdout + check.stderr)
+
+
+def test_the_demo_refuses_a_bad_alert_config_in_one_line_before_starting(tmp_path: Path) -> None:
+    bad = config_file(tmp_path, "alertmanager: {receivers: {page: ['http://a b/']}}\n")
+    result = subprocess.run(
+        [INFERWATCH, "demo", "--alert-config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode != 0
+    assert result.stdout == ""  # nothing was started
+    assert result.stderr.strip().splitlines() == [
+        f"Error: {bad}: alertmanager.receivers.page[0]: expected an http(s) URL "
+        "(scheme://host[:port][/path][?query]), got 'http://a b/'"
+    ]

@@ -39,6 +39,8 @@ REPLICAS = [r.name for r in topology.REPLICAS]
 #: seconds after the fleet is up when a scenario's first step runs: long enough for the probes'
 #: baseline (three cycles) and for every counter to have been scraped before it moves
 FIRST_STEP = 12.0
+#: the healthy demo's load, requests per second (the demo's default)
+HEALTHY_RATE = 3
 #: how long a fault may take to reach Alertmanager on a busy 2-core machine
 ALERT_DEADLINE = 90.0
 
@@ -221,9 +223,12 @@ class Watched:
 def healthy(
     prometheus_bin: str, alertmanager_bin: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Watched]:
-    """A demo without a scenario, running while the fault scenarios run (the binaries are
-    asked for so that a machine without them skips, or fails under CI, before any demo)."""
-    with running_demo(tmp_path_factory.mktemp("healthy")) as demo:
+    """A demo without faults, running while the fault scenarios run (the binaries are asked
+    for so that a machine without them skips, or fails under CI, before any demo)."""
+    folder = tmp_path_factory.mktemp("healthy")
+    calm = folder / "healthy.yaml"  # a timeline of its own, whatever the demo's default story
+    calm.write_text(f"name: healthy\nsteps: [{{at: 0s, rate: {HEALTHY_RATE}}}]\n")
+    with running_demo(folder, "--rate", str(HEALTHY_RATE), "--scenario", str(calm)) as demo:
         watched = Watched(demo)
         watcher = threading.Thread(target=watched.watch, daemon=True)
         watcher.start()

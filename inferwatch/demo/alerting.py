@@ -2,8 +2,9 @@
 
 Both come from the same generator as the committed files; only the input differs. The demo
 reads ``alerts/demo.yaml`` on top of the defaults (short windows and ``for:`` durations, so
-that a scenario's faults fire within seconds), and its Alertmanager's receivers send nowhere:
-the demo shows what reached Alertmanager and where it is routed, read from its API.
+that a scenario's faults fire within seconds) unless given another alert config, and its
+Alertmanager's receivers send nowhere: the demo shows what reached Alertmanager and where it
+is routed, read from its API.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from pathlib import Path
 from inferwatch.alerts import alertmanager, config, writer
 
 
-def demo_config() -> config.Config:
+def demo_config(path: Path | None = None) -> config.Config:
+    """``path`` (default: ``alerts/demo.yaml``) on top of the defaults; raises ConfigError."""
     from inferwatch import alerts
 
-    return config.load(Path(alerts.__file__).parent / "demo.yaml")
+    return config.load(path or Path(alerts.__file__).parent / "demo.yaml")
 
 
 def write_rules(folder: Path, chosen: config.Config) -> list[Path]:

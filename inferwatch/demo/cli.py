@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sys
+from pathlib import Path
 
 import click
 
+from inferwatch.alerts.config import ConfigError
+from inferwatch.demo import alerting, topology
 from inferwatch.demo import scenario as scenarios
-from inferwatch.demo import topology
 from inferwatch.demo.run import Demo, Options
 
 
@@ -60,6 +62,14 @@ from inferwatch.demo.run import Demo, Options
     "generated routing and inhibition (when the binary is on PATH; needs --prometheus).",
 )
 @click.option(
+    "--alert-config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    show_envvar=True,
+    help="Alert config the rules and Alertmanager's routing are generated from, read on top "
+    "of the defaults (alerts/config.yaml).  [default: alerts/demo.yaml, short windows and "
+    "for: durations]",
+)
+@click.option(
     "--probe-cycle",
     type=click.FloatRange(min=1),
     default=10.0,
@@ -81,6 +91,7 @@ def demo(
     base_port: int | None,
     prometheus: bool,
     alertmanager: bool,
+    alert_config: Path | None,
     probe_cycle: float,
     refresh: float,
 ) -> None:
@@ -100,6 +111,10 @@ def demo(
             timeline = scenarios.load(scenario, [r.name for r in topology.REPLICAS])
         except scenarios.ScenarioError as exc:
             raise click.ClickException(str(exc)) from None
+    try:
+        alerts = alerting.demo_config(alert_config)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
     prometheus_bin = shutil.which("prometheus") if prometheus else None
     if prometheus and prometheus_bin is None:
         click.echo("prometheus is not on PATH; running without it (Debian package: prometheus)")
@@ -119,6 +134,7 @@ def demo(
         base_port=base_port,
         prometheus=prometheus_bin,
         alertmanager=alertmanager_bin,
+        alerts=alerts,
         probe_cycle=probe_cycle,
         refresh=refresh,
     )

@@ -26,6 +26,7 @@ import httpx
 from rich.console import Console
 from rich.live import Live
 
+from inferwatch.alerts.config import Config
 from inferwatch.demo import alerting, topology
 from inferwatch.demo.loadgen import LoadGenerator, Router
 from inferwatch.demo.observer import FleetState, Observer
@@ -46,6 +47,7 @@ class Options:
     base_port: int | None
     prometheus: str | None  # path of the binary; None: no Prometheus
     alertmanager: str | None  # path of the binary; None: no Alertmanager (nor without Prometheus)
+    alerts: Config  # the alert config the rules and Alertmanager's routing are generated from
     probe_cycle: float
     refresh: float
 
@@ -70,7 +72,6 @@ class Demo:
             models=f"primary {topology.PRIMARY_MODEL}   fallback {topology.FALLBACK_MODEL}",
         )
         self.console = Console(file=out, highlight=False)
-        self.alerts = alerting.demo_config()
 
     @property
     def _alerting(self) -> bool:
@@ -273,7 +274,9 @@ class Demo:
 
     def _prometheus(self, workdir: Path) -> Component:
         assert self.options.prometheus
-        rules = alerting.write_rules(workdir / "rules", self.alerts) if self._alerting else []
+        rules = (
+            alerting.write_rules(workdir / "rules", self.options.alerts) if self._alerting else []
+        )
         config = workdir / "prometheus.yml"
         config.write_text(topology.prometheus_config(self.ports, rules, self._alerting))
         argv = [
@@ -288,7 +291,7 @@ class Demo:
     def _alertmanager(self, workdir: Path) -> Component:
         assert self.options.alertmanager
         config = workdir / "alertmanager.yml"
-        config.write_text(alerting.alertmanager_config(self.alerts))
+        config.write_text(alerting.alertmanager_config(self.options.alerts))
         argv = topology.alertmanager_argv(
             self.options.alertmanager,
             config,
