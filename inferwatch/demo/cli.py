@@ -52,14 +52,15 @@ from inferwatch.demo.run import Demo, Options
     "--prometheus/--no-prometheus",
     default=True,
     show_envvar=True,
-    help="Run a Prometheus scraping the sidecars and proxies (when the binary is on PATH).",
+    help="Run a Prometheus scraping the sidecars and proxies and evaluating the generated "
+    "alert rules (when the binary is on PATH).",
 )
 @click.option(
     "--alertmanager/--no-alertmanager",
     default=True,
     show_envvar=True,
-    help="Load the generated alert rules into Prometheus and run an Alertmanager with the "
-    "generated routing and inhibition (when the binary is on PATH; needs --prometheus).",
+    help="Run an Alertmanager with the generated routing and inhibition, which Prometheus "
+    "sends its alerts to (when the binary is on PATH; needs --prometheus).",
 )
 @click.option(
     "--alert-config",

@@ -274,9 +274,7 @@ class Demo:
 
     def _prometheus(self, workdir: Path) -> Component:
         assert self.options.prometheus
-        rules = (
-            alerting.write_rules(workdir / "rules", self.options.alerts) if self._alerting else []
-        )
+        rules = alerting.write_rules(workdir / "rules", self.options.alerts)
         config = workdir / "prometheus.yml"
         config.write_text(topology.prometheus_config(self.ports, rules, self._alerting))
         argv = [
@@ -343,8 +341,8 @@ class Demo:
         options = self.options
         self.say(
             f"inferwatch demo: {len(self.replicas)} replicas (simulated vLLM + sidecar + tenancy "
-            f"proxy each){', Prometheus' if options.prometheus else ''}"
-            f"{' with the generated alerts, Alertmanager' if self._alerting else ''}; "
+            f"proxy each){', Prometheus with the generated rules' if options.prometheus else ''}"
+            f"{', Alertmanager' if self._alerting else ''}; "
             f"load {options.rate:g} req/s; speed {options.speed:g}x"
         )
         what = {
