@@ -91,7 +91,13 @@ class AlertState:
     def parse(cls, raw: Any) -> AlertState:
         """One entry of Alertmanager's ``GET /api/v2/alerts``; raises on a malformed one."""
         labels: Mapping[str, str] = raw["labels"]
-        where = labels.get("replica") or labels.get("pod") or labels.get("model_version") or ""
+        # a replica's alert names it; a model's names the model (without its org) and version
+        model = " ".join(
+            part
+            for part in (labels.get("model", "").rsplit("/", 1)[-1], labels.get("model_version"))
+            if part
+        )
+        where = labels.get("replica") or labels.get("pod") or model
         if labels.get("tenant"):
             where = f"{where} tenant {labels['tenant']}".strip()
         try:
@@ -102,7 +108,7 @@ class AlertState:
             fingerprint=str(raw["fingerprint"]),
             name=labels.get("alertname", "?"),
             severity=labels.get("severity", ""),
-            where=where or labels.get("model", "") or labels.get("cluster", ""),
+            where=where or labels.get("cluster", ""),
             inhibited=raw["status"]["state"] == "suppressed",
             receivers=tuple(str(r["name"]) for r in raw.get("receivers", ())),
             starts_at=starts_at,
