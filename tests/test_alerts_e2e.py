@@ -124,12 +124,14 @@ class Demo:
         deadline = time.monotonic() + timeout
         seen = 0
         while time.monotonic() < deadline:
-            for at, line in self.lines[seen:]:
+            ended = self.ended.is_set()  # read first: once set, every line is in
+            batch = self.lines[seen:]  # a copy: the reader keeps appending
+            seen += len(batch)
+            for at, line in batch:
                 match = re.search(pattern, line)
                 if match:
                     return at, match
-            seen = len(self.lines)
-            if self.ended.is_set() and seen == len(self.lines):
+            if ended:
                 break
             time.sleep(0.05)
         pytest.fail(f"the demo never printed {pattern!r}:\n{self.output}")
