@@ -297,6 +297,7 @@ def test_a_config_error_is_one_line_naming_file_field_and_reason(
     assert result.output.strip() == f"Error: {message}"
 
 
+@settings(deadline=None)  # a busy 2-core machine is slow, not wrong
 @given(st.binary(max_size=200))
 def test_any_bytes_as_a_config_give_a_config_error_or_a_config(data: bytes) -> None:
     import tempfile
@@ -410,6 +411,7 @@ def go_style(value: float) -> str:
     return text
 
 
+@settings(deadline=None)  # a busy 2-core machine is slow, not wrong
 @given(st.sampled_from(BOUNDS), st.sampled_from(["repr", "go", "e", ".2e", "E", "pad"]))
 def test_le_matcher_accepts_every_spelling_of_its_bound(bound: float, style: str) -> None:
     spelled = {
@@ -424,6 +426,7 @@ def test_le_matcher_accepts_every_spelling_of_its_bound(bound: float, style: str
     assert re.fullmatch(pattern, spelled), (bound, spelled)
 
 
+@settings(deadline=None)  # a busy 2-core machine is slow, not wrong
 @given(st.sampled_from(BOUNDS), st.sampled_from(BOUNDS))
 def test_le_matcher_rejects_other_bounds(bound: float, other: float) -> None:
     pattern = promql.le_regex(bound).replace("\\\\", "\\")
