@@ -225,6 +225,13 @@ INHIBITION = [
         {2},
     ),
     (
+        "a page-window SLO burn hides the ticket-window burn of the same model version",
+        [("InferwatchTTFTSLOBurn", "warning", {**MODEL_V2, "long": "1d", "short": "2h"}),
+         ("InferwatchTTFTSLOBurn", "critical", {**MODEL_V1, "long": "1h", "short": "5m"}),
+         ("InferwatchTTFTSLOBurn", "warning", {**MODEL_V1, "long": "1d", "short": "2h"})],
+        {2},
+    ),
+    (
         "a critical GPU fault hides its own replica's symptoms only",
         [("InferwatchReplicaNotReady", "warning", REPLICA_B),
          ("InferwatchModelReplicasNotReady", "critical", MODEL_V1),
