@@ -97,6 +97,33 @@ def test_amtool_routes_each_alert_to_its_receivers(
     assert result.stdout.strip() == receivers
 
 
+#: where each severity must land: people by severity, the automation for what needs action
+BY_SEVERITY = {"critical": "automation,page", "warning": "automation,ticket", "info": "none"}
+
+
+def test_every_generated_alert_lands_where_its_severity_says(amtool: str) -> None:
+    rules = [
+        rule
+        for path in sorted(writer.default_out().glob("*.yaml"))
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    ]
+    pairs = sorted({(rule["alert"], rule["labels"]["severity"]) for rule in rules})
+    assert {severity for _, severity in pairs} == set(BY_SEVERITY)
+    wrong = []
+    for alertname, severity in pairs:
+        result = subprocess.run(
+            [amtool, "config", "routes", "test", f"--config.file={COMMITTED}",
+             f"alertname={alertname}", f"severity={severity}", "cluster=c1", "model=m"],
+            capture_output=True,
+            text=True,
+        )  # fmt: skip
+        if result.stdout.strip() != BY_SEVERITY[severity]:
+            wrong.append((alertname, severity, result.stdout.strip() or result.stderr))
+    assert not wrong, wrong
+
+
 def test_configured_urls_become_the_receivers_webhooks(amtool: str, tmp_path: Path) -> None:
     given = config_file(
         tmp_path,
