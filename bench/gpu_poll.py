@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-RECORDING = REPO / "tests" / "fixtures" / "gpu" / "nvml-h200"
+RECORDING = REPO.parent / "shared" / "fixtures" / "gpu" / "nvml-h200"  # beside the checkout
 TARGET_MS = 0.5
 SCRAPE_S, SLOW_S = 15.0, 60.0
 SMI_QUERY = [

@@ -40,9 +40,9 @@ from inferwatch.exporters import textformat
 
 Row = tuple[str, Callable[[str], object] | None]  # None: not available in this checkout
 
-VLLM_PAGE = (
-    Path(__file__).resolve().parent.parent
-    / "tests/fixtures/engines/vllm-generated-0.33.0-1engine.prom"
+VLLM_PAGE = (  # the shared captures sit beside the checkout
+    Path(__file__).resolve().parent.parent.parent
+    / "shared/fixtures/engines/vllm-generated-0.33.0-1engine.prom"
 )
 ANCHOR = "prometheus_client text_string_to_metric_families"
 

@@ -20,6 +20,8 @@ from inferwatch import catalog
 from inferwatch.exporters import engines, textformat
 from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.engine_scrape import EngineScraper, ScrapeFailure
+from inferwatch.identity import KEYS as KNOWABLE
+from inferwatch.identity import UNKNOWN, or_unknown
 from inferwatch.logs import log_event
 
 log = logging.getLogger("inferwatch.engine")
@@ -68,6 +70,8 @@ class EngineCollector:
         labels.update(self._discovered)
         labels.update(self._given)
         labels["engine"] = self.engine or self._given.get("engine", "")
+        for key in KNOWABLE:  # one spelling for what nobody knows, as in the proxy and probes
+            labels[key] = or_unknown(labels.get(key))
         return labels
 
     async def collect(self, deadline: float | None = None) -> Sequence[Metric]:
@@ -106,7 +110,7 @@ class EngineCollector:
         if self._given.get("model"):
             return
         models = {f.samples[0].labels.get("model", "") for f in families if f.samples}
-        models.discard("")
+        models -= {"", UNKNOWN}
         if len(models) == 1:
             self._discovered["model"] = models.pop()
 

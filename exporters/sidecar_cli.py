@@ -6,7 +6,8 @@ import asyncio
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import click
@@ -18,7 +19,8 @@ from inferwatch.exporters import engines, gpu
 from inferwatch.exporters.collector import Collector, ReadinessSource
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.engine_scrape import EngineScraper, ScrapeFailure
-from inferwatch.exporters.gpu import GpuTelemetry
+from inferwatch.exporters.gpu import GpuTelemetry, scope
+from inferwatch.exporters.gpu.scope import GpuScope
 from inferwatch.exporters.histogram import histogram_quantile
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.logs import log_event
@@ -83,37 +85,81 @@ engine_options = option_group(
 @click.option("--listen", default=":9400", show_envvar=True, help="HOST:PORT to serve on.")
 @engine_options
 @click.option("--model", default="", show_envvar=True, help="Model label when the engine has none.")
-@click.option("--model-version", default="", show_envvar=True)
+@click.option(
+    "--model-version",
+    default="",
+    show_envvar=True,
+    help="Version label of the served weights (a rollout name, a checkpoint tag).",
+)
 @click.option(
     "--engine-version",
     default="",
     show_envvar=True,
     help="Engine version; read from the engine's version endpoint when empty.",
 )
-@click.option("--prompt-version", default="", show_envvar=True)
+@click.option(
+    "--prompt-version",
+    default="",
+    show_envvar=True,
+    help="Version label of the system prompt or template the replica serves with.",
+)
 @click.option(
     "--pod",
     default=lambda: os.environ.get("POD_NAME", ""),
     show_envvar=True,
+    help="Pod label of every series.",
     show_default="$POD_NAME (Kubernetes downward API)",
 )
 @click.option(
     "--namespace",
     default=lambda: os.environ.get("POD_NAMESPACE", ""),
     show_envvar=True,
+    help="Namespace label of every series.",
     show_default="$POD_NAMESPACE",
 )
 @click.option(
     "--node",
     default=lambda: os.environ.get("NODE_NAME", ""),
     show_envvar=True,
+    help="Node label of every series.",
     show_default="$NODE_NAME",
 )
 @click.option(
     "--gpu",
     default="auto",
     show_envvar=True,
-    help="GPU telemetry: auto, nvml, dcgm=URL, replay=FILE or none.",
+    help="GPU telemetry: auto, nvml, dcgm=URL (a dcgm-exporter /metrics page), replay=DIR "
+    "(a recorded NVML session) or none.",
+)
+@click.option(
+    "--gpu-scope",
+    default="auto",
+    show_envvar=True,
+    help="The GPUs this replica's engine uses, whose series are served and whose faults fail "
+    "/readyz: kubelet (this pod's allocation, from the kubelet PodResources API), a device "
+    "list (GPU-uuid, MIG-uuid, index or nvidiaN, comma-separated: the engine's "
+    "CUDA_VISIBLE_DEVICES value works as it is), all (every GPU the sidecar sees), or node "
+    "(every GPU, readiness never gated: node-wide reading, one sidecar per node). auto: "
+    "kubelet in Kubernetes, "
+    "else $CUDA_VISIBLE_DEVICES when set, else all.",
+)
+@click.option(
+    "--kubelet-socket",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=scope.KUBELET_SOCKET,
+    show_envvar=True,
+    show_default=True,
+    help="The kubelet's PodResources socket (mount its directory into the sidecar).",
+)
+@click.option(
+    "--pod-labels",
+    type=click.Choice(["auto", "emit", "omit"]),
+    default="auto",
+    show_envvar=True,
+    help="Whether series carry pod, namespace and node from the flags above. auto: omit "
+    "them in Kubernetes, where the PodMonitor's target labels supply them (emitting them "
+    "too would turn them into exported_pod...), emit them elsewhere; emit for scrape "
+    "configs with honorLabels: true.",
 )
 @click.option(
     "--probes",
@@ -143,6 +189,9 @@ def sidecar(
     namespace: str,
     node: str,
     gpu: str,
+    gpu_scope: str,
+    kubelet_socket: Path,
+    pod_labels: str,
     probes: str,
     probe_cycle: float,
 ) -> None:
@@ -153,14 +202,13 @@ def sidecar(
     reports inferwatch_engine_up 0 with the failure reason counted, and /readyz answers 503.
     """
     host, port = parse_listen(listen)
+    emit_pod = emits_pod_labels(pod_labels, os.environ)
     identity = {
         "model": model,
         "model_version": model_version,
         "engine_version": engine_version,
         "prompt_version": prompt_version,
-        "pod": pod,
-        "namespace": namespace,
-        "node": node,
+        **({"pod": pod, "namespace": namespace, "node": node} if emit_pod else {}),
     }
     url = metrics_url(engine_url)
     engine_collector = EngineCollector(
@@ -168,31 +216,56 @@ def sidecar(
         identity,
         engine=None if engine == "auto" else engine,
     )
-    gpu_backend = _gpu_backend(gpu)
+    gpus = _gpu_scope(gpu_scope, kubelet_socket, pod, namespace) if gpu != "none" else None
+    gpu_backend = _gpu_backend(gpu, gpus)
     collectors: list[Collector] = [gpu_backend]
     readiness: list[ReadinessSource] = [gpu_backend]
     background = []
     if probes:
-        runner = _probe_runner(probes, probe_cycle, engine_collector.base_url, identity)
+        runner = _probe_runner(probes, probe_cycle, engine_collector.base_url, identity, pod)
         collectors.append(runner)
         readiness.append(runner)
         background.append(runner.run)
     app = Sidecar(engine_collector, collectors, readiness, background=background).app()
     log_event(
-        log, logging.INFO, "sidecar starting", listen=f"{host}:{port}", engine_url=url, gpu=gpu
+        log,
+        logging.INFO,
+        "sidecar starting",
+        listen=f"{host}:{port}",
+        engine_url=url,
+        gpu=gpu,
+        gpu_scope=str(gpu_backend.scope),
+        pod_labels="emitted" if emit_pod else "left to service discovery",
     )
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 
-def _gpu_backend(spec: str) -> GpuTelemetry:
+def emits_pod_labels(choice: str, environ: Mapping[str, str]) -> bool:
+    """Whether series carry pod, namespace and node (``--pod-labels``).
+
+    In Kubernetes a PodMonitor or ServiceMonitor already gives every series the target's
+    namespace and pod (and node, by relabeling); labels of the same name on the page would
+    be renamed exported_pod and so on, and break joins with every other pod metric.
+    """
+    return choice == "emit" or (choice == "auto" and not environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def _gpu_scope(value: str, socket: Path, pod: str, namespace: str) -> GpuScope:
     try:
-        return gpu.open_backend(spec)
+        return scope.resolve(value, pod=pod, namespace=namespace, environ=os.environ, socket=socket)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--gpu-scope") from None
+
+
+def _gpu_backend(spec: str, gpu_scope: GpuScope | None) -> GpuTelemetry:
+    try:
+        return gpu.open_backend(spec, scope=gpu_scope)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu") from None
 
 
 def _probe_runner(
-    goldens: str, cycle: float, engine_base_url: str, identity: dict[str, str]
+    goldens: str, cycle: float, engine_base_url: str, identity: dict[str, str], pod: str
 ) -> ProbeRunner:
     """Quality probes sent straight to this replica's engine."""
     try:
@@ -200,7 +273,7 @@ def _probe_runner(
     except golden.GoldenError as exc:
         raise click.BadParameter(str(exc), param_hint="--probes") from None
     target = Target(
-        name=identity["pod"] or "local",
+        name=pod or "local",
         endpoint=Endpoint(engine_base_url, identity["model"]),
         route="direct",
         model_version=identity["model_version"],

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -218,9 +218,35 @@ class Capacity:
         )
         return needed / self.gpu.memory_bytes
 
+    @property
+    def problem(self) -> str | None:
+        """Why this configuration cannot start (one sentence), or None when it fits."""
+        name = f"{self.model.name} ({self.weight_dtype}, TP {self.serving.tensor_parallel}) on "
+        name += self.gpu.name
+        budget, utilization = self.budget_bytes / GIB, self.serving.gpu_memory_utilization
+        if self.weight_bytes > self.budget_bytes:
+            return (
+                f"{name} needs {self.weight_bytes / GIB:.2f} GiB of weights per GPU but "
+                f"gpu-memory-utilization {utilization} leaves {budget:.2f} GiB"
+            )
+        if self.kv_bytes <= 0:
+            return (
+                f"{name} has no memory left for the KV cache: {self.weight_bytes / GIB:.2f} GiB "
+                f"of weights and {self.reserve_bytes / GIB:.2f} GiB of activations exceed the "
+                f"{budget:.2f} GiB budget"
+            )
+        if self.blocks_per_sequence(self.max_model_len) > self.num_blocks:
+            return (
+                f"{name} cannot hold one {self.max_model_len}-token sequence: the KV cache has "
+                f"room for {self.kv_tokens} tokens"
+            )
+        return None
+
     def to_dict(self, context: int | None = None) -> dict[str, Any]:
         context = context or self.max_model_len
         return {
+            "fits": self.problem is None,
+            "problem": self.problem,
             "model": self.model.name,
             "params": self.model.params,
             "active_params": self.model.active_params,
@@ -299,6 +325,20 @@ def kv_heads_per_gpu(model: ModelSpec, tensor_parallel: int) -> int:
 
 def compute(model: ModelSpec, gpu: GPUSpec, serving: ServingSpec | None = None) -> Capacity:
     """Size one rank; raises CapacityError when the configuration cannot start."""
+    capacity = size(model, gpu, serving)
+    problem = capacity.problem
+    if problem is not None:
+        fixes = suggest(model, gpu, capacity.serving)
+        hint = "; try " + " or ".join(fix.flags for fix in fixes) if fixes else ""
+        raise CapacityError(problem + hint)
+    return capacity
+
+
+def size(model: ModelSpec, gpu: GPUSpec, serving: ServingSpec | None = None) -> Capacity:
+    """The memory split of one rank, whether or not it can start (see ``Capacity.problem``).
+
+    Raises CapacityError only for settings that cannot be sized at all.
+    """
     serving = serving or ServingSpec()
     tp = serving.tensor_parallel
     if tp < 1 or model.attention_heads % tp:
@@ -326,19 +366,12 @@ def compute(model: ModelSpec, gpu: GPUSpec, serving: ServingSpec | None = None) 
     if reserve is None:
         reserve = activation_reserve_bytes(model, max_num_seqs, max_num_batched_tokens, tp)
     kv_bytes = budget - weights - reserve
-    name = f"{model.name} ({weight_dtype}, TP {tp}) on {gpu.name}"
-    if weights > budget:
-        raise CapacityError(
-            f"{name} needs {weights / GIB:.2f} GiB of weights per GPU but gpu-memory-utilization "
-            f"{serving.gpu_memory_utilization} leaves {budget / GIB:.2f} GiB; "
-            "raise tensor parallelism, quantize, or pick a larger GPU"
-        )
     per_token_gpu = int(
         2 * model.layers * kv_heads_per_gpu(model, tp) * model.head_dim * DTYPE_BYTES[kv_dtype]
     )
     per_token = int(2 * model.layers * model.kv_heads * model.head_dim * DTYPE_BYTES[kv_dtype])
     num_blocks = max(0, kv_bytes) // (serving.block_size * per_token_gpu)
-    capacity = Capacity(
+    return Capacity(
         model=model,
         gpu=gpu,
         serving=serving,
@@ -355,19 +388,102 @@ def compute(model: ModelSpec, gpu: GPUSpec, serving: ServingSpec | None = None) 
         kv_bytes_per_token_per_gpu=per_token_gpu,
         num_blocks=num_blocks,
     )
-    if kv_bytes <= 0:
-        raise CapacityError(
-            f"{name} has no memory left for the KV cache: {weights / GIB:.2f} GiB of weights and "
-            f"{reserve / GIB:.2f} GiB of activations exceed the {budget / GIB:.2f} GiB budget; "
-            f"gpu-memory-utilization {capacity.min_gpu_memory_utilization:.2f} would be needed"
-        )
-    if capacity.blocks_per_sequence(max_model_len) > num_blocks:
-        raise CapacityError(
-            f"{name} cannot hold one {max_model_len}-token sequence: the KV cache has room for "
-            f"{capacity.kv_tokens} tokens; lower max-model-len to {capacity.kv_tokens} or raise "
-            f"gpu-memory-utilization to {capacity.min_gpu_memory_utilization:.2f}"
-        )
-    return capacity
+
+
+# --- what to change when it does not fit ----------------------------------------------------------
+#: tensor-parallel sizes worth suggesting: the GPUs of one node
+TENSOR_PARALLEL_SIZES = (2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """A change of serving flags under which the configuration starts."""
+
+    flags: str  # as typed on the command line, e.g. "--tensor-parallel 2 --kv-cache-dtype fp8"
+    serving: ServingSpec = field(repr=False)
+
+
+def _more_tensor_parallel(
+    model: ModelSpec, gpu: GPUSpec, serving: ServingSpec
+) -> Suggestion | None:
+    """The fewest GPUs whose shares of the weights leave room for a KV cache."""
+    for tp in TENSOR_PARALLEL_SIZES:
+        if tp > serving.tensor_parallel and model.attention_heads % tp == 0:
+            wider = replace(serving, tensor_parallel=tp)
+            if size(model, gpu, wider).kv_bytes > 0:
+                return Suggestion(f"--tensor-parallel {tp}", wider)
+    return None
+
+
+def _fp8_kv_cache(model: ModelSpec, gpu: GPUSpec, serving: ServingSpec) -> Suggestion | None:
+    current = model.dtype if serving.kv_cache_dtype == "auto" else serving.kv_cache_dtype
+    if DTYPE_BYTES[normalize_dtype(current)] <= DTYPE_BYTES["fp8"]:
+        return None
+    return Suggestion("--kv-cache-dtype fp8", replace(serving, kv_cache_dtype="fp8"))
+
+
+def _fp8_weights(model: ModelSpec, gpu: GPUSpec, serving: ServingSpec) -> Suggestion | None:
+    if DTYPE_BYTES[normalize_dtype(serving.weight_dtype or model.dtype)] <= DTYPE_BYTES["fp8"]:
+        return None
+    return Suggestion("--weight-dtype fp8", replace(serving, weight_dtype="fp8"))
+
+
+def _shorter_max_model_len(
+    model: ModelSpec, gpu: GPUSpec, serving: ServingSpec
+) -> Suggestion | None:
+    capacity = size(model, gpu, serving)
+    if capacity.kv_tokens < 1 or capacity.kv_tokens >= capacity.max_model_len:
+        return None
+    length = capacity.kv_tokens
+    return Suggestion(f"--max-model-len {length}", replace(serving, max_model_len=length))
+
+
+def _more_memory_utilization(
+    model: ModelSpec, gpu: GPUSpec, serving: ServingSpec
+) -> Suggestion | None:
+    # rounded up to the hundredth; the flag's range is (0, 1]
+    utilization = math.ceil(size(model, gpu, serving).min_gpu_memory_utilization * 100) / 100
+    if not serving.gpu_memory_utilization < utilization <= 1.0:
+        return None
+    return Suggestion(
+        f"--gpu-memory-utilization {utilization:g}",
+        replace(serving, gpu_memory_utilization=utilization),
+    )
+
+
+_CHANGES = (
+    _more_tensor_parallel,
+    _fp8_kv_cache,
+    _fp8_weights,
+    _shorter_max_model_len,
+    _more_memory_utilization,
+)
+
+
+def suggest(model: ModelSpec, gpu: GPUSpec, serving: ServingSpec) -> list[Suggestion]:
+    """Changes of one flag under which the configuration starts; else pairs of changes.
+
+    Every value is one the flag accepts and every change is checked by sizing it again.
+    """
+
+    def fits(candidate: Suggestion) -> bool:
+        return size(model, gpu, candidate.serving).problem is None
+
+    if size(model, gpu, serving).problem is None:
+        return []
+    singles = [s for change in _CHANGES if (s := change(model, gpu, serving)) is not None]
+    found = [s for s in singles if fits(s)]
+    if found:
+        return found
+    for first in singles:
+        for change in _CHANGES:
+            second = change(model, gpu, first.serving)
+            if second is None or second.flags.split()[0] == first.flags.split()[0]:
+                continue
+            pair = Suggestion(f"{first.flags} {second.flags}", second.serving)
+            if fits(pair) and pair.flags not in {s.flags for s in found}:
+                found.append(pair)
+    return found
 
 
 # --- presets ------------------------------------------------------------------------------------
@@ -486,7 +602,7 @@ def _gpu(
 
 
 # Datasheet bandwidth and dense bf16 FLOP/s. Framebuffer totals are nvidia-smi's; the reserved
-# part is measured where a capture exists (H200: tests/fixtures NVML recording, 615 MiB; L4: the
+# part is measured where a capture exists (H200: the shared NVML recording, 615 MiB; L4: the
 # dcgm-exporter capture, 470 MiB; H100: vLLM's "79.18 GiB" total in the llm-d logs) and about
 # 500 MiB otherwise.
 GPU_PRESETS: dict[str, GPUSpec] = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 
 import click
@@ -35,17 +36,36 @@ def render_table(result: cap.Capacity, context: int) -> str:
         ("budget", f"{_gib(result.budget_bytes)} per GPU (gpu-memory-utilization {utilization})"),
         ("weights", f"{_gib(result.weight_bytes)} per GPU"),
         ("activation reserve", f"{_gib(result.reserve_bytes)} per GPU ({limits})"),
-        ("KV cache", f"{_gib(result.kv_bytes)} per GPU"),
+        ("KV cache", f"{_gib(result.kv_bytes)} per GPU" if result.kv_bytes > 0
+                     else f"none ({_gib(-result.kv_bytes)} short per GPU)"),
         ("KV bytes per token", f"{result.kv_bytes_per_token:,} (model), {per_token:,} per GPU"),
         ("KV blocks", f"{result.num_blocks:,} x {result.block_size} = {result.kv_tokens:,} tokens"),
         ("max concurrency", f"{result.max_concurrency(context):,.2f}x at {context:,} tokens"),
         ("preemption from", f"sequence {sequences + 1} of {context:,} tokens"),
         ("longest sequence", f"{result.longest_sequence:,} tokens fit in the KV cache"),
-        ("start-up needs", f"gpu-memory-utilization >= {result.min_gpu_memory_utilization:.2f} "
-                           f"at max-model-len {result.max_model_len:,}"),
+        ("start-up needs", _start_up_needs(result)),
     ]  # fmt: skip
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def _start_up_needs(result: cap.Capacity) -> str:
+    needed = result.min_gpu_memory_utilization
+    at = f"at max-model-len {result.max_model_len:,}"
+    if needed <= 1:
+        return f"gpu-memory-utilization >= {needed:.2f} {at}"
+    return f"{_gib(needed * result.gpu.memory_bytes)} per GPU {at}, more than the GPU has"
+
+
+def render_problem(problem: str, suggestions: list[cap.Suggestion]) -> str:
+    """What does not fit and the flag changes under which it would."""
+    lines = [f"does not fit: {problem}"]
+    if suggestions:
+        lines.append("it would start with any one of:")
+        lines += [f"  {suggestion.flags}" for suggestion in suggestions]
+    else:
+        lines.append("no change of one or two serving flags makes it fit; pick a larger GPU")
+    return "\n".join(lines)
 
 
 #: Model, GPU and vLLM serving settings: what `capacity` computes from and `sim` serves with.
@@ -63,15 +83,27 @@ serving_options = option_group(
         help="GPU preset: " + ", ".join(cap.GPU_PRESETS) + ".",
     ),
     click.option(
-        "--tensor-parallel", "-tp", type=click.IntRange(min=1), default=1, show_envvar=True
+        "--tensor-parallel",
+        "-tp",
+        type=click.IntRange(min=1),
+        default=1,
+        show_envvar=True,
+        help="GPUs the model is split over (vLLM --tensor-parallel-size).",
     ),
     click.option(
         "--gpu-memory-utilization",
         type=click.FloatRange(0, 1, min_open=True),
         default=0.92,
         show_envvar=True,
+        help="Share of each GPU's memory the engine may take (weights, activations, KV cache).",
     ),
-    click.option("--block-size", type=click.IntRange(min=1), default=16, show_envvar=True),
+    click.option(
+        "--block-size",
+        type=click.IntRange(min=1),
+        default=16,
+        show_envvar=True,
+        help="Tokens per KV cache block.",
+    ),
     click.option(
         "--max-model-len",
         type=click.IntRange(min=1),
@@ -89,6 +121,7 @@ serving_options = option_group(
         type=click.Choice(["auto", "bf16", "fp16", "fp8"]),
         default="auto",
         show_envvar=True,
+        help="auto: the model's dtype; fp8 halves the KV cache's bytes per token.",
     ),
     click.option(
         "--max-num-seqs",
@@ -125,7 +158,14 @@ serving_options = option_group(
     show_envvar=True,
     help="Tokens per sequence for the concurrency figures (default: max-model-len).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    envvar="INFERWATCH_CAPACITY_JSON",
+    show_envvar=True,
+    help="Print JSON instead of a table.",
+)
 def capacity(
     model: str,
     gpu: str,
@@ -142,7 +182,11 @@ def capacity(
     context: int | None,
     as_json: bool,
 ) -> None:
-    """Weights, KV cache, blocks and concurrency of a model on a GPU (vLLM's accounting)."""
+    """Weights, KV cache, blocks and concurrency of a model on a GPU (vLLM's accounting).
+
+    A configuration that cannot start still gets its table, then the reason and the flag
+    changes under which it would start, and exit code 1.
+    """
     try:
         model_spec = cap.model_preset(model)
         gpu_spec = cap.gpu_preset(gpu)
@@ -160,11 +204,20 @@ def capacity(
             max_num_batched_tokens=max_num_batched_tokens,
             reserve_bytes=None if reserve_gib is None else int(reserve_gib * cap.GIB),
         )
-        result = cap.compute(model_spec, gpu_spec, serving)
+        result = cap.size(model_spec, gpu_spec, serving)
     except cap.CapacityError as exc:
         raise click.ClickException(str(exc)) from None
     context = context or result.max_model_len
+    problem = result.problem
+    suggestions = [] if problem is None else cap.suggest(model_spec, gpu_spec, serving)
     if as_json:
-        click.echo(json.dumps(result.to_dict(context), indent=2))
+        document = result.to_dict(context)
+        if problem is not None:
+            document["suggestions"] = [suggestion.flags for suggestion in suggestions]
+        click.echo(json.dumps(document, indent=2))
     else:
         click.echo(render_table(result, context))
+        if problem is not None:
+            click.echo(render_problem(problem, suggestions))
+    if problem is not None:
+        sys.exit(1)

@@ -70,6 +70,7 @@ class LazyGroup(click.Group):
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",
     show_envvar=True,
+    help="Least severe level that is logged.",
 )
 @click.option(
     "--log-format",

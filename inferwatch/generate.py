@@ -20,10 +20,16 @@ def generate() -> None:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=Path("README.md"),
     show_envvar=True,
+    help="The README whose generated metric table is rewritten.",
 )
-@click.option("--check", is_flag=True, help="Fail instead of writing when the table is stale.")
+@click.option(
+    "--check",
+    is_flag=True,
+    show_envvar=True,
+    help="Fail instead of writing when the table is stale.",
+)
 def readme(path: Path, check: bool) -> None:
-    """Rewrite the metric table in README.md."""
+    """Rewrite the metric and porting tables in README.md."""
     if check:
         current = path.read_text(encoding="utf-8")
         try:
@@ -31,7 +37,7 @@ def readme(path: Path, check: bool) -> None:
         except ValueError as exc:
             raise click.ClickException(str(exc)) from None
         if fresh != current:
-            raise click.ClickException(f"the metric table in {path} is stale")
+            raise click.ClickException(f"the generated tables in {path} are stale")
         return
     try:
         changed = docs.update_readme(path)

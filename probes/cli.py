@@ -301,8 +301,20 @@ def probe(
     show_envvar=True,
     help="Requests in each endpoint's load run.",
 )
-@click.option("--load-concurrency", type=click.IntRange(min=1), default=4, show_envvar=True)
-@click.option("--load-max-tokens", type=click.IntRange(min=2), default=128, show_envvar=True)
+@click.option(
+    "--load-concurrency",
+    type=click.IntRange(min=1),
+    default=4,
+    show_envvar=True,
+    help="Requests in flight at once during the throughput phase.",
+)
+@click.option(
+    "--load-max-tokens",
+    type=click.IntRange(min=2),
+    default=128,
+    show_envvar=True,
+    help="max_tokens of each throughput-phase request.",
+)
 @click.option(
     "--max-drop",
     type=click.FloatRange(0, 1),

@@ -25,6 +25,7 @@ import httpx
 from prometheus_client.core import Metric
 
 from inferwatch.exporters.collector import Condition
+from inferwatch.identity import or_unknown
 from inferwatch.logs import log_event
 from inferwatch.probes import client
 from inferwatch.probes.golden import Golden, GoldenSet
@@ -35,7 +36,6 @@ from inferwatch.probes.verdict import Policy, SeriesKey, Verdicts
 logger = logging.getLogger("inferwatch.probes")
 
 Route = Literal["direct", "router"]
-UNKNOWN_VERSION: Final = "unknown"
 _HOUR_S: Final = 3600.0
 _CHARS_PER_TOKEN: Final = 4
 
@@ -159,7 +159,7 @@ class ProbeRunner:
         spent = reply.prompt_tokens + reply.completion_tokens
         self.budget.spend(spent or (estimate_tokens(golden) if reply.ok else 0))
         outcome = score(golden, reply, self.limits)
-        version = target.model_version or reply.system_fingerprint or UNKNOWN_VERSION
+        version = or_unknown(target.model_version or reply.system_fingerprint)
         key = SeriesKey(target.name, target.route, model, version)
         previous = self._current.get(target.name)
         if previous is not None and previous != key and reply.ok:

@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+#: the shared folder beside the checkout: captures from public repositories and real hardware
+#: (fixtures/) and research notes (reference/), read in place and never copied into the project
+SHARED = REPO.parent / "shared"
 BARE_NAMES = ("exporters", "probes", "dashboards", "alerts", "runbooks")
 
 
@@ -41,14 +43,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _under_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false")
+
+
 def _tool(name: str) -> str:
     """Path of an external tool; skipped locally when absent, a failure under CI."""
     path = shutil.which(name)
     if path:
         return path
-    if os.environ.get("CI"):
+    if _under_ci():
         pytest.fail(f"{name} is required under CI (.ci/run installs it)")
     pytest.skip(f"{name} is not installed")
+
+
+def shared_path(relative: str) -> Path:
+    """A file or folder of ``../shared/`` (beside the checkout), e.g. ``fixtures/engines``.
+
+    The project keeps no copies of material taken from public repositories: tests read the
+    shared captures where they are. Call this at module level or in a test: when the shared
+    folder is missing the module (or test) is skipped with the reason, and under CI
+    (``CI=true``) that is a failure instead.
+    """
+    if not (SHARED / "fixtures").is_dir():
+        message = (
+            f"the shared folder is missing ({SHARED / 'fixtures'} not found): it must sit "
+            "beside the checkout as ../shared/"
+        )
+        if _under_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message, allow_module_level=True)
+    path = SHARED / relative
+    if not path.exists():
+        pytest.fail(f"{path} is missing from the shared folder", pytrace=False)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -103,7 +131,7 @@ class _PageHandler(BaseHTTPRequestHandler):
         mode, _, rest = self.path.strip("/").partition("/")
         if mode == "fixture":
             name = rest.removesuffix("/metrics")
-            self._send(200, (FIXTURES / "engines" / f"{name}.prom").read_bytes())
+            self._send(200, (SHARED / "fixtures" / "engines" / f"{name}.prom").read_bytes())
         elif mode == "page":
             self._send(200, self.server.page)
         elif mode == "slow":
@@ -165,7 +193,7 @@ class _PageServer(ThreadingHTTPServer):
 def page_server() -> Iterator[_PageServer]:
     """A local HTTP server standing in for an engine (the one remote thing tests lack).
 
-    Paths: /fixture/<name>/metrics serves tests/fixtures/engines/<name>.prom; /page/metrics
+    Paths: /fixture/<name>/metrics serves the shared capture engines/<name>.prom; /page/metrics
     serves ``server.page``; /slow/<seconds>/metrics, /hang/metrics, /html/metrics,
     /html-as-text/metrics, /error/metrics, /empty/metrics, /huge/metrics (2 MB), and
     /gzip/metrics (``server.page`` gzip-encoded) behave as their names say.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,14 +17,12 @@ from hypothesis import strategies as st
 from inferwatch import catalog
 from inferwatch.alerts import build, config, promql, writer
 from inferwatch.cli import main
+from tests.conftest import shared_path
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "alerts" / "generated"
 PROMTOOL_TESTS = ROOT / "tests" / "promtool"
 RUNBOOKS = ROOT / "runbooks"
-CRD = ROOT.parent / "shared" / "fixtures" / "crds" / "monitoring.coreos.com_prometheusrules.yaml"
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed")
 SECTIONS = ("## Meaning", "## Impact", "## Diagnosis", "## Mitigation")
 
 
@@ -60,14 +57,15 @@ def test_check_fails_on_a_stale_copy(tmp_path: Path, default_files: dict[str, st
     assert "gpu.yaml" in result.output
 
 
-@needs_promtool
 @pytest.mark.parametrize("config_file", [None, ROOT / "alerts" / "demo.yaml"])
-def test_promtool_accepts_every_rule_file(tmp_path: Path, config_file: Path | None) -> None:
+def test_promtool_accepts_every_rule_file(
+    tmp_path: Path, config_file: Path | None, promtool: str
+) -> None:
     writer.write(tmp_path, writer.render(config.load(config_file)))
     files = sorted(str(p) for p in tmp_path.glob("*.yaml"))
     assert {Path(f).stem for f in files} == {"recording", *build.LAYER_BUILDERS}
     done = subprocess.run(
-        [str(PROMTOOL), "check", "rules", "--lint=all", "--lint-fatal", *files],
+        [promtool, "check", "rules", "--lint=all", "--lint-fatal", *files],
         capture_output=True,
         text=True,
         timeout=120,
@@ -76,11 +74,10 @@ def test_promtool_accepts_every_rule_file(tmp_path: Path, config_file: Path | No
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@needs_promtool
-def test_promtool_unit_tests_pass() -> None:
+def test_promtool_unit_tests_pass(promtool: str) -> None:
     files = sorted(str(p) for p in PROMTOOL_TESTS.glob("*.yaml"))
     done = subprocess.run(
-        [str(PROMTOOL), "test", "rules", *files],
+        [promtool, "test", "rules", *files],
         capture_output=True,
         text=True,
         timeout=300,
@@ -202,9 +199,8 @@ def test_every_metric_is_in_the_catalogue_or_a_recording_rule(config_file: Path 
 
 
 def test_prometheus_rule_resource_matches_the_operator_crd(default_files: dict[str, str]) -> None:
-    if not CRD.is_file():
-        pytest.skip(f"{CRD} is not there (the shared fixtures sit beside the checkout)")
-    crd = yaml.safe_load(CRD.read_text(encoding="utf-8"))
+    crd_file = shared_path("fixtures/crds/monitoring.coreos.com_prometheusrules.yaml")
+    crd = yaml.safe_load(crd_file.read_text(encoding="utf-8"))
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     resource = yaml.safe_load(default_files[writer.PROMETHEUS_RULE])
     # the CRD's patterns are Go regexes, so the schema is not re-checked as Python's
@@ -363,7 +359,7 @@ def test_missing_and_oversized_config_files(tmp_path: Path) -> None:
         config.load(big)
 
 
-def test_disable_override_and_per_model_thresholds(tmp_path: Path) -> None:
+def test_disable_override_and_per_model_thresholds(tmp_path: Path, promtool: str) -> None:
     path = write(
         tmp_path,
         "alerts:\n"
@@ -386,16 +382,15 @@ def test_disable_override_and_per_model_thresholds(tmp_path: Path) -> None:
     warning = next(r for r in qwen if r["labels"]["severity"] == "warning")
     critical = next(r for r in qwen if r["labels"]["severity"] == "critical")
     assert warning["expr"].endswith("> 1") and critical["expr"].endswith("> 5")
-    if PROMTOOL is not None:
-        writer.write(tmp_path / "out", writer.render(config.load(path)))
-        done = subprocess.run(
-            [PROMTOOL, "check", "rules", str(tmp_path / "out" / "latency.yaml")],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
+    writer.write(tmp_path / "out", writer.render(config.load(path)))
+    done = subprocess.run(
+        [promtool, "check", "rules", str(tmp_path / "out" / "latency.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 # ---- PromQL pieces ------------------------------------------------------------------------
@@ -452,8 +447,7 @@ def test_slo_threshold_snaps_down_to_a_bucket_bound() -> None:
     assert promql.le_matcher(2.5) == 'le=~"2\\\\.50*|2\\\\.50*[eE]\\\\+?0*0"'
 
 
-@needs_promtool
-def test_model_names_with_quotes_and_dots_stay_valid_promql(tmp_path: Path) -> None:
+def test_model_names_with_quotes_and_dots_stay_valid_promql(tmp_path: Path, promtool: str) -> None:
     odd = 'org/model-2.5 "fast" \\\\ v'
     path = write(
         tmp_path,
@@ -467,7 +461,7 @@ def test_model_names_with_quotes_and_dots_stay_valid_promql(tmp_path: Path) -> N
     writer.write(tmp_path / "out", writer.render(config.load(path)))
     files = [str(tmp_path / "out" / f) for f in ("latency.yaml", "cost.yaml")]
     done = subprocess.run(
-        [str(PROMTOOL), "check", "rules", *files],
+        [promtool, "check", "rules", *files],
         capture_output=True,
         text=True,
         timeout=60,
@@ -506,8 +500,9 @@ SERIES_PER_VERSION = {
 }
 
 
-@needs_promtool
-def test_recording_rules_keep_a_known_number_of_series_per_replica(tmp_path: Path) -> None:
+def test_recording_rules_keep_a_known_number_of_series_per_replica(
+    tmp_path: Path, promtool: str
+) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
     series = []
@@ -542,7 +537,7 @@ def test_recording_rules_keep_a_known_number_of_series_per_replica(tmp_path: Pat
     }
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(test), encoding="utf-8")
     done = subprocess.run(
-        [str(PROMTOOL), "test", "rules", str(tmp_path / "test.yaml")],
+        [promtool, "test", "rules", str(tmp_path / "test.yaml")],
         capture_output=True,
         text=True,
         timeout=120,

@@ -20,8 +20,11 @@ import dataclasses
 import json
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inferwatch import capacity as cap
 from inferwatch.cli import main
@@ -199,7 +202,6 @@ def test_cli_json_has_the_figures() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--model", "llama-3.1-70b", "--gpu", "L4"], "needs 131.42 GiB of weights per GPU"),
         (["--model", "no-such-model"], "is neither a preset"),
         (["--gpu", "TPU"], "unknown GPU 'TPU'"),
         (["--model", "llama-3.1-8b", "-tp", "3"], "must divide the 32 attention heads"),
@@ -220,3 +222,80 @@ def test_cli_config_without_fields_is_a_clear_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["capacity", "--model", str(path)])
     assert result.exit_code == 1
     assert "does not describe a model: missing num_hidden_layers" in result.output
+
+
+# --- a configuration that does not fit -------------------------------------------------------
+def _serving_option(flag: str) -> click.Option:
+    from inferwatch.capacity_cli import capacity
+
+    return next(p for p in capacity.params if isinstance(p, click.Option) and flag in p.opts)
+
+
+def _within_flag_ranges(flags: str) -> None:
+    words = flags.split()
+    for flag, value in zip(words[::2], words[1::2], strict=True):
+        _serving_option(flag).type.convert(value, None, None)  # raises outside the range
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--model", "llama-3.1-70b", "--gpu", "L4"],  # weights alone exceed the GPU
+        ["--model", "llama-3.1-8b", "--gpu", "L4"],  # 131072 tokens do not fit one sequence
+        ["--model", "qwen2.5-7b", "--gpu", "L4", "--gpu-memory-utilization", "0.5"],
+        ["--model", "Qwen/Qwen3-32B", "--gpu", "H100", "--max-model-len", "32000"],
+    ],
+)
+def test_a_config_that_does_not_fit_prints_the_table_and_changes_that_work(
+    args: list[str],
+) -> None:
+    result = CliRunner().invoke(main, ["capacity", *args])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    for row in ("weights", "KV cache", "KV blocks", "max concurrency", "start-up needs"):
+        assert f"\n{row} " in result.output
+    assert "does not fit: " in result.output
+    fixes = result.output.split("it would start with any one of:\n")[1].splitlines()
+    assert fixes
+    for fix in fixes:
+        _within_flag_ranges(fix)
+        fixed = CliRunner().invoke(main, ["capacity", *args, *fix.split()])
+        assert fixed.exit_code == 0, (fix, fixed.output)
+        assert "does not fit" not in fixed.output
+
+
+def test_a_hopeless_config_says_so_and_names_no_impossible_value() -> None:
+    args = ["capacity", "--model", "llama-3.1-70b", "--gpu", "L4", "--gpu-memory-utilization",
+            "0.1"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1
+    assert "no change of one or two serving flags makes it fit" in result.output
+    assert "more than the GPU has" in result.output  # not "utilization >= 7.84"
+    assert "utilization >= " not in result.output
+    data = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)
+    assert data["fits"] is False and data["suggestions"] == [] and data["problem"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    model=st.sampled_from(sorted(cap.MODEL_CONFIGS)),
+    gpu=st.sampled_from(sorted(cap.GPU_PRESETS)),
+    utilization=st.floats(0.05, 1.0),
+    max_model_len=st.integers(1, 262_144),
+    kv_fp8=st.booleans(),
+)
+def test_every_suggestion_fits_and_stays_in_its_flags_range(
+    model: str, gpu: str, utilization: float, max_model_len: int, kv_fp8: bool
+) -> None:
+    spec, device = cap.model_preset(model), cap.gpu_preset(gpu)
+    serving = cap.ServingSpec(
+        gpu_memory_utilization=utilization,
+        max_model_len=max_model_len,
+        kv_cache_dtype="fp8" if kv_fp8 else "auto",
+    )
+    if cap.size(spec, device, serving).problem is None:
+        assert cap.suggest(spec, device, serving) == []  # nothing asked, nothing offered
+        return
+    for suggestion in cap.suggest(spec, device, serving):
+        _within_flag_ranges(suggestion.flags)
+        assert cap.size(spec, device, suggestion.serving).problem is None, suggestion.flags

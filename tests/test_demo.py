@@ -2,26 +2,38 @@
 
 The end-to-end tests run the real command as a subprocess with stdout on a pipe (the plain
 summary-line face) and check what a user relies on: exit code 0, replicas and tenants with
-traffic, a scripted fault visible as a readiness flip, and no child process or work directory
-left behind (checked by the pids and the directory the demo prints at start).
+traffic, a scripted fault visible as a readiness flip, URLs that work as printed, and no child
+process or work directory left behind (checked by the pids and the directory the demo prints
+at start). They wait for the lines they need, each with a deadline, never for a fixed time.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
+import httpx
+import openai
 import pytest
+from click.testing import CliRunner
 
+from inferwatch.cli import main
 from inferwatch.demo import scenario, topology
+from inferwatch.demo.observer import Observer, ReplicaState
 from inferwatch.demo.signals import History, Scrape, quantiles, rate
+from inferwatch.exporters import gpu
 
 DEMO = [sys.executable, "-P", "-m", "inferwatch", "demo"]
 REPLICAS = [r.name for r in topology.REPLICAS]
@@ -29,11 +41,11 @@ FAULT = """
 name: fallback-gpu
 steps:
   - {at: 1s, replica: fallback, inject: {gpu: [{index: 0, xid: 79}]}}
-  - {at: 3s, replica: fallback, crash: true}
-  - {at: 5s, replica: fallback, repair: true}
+  - {at: 6s, replica: fallback, crash: true}
+  - {at: 9s, replica: fallback, repair: true}
 """
-# The run lasts well past the repair: a restarted engine and sidecar must come back and be
-# seen ready again, which takes a few seconds on a loaded 2-core machine.
+# The test waits for each event the scenario must cause (a restarted engine and sidecar are
+# seen ready again however long that takes on a loaded machine), then stops the demo.
 
 
 # --- rates and quantiles from /metrics deltas -------------------------------------------------
@@ -67,6 +79,20 @@ def test_history_spans_about_one_window() -> None:
     assert span is not None and span[1].at - span[0].at == 10.0
 
 
+def test_a_sidecar_that_stops_answering_for_a_while_neither_hides_nor_invents_a_flip() -> None:
+    replica = topology.REPLICAS[0]
+    observer = Observer(cast(httpx.AsyncClient, None), [replica], [], {}, {}, None)  # no reads
+
+    def events(ready: bool | None) -> list[str]:
+        return observer._changes([ReplicaState(replica, reachable=ready is not None, ready=ready)])
+
+    assert events(False) == []  # the first look is no change
+    assert events(None) == []  # restarting: no answer
+    assert events(True) == [f"{replica.name}: /readyz NOT READY -> ready"]
+    assert events(None) == []
+    assert events(True) == []  # ready, no answer, ready: nothing happened
+
+
 # --- scenarios --------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", scenario.shipped())
 def test_shipped_scenarios_load_and_name_only_demo_replicas(name: str) -> None:
@@ -74,6 +100,14 @@ def test_shipped_scenarios_load_and_name_only_demo_replicas(name: str) -> None:
     assert timeline.steps and timeline.description
     assert [s.at for s in timeline.steps] == sorted(s.at for s in timeline.steps)
     assert {"bad-rollout", "gpu-failure", "overload"} <= set(scenario.shipped())
+
+
+def test_the_readme_lists_every_shipped_scenario_and_the_default() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^\| `([a-z-]+)` \|", readme, re.M)
+    assert set(scenario.shipped()) <= set(listed)
+    assert scenario.DEFAULT in scenario.shipped()
+    assert f"Without `--scenario` it plays `{scenario.DEFAULT}`" in readme
 
 
 @pytest.mark.parametrize(
@@ -142,67 +176,150 @@ def tenant_tokens(line: str, name: str) -> str:
     return match[1]
 
 
+class Demo:
+    """``inferwatch demo`` as a user runs it, stdout on a pipe, read line by line as it comes."""
+
+    def __init__(self, args: list[str], cwd: Path, reaper: list[int]) -> None:
+        self.process = subprocess.Popen(
+            [*DEMO, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd
+        )
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()  # None: stdout closed
+        self._reaper = reaper
+        reaper.append(self.process.pid)  # and its children, as they are reported
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        with self.process.stdout as stream:
+            for line in stream:
+                self._queue.put(line)
+        self._queue.put(None)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, done: Callable[[str], bool], timeout: float, what: str) -> None:
+        """Read lines until ``done(output so far)``; a failure after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not done(self.output):
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"no {what} within {timeout}s:\n{self.output}")
+            if line is None:
+                pytest.fail(f"the demo ended before {what}:\n{self.output}")
+            self.lines.append(line)
+            self._reaper += pids(line)
+
+    def stop(self, signum: signal.Signals = signal.SIGINT) -> tuple[int, str]:
+        """Signal the demo, wait for it to clean up; (exit code, stderr)."""
+        self.process.send_signal(signum)
+        code = self.process.wait(timeout=60)
+        self.wait_for(lambda out: "stopped " in out and "removed " in out, 10, "the last line")
+        assert self.process.stderr is not None
+        with self.process.stderr as stderr:
+            return code, stderr.read()
+
+
+SCENARIO_EVENTS = (
+    r"fallback: /readyz ready -> NOT READY \(gpu: .*XID 79",
+    r"routing: fallback traffic now goes to primary-v1",
+    r"fallback: engine_up 1 -> 0",
+    r"sim fallback started again",
+    r"sidecar fallback restarted",
+    r"fallback: /readyz NOT READY -> ready",
+)
+
+
+def seen(pattern: str) -> Callable[[str], bool]:
+    return lambda output: re.search(pattern, output) is not None
+
+
+def summaries(output: str) -> list[str]:
+    return [line for line in output.splitlines() if " | primary-v1 " in line]
+
+
+def busy(output: str) -> bool:
+    """Every replica has shown throughput and every tenant has been charged tokens."""
+    lines = summaries(output)
+    return bool(lines) and all(
+        {replica_throughput(line, name) for line in lines} - {"-", "0"} for name in REPLICAS
+    ) and all(tenant_tokens(lines[-1], t.name) not in ("0", "-") for t in topology.TENANTS)
+
+
 @pytest.mark.e2e
 def test_demo_runs_a_scenario_and_stops_cleanly(tmp_path: Path, reaper: list[int]) -> None:
     faults = tmp_path / "fault.yaml"
     faults.write_text(FAULT)
-    result = subprocess.run(
-        [*DEMO, "--duration", "12", "--speed", "50", "--rate", "5", "--scenario", str(faults)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
-    output = result.stdout
-    reaper += pids(output)
-    assert result.returncode == 0, output + result.stderr
+    demo = Demo(["--speed", "50", "--rate", "5", "--refresh", "1", "--scenario", str(faults)],
+                tmp_path, reaper)  # fmt: skip
+    # the scripted faults are seen where an operator would see them, and the repair undoes them
+    for event in SCENARIO_EVENTS:
+        demo.wait_for(seen(event), 90, event)
+    demo.wait_for(busy, 60, "traffic on every replica and tenant")
+    code, errors = demo.stop()
+    output = demo.output
+    assert code == 0, output + errors
     assert "\x1b" not in output  # not a terminal: plain lines only
     for kind in ("sim", "sidecar", "proxy"):
         assert len(re.findall(rf"^  {kind} .* http://127\.0\.0\.1:\d+ ", output, re.M)) == 3
-    summaries = [line for line in output.splitlines() if " | primary-v1 " in line]
-    assert len(summaries) >= 3
-    for name in REPLICAS:
-        assert {replica_throughput(line, name) for line in summaries} - {"-", "0"}, name
-    for tenant in topology.TENANTS:
-        assert tenant_tokens(summaries[-1], tenant.name) not in ("0", "-"), tenant.name
-    # the scripted faults are seen where an operator would see them, and the repair undoes them
-    assert re.search(r"fallback: /readyz ready -> NOT READY \(gpu: .*XID 79", output), output
-    assert "routing: fallback traffic now goes to primary-v1" in output
-    assert "fallback: engine_up 1 -> 0" in output
-    assert "sim fallback started again" in output and "sidecar fallback restarted" in output
-    assert "fallback: /readyz NOT READY -> ready" in output
+    assert re.search(r"\| primary-v1 .* req/s \(\S+ probes\) ", output), output
     assert_clean(output, expected_processes=11)  # 9, the restarted engine and sidecar
 
 
+def printed_urls(output: str) -> dict[str, str]:
+    """The URLs the start-up lines give for the first replica, by what they are for."""
+    sim = re.search(r"^  sim +primary-v1 +(\S+) .*DCGM page (\S+) \(--gpu dcgm=URL\)", output, re.M)
+    proxy = re.search(r"^  proxy +primary-v1 .*\(base URL (\S+)\)", output, re.M)
+    curl = re.search(r"try: curl -s (\S+) -H 'Authorization: Bearer (\S+)' .* -d '(.*)'$",
+                     output, re.M)  # fmt: skip
+    assert sim and proxy and curl, output
+    return {"engine": sim[1], "dcgm": sim[2], "openai": proxy[1], "curl": curl[1],
+            "key": curl[2], "body": curl[3]}  # fmt: skip
+
+
 @pytest.mark.e2e
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_mid_run_exits_zero_and_leaves_nothing(
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_the_default_run_announces_its_scenario_and_its_urls_work_as_printed(
     tmp_path: Path, reaper: list[int], signum: signal.Signals
 ) -> None:
-    process = subprocess.Popen(
-        [*DEMO, "--speed", "50", "--no-prometheus", "--refresh", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert process.stdout is not None
-    seen: list[str] = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        reaper += pids(line)
-        if " | primary-v1 " in line:
-            break
-    process.send_signal(signum)
-    rest, errors = process.communicate(timeout=30)
-    output = "".join(seen) + rest
-    assert process.returncode == 0, output + errors
+    demo = Demo(["--speed", "50", "--no-prometheus", "--refresh", "1"], tmp_path, reaper)
+    demo.wait_for(lambda out: " | primary-v1 " in out, 60, "a summary line")
+    urls = printed_urls(demo.output)
+    scraped = CliRunner().invoke(main, ["scrape", urls["engine"]])
+    backend = gpu.open_backend(f"dcgm={urls['dcgm']}")
+    families = asyncio.run(backend.collect())
+    tenant = openai.OpenAI(base_url=urls["openai"], api_key=urls["key"], max_retries=0)
+    answer = tenant.chat.completions.create(**json.loads(urls["body"]), max_tokens=8)
+    reply = httpx.post(urls["curl"], content=urls["body"],
+                       headers={"Authorization": f"Bearer {urls['key']}",
+                                "Content-Type": "application/json"}, timeout=30)  # fmt: skip
+    code, errors = demo.stop(signum)
+    output = demo.output
+    assert code == 0, output + errors
     assert f"stopping ({signum.name})" in output
     assert_clean(output, expected_processes=9)
+    assert scraped.exit_code == 0 and scraped.output.startswith("engine: vllm"), scraped.output
+    up = [s.value for f in families for s in f.samples if s.name == "inferwatch_gpu_backend_up"]
+    assert 1.0 in up
+    assert answer.choices and reply.status_code == 200, reply.text
+    # no --scenario: the default story, said on screen before it starts
+    assert f"no --scenario given: playing {scenario.DEFAULT}, healthy until 20s" in output
+    assert "--scenario none for a quiet run" in output
+    assert re.search(rf"\] scenario {scenario.DEFAULT}: ", output), output
+
+
+@pytest.mark.e2e
+def test_scenario_none_is_a_quiet_run(tmp_path: Path, reaper: list[int]) -> None:
+    demo = Demo(["--speed", "50", "--no-prometheus", "--refresh", "1", "--scenario", "none"],
+                tmp_path, reaper)  # fmt: skip
+    demo.wait_for(lambda out: len(summaries(out)) >= 2, 60, "two summary lines")
+    code, errors = demo.stop()
+    assert code == 0, demo.output + errors
+    assert "scenario" not in demo.output
+    assert_clean(demo.output, expected_processes=9)
 
 
 @pytest.mark.e2e

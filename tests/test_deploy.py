@@ -45,3 +45,37 @@ def test_container_args_parse(where: str, container: dict[str, Any]) -> None:
 def test_readiness_points_at_the_sidecar() -> None:
     probes = [c.get("readinessProbe") for _, c in CONTAINERS if c.get("readinessProbe")]
     assert probes and all(p["httpGet"]["path"] == "/readyz" for p in probes)
+
+
+def documents(kind: str) -> list[dict[str, Any]]:
+    return [
+        document
+        for path in MANIFESTS
+        for document in yaml.safe_load_all(path.read_text(encoding="utf-8"))
+        if document and document.get("kind") == kind
+    ]
+
+
+def test_pod_monitors_are_picked_up_by_a_default_kube_prometheus_stack() -> None:
+    monitors = documents("PodMonitor")
+    assert monitors
+    for monitor in monitors:
+        assert "release" in monitor["metadata"].get("labels", {}), monitor["metadata"]["name"]
+        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+            targets = {r.get("targetLabel") for r in endpoint.get("relabelings", [])}
+            assert "node" in targets  # node comes from discovery, as pod and namespace do
+
+
+def test_sidecars_scoped_by_the_kubelet_can_reach_its_socket() -> None:
+    for deployment in documents("Deployment"):
+        spec = deployment["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for container in spec["containers"]:
+            if "--gpu-scope=kubelet" not in container.get("args", []):
+                continue
+            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+            name = mounts.get("/var/lib/kubelet/pod-resources")
+            assert name is not None, f"{container['name']}: the socket's directory is not mounted"
+            assert volumes[name]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+            env = {e["name"] for e in container.get("env", [])}
+            assert {"POD_NAME", "POD_NAMESPACE"} <= env

@@ -39,3 +39,40 @@ def test_readme_proxy_example_is_a_valid_config(tmp_path: Path) -> None:
     loaded = config.load(path)
     assert loaded.max_input_tokens == 8192
     assert loaded.tenants["acme"].budget is not None
+
+
+def test_porting_table_has_a_row_for_every_source_spelling() -> None:
+    from inferwatch.exporters import engines
+
+    cat = catalog.load()
+    table = docs.porting_table(cat)
+    for spec in cat.values():
+        for source in docs.PORTED:
+            for alias in spec.sources.get(source, ()):
+                rows = [
+                    r
+                    for r in table.splitlines()
+                    if r.startswith(f"| {source} | `{alias.metric}") and f"`{spec.name}" in r
+                ]
+                assert rows, (source, alias.metric, spec.key)
+                if spec.semconv:
+                    assert all(f"`{spec.semconv}`" in r for r in rows)
+    for engine in engines.ENGINES:  # signals computed by an adapter are listed too
+        for key in engines.derivations(engine):
+            assert any(
+                r.startswith(f"| {engine} |") and f"`{cat[key].name}`" in r
+                for r in table.splitlines()
+            ), (engine, key)
+    assert '`vllm:request_success{finished_reason="error"}`' in table
+    assert "`nv_inference_queue_summary_us_sum` (divided by 1000000)" in table
+    assert '`inferwatch_gpu_temperature_celsius{sensor="memory"}`' in table
+
+
+def test_a_stale_porting_table_is_caught() -> None:
+    text = README.read_text(encoding="utf-8")
+    edited = text.replace("| vllm | `vllm:num_preemptions` |", "| vllm | `vllm:num_preempted` |")
+    assert edited != text
+    assert docs.render_readme(edited, catalog.load()) == text
+    without = text.replace(docs.PORTING_END, "")
+    with pytest.raises(ValueError, match="porting table"):
+        docs.render_readme(without, catalog.load())

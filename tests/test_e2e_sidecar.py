@@ -15,10 +15,12 @@ import pytest
 
 from inferwatch import catalog
 from inferwatch.exporters import engines, textformat
+from tests.conftest import shared_path
 
 pytestmark = pytest.mark.e2e
 
 FIXTURE = "vllm-generated-0.33.0-specdec-lora"
+PAGE = shared_path(f"fixtures/engines/{FIXTURE}.prom")
 INFERWATCH = Path(sys.executable).parent / "inferwatch"
 
 
@@ -105,7 +107,7 @@ def query(prometheus_url: str, promql: str) -> list[Any]:
 
 def expected_signals() -> list[str]:
     """The canonical names the fixture feeds, by the unit-tested adapter (the oracle here)."""
-    page = (Path(__file__).parent / "fixtures" / "engines" / f"{FIXTURE}.prom").read_bytes()
+    page = PAGE.read_bytes()
     families = engines.normalize(textformat.parse(page), "vllm", {})
     return sorted({family.name for family in families})
 

@@ -1,6 +1,6 @@
 """Engine adapters: real engine pages in, catalogue families out.
 
-Fixtures are real captures (tests/fixtures/engines/, each with its .source.txt). Where no
+Fixtures are real captures (../shared/fixtures/engines/, each with its .source.txt). Where no
 capture carries a signal (llama.cpp has no stored scrape; the TGI capture is trimmed; the
 Triton capture has only TensorRT-LLM gauges; the SGLang capture predates its rank labels),
 a page is written here with the engines' real names, labels and bucket rules from
@@ -27,9 +27,10 @@ from inferwatch import catalog
 from inferwatch.catalog import Alias
 from inferwatch.exporters import engines, textformat
 from inferwatch.exporters.engines import mapping
+from tests.conftest import shared_path
 
 HERE = Path(__file__).resolve().parent
-FIXTURES = HERE / "fixtures" / "engines"
+FIXTURES = shared_path("fixtures/engines")
 GOLDEN = HERE / "golden" / "engines"
 PAGES = sorted(FIXTURES.glob("*.prom"))
 CAT = catalog.load()

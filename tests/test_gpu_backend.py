@@ -11,8 +11,9 @@ from inferwatch.exporters.collector import Collector, ReadinessSource
 from inferwatch.exporters.gpu import GpuTelemetry, open_backend
 from inferwatch.exporters.gpu.dcgm import DcgmTelemetry
 from inferwatch.exporters.gpu.replay import ReplayTelemetry
+from tests.conftest import shared_path
 
-RECORDING = Path(__file__).parent / "fixtures" / "gpu" / "nvml-h200"
+RECORDING = shared_path("fixtures/gpu/nvml-h200")
 
 
 @pytest.mark.parametrize(
@@ -47,13 +48,17 @@ def test_specs_give_the_named_backend() -> None:
         for backend in (replay, dcgm, none, auto):
             assert isinstance(backend, GpuTelemetry)
             assert isinstance(backend, Collector) and isinstance(backend, ReadinessSource)
-        assert [s.labels for f in asyncio.run(none.collect()) for s in f.samples] == [
-            {"backend": "none", "reason": "disabled"}
-        ]
-        assert asyncio.run(replay.collect())[-1].samples[0].labels == {
-            "backend": "replay",
-            "reason": "",
+        health = {
+            s.name: (s.labels, s.value) for f in asyncio.run(none.collect()) for s in f.samples
         }
+        assert health == {
+            "inferwatch_gpu_backend_up": ({"backend": "none"}, 0),
+            "inferwatch_gpu_backend_error_info": ({"backend": "none", "reason": "disabled"}, 1),
+            "inferwatch_gpu_scope_known": ({"source": "all", "gated": "true"}, 1),
+        }
+        replayed = {s.name: s for f in asyncio.run(replay.collect()) for s in f.samples}
+        assert replayed["inferwatch_gpu_backend_up"].labels == {"backend": "replay"}
+        assert "inferwatch_gpu_backend_error_info" not in replayed  # only while down
         assert auto.readiness()[0].ok and none.readiness()[0].ok
     finally:
         for backend in (replay, dcgm, none, auto):

@@ -16,8 +16,9 @@ from prometheus_client.core import Metric
 from inferwatch.exporters.gpu.dcgm import FIELD_LABELS, DcgmTelemetry, is_blank
 from inferwatch.exporters.gpu.families import exposition
 from inferwatch.exporters.gpu.replay import FakeNvml, Recording, ReplayTelemetry
+from tests.conftest import shared_path
 
-FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
+FIXTURES = shared_path("fixtures/gpu")
 GOLDEN = Path(__file__).parent / "golden" / "gpu"
 SCRAPES = sorted(p.stem for p in (FIXTURES / "dcgm").glob("*.prom"))
 RTX = (FIXTURES / "dcgm" / "dcgm-rtx4000ada-k8s-pod.prom").read_text()
@@ -240,7 +241,8 @@ def test_dbe_row_remap_failure_and_vanished_gpu_fail_readiness(
         families = collect(fresh)
     finally:
         fresh.close()
-    assert one(families, "inferwatch_gpu_healthy", gpu_uuid=RTX_UUID, reason="lost") == 0
+    assert one(families, "inferwatch_gpu_healthy", gpu_uuid=RTX_UUID) == 0
+    assert one(families, "inferwatch_gpu_fault_active", gpu_uuid=RTX_UUID, reason="lost") == 1
 
 
 @pytest.mark.parametrize(
@@ -268,7 +270,7 @@ def test_exporter_failures_become_a_reason(
         exporter.status = 500
     families = collect(dcgm)
     assert one(families, "inferwatch_gpu_backend_up", backend="dcgm") == 0
-    assert one(families, "inferwatch_gpu_backend_up", reason=reason) == 0
+    assert one(families, "inferwatch_gpu_backend_error_info", reason=reason) == 1
 
 
 def test_failed_scrape_serves_last_good_values_while_fresh(

@@ -16,8 +16,9 @@ from inferwatch.exporters.gpu import open_backend
 from inferwatch.exporters.gpu.families import exposition
 from inferwatch.exporters.gpu.nvml import NvmlTelemetry, error_name
 from inferwatch.exporters.gpu.replay import FakeNvml, Recording, ReplayTelemetry
+from tests.conftest import shared_path
 
-RECORDING = Path(__file__).parent / "fixtures" / "gpu" / "nvml-h200"
+RECORDING = shared_path("fixtures/gpu/nvml-h200")
 GOLDEN = Path(__file__).parent / "golden" / "gpu"
 UUID = "GPU-00b2b091-2154-3d4b-55dd-be43b60b9d6a"
 LOAD_T = 60.0  # seconds into nvml-phases.json: bf16 matmuls at the 700 W power cap
@@ -167,7 +168,7 @@ def test_unexpected_errors_are_counted_and_the_rest_still_reported(
         (("call", "nvmlDeviceGetPowerUsage"), ("error", "unknown")): 1,
         (("call", "nvmlDeviceGetTemperature"), ("error", "runtime_error")): 1,
     }
-    assert value(families, "inferwatch_gpu_backend_up", backend="nvml", reason="") == 1
+    assert value(families, "inferwatch_gpu_backend_up", backend="nvml") == 1
 
 
 def test_library_missing_leaves_only_the_health_metric(
@@ -175,10 +176,14 @@ def test_library_missing_leaves_only_the_health_metric(
 ) -> None:
     fake.fail_init(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
     families = asyncio.run(open_backend("auto", nvml=fake).collect())
-    assert [s.labels for f in families for s in f.samples] == [
-        {"backend": "none", "reason": "nvml_library_not_found"}
-    ]
-    assert families[0].samples[0].value == 0
+    assert {s.name: (s.labels, s.value) for f in families for s in f.samples} == {
+        "inferwatch_gpu_backend_up": ({"backend": "none"}, 0),
+        "inferwatch_gpu_backend_error_info": (
+            {"backend": "none", "reason": "nvml_library_not_found"},
+            1,
+        ),
+        "inferwatch_gpu_scope_known": ({"source": "all", "gated": "true"}, 1),
+    }
 
 
 def test_nvml_init_failure_reports_why_and_retries(
@@ -188,7 +193,8 @@ def test_nvml_init_failure_reports_why_and_retries(
     fake.fail_init(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
     telemetry = make(clock=lambda: now[0], retry_init_s=60.0, watch_xids=False)
     families = collect(telemetry)
-    assert value(families, "inferwatch_gpu_backend_up", reason="driver_not_loaded") == 0
+    assert value(families, "inferwatch_gpu_backend_up") == 0
+    assert value(families, "inferwatch_gpu_backend_error_info", reason="driver_not_loaded") == 1
     assert telemetry.readiness()[0].ok  # no GPU telemetry is not a GPU fault
     fake.fail_init(None)
     now[0] = 30.0
@@ -196,7 +202,8 @@ def test_nvml_init_failure_reports_why_and_retries(
     assert fake.calls["nvmlInit"] == 1  # not retried before retry_init_s
     now[0] = 61.0
     families = collect(telemetry)
-    assert value(families, "inferwatch_gpu_backend_up", reason="") == 1
+    assert value(families, "inferwatch_gpu_backend_up") == 1
+    assert "inferwatch_gpu_backend_error_info" not in {f.name for f in families}
     assert value(families, "inferwatch_gpu_power_watts") > 0
 
 
@@ -210,7 +217,8 @@ def test_gpu_lost_mid_run_fails_readiness_and_stops_polling_it(
     families = collect(telemetry)
     condition = telemetry.readiness()[0]
     assert not condition.ok and UUID in condition.reason and "lost" in condition.reason
-    assert value(families, "inferwatch_gpu_healthy", reason="lost") == 0
+    assert value(families, "inferwatch_gpu_healthy") == 0
+    assert value(families, "inferwatch_gpu_fault_active", reason="lost") == 1
     assert "inferwatch_gpu_power_watts" not in {f.name for f in families}
     calls = dict(fake.calls)
     collect(telemetry)
@@ -252,7 +260,8 @@ def test_a_hung_nvml_call_never_stalls_the_scrape(
     came_back_while_hung = not returned.is_set()
     release.set()
     assert came_back_while_hung, "the scrape waited for the hung NVML call"
-    assert value(families, "inferwatch_gpu_backend_up", reason="timeout") == 0
+    assert value(families, "inferwatch_gpu_backend_up") == 0
+    assert value(families, "inferwatch_gpu_backend_error_info", reason="timeout") == 1
     # the last good values are still served while fresh
     assert values(families, "inferwatch_gpu_power_watts") == values(
         good, "inferwatch_gpu_power_watts"
@@ -323,7 +332,9 @@ def test_uncorrectable_ecc_and_row_remap_failure_fail_readiness(
         value(families, "inferwatch_gpu_ecc_errors_total", error="uncorrected", scope="volatile")
         == 3
     )
-    assert value(families, "inferwatch_gpu_healthy", reason="ecc_uncorrected") == 0
+    assert value(families, "inferwatch_gpu_healthy") == 0
+    assert value(families, "inferwatch_gpu_fault_active", reason="ecc_uncorrected") == 1
+    assert value(families, "inferwatch_gpu_fault_active", reason="xid") == 0
     assert not fresh.readiness()[0].ok
 
 

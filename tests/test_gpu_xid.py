@@ -86,7 +86,7 @@ def test_counts_and_last_time_are_exposed() -> None:
     log.record("GPU-1", 31, count=2)
     log.record("GPU-1", 79)
     families = FamilySet()
-    log.fill(families)
+    log.fill(families, {"GPU-1"})
     got = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for f in families.families()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
@@ -31,3 +34,9 @@ def test_every_data_file_is_declared() -> None:
             assert any(path.match(pattern) for pattern in patterns), (
                 f"{path.relative_to(REPO)} is not package data of {package}"
             )
+
+
+def test_every_test_runs_under_a_timeout_backstop(request: pytest.FixtureRequest) -> None:
+    extras = PYPROJECT["project"]["optional-dependencies"]["test"]
+    assert any(re.match(r"pytest-timeout>=[\d.]+,<\d+$", spec) for spec in extras)
+    assert float(request.config.getini("timeout")) > 0  # the plugin is loaded and configured

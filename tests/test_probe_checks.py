@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 from prometheus_client.exposition import generate_latest
@@ -12,10 +11,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferwatch.probes import checks, degeneracy, golden, scoring
 from inferwatch.probes.livesample import DegeneracySampler
 from inferwatch.probes.reply import Reply, ToolCall
+from tests.conftest import shared_path
 
 LATIN = frozenset({"latin"})
 HANDBOOK = next(g for g in golden.load().probes if "long-prefix" in g.tags).messages[0]["content"]
-REFERENCE = Path(__file__).parent / "fixtures" / "probes" / "prose.txt"
+#: long healthy English technical prose: the project's research notes, read in place
+REFERENCE = shared_path("reference/tenancy-routing-probes.md")
 
 
 @pytest.mark.parametrize(

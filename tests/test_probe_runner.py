@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -176,8 +177,9 @@ async def test_one_probe_in_flight_per_target_while_targets_run_in_parallel() ->
     engines = {"a": FakeEngine(), "b": FakeEngine()}
     runner = _runner(engines)
     task = asyncio.create_task(runner.run())
-    while sum(runner.metrics.runs.values()) < 3 * len(GOLDENS):
-        await asyncio.sleep(0.01)
+    async with asyncio.timeout(30):
+        while sum(runner.metrics.runs.values()) < 3 * len(GOLDENS):
+            await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -215,6 +217,14 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
+def until(portal: Any, condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Let the server's event loop run until ``condition`` holds, failing after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        portal.call(asyncio.sleep, 0.02)
+
+
 @pytest.fixture
 def served() -> AsyncIterator[tuple[TestClient, dict[str, FakeEngine], ProbeRunner]]:
     engines = {"a": FakeEngine(), "b": FakeEngine()}
@@ -231,8 +241,7 @@ def test_server_metrics_readyz_and_quality_failure(
     assert test_client.get("/healthz").text == "ok\n"
     portal = test_client.portal
     assert portal is not None
-    while sum(runner.metrics.runs.values()) < 4 * 2 * len(GOLDENS):
-        portal.call(asyncio.sleep, 0.02)
+    until(portal, lambda: sum(runner.metrics.runs.values()) >= 4 * 2 * len(GOLDENS))
     ready = test_client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["ready"] is True
     samples = _samples(test_client.get("/metrics").text)
@@ -250,8 +259,7 @@ def test_server_metrics_readyz_and_quality_failure(
     )
     assert any(name == "inferwatch_probe_duration_seconds_count" for name, _ in samples)
     engines["b"].fault = "empty"
-    while runner.verdict_for(runner.targets[1])[1] != "fail":
-        portal.call(asyncio.sleep, 0.02)
+    until(portal, lambda: runner.verdict_for(runner.targets[1])[1] == "fail")
     ready = test_client.get("/readyz")
     assert ready.status_code == 503
     quality = next(c for c in ready.json()["conditions"] if c["name"] == "quality")

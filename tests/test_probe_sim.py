@@ -110,6 +110,7 @@ async def test_each_fault_is_detected_within_three_cycles(
     await runner.aclose()
 
 
+@pytest.mark.timeout(900)  # 6400 probes: about 2 minutes on a loaded 2-core machine
 async def test_two_hundred_healthy_cycles_with_flipping_answers_never_fail(sim: Any) -> None:
     _faults(sim, {"degenerate": {"mode": "wrong_answer", "rate": 0.02}})
     runner = _runner(sim.url)

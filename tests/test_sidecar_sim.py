@@ -46,7 +46,7 @@ class Replica:
     """A sidecar wired to the simulator the way ``inferwatch sidecar`` wires it."""
 
     def __init__(self, sim: SimHandle):
-        self.gpu = gpu.open_backend(f"dcgm={sim.gpu_url}/metrics")
+        self.gpu = gpu.open_backend(f"dcgm={sim.gpu_url}")
         self.target = Target("replica-0", Endpoint(sim.url), "direct", "v1")
         self.probes = ProbeRunner(
             golden.load("default"),

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.cli import main
+from inferwatch.demo.signals import Scrape, quantiles
 from inferwatch.sim.server import SimHandle, run_in_thread, start_subprocess
 from inferwatch.sim.simulator import SimConfig
 
@@ -86,21 +87,19 @@ def test_bad_fault_documents_are_400(
 
 
 def test_slow_steps_stretch_inter_token_latency(sim: SimHandle) -> None:
-    def mean_itl(run: str) -> float:
-        before = metrics(sim)
+    def median_itl(run: str) -> float:
+        """Median simulated inter-token interval of one request: a host stall (a busy
+        machine) stretches a few intervals, which moves a mean but not the median."""
+        before = Scrape.parse(0, metrics(sim))
         assert chat(sim.url, run, max_tokens=30).status_code == 200
-        after = metrics(sim)
-        total = value(after, "vllm:inter_token_latency_seconds_sum") - value(
-            before, "vllm:inter_token_latency_seconds_sum"
-        )
-        count = value(after, "vllm:inter_token_latency_seconds_count") - value(
-            before, "vllm:inter_token_latency_seconds_count"
-        )
-        return total / count
+        after = Scrape.parse(1, metrics(sim))
+        (median,) = quantiles(before, after, "vllm:inter_token_latency_seconds", (0.5,))
+        assert median is not None
+        return median
 
-    normal = mean_itl("a normal run")
+    normal = median_itl("a normal run")
     assert inject(sim, {"slow_factor": 10}).json()["slow_factor"] == 10
-    slow = mean_itl("a slow run")
+    slow = median_itl("a slow run")
     assert slow > 5 * normal
 
 
@@ -227,7 +226,7 @@ def test_faults_from_a_file_at_start_up(tmp_path: Path) -> None:
     with start_subprocess(["--speed", "50", "--faults", str(path)]) as proc:
         assert chat(proc.url, "hello").status_code == 500
         assert (
-            value(httpx.get(proc.gpu_url + "/metrics").text, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") == 3
+            value(httpx.get(proc.gpu_url).text, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") == 3
         )
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -15,10 +14,10 @@ from inferwatch import capacity as cap
 from inferwatch.sim.gpu import SimulatedGPU
 from inferwatch.sim.server import SimHandle, run_in_thread
 from inferwatch.sim.simulator import SimConfig
+from tests.conftest import shared_path
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-VLLM_FIXTURE = FIXTURES / "engines" / "vllm-generated-0.33.0-1engine.prom"
-DCGM_FIXTURES = sorted((FIXTURES / "gpu" / "dcgm").glob("*.prom"))
+VLLM_FIXTURE = shared_path("fixtures/engines/vllm-generated-0.33.0-1engine.prom")
+DCGM_FIXTURES = sorted(shared_path("fixtures/gpu/dcgm").glob("*.prom"))
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DCGM_IDENTITY = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
                  "DCGM_FI_DRIVER_VERSION"}  # fmt: skip
@@ -147,7 +146,7 @@ def test_engine_ranks_are_engine_label_values() -> None:
 
 
 def test_gpu_endpoint_speaks_dcgm_exporter(sim: SimHandle) -> None:
-    for url in (sim.url + "/gpu/metrics", sim.gpu_url + "/metrics"):
+    for url in (sim.url + "/gpu/metrics", sim.gpu_url):
         text = httpx.get(url).text
         ours = shape(text)
         for fixture in DCGM_FIXTURES:

@@ -20,12 +20,12 @@ from prometheus_client.registry import Collector
 
 from inferwatch.exporters import engines, textformat
 from inferwatch.exporters.textformat import Exposition, parse
+from tests.conftest import shared_path
 
-FIXTURES = Path(__file__).parent / "fixtures"
-CAPTURES = sorted((FIXTURES / "engines").glob("*.prom")) + sorted(
-    (FIXTURES / "dcgm").glob("*.prom")
-)
-VLLM = FIXTURES / "engines" / "vllm-generated-0.33.0-1engine.prom"
+ENGINE_CAPTURES = sorted(shared_path("fixtures/engines").glob("*.prom"))
+DCGM_CAPTURES = sorted(shared_path("fixtures/gpu/dcgm").glob("*.prom"))
+CAPTURES = ENGINE_CAPTURES + DCGM_CAPTURES
+VLLM = shared_path("fixtures/engines/vllm-generated-0.33.0-1engine.prom")
 
 Flat = tuple[str, tuple[tuple[str, str], ...], float, float | None]
 
@@ -152,7 +152,8 @@ def test_http_summary_keeps_its_created_gauge_apart() -> None:
 
 
 def test_dcgm_counter_without_total_keeps_its_written_name() -> None:
-    families = parse((FIXTURES / "dcgm" / "dcgm-l4-kops-gpu-operator.prom").read_text()).families
+    capture = shared_path("fixtures/gpu/dcgm/dcgm-l4-kops-gpu-operator.prom")
+    families = parse(capture.read_text()).families
 
     energy = families["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
     assert energy.type == "counter"
@@ -615,7 +616,7 @@ def assert_filtered_view(text: str, wanted: Callable[[str], bool]) -> None:
 
 @pytest.mark.parametrize("engine", engines.ENGINES)
 @pytest.mark.parametrize(
-    "path", sorted((FIXTURES / "engines").glob("*.prom")), ids=lambda p: p.name
+    "path", ENGINE_CAPTURES, ids=lambda p: p.name
 )
 def test_engine_filter_on_every_capture(path: Path, engine: str) -> None:
     assert_filtered_view(path.read_text(encoding="utf-8"), engines.wanted(engine))

@@ -71,6 +71,11 @@ def wanted(engine: str) -> Callable[[str], bool]:
     return _plan(engine).family_filter()
 
 
+def derivations(engine: str) -> Mapping[str, mapping.Derivation | tuple[mapping.Derivation, ...]]:
+    """The signals this engine yields only through arithmetic, by catalogue key (for docs)."""
+    return _adapter(engine).derived
+
+
 def signals(engine: str) -> frozenset[str]:
     """Catalogue keys this engine's pages can feed, through aliases or derivations."""
     return frozenset(step.spec.key for step in _plan(engine).steps)

@@ -472,8 +472,9 @@ class Adapter:
     #: a family every page has whose model label names the one model the server serves;
     #: series without a model label (vLLM's cache_config_info) are given that model
     served_model_family: str | None = None
-    #: catalogue key -> how the signal is computed where the catalogue has no alias for it
-    derived: Mapping[str, Derivation] = field(default_factory=dict)
+    #: catalogue key -> how the signal is computed where the catalogue has no alias for it;
+    #: several derivations are tried in order, the first with data wins (as aliases do)
+    derived: Mapping[str, Derivation | tuple[Derivation, ...]] = field(default_factory=dict)
     #: tried in order by read_version
     version_endpoints: tuple[VersionEndpoint, ...] = ()
 
@@ -703,6 +704,28 @@ class SumCountStep:
 
 
 @dataclass(frozen=True)
+class FirstStep:
+    """Alternative derivations of one entry: the first that yields data wins."""
+
+    steps: tuple[Step, ...]
+
+    @property
+    def spec(self) -> MetricSpec:
+        return self.steps[0].spec
+
+    @property
+    def readings(self) -> tuple[Reading, ...]:
+        return tuple(how for step in self.steps for how in step.readings)
+
+    def emit(self, page: Page, output: Output) -> Metric | None:
+        for step in self.steps:
+            family = step.emit(page, output)
+            if family is not None:
+                return family
+        return None
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything needed to map one engine's pages, built once per engine."""
 
@@ -758,6 +781,26 @@ class Plan:
         return wanted
 
 
+def _derived_step(
+    spec: MetricSpec,
+    derivation: Derivation,
+    ids: Mapping[str, str],
+    replicas: frozenset[str],
+) -> Step:
+    if isinstance(derivation, LabelValue):
+        how = reading(spec, Alias(derivation.metric), ids, value_label=derivation.label)
+        return AliasStep(spec, (how,), replicas)
+    if isinstance(derivation, Total):
+        return TotalStep(
+            spec,
+            tuple(reading(spec, alias, ids) for alias in derivation.required),
+            tuple(reading(spec, alias, ids) for alias in derivation.optional),
+            replicas,
+        )
+    sums = tuple(reading(spec, alias, ids) for alias in derivation.sum)
+    return SumCountStep(spec, sums, reading(spec, derivation.count, ids))
+
+
 def plan(catalog: Catalog, adapter: Adapter) -> Plan:
     """What to read for every catalogue engine signal on this engine's pages."""
     unknown = sorted(set(adapter.derived) - set(catalog))
@@ -776,21 +819,10 @@ def plan(catalog: Catalog, adapter: Adapter) -> Plan:
         if aliases:
             readings = tuple(reading(spec, alias, ids) for alias in aliases)
             steps.append(AliasStep(spec, readings, replicas))
-        elif isinstance(derivation, LabelValue):
-            how = reading(spec, Alias(derivation.metric), ids, value_label=derivation.label)
-            steps.append(AliasStep(spec, (how,), replicas))
-        elif isinstance(derivation, Total):
-            steps.append(
-                TotalStep(
-                    spec,
-                    tuple(reading(spec, alias, ids) for alias in derivation.required),
-                    tuple(reading(spec, alias, ids) for alias in derivation.optional),
-                    replicas,
-                )
-            )
-        elif isinstance(derivation, SumCount):
-            sums = tuple(reading(spec, alias, ids) for alias in derivation.sum)
-            steps.append(SumCountStep(spec, sums, reading(spec, derivation.count, ids)))
+        elif derivation is not None:
+            tried = derivation if isinstance(derivation, tuple) else (derivation,)
+            alternatives = tuple(_derived_step(spec, d, ids, replicas) for d in tried)
+            steps.append(alternatives[0] if len(alternatives) == 1 else FirstStep(alternatives))
     served_model = None
     if adapter.served_model_family is not None and "model" in adapter.identity_labels:
         served_model = (fold(adapter.served_model_family), adapter.identity_labels["model"])

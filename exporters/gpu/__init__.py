@@ -8,6 +8,9 @@
     dcgm=URL      scrape a running dcgm-exporter (http://host:9400/metrics)
     replay=PATH   play back an NVML recording (a directory or its series file)
     none          no GPU telemetry
+
+The ``scope`` option (a ``GpuScope``, see ``scope``) says which of the GPUs a backend sees
+belong to this replica: only their series are served and only their faults fail readiness.
 """
 
 from __future__ import annotations

@@ -4,7 +4,10 @@ Backends implement ``poll()``, a blocking read that returns filled catalogue fam
 base runs it on a daemon thread of its own, so that a stuck NVML call or a hung HTTP read
 holds up neither the event loop nor the next scrape by more than ``timeout_s``, and at most
 one poll is ever in flight. A failed or late poll serves the last good families while they
-are younger than ``stale_s`` and says why in ``inferwatch_gpu_backend_up``.
+are younger than ``stale_s`` and says why in ``inferwatch_gpu_backend_error_info``.
+
+A backend reads the GPUs its ``GpuScope`` covers (see ``scope``): their series are served
+and their faults decide the ``gpu`` readiness condition; a node-wide scope never gates.
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
+from typing import Any
 
 from prometheus_client.core import Metric
 
 from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.gpu.families import FamilySet
+from inferwatch.exporters.gpu.scope import GpuScope, ScopeUnknown, Selection, covered
 from inferwatch.logs import log_event
 
 logger = logging.getLogger("inferwatch.gpu")
@@ -33,6 +38,11 @@ class BackendDown(Exception):
         super().__init__(detail or reason)
         self.reason = reason
         self.detail = detail or reason
+
+
+#: Why a GPU is out of service: one ``inferwatch_gpu_fault_active`` series each, always
+#: present, so that a fault flips a value and never starts a new series.
+FAULT_REASONS = ("xid", "ecc_uncorrected", "row_remap_failed", "lost")
 
 
 class FaultBook:
@@ -49,6 +59,8 @@ class FaultBook:
 
     def mark(self, gpu_uuid: str, reason: str, detail: str) -> bool:
         """Record a fault; True when it is new (so the caller logs it once)."""
+        if reason not in FAULT_REASONS:
+            raise ValueError(f"fault reason {reason!r} is not one of {FAULT_REASONS}")
         with self._lock:
             reasons = self._faults.setdefault(gpu_uuid, {})
             if reason in reasons:
@@ -61,17 +73,18 @@ class FaultBook:
             return {uuid: dict(reasons) for uuid, reasons in self._faults.items()}
 
     def fill(self, families: FamilySet, gpu_uuids: Iterable[str]) -> None:
-        """``inferwatch_gpu_healthy`` for every known GPU and every faulted one."""
+        """``inferwatch_gpu_healthy`` and the per-reason fault series for ``gpu_uuids``."""
         faults = self.faults()
-        for uuid in sorted(set(gpu_uuids) | set(faults)):
-            reasons = faults.get(uuid)
-            if not reasons:
-                families.add("gpu_healthy", 1, {"gpu_uuid": uuid})
-            for reason in sorted(reasons or ()):
-                families.add("gpu_healthy", 0, {"gpu_uuid": uuid, "reason": reason})
+        for uuid in sorted(set(gpu_uuids)):
+            reasons = faults.get(uuid, {})
+            families.add("gpu_healthy", 0 if reasons else 1, {"gpu_uuid": uuid})
+            for reason in FAULT_REASONS:
+                labels = {"gpu_uuid": uuid, "reason": reason}
+                families.add("gpu_fault", int(reason in reasons), labels)
 
-    def condition(self) -> Condition:
-        faults = self.faults()
+    def condition(self, in_scope: Callable[[str], bool] = lambda uuid: True) -> Condition:
+        """Not ok while a GPU in scope has a fault."""
+        faults = {uuid: r for uuid, r in self.faults().items() if in_scope(uuid)}
         if not faults:
             return Condition(name="gpu", ok=True)
         reason = "; ".join(
@@ -90,13 +103,25 @@ class GpuTelemetry(abc.ABC):
     #: value of the ``backend`` label on ``inferwatch_gpu_backend_up``
     backend = "none"
 
-    def __init__(self, *, timeout_s: float = 2.0, stale_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        scope: GpuScope | None = None,
+        timeout_s: float = 2.0,
+        stale_s: float = 60.0,
+    ) -> None:
+        self.scope = scope if scope is not None else GpuScope()
         self.timeout_s = timeout_s
         self.stale_s = stale_s
         self.faults = FaultBook()
         self._inflight: Future[list[Metric]] | None = None
         self._last_good: tuple[float, list[Metric]] | None = None
         self._last_reason: str | None = None
+        #: GPUs the backend has seen: uuid -> index, and MIG device UUID -> parent GPU UUID
+        self._indices: dict[str, int | None] = {}
+        self._mig_parents: dict[str, str] = {}
+        #: every GPU found in scope so far (one that vanishes stays ours)
+        self._covered: frozenset[str] = frozenset()
 
     @abc.abstractmethod
     def poll(self) -> list[Metric]:
@@ -104,10 +129,52 @@ class GpuTelemetry(abc.ABC):
 
     def close(self) -> None:
         """Stop background work; a poll still stuck in a driver call is abandoned."""
+        self.scope.close()
         self._inflight = None
 
     def readiness(self) -> Sequence[Condition]:
-        return [self.faults.condition()]
+        """The ``gpu`` condition over the GPUs in scope; none for a node-wide scope."""
+        if not self.scope.gated:
+            return []
+        try:
+            selection = self.scope.selection()
+        except ScopeUnknown as unknown:
+            return [Condition(name="gpu", ok=False, reason=f"GPU allocation unknown: {unknown}")]
+        if selection is None:
+            return [self.faults.condition()]
+        indices, parents, found = self._indices, self._mig_parents, self._covered
+        return [
+            self.faults.condition(
+                lambda u: u in found or selection.covers(u, indices.get(u), parents)
+            )
+        ]
+
+    def scope_known(self) -> bool:
+        try:
+            self.scope.selection()
+        except ScopeUnknown:
+            return False
+        return True
+
+    def in_scope(
+        self,
+        devices: Mapping[str, int | None],
+        mig_parents: Mapping[str, str] | None = None,
+        also: Iterable[str] = (),
+    ) -> set[str]:
+        """The UUIDs among ``devices`` (uuid -> index) this replica's scope covers, and
+        ``also`` (GPUs a backend found ours by other means), noted for readiness; empty while
+        the scope is unknown."""
+        self._indices = {**self._indices, **devices}
+        if mig_parents:
+            self._mig_parents = {**self._mig_parents, **mig_parents}
+        try:
+            selection: Selection | None = self.scope.selection()
+        except ScopeUnknown:
+            return set()
+        found = covered(selection, devices.items(), self._mig_parents) | set(also)
+        self._covered |= found
+        return found
 
     async def collect(self) -> list[Metric]:
         if self._inflight is None or self._inflight.done():
@@ -125,7 +192,7 @@ class GpuTelemetry(abc.ABC):
             return self._degraded("error", f"{type(error).__name__}: {error}")
         self._last_good = (time.monotonic(), families)
         self._note("")
-        return [*families, self._health(1, "")]
+        return [*families, *self._health(1, "")]
 
     def _start_poll(self) -> Future[list[Metric]]:
         """Run ``poll`` on a daemon thread, so a call stuck in the driver cannot block exit."""
@@ -147,7 +214,7 @@ class GpuTelemetry(abc.ABC):
         kept: list[Metric] = []
         if self._last_good and time.monotonic() - self._last_good[0] <= self.stale_s:
             kept = self._last_good[1]
-        return [*kept, self._health(0, reason)]
+        return [*kept, *self._health(0, reason)]
 
     def _note(self, reason: str, detail: str = "") -> None:
         """One log line per change of state, not one per scrape."""
@@ -166,16 +233,21 @@ class GpuTelemetry(abc.ABC):
             log_event(logger, logging.INFO, "gpu telemetry recovered", backend=self.backend)
         self._last_reason = reason
 
-    def _health(self, up: int, reason: str) -> Metric:
+    def _health(self, up: int, reason: str) -> list[Metric]:
+        """Backend and scope state: fixed label sets, the reason in an info-style series."""
         families = FamilySet()
-        families.add("gpu_backend_up", up, {"backend": self.backend, "reason": reason})
-        return families.families()[0]
+        families.add("gpu_backend_up", up, {"backend": self.backend})
+        if reason:
+            families.add("gpu_backend_error_info", 1, {"backend": self.backend, "reason": reason})
+        labels = {"source": self.scope.source, "gated": str(self.scope.gated).lower()}
+        families.add("gpu_scope_known", int(self.scope_known()), labels)
+        return families.families()
 
 
 class NoGpuTelemetry(GpuTelemetry):
     """No GPU telemetry (``--gpu none``, or ``auto`` on a host without an NVIDIA driver)."""
 
-    def __init__(self, reason: str, detail: str = "", **kwargs: float) -> None:
+    def __init__(self, reason: str, detail: str = "", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._down = BackendDown(reason, detail)
 

@@ -26,6 +26,7 @@ from prometheus_client.core import Metric
 from inferwatch import catalog
 from inferwatch.exporters.gpu.base import BackendDown, GpuTelemetry
 from inferwatch.exporters.gpu.families import CLOCK_EVENT_BITS, FamilySet, add_clock_events
+from inferwatch.exporters.gpu.scope import GpuScope
 from inferwatch.exporters.gpu.xid import XidLog
 from inferwatch.exporters.textformat import Sample, parse
 from inferwatch.logs import log_event
@@ -127,10 +128,11 @@ class DcgmTelemetry(GpuTelemetry):
         http_timeout_s: float = 1.5,
         max_bytes: int = 16 * 1024 * 1024,
         session: requests.Session | None = None,
+        scope: GpuScope | None = None,
         timeout_s: float = 2.0,
         stale_s: float = 60.0,
     ) -> None:
-        super().__init__(timeout_s=timeout_s, stale_s=stale_s)
+        super().__init__(scope=scope, timeout_s=timeout_s, stale_s=stale_s)
         self.url = url
         self.http_timeout_s = http_timeout_s
         self.max_bytes = max_bytes
@@ -148,14 +150,38 @@ class DcgmTelemetry(GpuTelemetry):
     def poll(self) -> list[Metric]:
         samples = [s for family in self._fetch().values() for s in family.samples]
         families = FamilySet()
-        present = self._map(samples, families)
+        if not self.scope_known():  # which GPUs are ours is not known: serve none of them
+            return families.families()
+        scoped = self._scoped(samples)
+        present = self._map([s for s in samples if _first(s.labels, _UUID) in scoped], families)
         for uuid in sorted(self._seen - present):
             if self.faults.mark(uuid, "lost", "GPU disappeared from dcgm-exporter"):
                 log_event(logger, logging.ERROR, "gpu lost", gpu_uuid=uuid, url=self.url)
         self._seen |= present
-        self.xids.fill(families)
+        self.xids.fill(families, self._seen)
         self.faults.fill(families, self._seen)
         return families.families()
+
+    def _scoped(self, samples: list[Sample]) -> set[str]:
+        """UUIDs on the page that the scope covers.
+
+        A dcgm-exporter page carries every GPU of the node, keyed by ``UUID`` and ``gpu``
+        (index). MIG device UUIDs are not on it; a MIG slice is found through the pod
+        labels dcgm-exporter's kubelet mapping (``-k``) puts on the slice's series.
+        """
+        devices: dict[str, int | None] = {}
+        owned: set[str] = set()
+        pod = (getattr(self.scope, "namespace", None), getattr(self.scope, "pod", None))
+        for sample in samples:
+            uuid = _first(sample.labels, _UUID)
+            if not uuid or not sample.name.startswith("DCGM_"):
+                continue
+            index = sample.labels.get("gpu", "")
+            devices.setdefault(uuid, int(index) if index.isdigit() else None)
+            if pod[1] and (_first(sample.labels, _NAMESPACE), _first(sample.labels, _POD)) == pod:
+                owned.add(uuid)
+        selection = self.scope.selection()
+        return self.in_scope(devices, also=owned if selection and selection.migs else ())
 
     def _fetch(self) -> dict[str, Any]:
         try:

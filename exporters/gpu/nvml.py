@@ -31,6 +31,7 @@ from prometheus_client.core import Metric
 from inferwatch.exporters.gpu.base import BackendDown, GpuTelemetry
 from inferwatch.exporters.gpu.cgroup import ProcessAttribution
 from inferwatch.exporters.gpu.families import FamilySet, add_clock_events
+from inferwatch.exporters.gpu.scope import GpuScope, ScopeUnknown
 from inferwatch.exporters.gpu.xid import XidLog
 from inferwatch.logs import log_event
 
@@ -156,7 +157,11 @@ class XidWatch:
 
 
 class NvmlTelemetry(GpuTelemetry):
-    """Every GPU NVML can see, keyed by UUID. ``nvml`` is ``pynvml`` or a module shaped like it."""
+    """The GPUs NVML can see that the scope covers, keyed by UUID.
+
+    ``nvml`` is ``pynvml`` or a module shaped like it. Every GPU is discovered (indices and
+    UUIDs are needed to match the scope), but only those in scope are read each scrape.
+    """
 
     backend = "nvml"
 
@@ -170,10 +175,11 @@ class NvmlTelemetry(GpuTelemetry):
         watch_xids: bool = True,
         xid_wait_ms: int = 1000,
         clock: Callable[[], float] = time.monotonic,
+        scope: GpuScope | None = None,
         timeout_s: float = 2.0,
         stale_s: float = 60.0,
     ) -> None:
-        super().__init__(timeout_s=timeout_s, stale_s=stale_s)
+        super().__init__(scope=scope, timeout_s=timeout_s, stale_s=stale_s)
         self.nvml = nvml
         self.slow_interval_s = slow_interval_s
         self.retry_init_s = retry_init_s
@@ -192,6 +198,7 @@ class NvmlTelemetry(GpuTelemetry):
         self._errors: dict[tuple[str, str], int] = {}
         self._errors_lock = threading.Lock()
         self._seen_pids: set[int] = set()
+        self._mig_lookups: dict[str, str] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -264,7 +271,10 @@ class NvmlTelemetry(GpuTelemetry):
         families = FamilySet()
         families.add("gpu_driver_info", 1, dict(self._versions))
         self._seen_pids = set()
+        scoped = self.in_scope({d.uuid: d.index for d in self.devices}, self._mig_parents_of())
         for device in self.devices:
+            if device.uuid not in scoped:  # another replica's GPU: not read at all
+                continue
             families.add(
                 "gpu_info",
                 1,
@@ -285,8 +295,8 @@ class NvmlTelemetry(GpuTelemetry):
                 families.add(key, value, labels)
         self._attribution.retain(self._seen_pids)
         self._keep_watch(now)
-        self.xids.fill(families)
-        self.faults.fill(families, (d.uuid for d in self.devices))
+        self.xids.fill(families, scoped)
+        self.faults.fill(families, scoped)
         with self._errors_lock:
             errors = dict(self._errors)
         for (call, error), count in sorted(errors.items()):
@@ -294,6 +304,25 @@ class NvmlTelemetry(GpuTelemetry):
         if self.watch_xids:
             families.add("gpu_xid_watch_up", 1 if self.watching else 0, {})
         return families.families()
+
+    def _mig_parents_of(self) -> dict[str, str]:
+        """Parent GPU UUIDs of the MIG devices the scope names (looked up once each)."""
+        try:
+            selection = self.scope.selection()
+        except ScopeUnknown:
+            return {}
+        nvml = self.nvml
+        for mig in selection.migs if selection is not None else ():
+            if mig in self._mig_lookups:
+                continue
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(mig)
+                parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+                self._mig_lookups[mig] = str(nvml.nvmlDeviceGetUUID(parent))
+            except nvml.NVMLError as error:
+                self._mig_lookups[mig] = ""
+                log_event(logger, logging.ERROR, "mig device not found", mig=mig, error=str(error))
+        return {mig: parent for mig, parent in self._mig_lookups.items() if parent}
 
     @property
     def watching(self) -> bool:

@@ -186,6 +186,14 @@ class FakeHandle:
 
 
 @dataclass
+class FakeMigHandle:
+    """Stands in for a MIG device handle: one GPU instance of the GPU at ``parent``."""
+
+    parent: int
+    uuid: str
+
+
+@dataclass
 class FakeEventData:
     """The fields of ``c_nvmlEventData_t`` (its ``device`` is a handle, as with pynvml)."""
 
@@ -271,7 +279,8 @@ class FakeNvml:
 
     Constants, structs and the ``NVMLError`` classes are pynvml's own; only the functions are
     replaced. ``gpus`` > 1 replays the same GPU several times under derived UUIDs and PCI bus
-    ids (for multi-GPU tests and per-GPU cost figures).
+    ids (for multi-GPU tests and per-GPU cost figures); ``migs`` names MIG device UUIDs and
+    the index of the GPU each is a slice of.
     """
 
     def __init__(
@@ -279,11 +288,13 @@ class FakeNvml:
         recording: Recording,
         *,
         gpus: int = 1,
+        migs: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
         cost: Callable[[str, tuple[Any, ...]], float] | None = None,
     ) -> None:
         self.recording = recording
         self.gpus = gpus
+        self.migs = dict(migs or {})
         self._clock = clock
         self._start = clock()
         self._fixed_t: float | None = None
@@ -407,6 +418,22 @@ class FakeNvml:
         if not 0 <= index < self.gpus:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return FakeHandle(index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> FakeHandle | FakeMigHandle:
+        self._enter("nvmlDeviceGetHandleByUUID", None)
+        text = uuid.decode() if isinstance(uuid, bytes) else uuid
+        if text in self.migs:
+            return FakeMigHandle(self.migs[text], text)
+        for index in range(self.gpus):
+            if self._uuid(index) == text:
+                return FakeHandle(index)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: FakeMigHandle) -> FakeHandle:
+        self._enter("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", None)
+        if not isinstance(handle, FakeMigHandle):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return FakeHandle(handle.parent)
 
     # -- identity and static facts -------------------------------------------------------------
 

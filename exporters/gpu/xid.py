@@ -12,7 +12,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Literal, get_args
@@ -114,10 +114,11 @@ class XidLog:
         with self._lock:
             return sum(self._counts.values())
 
-    def fill(self, families: FamilySet) -> None:
+    def fill(self, families: FamilySet, gpu_uuids: Collection[str]) -> None:
+        """The XID series of ``gpu_uuids`` (the GPUs in scope)."""
         with self._lock:
-            counts = dict(self._counts)
-            last = dict(self._last)
+            counts = {key: n for key, n in self._counts.items() if key[0] in gpu_uuids}
+            last = {uuid: t for uuid, t in self._last.items() if uuid in gpu_uuids}
         for (uuid, xid), count in sorted(counts.items()):
             labels = {"gpu_uuid": uuid, "xid": str(xid), "action": classify(xid).action}
             families.add("gpu_xid_errors", count, labels)

@@ -28,7 +28,12 @@ from inferwatch.exporters.tenancy.admission import BudgetLedger, ConcurrencyGate
 from inferwatch.exporters.tenancy.config import ProxyConfig, Tenant
 from inferwatch.exporters.tenancy.labels import OTHER, BoundedLabels
 from inferwatch.exporters.tenancy.metrics import Identity, ProxyMetrics
-from inferwatch.exporters.tenancy.reconcile import Reconciler, engine_token_counters
+from inferwatch.exporters.tenancy.reconcile import (
+    DirectTraffic,
+    DirectTrafficError,
+    Reconciler,
+    engine_token_counters,
+)
 from inferwatch.exporters.tenancy.sampling import TranscribingMeter, prompt_text
 from inferwatch.exporters.tenancy.tenants import UNKNOWN, TenantResolver
 from inferwatch.exporters.tenancy.upstream import Timeouts, UpstreamError, UpstreamPool
@@ -39,6 +44,8 @@ from inferwatch.exporters.tenancy.usage import (
     UsageMeter,
     estimate_prompt_tokens,
 )
+from inferwatch.identity import UNKNOWN as UNKNOWN_VALUE
+from inferwatch.identity import or_unknown
 from inferwatch.logs import log_event
 from inferwatch.probes.client import PROBE_TENANT
 from inferwatch.probes.livesample import DegeneracySampler
@@ -73,7 +80,7 @@ class Exchange:
     via: str = ""
     model: str = ""
     versions: tuple[str, str, str] = ("", "", "")
-    identity: Identity = (UNKNOWN, "", "", "", "")
+    identity: Identity = (UNKNOWN, *(UNKNOWN_VALUE,) * 4)
     stream: bool = False
     status: int = 0
     outcome: str = ""
@@ -134,6 +141,7 @@ class ProxyApp:
         self.ledger = BudgetLedger()
         self.gate = ConcurrencyGate(config.max_concurrency, config.queue_timeout)
         self.reconciler = Reconciler()
+        self.direct_traffic = DirectTraffic(config.probe_metrics_urls)
         self.sampler = DegeneracySampler(config.quality_sample_rate)
         self._tasks: list[asyncio.Task[None]] = []
         self._ready: tuple[float, bool, str] = (0.0, False, "not checked yet")
@@ -196,6 +204,7 @@ class ProxyApp:
         self._tasks.clear()
         self.access_log.flush()
         self.pool.close()
+        await self.direct_traffic.aclose()
 
     # ------------------------------------------------------------------ request handling
     async def _guarded(
@@ -238,10 +247,10 @@ class ProxyApp:
         model_l, mv_l, ev_l, pv_l = self.value_labels
         exchange.identity = (
             self.tenant_labels.label(exchange.tenant),
-            model_l.label(exchange.model),
-            mv_l.label(versions[0]),
-            ev_l.label(versions[1]),
-            pv_l.label(versions[2]),
+            model_l.label(or_unknown(exchange.model)),
+            mv_l.label(or_unknown(versions[0])),
+            ev_l.label(or_unknown(versions[1])),
+            pv_l.label(or_unknown(versions[2])),
         )
 
     def _forward_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -735,7 +744,13 @@ class ProxyApp:
             errors[reason] = errors.get(reason, 0) + 1
             log_event(logger, logging.WARNING, "engine token counters unreadable", reason=reason)
             return
-        self.metrics.drift = self.reconciler.update(counters, self.metrics.charged)
+        try:  # read after the engine: a probe the engine counted is counted here too
+            direct = await self.direct_traffic.read()
+        except DirectTrafficError as exc:
+            errors[exc.reason] = errors.get(exc.reason, 0) + 1
+            log_event(logger, logging.WARNING, "probe token counters unreadable", reason=exc.reason)
+            return
+        self.metrics.drift = self.reconciler.update(counters, self.metrics.charged, direct)
 
 
 class _FamiliesCollector:

@@ -9,6 +9,11 @@ the cheap degeneracy checks (empty output, repetition loops, wrong script) and c
 fires per model and model version; 0 turns it off. The text of a sampled response is held in
 memory only until it has been screened, and never written anywhere. Requests of the probe
 runner's reserved tenant ``_probe`` are never sampled (the probes screen their own replies).
+
+``upstream.probe_metrics: [http://127.0.0.1:9400/metrics]`` names the ``/metrics`` of probe
+runners that send their probes straight to this engine (the sidecar with ``--probes``): their
+tokens are engine load that never passes the proxy, added to what the proxy charged when it
+reconciles with the engine's counters (see ``reconcile``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ PRIORITIES = {"high": 0, "normal": 1, "low": 2}
 # Tenant ids start with a letter or digit; the one exception is the probe runner's tenant.
 TENANT_PATTERN = re.compile(rf"^(?:{PROBE_TENANT}|[A-Za-z0-9][A-Za-z0-9._:@/-]{{0,127}})$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+HTTP_URL = re.compile(r"^https?://[^/\s]+(/\S*)?$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 RESERVED_TENANTS = ("unknown", "other")
@@ -93,6 +99,8 @@ class ProxyConfig:
     upstream_health_path: str = "/health"
     upstream_metrics_path: str = "/metrics"
     reconcile_interval: float = 15.0
+    #: /metrics of probe runners that probe the engine directly (their tokens bypass the proxy)
+    probe_metrics_urls: tuple[str, ...] = ()
     tenants: Mapping[str, Tenant] = field(default_factory=dict)
     tenant_header: str = TENANT_HEADER.lower()
     trusted_sources: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
@@ -260,11 +268,19 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             "health_path",
             "metrics_path",
             "reconcile_interval",
+            "probe_metrics",
         }
     )
     url = upstream.text("url", ProxyConfig.upstream_url)
     if not re.match(r"^http://[^/\s]+(/\S*)?$", url):
         raise upstream.error("url", f"expected http://host[:port][/prefix], got {url!r}")
+    probe_metrics = upstream.raw.get("probe_metrics", [])
+    if isinstance(probe_metrics, str):
+        probe_metrics = [probe_metrics]
+    if not isinstance(probe_metrics, list) or not all(
+        isinstance(u, str) and HTTP_URL.match(u) for u in probe_metrics
+    ):
+        raise upstream.error("probe_metrics", "expected a list of http(s)://host[:port]/path URLs")
 
     identity = top.child("identity")
     identity.check_keys({"tenant_header", "trusted_sources", "unknown"})
@@ -337,6 +353,7 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
         upstream_health_path=upstream.text("health_path", "/health"),
         upstream_metrics_path=upstream.text("metrics_path", "/metrics"),
         reconcile_interval=upstream.number("reconcile_interval", 15.0),
+        probe_metrics_urls=tuple(probe_metrics),
         tenants=tenants,
         tenant_header=identity.text("tenant_header", TENANT_HEADER).lower(),
         trusted_sources=tuple(trusted),

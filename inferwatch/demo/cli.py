@@ -24,8 +24,11 @@ from inferwatch.demo.run import Demo, Options
 )
 @click.option(
     "--scenario",
+    default=scenarios.DEFAULT,
     show_envvar=True,
-    help="Fault timeline: a shipped name (" + ", ".join(scenarios.shipped()) + ") or a YAML file.",
+    help="Fault timeline: a shipped name ("
+    + ", ".join(scenarios.shipped())
+    + "), a YAML file, or none for a quiet run.",
 )
 @click.option(
     "--speed",
@@ -86,7 +89,7 @@ from inferwatch.demo.run import Demo, Options
 )
 def demo(
     duration: float | None,
-    scenario: str | None,
+    scenario: str,
     speed: float,
     rate: float,
     base_port: int | None,
@@ -104,10 +107,12 @@ def demo(
     traffic through the proxies, routing around replicas whose /readyz fails. The view shows
     each replica's throughput, latency, queue, KV cache, GPU and probe verdict, and each tenant's
     tokens and cost, computed from the components' own /metrics, and the alerts that reach
-    Alertmanager from the generated rules. Stop with Ctrl-C.
+    Alertmanager from the generated rules. Without --scenario it plays xid-and-repair (a
+    healthy start, one GPU fault and its repair); --scenario none runs quietly. Stop with
+    Ctrl-C.
     """
     timeline = None
-    if scenario:
+    if scenario != scenarios.NONE:
         try:
             timeline = scenarios.load(scenario, [r.name for r in topology.REPLICAS])
         except scenarios.ScenarioError as exc:
@@ -116,6 +121,14 @@ def demo(
         alerts = alerting.demo_config(alert_config)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    source = click.get_current_context().get_parameter_source("scenario")
+    if timeline is not None and source == click.core.ParameterSource.DEFAULT:
+        steps = "; ".join(f"{step.at:g}s {step.describe()}" for step in timeline.steps)
+        click.echo(
+            f"no --scenario given: playing {timeline.name}, healthy until "
+            f"{timeline.steps[0].at:g}s, then one fault and its repair ({steps}); "
+            f"--scenario none for a quiet run"
+        )
     prometheus_bin = shutil.which("prometheus") if prometheus else None
     if prometheus and prometheus_bin is None:
         click.echo("prometheus is not on PATH; running without it (Debian package: prometheus)")

@@ -49,7 +49,8 @@ class ReplicaState:
     gpu_problem: str = ""
     gpu_utilization: float | None = None
     gpu_temperature: float | None = None
-    requests_per_s: float | None = None
+    requests_per_s: float | None = None  # all the engine finished, probes included
+    probe_requests_per_s: float | None = None  # the sidecar's probes, straight to the engine
     tokens_per_s: float | None = None
     errors_per_s: float | None = None
     ttft: tuple[float | None, ...] = (None, None)  # p50, p99
@@ -203,7 +204,9 @@ class Observer:
         for now in replicas:
             name = now.replica.name
             before = self._previous.get(name)
-            self._previous[name] = _known(now, before)
+            # an unknown state (a sidecar restarting) keeps the last known one, so that
+            # ready -> no answer -> ready is no event and NOT READY -> no answer -> ready is one
+            self._previous[name] = now if before is None else _known(before, now)
             if before is None:
                 continue
             if _flipped(before.ready, now.ready):
@@ -317,9 +320,8 @@ class Observer:
         healthy = page.values(_name("gpu_healthy"))
         if healthy:
             state.gpu_healthy = all(value > 0 for _, value in healthy)
-            state.gpu_problem = ", ".join(
-                labels.get("reason", "") for labels, value in healthy if value <= 0
-            )
+            faults = page.values(_name("gpu_fault"))
+            state.gpu_problem = ", ".join(labels["reason"] for labels, value in faults if value > 0)
         state.gpu_utilization = page.total(_name("gpu_utilization"))
         state.gpu_temperature = page.total(
             _name("gpu_temperature"), lambda labels: labels.get("sensor") == "gpu"
@@ -334,6 +336,9 @@ class Observer:
         if span is not None:
             old, new = span
             state.requests_per_s = rate(old, new, _name("engine_requests_finished"))
+            state.probe_requests_per_s = rate(
+                old, new, _name("probe_runs"), lambda labels: labels.get("route") == "direct"
+            )
             state.tokens_per_s = rate(old, new, _name("engine_generation_tokens"))
             state.errors_per_s = rate(old, new, _name("engine_request_errors"))
             state.ttft = quantiles(old, new, _name("engine_time_to_first_token"), (0.5, 0.99))
@@ -394,10 +399,8 @@ class Observer:
 _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
-def _known(now: ReplicaState, before: ReplicaState | None) -> ReplicaState:
-    """``now``, with each state it does not know taken from ``before``."""
-    if before is None:
-        return now
+def _known(before: ReplicaState, now: ReplicaState) -> ReplicaState:
+    """``now``, with the states it does not know taken from ``before``."""
     return replace(
         now,
         ready=before.ready if now.ready is None else now.ready,

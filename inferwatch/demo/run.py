@@ -325,7 +325,8 @@ class Demo:
              "--probe-cycle", f"{self.options.probe_cycle:g}"],
         )  # fmt: skip
         config = workdir / f"proxy-{replica.name}.yaml"
-        config.write_text(topology.proxy_config(replica, engine))
+        sidecar_url = topology.url(self.ports.sidecar[replica.name])
+        config.write_text(topology.proxy_config(replica, engine, sidecar_url))
         proxy = Component(
             "proxy",
             replica.name,
@@ -345,15 +346,17 @@ class Demo:
             f"{', Alertmanager' if self._alerting else ''}; "
             f"load {options.rate:g} req/s; speed {options.speed:g}x"
         )
-        what = {
-            "sim": "OpenAI API, /metrics, /gpu/metrics",
+        what = {  # each URL as the flags that take it want it
+            "sim": "OpenAI API and /metrics (--engine-url, --upstream); DCGM page {url}/gpu/metrics"
+            " (--gpu dcgm=URL)",
             "sidecar": "/metrics /readyz",
-            "proxy": "OpenAI API per tenant, /metrics",
+            "proxy": "OpenAI API per tenant (base URL {url}/v1), /metrics",
             "prometheus": "web UI and API, /alerts",
             "alertmanager": "web UI, /api/v2/alerts",
         }
         for c in supervisor.components:
-            self.say(f"  {c.kind:<12} {c.name:<11} {c.url:<24} pid {c.pid:<7} {what[c.kind]}")
+            about = what[c.kind].format(url=c.url)
+            self.say(f"  {c.kind:<12} {c.name:<11} {c.url:<24} pid {c.pid:<7} {about}")
         tenants = ", ".join(f"{t.name} ({t.key})" for t in topology.TENANTS)
         first = self.replicas[0]
         self.say(f"  tenant API keys: {tenants}")

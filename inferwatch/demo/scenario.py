@@ -43,6 +43,10 @@ import yaml
 from inferwatch.sim import faults as fault_doc
 
 GPUS_PER_REPLICA = 1  # every demo replica serves from one GPU
+#: what ``inferwatch demo`` plays without ``--scenario``: one fault and its repair
+DEFAULT = "xid-and-repair"
+#: the ``--scenario`` value for a run without faults
+NONE = "none"
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
 _STEP_KEYS = {"at", "replica", "replicas", "inject", "clear", "crash", "repair", "rate", "say"}
 Action = Literal["inject", "clear", "crash", "repair", "rate"]

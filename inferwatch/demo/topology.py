@@ -129,8 +129,14 @@ def url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def proxy_config(replica: Replica, upstream: str, tenants: Sequence[Tenant] = TENANTS) -> str:
-    """The tenancy proxy's YAML for the proxy in front of one replica."""
+def proxy_config(
+    replica: Replica, upstream: str, sidecar: str, tenants: Sequence[Tenant] = TENANTS
+) -> str:
+    """The tenancy proxy's YAML for the proxy in front of one replica.
+
+    The replica's sidecar probes the engine directly; the proxy reads its probe token counters
+    so that they reconcile with the engine's.
+    """
     tenant_entries: dict[str, Any] = {}
     for tenant in tenants:
         entry: dict[str, Any] = {"key_sha256": [hash_key(tenant.key)], "priority": tenant.priority}
@@ -138,7 +144,11 @@ def proxy_config(replica: Replica, upstream: str, tenants: Sequence[Tenant] = TE
             entry["budget"] = {"tokens": tenant.budget_tokens, "window": tenant.budget_window}
         tenant_entries[tenant.name] = entry
     document = {
-        "upstream": {"url": upstream, "reconcile_interval": 5},
+        "upstream": {
+            "url": upstream,
+            "reconcile_interval": 5,
+            "probe_metrics": [sidecar + "/metrics"],
+        },
         "tenants": tenant_entries,
         "versions": {"model_version": replica.version},
         "prices": {"models": {model: dict(price) for model, price in PRICES.items()}},

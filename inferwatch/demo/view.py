@@ -25,7 +25,7 @@ from inferwatch.demo.observer import (
 )
 
 EVENTS_SHOWN = 8
-REPLICA_COLUMNS = ("replica", "version GPU", "/readyz", "engine", "GPU", "req/s", "tok/s",
+REPLICA_COLUMNS = ("replica", "version GPU", "/readyz", "engine", "GPU", "req/s (probes)", "tok/s",
                    "TTFT p50/99", "TPOT p50/99", "run/wait", "KV", "err/s", "probes")  # fmt: skip
 ALERTS_SHOWN = 10
 ALERT_COLUMNS = ("alert", "severity", "about", "state", "since", "receivers")
@@ -158,7 +158,8 @@ def _table(title: str, columns: Sequence[str]) -> Table:
 
 def _replica_table(replicas: Sequence[ReplicaState]) -> Table:
     table = _table(
-        f"replicas (sidecar /metrics and /readyz, rates over the last {WINDOW:g}s)",
+        f"replicas (sidecar /metrics and /readyz, rates over the last {WINDOW:g}s; a replica's "
+        "requests are its tenants' plus its probes)",
         REPLICA_COLUMNS,
     )
     for state in replicas:
@@ -169,7 +170,7 @@ def _replica_table(replicas: Sequence[ReplicaState]) -> Table:
             Text(*readiness(state)),
             Text(*engine(state)),
             Text(*gpu(state)),
-            number(state.requests_per_s),
+            f"{number(state.requests_per_s)} ({number(state.probe_requests_per_s)})",
             number(state.tokens_per_s, 0),
             pair(state.ttft),
             pair(state.tpot),
@@ -242,7 +243,8 @@ def summary_line(state: FleetState) -> str:
     for r in state.replicas:
         parts.append(
             f"{r.replica.name} {readiness(r)[0]} engine {engine(r)[0]} "
-            f"{number(r.requests_per_s)} req/s {number(r.tokens_per_s, 0)} tok/s "
+            f"{number(r.requests_per_s)} req/s ({number(r.probe_requests_per_s)} probes) "
+            f"{number(r.tokens_per_s, 0)} tok/s "
             f"ttft {pair(r.ttft)} tpot {pair(r.tpot)} "
             f"run {number(r.running, 0)} wait {number(r.waiting, 0)} kv {percent(r.kv_usage)} "
             f"err {number(r.errors_per_s)}/s gpu {gpu(r)[0]} probes {probes(r)[0]}"

@@ -50,7 +50,12 @@ def _faults(path: Path | None) -> object:
     show_envvar=True,
     help="static: a new batch starts only when the last one finished.",
 )
-@click.option("--prefix-caching/--no-prefix-caching", default=True, show_envvar=True)
+@click.option(
+    "--prefix-caching/--no-prefix-caching",
+    default=True,
+    show_envvar=True,
+    help="Reuse the KV blocks of a shared prompt prefix (vLLM's automatic prefix caching).",
+)
 @click.option(
     "--speed",
     type=click.FloatRange(min=0.01),
@@ -58,7 +63,13 @@ def _faults(path: Path | None) -> object:
     show_envvar=True,
     help="Simulated seconds per wall-clock second.",
 )
-@click.option("--seed", type=int, default=0, show_envvar=True)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_envvar=True,
+    help="Seed for the simulated answers and their lengths.",
+)
 @click.option(
     "--goldens",
     type=click.Path(file_okay=False, exists=True, path_type=Path),
@@ -68,6 +79,7 @@ def _faults(path: Path | None) -> object:
 @click.option(
     "--faults",
     "faults_file",
+    envvar="INFERWATCH_SIM_FAULTS",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     show_envvar=True,
     help="YAML/JSON fault document applied at start-up.",
@@ -83,7 +95,7 @@ def _faults(path: Path | None) -> object:
     show_envvar=True,
     help="Hostname label of the simulated GPUs.",
 )
-@click.option("--host", default="127.0.0.1", show_envvar=True)
+@click.option("--host", default="127.0.0.1", show_envvar=True, help="Address to serve on.")
 @click.option(
     "--port",
     type=click.IntRange(0, 65535),
@@ -101,7 +113,8 @@ def _faults(path: Path | None) -> object:
     "--ready-file",
     type=click.Path(dir_okay=False, path_type=Path),
     show_envvar=True,
-    help="Write {url, gpu_url} as JSON here once serving.",
+    help="Once serving, write {url, gpu_url} as JSON here: the engine's base URL (for "
+    "--engine-url, --upstream, --target) and its DCGM page (for --gpu dcgm=URL).",
 )
 def sim(
     model: str,

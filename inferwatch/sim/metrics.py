@@ -3,7 +3,7 @@
 These are spelled here rather than taken from the inferwatch catalogue because the simulator
 plays the engine: it must look exactly like vLLM to the sidecar that scrapes it. The family
 set, order, HELP texts, label names and bucket boundaries are those of a real vLLM 0.33.0
-exposition (tests/fixtures/engines/vllm-generated-0.33.0-1engine.prom); a test compares them.
+exposition (the shared capture engines/vllm-generated-0.33.0-1engine.prom); a test compares them.
 Each server has its own CollectorRegistry; engine ranks are children labelled ``engine``.
 """
 

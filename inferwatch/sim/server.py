@@ -12,7 +12,7 @@ In-process (one event loop in a daemon thread; returns once it accepts connectio
     from inferwatch.sim.simulator import SimConfig
 
     handle = run_in_thread(SimConfig(port=0, speed=20, admin_token="t"))
-    ...  # handle.url == "http://127.0.0.1:<port>", handle.gpu_url, handle.simulator
+    ...  # handle.url == "http://127.0.0.1:<port>", handle.gpu_url (its DCGM page), handle.simulator
     handle.stop()
 
 As a subprocess (``python -m inferwatch sim ...``; port 0 means a free one)::
@@ -164,8 +164,8 @@ class _Servers:
             for app in apps
         ]
         self.url = _url(config.host, self.sockets[0])
-        gpu_url = _url(config.host, self.sockets[1]) if len(self.sockets) > 1 else self.url + "/gpu"
-        self.gpu_url = gpu_url
+        gpu = _url(config.host, self.sockets[1]) if len(self.sockets) > 1 else self.url + "/gpu"
+        self.gpu_url = gpu + "/metrics"  # the dcgm-exporter page, as --gpu dcgm=URL takes it
 
     async def serve(self, on_ready: Callable[[], Awaitable[None] | None] | None = None) -> None:
         tasks = [

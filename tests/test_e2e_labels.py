@@ -1,0 +1,149 @@
+"""End to end: labels that join, as a real Prometheus stores them.
+
+Two real sidecar processes are scraped the way a PodMonitor scrapes them (target labels
+``namespace`` and ``pod``, ``honor_labels: false``): the one that runs "in Kubernetes" leaves
+those labels to the target and they arrive as given, while one told to emit them shows the
+collision the convention avoids (``exported_pod``). An unknown model version is stored as
+``unknown``.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import shared_path
+
+pytestmark = pytest.mark.e2e
+
+INFERWATCH = Path(sys.executable).parent / "inferwatch"
+PAGE = shared_path("fixtures/engines/vllm-generated-0.33.0-1engine.prom")
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+        except httpx.HTTPError:
+            result = None
+        if result:
+            return result
+        time.sleep(0.2)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def sidecars(
+    page_server: Any, new_port: Callable[[], int], tmp_path: Path
+) -> Iterator[dict[str, str]]:
+    """``in-kubernetes`` (auto: labels left to discovery) and ``emitting`` sidecars."""
+    if not PAGE.exists():
+        pytest.skip(f"shared fixture {PAGE} not found")
+    page_server.page = PAGE.read_bytes()
+    started: list[tuple[subprocess.Popen[bytes], Path]] = []
+    addresses = {}
+    for name, extra_env, flags in (
+        ("in-kubernetes", {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, []),
+        ("emitting", {}, ["--pod-labels=emit"]),
+    ):
+        port = new_port()
+        log = tmp_path / f"{name}.log"
+        with log.open("w") as out:
+            process = subprocess.Popen(
+                [
+                    str(INFERWATCH),
+                    "sidecar",
+                    f"--engine-url={page_server.url}/page/metrics",
+                    f"--listen=127.0.0.1:{port}",
+                    "--gpu=none",
+                    f"--pod={name}-0",
+                    "--namespace=serving",
+                    *flags,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={"PATH": "/usr/bin:/bin", **extra_env},
+            )
+        started.append((process, log))
+        addresses[name] = f"127.0.0.1:{port}"
+    try:
+        for address in addresses.values():
+            wait_for(lambda a=address: httpx.get(f"http://{a}/healthz").status_code == 200, address)
+        yield addresses
+    finally:
+        for process, log in started:
+            process.terminate()
+            assert process.wait(10) in (0, -signal.SIGTERM), log.read_text()
+
+
+@pytest.fixture
+def prometheus(
+    prometheus_bin: str, sidecars: dict[str, str], tmp_path: Path, new_port: Callable[[], int]
+) -> Iterator[str]:
+    targets = "".join(
+        f"      - {{targets: ['{address}'], labels: {{pod: {name}-0, namespace: serving}}}}\n"
+        for name, address in sidecars.items()
+    )
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, scrape_timeout: 900ms}\n"
+        "scrape_configs:\n"
+        "  - job_name: podmonitor\n"
+        "    honor_labels: false\n"
+        f"    static_configs:\n{targets}"
+    )
+    port = new_port()
+    with (tmp_path / "prometheus.log").open("w") as log:
+        process = subprocess.Popen(
+            [
+                prometheus_bin,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: httpx.get(f"{url}/-/ready").status_code == 200, "Prometheus")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def series(prometheus: str, promql: str) -> list[dict[str, str]]:
+    response = httpx.get(f"{prometheus}/api/v1/query", params={"query": promql})
+    response.raise_for_status()
+    return [item["metric"] for item in response.json()["data"]["result"]]
+
+
+def test_target_labels_arrive_as_given_and_unknown_versions_are_spelled_out(
+    prometheus: str,
+) -> None:
+    found = wait_for(
+        lambda: (
+            len(series(prometheus, "inferwatch_engine_up == 1")) == 2
+            and series(prometheus, "inferwatch_engine_up")
+        ),
+        "both sidecars scraped",
+    )
+    by_target = {labels["pod"]: labels for labels in found}
+    in_kubernetes = by_target["in-kubernetes-0"]
+    assert "exported_pod" not in in_kubernetes and "exported_namespace" not in in_kubernetes
+    assert in_kubernetes["namespace"] == "serving"
+    assert in_kubernetes["model_version"] == "unknown"  # no --model-version given
+    emitting = by_target["emitting-0"]
+    assert emitting["exported_pod"] == "emitting-0"  # what the convention avoids
+    rows = series(prometheus, 'inferwatch_engine_requests_running{pod="in-kubernetes-0"}')
+    assert rows and all("exported_pod" not in labels for labels in rows)

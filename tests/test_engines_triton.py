@@ -1,0 +1,107 @@
+"""Triton's latency summaries (``--metrics-config summary_latencies=true``) feed the same
+catalogue histograms as its default latency counters, and its labels become ours."""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client.core import Metric
+
+from inferwatch.exporters import engines, textformat
+
+LABELS = 'model="tensorrt_llm",version="1"'
+
+
+def summary(name: str, help_text: str, count: int, total: int) -> str:
+    """A summary as Triton writes it (the layout of its metrics documentation's example)."""
+    quantiles = "".join(
+        f'{name}{{{LABELS},quantile="{q}"}} {v}\n'
+        for q, v in (("0.5", 55), ("0.9", 97), ("0.95", 98), ("0.99", 101), ("0.999", 101))
+    )
+    return (
+        f"# HELP {name} {help_text}\n# TYPE {name} summary\n"
+        f"{name}_count{{{LABELS}}} {count}\n{name}_sum{{{LABELS}}} {total}\n{quantiles}"
+    )
+
+
+SUCCESS = f"""\
+# HELP nv_inference_request_success Number of successful inference requests, all batch sizes
+# TYPE nv_inference_request_success counter
+nv_inference_request_success{{{LABELS}}} 161
+"""
+COUNTERS = f"""\
+# HELP nv_inference_request_duration_us Cumulative inference request duration in microseconds
+# TYPE nv_inference_request_duration_us counter
+nv_inference_request_duration_us{{{LABELS}}} 48300300
+# HELP nv_inference_queue_duration_us Cumulative inference queuing duration in microseconds
+# TYPE nv_inference_queue_duration_us counter
+nv_inference_queue_duration_us{{{LABELS}}} 11110
+"""
+SUMMARIES = summary(
+    "nv_inference_request_summary_us",
+    "Summary of inference request duration in microseconds (includes cached requests)",
+    163,
+    48400000,
+) + summary(
+    "nv_inference_queue_summary_us",
+    "Summary of inference queuing duration in microseconds (includes cached requests)",
+    163,
+    11200,
+)
+
+
+def normalized(page: str) -> list[Metric]:
+    exposition = textformat.parse(page.encode())
+    assert engines.detect(exposition) == "triton"
+    return engines.normalize(exposition, "triton", {})
+
+
+def histogram(families: list[Metric], name: str) -> dict[str, object]:
+    (family,) = [f for f in families if f.name == name]
+    found: dict[str, object] = {}
+    for sample in family.samples:
+        suffix = sample.name.removeprefix(name)
+        if suffix == "_bucket":
+            found.setdefault("buckets", []).append((sample.labels["le"], sample.value))  # type: ignore[union-attr]
+        else:
+            found[suffix] = sample.value
+        found["labels"] = {k: v for k, v in sample.labels.items() if k != "le"}
+    return found
+
+
+def test_summaries_alone_give_the_latency_histograms() -> None:
+    """counter_latencies=false summary_latencies=true: only the summaries carry latency."""
+    families = normalized(SUCCESS + SUMMARIES)
+    e2e = histogram(families, "inferwatch_engine_request_duration_seconds")
+    assert e2e["buckets"] == [("+Inf", 163)]
+    assert e2e["_count"] == 163 and math.isclose(e2e["_sum"], 48.4)  # type: ignore[arg-type]
+    assert e2e["labels"] == {"model": "tensorrt_llm", "model_version": "1", **blank()}
+    queue = histogram(families, "inferwatch_engine_request_queue_duration_seconds")
+    assert queue["_count"] == 163 and math.isclose(queue["_sum"], 0.0112)  # type: ignore[arg-type]
+    names = {s.name for f in families for s in f.samples}
+    assert not any("quantile" in s.labels for f in families for s in f.samples)
+    assert "inferwatch_engine_request_duration_seconds_bucket" in names
+
+
+def test_summaries_win_over_the_counters_when_both_are_on() -> None:
+    families = normalized(SUCCESS + COUNTERS + SUMMARIES)
+    e2e = histogram(families, "inferwatch_engine_request_duration_seconds")
+    assert e2e["_count"] == 163  # the summary's own count, not the success counter's 161
+
+
+def test_counters_alone_still_work() -> None:
+    families = normalized(SUCCESS + COUNTERS)
+    e2e = histogram(families, "inferwatch_engine_request_duration_seconds")
+    assert e2e["_count"] == 161 and math.isclose(e2e["_sum"], 48.3003)  # type: ignore[arg-type]
+
+
+def blank() -> dict[str, str]:
+    """The engine identity labels a bare normalize leaves empty (the sidecar fills them)."""
+    return {
+        "engine": "",
+        "engine_version": "",
+        "prompt_version": "",
+        "pod": "",
+        "namespace": "",
+        "node": "",
+    }

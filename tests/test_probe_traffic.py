@@ -1,0 +1,220 @@
+"""Probe traffic kept apart: probes sent straight to the engine reconcile with its counters.
+
+In the shipped pod layout the sidecar probes its engine directly while tenants go through the
+proxy. The engine counts both; the proxy charges only the tenants and reads the probe runner's
+``inferwatch_probe_tokens_total{route="direct"}``, so its drift settles at 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import scripted_engine as harness
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from inferwatch.exporters.endpoints import metrics_response
+from inferwatch.exporters.tenancy import config as proxy_config
+from inferwatch.exporters.tenancy.app import ProxyApp
+from inferwatch.exporters.tenancy.reconcile import Reconciler, direct_probe_tokens
+from inferwatch.exporters.tenancy.tenants import hash_key
+from inferwatch.exporters.tenancy.usage import Usage
+from inferwatch.probes import golden
+from inferwatch.probes.client import Endpoint
+from inferwatch.probes.runner import ProbeRunner, Schedule, Target
+from inferwatch.sim.server import run_in_thread
+from inferwatch.sim.simulator import SimConfig
+
+MODEL = "sim-model"
+DRIFT = "inferwatch_tenancy_reconciliation_drift_tokens"
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+# --- the probe runner's page ------------------------------------------------------------------
+def probe_tokens_line(target: str, route: str, token_type: str, n: int) -> str:
+    labels = f'target="{target}",route="{route}",model="m",model_version="v1",type="{token_type}"'
+    return f"inferwatch_probe_tokens_total{{{labels}}} {n}\n"
+
+
+ENGINE_UP = "# TYPE inferwatch_engine_up gauge\ninferwatch_engine_up 1\n"
+PAGE = (
+    "# TYPE inferwatch_probe_tokens_total counter\n"
+    + probe_tokens_line("r0", "direct", "prompt", 120)
+    + probe_tokens_line("r0", "direct", "completion", 30)
+    + probe_tokens_line("gw", "router", "prompt", 500)
+    + ENGINE_UP
+)
+
+
+def test_only_direct_probe_tokens_count_as_traffic_around_the_proxy() -> None:
+    # router-route probes pass through the proxy, which charges them to _probe already
+    assert direct_probe_tokens(PAGE) == {"prompt": 120.0, "completion": 30.0}
+    assert direct_probe_tokens(ENGINE_UP) is None
+    assert direct_probe_tokens(b"<html>502</html>") is None
+
+
+def test_direct_tokens_close_the_gap_and_a_runner_restart_starts_a_new_baseline() -> None:
+    reconciler = Reconciler()
+    engine, direct = {"prompt": 1000.0, "completion": 500.0}, {"prompt": 50.0, "completion": 5.0}
+    assert reconciler.update(engine, Usage(), direct) == {"prompt": 0.0, "completion": 0.0}
+    # 100/40 tenant tokens through the proxy, 30/10 probe tokens straight to the engine
+    engine, direct = {"prompt": 1130.0, "completion": 550.0}, {"prompt": 80.0, "completion": 15.0}
+    charged = Usage(prompt=100, completion=40)
+    assert reconciler.update(engine, charged, direct) == {"prompt": 0.0, "completion": 0.0}
+    reconciler = Reconciler()
+    reconciler.update(engine, charged, direct)
+    restarted = {"prompt": 7.0, "completion": 1.0}  # the sidecar restarted: counters from 0
+    assert reconciler.update(engine, charged, restarted) == {"prompt": 0.0, "completion": 0.0}
+    engine = {"prompt": 1140.0, "completion": 553.0}
+    grown = {"prompt": 17.0, "completion": 4.0}
+    assert reconciler.update(engine, charged, grown) == {"prompt": 0.0, "completion": 0.0}
+
+
+# --- the pod layout on loopback: simulator, direct probes, proxy -----------------------------
+def probe_page(families: Callable[[], list[Metric]]) -> Starlette:
+    """A probe runner's families at /metrics, as the sidecar embeds them (probes on demand)."""
+
+    async def metrics(request: Request) -> Response:
+        return metrics_response(request, families())
+
+    return Starlette(routes=[Route("/metrics", metrics)])
+
+
+@contextlib.contextmanager
+def pod(probe_metrics: bool) -> Iterator[tuple[Any, Any, Any, ProbeRunner]]:
+    """Simulator, a proxy in front of it, and a runner probing the engine directly (as the
+    sidecar does) and through the proxy (as a router probe would, as tenant ``_probe``)."""
+    sim = run_in_thread(SimConfig(port=0, speed=50, served_model_name=MODEL))
+    loop = harness.LoopThread()
+    runners: list[ProbeRunner] = []
+    probes = harness.ProxyServer(loop, probe_page(lambda: runners[0].families()))
+    upstream: dict[str, Any] = {"url": sim.url, "reconcile_interval": 0}
+    if probe_metrics:
+        upstream["probe_metrics"] = [probes.url + "/metrics"]
+    config = proxy_config.parse(
+        {
+            "upstream": upstream,
+            "tenants": {"acme": {"key_sha256": [hash_key("sk-acme")]}},
+            "identity": {"trusted_sources": ["127.0.0.1"]},  # the router probe's _probe header
+            "prices": {"default": {"prompt": 1.0, "completion": 2.0}},
+        }
+    )
+    proxy = harness.ProxyServer(loop, ProxyApp(config))
+    targets = [
+        Target("replica-0", Endpoint(sim.url), "direct", "v1"),
+        # the model named: a discovery request (/v1/models) is no engine request
+        Target("gateway", Endpoint(proxy.url, model=MODEL), "router", "v1"),
+    ]
+    schedule = Schedule(cycle_s=0, jitter=0, timeout_s=10)
+    runners.append(ProbeRunner(golden.load("default"), targets, schedule=schedule))
+    try:
+        yield sim, proxy, loop, runners[0]
+    finally:
+        proxy.stop()
+        probes.stop()
+        loop.run(runners[0].aclose)
+        loop.close()
+        sim.stop()
+
+
+def tenant_and_probe_traffic(proxy: Any, loop: Any, runner: ProbeRunner) -> None:
+    tenant = openai.OpenAI(base_url=proxy.url + "/v1", api_key="sk-acme", max_retries=0)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    for stream in (False, True):
+        reply = tenant.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=12, stream=stream
+        )
+        if stream:
+            assert [chunk for chunk in reply]  # type: ignore[union-attr]
+    for target in runner.targets:
+        outcomes = loop.run(lambda: runner.run_cycle(target), timeout=60)  # noqa: B023
+        assert outcomes and all(o.reply.ok for o in outcomes)
+
+
+def probe_tokens(runner: ProbeRunner, route: str) -> dict[str, float]:
+    totals = {"prompt": 0.0, "completion": 0.0}
+    for (_, key_route, *_, token_type), n in runner.metrics.tokens.items():
+        if key_route == route:
+            totals[token_type] += n
+    return totals
+
+
+@pytest.mark.parametrize("probe_metrics", [True, False], ids=["probe-metrics", "unconfigured"])
+def test_drift_settles_at_zero_when_the_proxy_reads_the_direct_probes(
+    probe_metrics: bool,
+) -> None:
+    with pod(probe_metrics) as (sim, proxy, loop, runner):
+        loop.run(proxy.app.reconcile_once)  # the baseline, before any traffic
+        tenant_and_probe_traffic(proxy, loop, runner)
+        loop.run(proxy.app.reconcile_once)
+        page = httpx.get(proxy.url + "/metrics").text
+        engine_page = httpx.get(sim.url + "/metrics").text
+    direct, routed = probe_tokens(runner, "direct"), probe_tokens(runner, "router")
+    # the engine's requests are the tenants' and the probes', as the demo shows them
+    probe_runs = {route: sum(n for key, n in runner.metrics.runs.items() if key[1] == route)
+                  for route in ("direct", "router")}  # fmt: skip
+    metered = {tenant: value(page, "inferwatch_tenancy_requests_total", tenant=tenant, outcome="ok")
+               for tenant in ("acme", "_probe")}  # fmt: skip
+    assert metered == {"acme": 2, "_probe": probe_runs["router"]}
+    finished = value(engine_page, "vllm:request_success_total")
+    assert finished == metered["acme"] + metered["_probe"] + probe_runs["direct"]
+    assert min(direct.values()) > 0 and min(routed.values()) > 0
+    # router probes pass the proxy: metered as _probe, at no cost; tenants pay for their own
+    for token_type, spent in routed.items():
+        tokens = "inferwatch_tenancy_tokens_total"
+        assert value(page, tokens, tenant="_probe", token_type=token_type) == spent, token_type
+    assert value(page, "inferwatch_tenancy_cost_total", tenant="_probe") == 0
+    assert value(page, "inferwatch_tenancy_cost_total", tenant="acme") > 0
+    for token_type, spent in direct.items():
+        drift = value(page, DRIFT, token_type=token_type)
+        # without the runner's page the direct probes look like engine traffic nobody charged
+        assert drift == (0 if probe_metrics else -spent), token_type
+    assert value(page, "inferwatch_tenancy_reconciliation_errors_total") == 0
+
+
+def test_an_unreadable_probe_page_is_a_counted_error_not_a_wrong_drift(unused_port: int) -> None:
+    sim = run_in_thread(SimConfig(port=0, speed=50, served_model_name=MODEL))
+    loop = harness.LoopThread()
+    config = proxy_config.parse(
+        {
+            "upstream": {
+                "url": sim.url,
+                "reconcile_interval": 0,
+                "probe_metrics": [f"http://127.0.0.1:{unused_port}/metrics", sim.url + "/metrics"],
+            }
+        }
+    )
+    app = ProxyApp(config)
+    try:
+        loop.run(app.reconcile_once)
+        assert app.metrics.reconciliation_errors == {"probe_unreachable": 1}
+        app.direct_traffic.urls = (sim.url + "/metrics",)  # an engine page: no probe counters
+        loop.run(app.reconcile_once)
+        assert app.metrics.reconciliation_errors["no_probe_counters"] == 1
+        assert app.metrics.drift == {}  # never published from half the picture
+    finally:
+        loop.run(app.stop_background)
+        loop.close()
+        sim.stop()
+
+
+def test_a_bad_probe_metrics_entry_names_the_field() -> None:
+    with pytest.raises(proxy_config.ConfigError, match=r"upstream\.probe_metrics: expected"):
+        proxy_config.parse({"upstream": {"probe_metrics": ["ftp://x/metrics"]}})
