@@ -52,6 +52,7 @@ def readme(path: Path, check: bool) -> None:
     "config_path",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
+    envvar="INFERWATCH_GENERATE_ALERTS_CONFIG",
     show_envvar=True,
     help="Alert config read on top of the shipped defaults (alerts/config.yaml).",
 )
@@ -62,7 +63,12 @@ def readme(path: Path, check: bool) -> None:
     show_envvar=True,
     help="Directory for the rule files [default: alerts/generated of this checkout].",
 )
-@click.option("--check", is_flag=True, help="Fail instead of writing when a file is stale.")
+@click.option(
+    "--check",
+    is_flag=True,
+    show_envvar=True,
+    help="Fail instead of writing when a file is stale.",
+)
 def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
     """Write the Prometheus rule files (one per layer, recording rules), a PrometheusRule and
     the recommended Alertmanager config."""
