@@ -398,6 +398,9 @@ def gate(
     except click.ClickException as exc:
         click.echo(f"Error: {exc.message}", err=True)
         sys.exit(EXIT_ERROR)
+    except gating.CouldNotRun as exc:
+        click.echo(f"Error: could not run: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
     if as_json:
         click.echo(json.dumps(report.as_json(), indent=2, sort_keys=True))
     else:

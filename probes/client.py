@@ -4,7 +4,9 @@ Requests are streamed so that time to first token is measured the way users feel
 marked with the reserved tenant ``_probe`` (header ``X-Inferwatch-Tenant``) so that the
 tenancy proxy keeps probe tokens out of customer cost; where tenants are resolved from API
 keys instead, give the probe its own key (``api_key``) mapped to ``_probe``. Every failure
-comes back as a :class:`Reply` with ``error`` set, never as an exception.
+comes back as a :class:`Reply` with ``error`` set, never as an exception. A reply that is not
+readable JSON at all (nesting past the parser's depth, a number no double can hold) is
+``unreadable_reply``: the probe could not run, which says nothing about answer quality.
 """
 
 from __future__ import annotations
@@ -22,9 +24,40 @@ from inferwatch import __version__
 from inferwatch.probes.golden import Golden
 from inferwatch.probes.reply import Reply, ToolCall
 
+UNREADABLE: Final = "unreadable_reply"
 PROBE_TENANT: Final = "_probe"
 TENANT_HEADER: Final = "X-Inferwatch-Tenant"
 MAX_BODY_BYTES: Final = 1 << 20
+
+
+class UnreadableReply(ValueError):
+    """JSON that cannot be read back as data (see the module docstring)."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise UnreadableReply(f"number {text[:40]} does not fit a double")
+    return value
+
+
+def _integer(text: str) -> int:
+    if len(text) > 4000:  # past what int() converts by default (4300 digits)
+        raise UnreadableReply(f"an integer of {len(text)} digits")
+    return int(text)
+
+
+def loads(text: str | bytes) -> Any:
+    """Parse JSON; ``UnreadableReply`` for JSON nested too deeply or numbers out of range."""
+    try:
+        return json.loads(text, parse_float=_finite, parse_int=_integer)
+    except RecursionError:
+        raise UnreadableReply("JSON nested too deeply") from None
+
+
+def _tokens(value: Any) -> int:
+    """A usage count, or 0 for anything that is not a plausible one."""
+    return value if type(value) is int and 0 <= value < 1 << 32 else 0
 
 
 @dataclass(frozen=True)
@@ -102,8 +135,8 @@ class _Assembler:
                 ToolCall(name=c["name"], arguments=c["args"]) for _, c in sorted(self.calls.items())
             ),
             finish_reason=self.finish_reason,
-            prompt_tokens=int(self.usage.get("prompt_tokens") or 0),
-            completion_tokens=int(self.usage.get("completion_tokens") or 0),
+            prompt_tokens=_tokens(self.usage.get("prompt_tokens")),
+            completion_tokens=_tokens(self.usage.get("completion_tokens")),
             ttft_s=None if self.first_token_at is None else self.first_token_at - started,
             total_s=time.perf_counter() - started,
             model=self.model,
@@ -118,7 +151,7 @@ async def _read(response: httpx.Response, assembler: _Assembler) -> None:
         body = await response.aread()
         if len(body) > MAX_BODY_BYTES:
             raise ValueError("body too large")
-        assembler.feed(json.loads(body), time.perf_counter())
+        assembler.feed(loads(body), time.perf_counter())
         return
     size = 0
     async for line in response.aiter_lines():
@@ -130,7 +163,7 @@ async def _read(response: httpx.Response, assembler: _Assembler) -> None:
         data = line[5:].strip()
         if data == "[DONE]":
             return
-        chunk = json.loads(data)
+        chunk = loads(data)
         if not isinstance(chunk, dict):
             raise ValueError("frame is not an object")
         assembler.feed(chunk, time.perf_counter())
@@ -168,7 +201,9 @@ async def send(
         return Reply(status=status, error="timeout", total_s=time.perf_counter() - started)
     except httpx.TransportError:
         return Reply(status=status, error="connect", total_s=time.perf_counter() - started)
-    except (ValueError, TypeError, AttributeError, httpx.HTTPError):
+    except UnreadableReply:
+        return Reply(status=status, error=UNREADABLE, total_s=time.perf_counter() - started)
+    except (ValueError, TypeError, AttributeError, OverflowError, httpx.HTTPError):
         return Reply(status=status, error="bad_response", total_s=time.perf_counter() - started)
     return assembler.reply(status, started, headers)
 
@@ -179,7 +214,10 @@ async def discover_model(http: httpx.AsyncClient, endpoint: Endpoint, timeout_s:
         endpoint.models_url, headers=endpoint.request_headers(), timeout=timeout_s
     )
     response.raise_for_status()
-    data = response.json().get("data") or []
-    if not data or not isinstance(data[0], Mapping) or not data[0].get("id"):
+    listing = loads(response.content)
+    data = (listing.get("data") if isinstance(listing, Mapping) else None) or []
+    if not isinstance(data, list) or not data or not isinstance(data[0], Mapping):
+        raise ValueError("the endpoint lists no models")
+    if not data[0].get("id"):
         raise ValueError("the endpoint lists no models")
     return str(data[0]["id"])

@@ -22,12 +22,26 @@ import httpx
 
 from inferwatch.probes import client, degeneracy
 from inferwatch.probes.golden import Golden, GoldenSet
+from inferwatch.probes.reply import Reply
 from inferwatch.probes.scoring import Limits, score
 from inferwatch.probes.stats import Difference, newcombe, percentile
 
 LOAD_PROMPT: Final = (
     "Explain in about one hundred words how a lighthouse helps ships at night, in plain sentences."
 )
+
+
+class CouldNotRun(Exception):
+    """An endpoint answered with replies the gate cannot read: no verdict can be given."""
+
+
+def _readable(endpoint: client.Endpoint, reply: Reply) -> Reply:
+    if reply.error == client.UNREADABLE:
+        raise CouldNotRun(
+            f"{endpoint.url}: replies are not readable JSON (nested too deeply or numbers out "
+            "of range); cannot judge quality"
+        )
+    return reply
 
 
 @dataclass(frozen=True)
@@ -139,9 +153,8 @@ async def run_quality(
     quality = Quality()
     for _ in range(repeats):
         for golden in goldens.probes:
-            outcome = score(
-                golden, await client.send(http, endpoint, golden, limits.total_s), limits
-            )
+            reply = await client.send(http, endpoint, golden, limits.total_s)
+            outcome = score(golden, _readable(endpoint, reply), limits)
             quality.runs += 1
             quality.passes += outcome.passed
             quality.failures.update(outcome.failures.keys())
@@ -180,7 +193,7 @@ async def run_load(
         nonlocal tokens, errors
         while not queue.empty():
             queue.get_nowait()
-            reply = await client.send(http, endpoint, request, timeout_s)
+            reply = _readable(endpoint, await client.send(http, endpoint, request, timeout_s))
             if not reply.ok or reply.ttft_s is None:
                 errors += 1
                 continue

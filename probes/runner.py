@@ -144,7 +144,8 @@ class ProbeRunner:
         return self._models[target.name]
 
     async def probe_once(self, target: Target, golden: Golden) -> Outcome | None:
-        """Send one golden to one target and record it; None when skipped (budget, model)."""
+        """Send one golden to one target and record it; None when skipped (budget, model, or a
+        reply no parser can read)."""
         if not self.budget.allows(estimate_tokens(golden)):
             self.metrics.skip(target.name, "budget")
             return None
@@ -158,6 +159,10 @@ class ProbeRunner:
         reply = await client.send(self.http, endpoint, golden, self.schedule.timeout_s)
         spent = reply.prompt_tokens + reply.completion_tokens
         self.budget.spend(spent or (estimate_tokens(golden) if reply.ok else 0))
+        if reply.error == client.UNREADABLE:  # the probe could not run: no quality verdict
+            self.metrics.skip(target.name, client.UNREADABLE)
+            log_event(logger, logging.WARNING, "probe reply unreadable", target=target.name)
+            return None
         outcome = score(golden, reply, self.limits)
         version = or_unknown(target.model_version or reply.system_fingerprint)
         key = SeriesKey(target.name, target.route, model, version)

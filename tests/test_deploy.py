@@ -79,3 +79,22 @@ def test_sidecars_scoped_by_the_kubelet_can_reach_its_socket() -> None:
             assert volumes[name]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
             env = {e["name"] for e in container.get("env", [])}
             assert {"POD_NAME", "POD_NAMESPACE"} <= env
+
+
+def test_tenant_metrics_are_scraped_on_a_port_no_service_exposes() -> None:
+    """Per-tenant series live on the proxy's --metrics-listen port: the PodMonitor must scrape
+    that port (a named container port), and no Service may route clients to it."""
+    proxies = [c for w, c in CONTAINERS if c["args"][0] == "proxy"]
+    assert proxies
+    for proxy in proxies:
+        (listen,) = [a for a in proxy["args"] if a.startswith("--metrics-listen=")]
+        port = int(listen.rsplit(":", 1)[1])
+        (name,) = [p["name"] for p in proxy["ports"] if p["containerPort"] == port]
+        scraped = {
+            e["port"] for m in documents("PodMonitor") for e in m["spec"]["podMetricsEndpoints"]
+        }
+        assert name in scraped
+        exposed = {
+            str(p.get("targetPort")) for s in documents("Service") for p in s["spec"]["ports"]
+        }
+        assert name not in exposed and str(port) not in exposed

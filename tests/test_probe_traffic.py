@@ -104,15 +104,18 @@ def pod(probe_metrics: bool) -> Iterator[tuple[Any, Any, Any, ProbeRunner]]:
     sim = run_in_thread(SimConfig(port=0, speed=50, served_model_name=MODEL))
     loop = harness.LoopThread()
     runners: list[ProbeRunner] = []
-    probes = harness.ProxyServer(loop, probe_page(lambda: runners[0].families()))
+    probes = harness.AppServer(loop, probe_page(lambda: runners[0].families()))
     upstream: dict[str, Any] = {"url": sim.url, "reconcile_interval": 0}
     if probe_metrics:
         upstream["probe_metrics"] = [probes.url + "/metrics"]
     config = proxy_config.parse(
         {
             "upstream": upstream,
-            "tenants": {"acme": {"key_sha256": [hash_key("sk-acme")]}},
-            "identity": {"trusted_sources": ["127.0.0.1"]},  # the router probe's _probe header
+            # the router probe is the reserved tenant _probe by its key, never by its header
+            "tenants": {
+                "acme": {"key_sha256": [hash_key("sk-acme")]},
+                "_probe": {"key_sha256": [hash_key("sk-probe")]},
+            },
             "prices": {"default": {"prompt": 1.0, "completion": 2.0}},
         }
     )
@@ -120,7 +123,7 @@ def pod(probe_metrics: bool) -> Iterator[tuple[Any, Any, Any, ProbeRunner]]:
     targets = [
         Target("replica-0", Endpoint(sim.url), "direct", "v1"),
         # the model named: a discovery request (/v1/models) is no engine request
-        Target("gateway", Endpoint(proxy.url, model=MODEL), "router", "v1"),
+        Target("gateway", Endpoint(proxy.url, model=MODEL, api_key="sk-probe"), "router", "v1"),
     ]
     schedule = Schedule(cycle_s=0, jitter=0, timeout_s=10)
     runners.append(ProbeRunner(golden.load("default"), targets, schedule=schedule))
@@ -164,7 +167,7 @@ def test_drift_settles_at_zero_when_the_proxy_reads_the_direct_probes(
         loop.run(proxy.app.reconcile_once)  # the baseline, before any traffic
         tenant_and_probe_traffic(proxy, loop, runner)
         loop.run(proxy.app.reconcile_once)
-        page = httpx.get(proxy.url + "/metrics").text
+        page = httpx.get(proxy.metrics_url + "/metrics").text
         engine_page = httpx.get(sim.url + "/metrics").text
     direct, routed = probe_tokens(runner, "direct"), probe_tokens(runner, "router")
     # the engine's requests are the tenants' and the probes', as the demo shows them

@@ -85,7 +85,7 @@ class Stack:
         self.client = httpx.Client(base_url=self.url, timeout=10)
 
     def metrics(self) -> str:
-        return self.client.get("/metrics").text
+        return httpx.get(self.server.metrics_url + "/metrics", timeout=10).text
 
     def close(self) -> None:
         self.client.close()
@@ -405,14 +405,16 @@ def test_x_forwarded_for_does_not_make_a_local_client_trusted(
 
 
 def test_budgets_refuse_with_retry_after_once_spent(stack: Callable[..., Stack]) -> None:
+    # each request reserves 19 prompt tokens (the byte bound) + 6 max_tokens and uses 19
     proxy = stack(
         tenants={
             "acme": {
                 "key_sha256": [hash_key(KEYS["acme"])],
-                "budget": {"tokens": 30, "window": "1h"},
+                "budget": {"tokens": 60, "window": "1h"},
             },
             "globex": {"key_sha256": [hash_key(KEYS["globex"])]},
-        }
+        },
+        limits={"over_budget": "reject"},
     )
     statuses = [proxy.client.post(CHAT, json=chat(), headers=auth("acme")) for _ in range(3)]
     assert [r.status_code for r in statuses[:2]] == [200, 200]
@@ -426,7 +428,10 @@ def test_budgets_refuse_with_retry_after_once_spent(stack: Callable[..., Stack])
         samples(text, "inferwatch_tenancy_requests_total", tenant="acme", outcome="rejected_budget")
         == 1
     )
-    assert samples(text, "inferwatch_tenancy_budget_remaining_tokens", tenant="acme") == 0
+    used = samples(text, "inferwatch_tenancy_tokens_total", tenant="acme", token_type="prompt")
+    used += samples(text, "inferwatch_tenancy_tokens_total", tenant="acme", token_type="completion")
+    assert 60 - 25 < used <= 60
+    assert samples(text, "inferwatch_tenancy_budget_remaining_tokens", tenant="acme") == 60 - used
 
 
 def test_a_tenant_at_its_concurrency_cap_cannot_starve_others(

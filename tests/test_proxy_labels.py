@@ -76,7 +76,7 @@ def test_idle_tenants_are_evicted_into_other_without_losing_tokens() -> None:
     clock.now = 70
     released = labels.evict_idle()
     assert released == ["a"]
-    metrics.fold_tenants(released)
+    metrics.fold("tenant", released)
     by_tenant: dict[str, int] = {}
     for (identity, _, _), value in metrics.tokens.items():
         by_tenant[identity[0]] = by_tenant.get(identity[0], 0) + value

@@ -59,6 +59,7 @@ class Stack:
     engine: Any
     app: ProxyApp
     client: httpx.Client
+    metrics: httpx.Client  # the separate metrics listener
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +79,10 @@ def stack() -> Iterator[Stack]:
     app = ProxyApp(proxy_config.parse(document, "test.yaml"), access_log=False)
     proxy = se.ProxyServer(loop, app)
     client = httpx.Client(base_url=proxy.url, timeout=10)
-    yield Stack(loop, engine, app, client)
+    metrics = httpx.Client(base_url=proxy.metrics_url, timeout=10)
+    yield Stack(loop, engine, app, client, metrics)
     client.close()
+    metrics.close()
     proxy.stop()
 
     async def close_engine() -> None:
@@ -334,7 +337,7 @@ def _case(**fields: Any) -> Case:
 @given(case=cases())
 def test_accounting_survives_any_chunking_breakage_or_hang_up(stack: Stack, case: Case) -> None:
     reset(stack.engine)
-    before = scrape(stack.client)
+    before = scrape(stack.metrics)
     if case.stream:
         check_stream(stack, case, before)
     else:
@@ -385,7 +388,7 @@ def check_stream(stack: Stack, case: Case, before: Samples) -> None:
                 received += piece
                 if leave_after is not None and len(received) >= leave_after:
                     break
-    after = settled(stack.client, before)
+    after = settled(stack.metrics, before)
     forwarded = stack.engine.requests[0]
     assert forwarded["stream_options"]["include_usage"] is True  # forced on, whatever was asked
 
@@ -505,7 +508,7 @@ def check_reply(stack: Stack, case: Case, before: Samples) -> None:
         status, received = reply.status_code, reply.content
     except httpx.ReadTimeout:
         assert leaves
-    after = settled(stack.client, before)
+    after = settled(stack.metrics, before)
 
     outcomes = deltas(before, after, "inferwatch_tenancy_requests_total", "tenant", "outcome")
     accounted = deltas(
@@ -574,7 +577,7 @@ def test_bad_request_bodies_get_one_clear_error_and_never_reach_the_engine(
         valid = False
     assume(not valid)  # a real request: the other property covers those
     reset(stack.engine)
-    before = scrape(stack.client)
+    before = scrape(stack.metrics)
     reply = stack.client.post(
         "/v1/chat/completions",
         content=body,
@@ -583,7 +586,7 @@ def test_bad_request_bodies_get_one_clear_error_and_never_reach_the_engine(
     assert reply.status_code == (413 if len(body) > MAX_BODY else 400)
     error = reply.json()["error"]
     assert error["code"] == "rejected_bad_request" and "\n" not in error["message"]
-    after = scrape(stack.client)
+    after = scrape(stack.metrics)
     assert deltas(before, after, "inferwatch_tenancy_requests_total", "tenant", "outcome") == {
         (tenant, "rejected_bad_request"): 1
     }

@@ -54,9 +54,14 @@ class Stack:
         self.sim = sim
         document = {
             "upstream": {"url": sim.url, "reconcile_interval": 0},
-            # The default tenant header is the one the probe client sends.
+            # Trusted, so the probe client's tenant header is read (and, as it names the
+            # reserved tenant _probe, never honoured: the probe is resolved by its key).
             "identity": {"trusted_sources": ["127.0.0.1/32"]},
-            "tenants": {"acme": {"key_sha256": [hash_key("sk-acme")]}},
+            # the probe tenant is only ever resolved from a key, never from the header
+            "tenants": {
+                "acme": {"key_sha256": [hash_key("sk-acme")]},
+                "_probe": {"key_sha256": [hash_key("sk-probe")]},
+            },
             "quality_sampling": {"rate": rate},
             "prices": {"default": {"prompt": 1.0, "completion": 2.0}},
         }
@@ -86,7 +91,7 @@ class Stack:
             pass
 
     def metrics(self) -> str:
-        return httpx.get(self.url + "/metrics").text
+        return httpx.get(self.server.metrics_url + "/metrics").text
 
     def faults(self, document: dict[str, Any] | None) -> None:
         method = "POST" if document is not None else "DELETE"
@@ -164,7 +169,9 @@ def test_rate_zero_samples_nothing(stacks: dict[float, Stack]) -> None:
 
 def test_the_probe_tenant_is_never_sampled_and_costs_nothing(stacks: dict[float, Stack]) -> None:
     stack = stacks[1.0]
-    endpoint = probe_client.Endpoint(url=stack.url, model=MODEL, headers={"x-model-version": "p"})
+    endpoint = probe_client.Endpoint(
+        url=stack.url, model=MODEL, api_key="sk-probe", headers={"x-model-version": "p"}
+    )
     probe = golden.load().probes[0]
 
     async def run_probes() -> list[Any]:

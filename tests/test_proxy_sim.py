@@ -99,7 +99,7 @@ def test_openai_client_streamed_and_not_reconciles_with_the_engine(
     )
     assert with_usage[-1].usage is not None and with_usage[-1].choices == []
     loop.run(proxy.app.reconcile_once)
-    page = httpx.get(proxy.url + "/metrics").text
+    page = httpx.get(proxy.metrics_url + "/metrics").text
     engine_after = engine_token_counters(httpx.get(sim.url + "/metrics").text)
     assert engine_after is not None
     engine_tokens = sum(engine_after.values()) - sum(engine_before.values())
@@ -147,7 +147,7 @@ def test_a_client_that_walks_away_is_still_charged() -> None:
         deadline = time.monotonic() + 10
         page, aborted = "", 0.0
         while time.monotonic() < deadline and not (aborted and page):
-            page = httpx.get(proxy.url + "/metrics").text
+            page = httpx.get(proxy.metrics_url + "/metrics").text
             if not samples(
                 page, "inferwatch_tenancy_accounted_requests_total", accounting="client_cancelled"
             ):

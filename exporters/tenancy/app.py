@@ -1,11 +1,17 @@
 """The proxy as a raw ASGI application (served by uvicorn with httptools).
 
-Per metered request: resolve the tenant, read and check the body, admit (input limit, budget,
-concurrency), forward with usage forced on, relay the response while metering it, then charge
-the tenant and write one access-log line. A sampled share of complete chat and completion
-responses is screened for degenerate output (counters only; no text is kept). A client that
-goes away mid-request cancels the handler: the upstream connection is closed (the engine
-aborts the request) and the tokens seen so far are still charged, marked ``client_cancelled``.
+Every request is routed on its normalised path (see :mod:`routes`): metered, passed through
+(allow-list), or refused. Per metered request: resolve the tenant, read and check the body
+(within a deadline), admit (input limit, budget reservation, concurrency), forward with usage
+forced on, relay the response while metering it, then settle the tenant's reservation, charge
+it and write one access-log line. A sampled share of complete chat and completion responses
+is screened for degenerate output (counters only; no text is kept). A client that goes away
+mid-request cancels the handler: the upstream connection is closed (the engine aborts the
+request) and the tokens seen so far are still charged, marked ``client_cancelled``. So are
+the streams still running when a shutdown's grace period ends (``shutdown_cancelled``).
+
+Per-tenant metrics are served by :attr:`ProxyApp.metrics_app`, on its own listen address,
+never on the port clients call.
 """
 
 from __future__ import annotations
@@ -24,16 +30,23 @@ from prometheus_client.core import Metric
 
 from inferwatch.exporters.tenancy import jsoncodec
 from inferwatch.exporters.tenancy.accesslog import AccessLog
-from inferwatch.exporters.tenancy.admission import BudgetLedger, ConcurrencyGate, Refusal
+from inferwatch.exporters.tenancy.admission import (
+    BudgetLedger,
+    ConcurrencyGate,
+    Refusal,
+    Reservation,
+)
 from inferwatch.exporters.tenancy.config import ProxyConfig, Tenant
+from inferwatch.exporters.tenancy.counting import PromptCounter, byte_bound, load_tokenizer
 from inferwatch.exporters.tenancy.labels import OTHER, BoundedLabels
-from inferwatch.exporters.tenancy.metrics import Identity, ProxyMetrics
+from inferwatch.exporters.tenancy.metrics import IDENTITY_LABELS, Identity, ProxyMetrics
 from inferwatch.exporters.tenancy.reconcile import (
     DirectTraffic,
     DirectTrafficError,
     Reconciler,
     engine_token_counters,
 )
+from inferwatch.exporters.tenancy.routes import STREAMABLE, BadTarget, Route, Router
 from inferwatch.exporters.tenancy.sampling import TranscribingMeter, prompt_text
 from inferwatch.exporters.tenancy.tenants import UNKNOWN, TenantResolver
 from inferwatch.exporters.tenancy.upstream import Timeouts, UpstreamError, UpstreamPool
@@ -55,13 +68,17 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-METERED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
-STREAMABLE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+#: the engine work a request may ask for is capped at this many choices (``n``, ``best_of``)
+MAX_CHOICES = 128
+#: bodies above this size are counted off the event loop when a tokenizer is configured
+_COUNT_IN_THREAD_BYTES = 256 << 10
 _DROPPED_RESPONSE_HEADERS = frozenset(
     {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"}
 )
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _JSON = [(b"content-type", b"application/json")]
+_TEXT_FORMAT = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+VALUE_LABELS = IDENTITY_LABELS[1:]
 
 logger = logging.getLogger("inferwatch.proxy")
 
@@ -91,6 +108,9 @@ class Exchange:
     ttft: float | None = None
     error: str = ""
     watcher: _DisconnectWatcher | None = None
+    reservation: Reservation | None = None
+    slot: str = ""  # "gated": holds a concurrency slot; "counted": only counted in flight
+    response_started: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -98,28 +118,44 @@ def _error_body(message: str, kind: str, code: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
 
 
-def _request_target(scope: Scope) -> bytes:
-    """The path and query string exactly as the client sent them."""
-    path: bytes = scope["raw_path"]
-    query: bytes = scope["query_string"]
-    return path + b"?" + query if query else path
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The request body, or None when it exceeds ``limit`` bytes."""
+async def _read_body(receive: Receive, limit: int, timeout: float) -> bytes | Refusal:
+    """The request body, or the refusal for one over ``limit`` bytes or ``timeout`` seconds."""
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _ClientGone
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    return Refusal(
+                        413, "rejected_bad_request", f"request body exceeds {limit} bytes"
+                    )
+                chunks.append(chunk)
+                if not message.get("more_body"):
+                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    except TimeoutError:
+        return Refusal(
+            408, "rejected_bad_request", f"request body not received within {timeout:g}s"
+        )
+
+
+def _completion_cap(body: dict[str, Any], path: str) -> tuple[str, int | None, int]:
+    """The body field that caps completion tokens, its value if valid, and the choices asked."""
+    name = "max_tokens"  # chat's newer field wins where it is set, as in vLLM
+    if path == "/v1/chat/completions" and type(body.get("max_completion_tokens")) is int:
+        name = "max_completion_tokens"
+    value = body.get(name)
+    cap = value if type(value) is int and value >= 0 else None
+    choices = 1
+    for key in ("n", "best_of"):
+        count = body.get(key)
+        if type(count) is int and count > choices:
+            choices = count
+    return name, cap, choices
 
 
 class ProxyApp:
@@ -130,14 +166,30 @@ class ProxyApp:
             config.upstream_url, Timeouts(config.connect_timeout, config.read_timeout)
         )
         self.resolver = TenantResolver(config)
+        self.router = Router(config.passthrough)
+        self.counter = PromptCounter(
+            load_tokenizer(config.tokenizer) if config.tokenizer else byte_bound
+        )
         self.tenant_labels = BoundedLabels(
             config.max_tenant_labels, [*config.tenants, UNKNOWN], config.tenant_idle_seconds
         )
-        # models and versions come from clients too: bounded, but never evicted
+        # models and versions come from clients too: bounded, and released when idle, so a
+        # flood of junk values holds its slots only until it stops
+        v = config.versions
         self.value_labels = [
-            BoundedLabels(config.max_version_labels, idle_seconds=float("inf")) for _ in range(4)
+            BoundedLabels(config.max_version_labels, allow, config.value_idle_seconds)
+            for allow in (
+                [*config.prices],
+                [v.model_version],
+                [v.engine_version],
+                [v.prompt_version],
+            )
         ]
         self.metrics = ProxyMetrics()
+        self.metrics_app = MetricsApp(self)
+        #: set when the server stops accepting: a cancelled handler is then a shutdown's
+        self.draining = False
+        self._handlers: set[asyncio.Task[Any]] = set()
         self.ledger = BudgetLedger()
         self.gate = ConcurrencyGate(config.max_concurrency, config.queue_timeout)
         self.reconciler = Reconciler()
@@ -145,7 +197,6 @@ class ProxyApp:
         self.sampler = DegeneracySampler(config.quality_sample_rate)
         self._tasks: list[asyncio.Task[None]] = []
         self._ready: tuple[float, bool, str] = (0.0, False, "not checked yet")
-        v = config.versions
         self._version_headers = (
             v.model_version_header.encode(),
             v.engine_version_header.encode(),
@@ -160,24 +211,54 @@ class ProxyApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            path = scope["path"]
-            if path in METERED_PATHS and scope["method"] == "POST":
-                await self._guarded(self._metered, scope, receive, send)
-            elif path == "/metrics":
-                await self._respond(
-                    send,
-                    200,
-                    generate_latest(self.registry()),
-                    [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")],
-                )
-            elif path == "/healthz":
-                await self._respond(send, 200, b"ok\n", [(b"content-type", b"text/plain")])
-            elif path == "/readyz":
-                await self._readyz(send)
+            try:
+                route = self.router.route(scope["method"], scope["raw_path"], scope["query_string"])
+            except BadTarget as exc:
+                refusal = Refusal(400, "rejected_bad_request", str(exc))
+                bad = Route("refused", scope["method"], str(scope["path"])[:256], b"")
+                return await self._guarded(self._refusing(refusal), bad, scope, receive, send)
+            if route.kind == "metered":
+                await self._guarded(self._metered, route, scope, receive, send)
+            elif route.kind == "passthrough":
+                await self._guarded(self._passthrough, route, scope, receive, send)
+            elif route.kind == "own":
+                if route.path == "/healthz":
+                    await self._respond(send, 200, b"ok\n", [(b"content-type", b"text/plain")])
+                else:
+                    await self._readyz(send)
             else:
-                await self._guarded(self._passthrough, scope, receive, send)
+                refusal = self._route_refusal(route)
+                await self._guarded(self._refusing(refusal), route, scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
+
+    @staticmethod
+    def _route_refusal(route: Route) -> Refusal:
+        where = f"{route.method} {route.path}"
+        if route.kind == "unmetered":
+            return Refusal(
+                403,
+                "rejected_route",
+                f"{where} makes the engine generate or embed tokens in a form this proxy does "
+                "not meter (it meters POST /v1/chat/completions, /v1/completions and "
+                "/v1/embeddings)",
+            )
+        return Refusal(
+            404,
+            "rejected_route",
+            f"{where} is not a route this proxy meters or passes through "
+            "(see routes.passthrough in its config)",
+        )
+
+    def _refusing(
+        self, refusal: Refusal
+    ) -> Callable[[Exchange, Route, Scope, Receive, Send], Awaitable[None]]:
+        async def refuse(
+            exchange: Exchange, route: Route, scope: Scope, receive: Receive, send: Send
+        ) -> None:
+            await self._refuse(exchange, send, refusal)
+
+        return refuse
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -196,6 +277,10 @@ class ProxyApp:
             self._tasks.append(asyncio.ensure_future(self._reconcile_loop()))
 
     async def stop_background(self) -> None:
+        # handlers cancelled at the end of a shutdown still charge their tokens: wait for them
+        pending = [task for task in self._handlers if task is not asyncio.current_task()]
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -209,18 +294,24 @@ class ProxyApp:
     # ------------------------------------------------------------------ request handling
     async def _guarded(
         self,
-        handler: Callable[[Exchange, Scope, Receive, Send], Awaitable[None]],
+        handler: Callable[[Exchange, Route, Scope, Receive, Send], Awaitable[None]],
+        route: Route,
         scope: Scope,
         receive: Receive,
         send: Send,
     ) -> None:
         """Run a handler; turn a client disconnect into cancellation, and always log."""
-        exchange = Exchange(start=time.perf_counter(), path=scope["path"])
+        exchange = Exchange(start=time.perf_counter(), path=route.path)
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
         try:
-            await handler(exchange, scope, receive, send)
+            await handler(exchange, route, scope, receive, send)
         except _ClientGone:
             exchange.outcome = exchange.outcome or "client_cancelled"
         finally:
+            if task is not None:
+                self._handlers.discard(task)
             self._finish(exchange)
 
     def _resolve(self, exchange: Exchange, scope: Scope) -> Refusal | None:
@@ -271,57 +362,99 @@ class ProxyApp:
             send, refusal.status, _error_body(refusal.message, kind, refusal.reason), headers
         )
 
-    async def _admit(self, exchange: Exchange, body: dict[str, Any]) -> Refusal | None:
+    async def _count(self, body: dict[str, Any], size: int) -> int:
+        """Prompt tokens of ``body``; a big body meets a real tokenizer off the event loop."""
+        if size > _COUNT_IN_THREAD_BYTES and self.counter.count_text is not byte_bound:
+            return await asyncio.to_thread(self.counter.count, body)
+        return self.counter.count(body)
+
+    async def _admit(
+        self, exchange: Exchange, body: dict[str, Any], size: int
+    ) -> tuple[Refusal | None, bool]:
+        """Admit a request; also says whether the body was changed (a completion cap set)."""
         config = self.config
-        prompt_estimate = estimate_prompt_tokens(body)
+        tenant = config.tenants.get(exchange.tenant)
+        budget = tenant.budget if tenant is not None else None
+        exact = self.counter.count_text is not byte_bound
+        prompt_count = 0
+        if config.max_input_tokens or budget is not None or exact:  # else nothing needs it
+            try:
+                prompt_count = await self._count(body, size)
+            except ValueError as exc:
+                return Refusal(400, "rejected_bad_request", str(exc)), False
+        # without a tokenizer the count is an upper bound: charge the usual estimate instead
+        prompt_estimate = prompt_count if exact else estimate_prompt_tokens(body)
         if (
-            exchange.path in STREAMABLE_PATHS
+            exchange.path in STREAMABLE
             and exchange.tenant != PROBE_TENANT
             and self.sampler.should_sample()
         ):
             exchange.meter = TranscribingMeter(prompt_estimate, prompt_text(body))
         else:
             exchange.meter = UsageMeter(prompt_estimate)
-        if config.max_input_tokens and prompt_estimate > config.max_input_tokens:
+        if config.max_input_tokens and prompt_count > config.max_input_tokens:
+            exchange.meter = None
+            counted = "is" if exact else "may be up to"
             return Refusal(
                 400,
                 "rejected_too_long",
-                f"prompt is about {prompt_estimate} tokens, over this endpoint's limit of "
+                f"prompt {counted} {prompt_count} tokens, over this endpoint's limit of "
                 f"{config.max_input_tokens} input tokens",
+            ), False
+        changed = False
+        if tenant is not None and budget is not None:
+            name, requested, choices = _completion_cap(body, exchange.path)
+            if choices > MAX_CHOICES:
+                exchange.meter = None
+                return Refusal(
+                    400, "rejected_bad_request", f"at most {MAX_CHOICES} choices per request"
+                ), False
+            generates = exchange.path in STREAMABLE
+            cap = (requested if requested is not None else config.default_max_tokens) * generates
+            reserved = self.ledger.reserve(
+                exchange.tenant,
+                budget,
+                prompt_count,
+                cap,
+                choices,
+                clamp=config.over_budget == "clamp",
             )
-        tenant = config.tenants.get(exchange.tenant)
-        if tenant is not None and tenant.budget is not None:
-            refusal = self.ledger.check(exchange.tenant, tenant.budget, prompt_estimate)
-            if refusal is not None:
-                return refusal
+            if isinstance(reserved, Refusal):
+                exchange.meter = None
+                return reserved, False
+            exchange.reservation = reserved
+            if generates and (reserved.completion_cap is not None or requested is None):
+                body[name] = cap if reserved.completion_cap is None else reserved.completion_cap
+                changed = True
         if config.max_concurrency or (tenant is not None and tenant.max_concurrency):
-            cap, priority = (tenant.max_concurrency, tenant.priority) if tenant else (0, 1)
-            refusal = await self.gate.acquire(exchange.tenant, cap, priority)
+            limit, priority = (tenant.max_concurrency, tenant.priority) if tenant else (0, 1)
+            refusal = await self.gate.acquire(exchange.tenant, limit, priority)
             if refusal is not None:
-                return refusal
-            exchange.extra["gated"] = True
+                exchange.meter = None
+                return refusal, False
+            exchange.slot = "gated"
         else:
             self.gate.in_flight += 1
-        return None
+            exchange.slot = "counted"
+        return None, changed
 
-    async def _metered(
-        self, exchange: Exchange, scope: Scope, receive: Receive, send: Send
-    ) -> None:
+    async def _read_request(
+        self, exchange: Exchange, scope: Scope, receive: Receive
+    ) -> tuple[Refusal | None, dict[str, Any], bytes, bool]:
+        """Resolve, read, parse and admit; the body (maybe changed) and whether it changed."""
         refusal = self._resolve(exchange, scope)
         if refusal is not None:
             self._label(exchange, scope["headers"])
-            return await self._refuse(exchange, send, refusal)
-        raw = await _read_body(receive, self.config.max_body_bytes)
+            return refusal, {}, b"", False
+        config = self.config
+        raw = await _read_body(receive, config.max_body_bytes, config.body_timeout)
         body: Any = None
-        if raw is None:
-            refusal = Refusal(
-                413,
-                "rejected_bad_request",
-                f"request body exceeds {self.config.max_body_bytes} bytes",
-            )
+        if isinstance(raw, Refusal):
+            refusal = raw
+            raw = b""
         else:
             try:
-                body = jsoncodec.loads(raw)
+                body = jsoncodec.loads(raw, finite=True)
             except ValueError as exc:
                 refusal = Refusal(400, "rejected_bad_request", f"request body is not JSON: {exc}")
             else:
@@ -332,18 +465,23 @@ class ProxyApp:
         if isinstance(body, dict) and isinstance(body.get("model"), str):
             exchange.model = body["model"][:256]
         self._label(exchange, scope["headers"])
-        if refusal is None:
-            assert isinstance(body, dict) and raw is not None
-            refusal = await self._admit(exchange, body)
-        if refusal is not None:
-            return await self._refuse(exchange, send, refusal)
-        assert isinstance(body, dict) and raw is not None
+        if refusal is not None or not isinstance(body, dict):
+            return refusal, {}, b"", False
+        refusal, changed = await self._admit(exchange, body, len(raw))
+        return refusal, body, raw, changed
+
+    async def _metered(
+        self, exchange: Exchange, route: Route, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         try:
-            await self._forward_metered(exchange, scope, receive, send, body, raw)
+            refusal, body, raw, changed = await self._read_request(exchange, scope, receive)
+            if refusal is not None:
+                return await self._refuse(exchange, send, refusal)
+            await self._forward_metered(exchange, route, scope, receive, send, body, raw, changed)
         finally:
-            if exchange.extra.get("gated"):
+            if exchange.slot == "gated":
                 self.gate.release(exchange.tenant)
-            else:
+            elif exchange.slot == "counted":
                 self.gate.in_flight -= 1
             self._charge(exchange)
             if isinstance(exchange.meter, TranscribingMeter):
@@ -352,13 +490,15 @@ class ProxyApp:
     async def _forward_metered(
         self,
         exchange: Exchange,
+        route: Route,
         scope: Scope,
         receive: Receive,
         send: Send,
         body: dict[str, Any],
         raw: bytes,
+        changed: bool,
     ) -> None:
-        stream = scope["path"] in STREAMABLE_PATHS and body.get("stream") is True
+        stream = route.path in STREAMABLE and body.get("stream") is True
         exchange.stream = stream
         client_wants_usage = False
         if stream:
@@ -370,13 +510,20 @@ class ProxyApp:
                 forced["continuous_usage_stats"] = True
             if forced != options:
                 body["stream_options"] = forced
-                raw = json.dumps(body, separators=(",", ":")).encode()
-        target = _request_target(scope)
+                changed = True
+        if changed:
+            try:
+                raw = jsoncodec.dumps(body)
+            except ValueError as exc:
+                exchange.meter = None
+                return await self._refuse(
+                    exchange, send, Refusal(400, "rejected_bad_request", str(exc))
+                )
         exchange.watcher = watcher = _DisconnectWatcher(receive)
         try:
             try:
                 response = await self.pool.request(
-                    "POST", target, self._forward_headers(scope["headers"]), raw
+                    "POST", route.target, self._forward_headers(scope["headers"]), raw
                 )
             except UpstreamError as exc:
                 return await self._upstream_failed(
@@ -396,8 +543,38 @@ class ProxyApp:
             except _ClientGone:
                 exchange.accounting = "client_cancelled"
                 exchange.outcome = "client_cancelled"
+            except asyncio.CancelledError:
+                if not self.draining:
+                    raise
+                await self._cut_short(exchange, send)
         finally:
             watcher.stop()
+
+    async def _cut_short(self, exchange: Exchange, send: Send) -> None:
+        """End a response the shutdown's grace period ran out on; its tokens are charged."""
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        exchange.accounting = exchange.outcome = "shutdown_cancelled"
+        exchange.error = "the proxy is shutting down"
+        message = "the proxy is shutting down; the request was cut short"
+        with contextlib.suppress(Exception):
+            if exchange.response_started:
+                event = {
+                    "error": {"message": message, "type": "upstream_error", "code": "shutdown"}
+                }
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"data: " + json.dumps(event).encode() + b"\n\n",
+                        "more_body": False,
+                    }
+                )
+            else:
+                exchange.status = 503
+                await self._respond(
+                    send, 503, _error_body(message, "upstream_error", "shutdown"), list(_JSON)
+                )
 
     async def _upstream_failed(
         self, exchange: Exchange, send: Send, exc: UpstreamError, sent: bool
@@ -454,6 +631,7 @@ class ProxyApp:
         await send(
             {"type": "http.response.start", "status": 200, "headers": headers or _SSE_HEADERS}
         )
+        exchange.response_started = True
         events = EventStream()
         done = False
         error: str | None = None
@@ -526,30 +704,21 @@ class ProxyApp:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _passthrough(
-        self, exchange: Exchange, scope: Scope, receive: Receive, send: Send
+        self, exchange: Exchange, route: Route, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        """Any other path: authenticated like the rest, relayed as is, not metered."""
+        """An allow-listed route: authenticated like the rest, relayed as is, not metered."""
         refusal = self._resolve(exchange, scope)
         self._label(exchange, scope["headers"])
         if refusal is not None:
             return await self._refuse(exchange, send, refusal)
-        raw = await _read_body(receive, self.config.max_body_bytes)
-        if raw is None:
-            return await self._refuse(
-                exchange,
-                send,
-                Refusal(
-                    413,
-                    "rejected_bad_request",
-                    f"request body exceeds {self.config.max_body_bytes} bytes",
-                ),
-            )
-        target = _request_target(scope)
+        raw = await _read_body(receive, self.config.max_body_bytes, self.config.body_timeout)
+        if isinstance(raw, Refusal):
+            return await self._refuse(exchange, send, raw)
         exchange.watcher = watcher = _DisconnectWatcher(receive)
         try:
             try:
                 response = await self.pool.request(
-                    scope["method"], target, self._forward_headers(scope["headers"]), raw
+                    route.method, route.target, self._forward_headers(scope["headers"]), raw
                 )
             except UpstreamError as exc:
                 return await self._upstream_failed(exchange, send, exc, sent=False)
@@ -584,22 +753,24 @@ class ProxyApp:
 
     # ------------------------------------------------------------------ accounting
     def _charge(self, exchange: Exchange) -> None:
+        """Charge what the request used, and settle its budget reservation either way."""
         meter = exchange.meter
-        if meter is None or not exchange.accounting:
-            return
-        usage = meter.usage()
-        exchange.usage = usage
-        # Quality probes are the operator's own traffic: their tokens are counted (so that
-        # they reconcile with the engine's) but cost no tenant anything.
-        if exchange.tenant != PROBE_TENANT:
-            price = self.config.price(exchange.model)
-            exchange.cost = price.cost(usage.prompt, usage.cached_prompt, usage.completion)
-        self.metrics.charge(
-            exchange.identity, usage, meter.source, exchange.accounting, exchange.cost
-        )
+        spent = 0
+        if meter is not None and exchange.accounting:
+            usage = exchange.usage = meter.usage()
+            spent = usage.total
+            # Quality probes are the operator's own traffic: their tokens are counted (so that
+            # they reconcile with the engine's) but cost no tenant anything.
+            if exchange.tenant != PROBE_TENANT:
+                price = self.config.price(exchange.model)
+                exchange.cost = price.cost(usage.prompt, usage.cached_prompt, usage.completion)
+            self.metrics.charge(
+                exchange.identity, usage, meter.source, exchange.accounting, exchange.cost
+            )
+        reservation, exchange.reservation = exchange.reservation, None
         tenant: Tenant | None = self.config.tenants.get(exchange.tenant)
-        if tenant is not None and tenant.budget is not None:
-            self.ledger.charge(exchange.tenant, tenant.budget, usage.total)
+        if reservation is not None and tenant is not None and tenant.budget is not None:
+            self.ledger.settle(reservation, tenant.budget, spent)
 
     def _screen(self, exchange: Exchange, meter: TranscribingMeter) -> None:
         """Screen a sampled response that arrived whole; partial text would mislead."""
@@ -681,6 +852,10 @@ class ProxyApp:
                 budgets=budgets,
                 tenant_label_values=len(self.tenant_labels),
                 tenant_label_folds=self.tenant_labels.folded,
+                value_label_folds={
+                    name: labels.folded
+                    for name, labels in zip(VALUE_LABELS, self.value_labels, strict=True)
+                },
             ),
             *self.sampler.families(),
         ]
@@ -708,8 +883,9 @@ class ProxyApp:
         await self._respond(send, 200 if ok else 503, body, list(_JSON))
 
     async def _housekeeping_loop(self) -> None:
-        """Flush the access log often; release idle tenant labels now and then."""
-        evict_every = min(max(self.config.tenant_idle_seconds / 4, 0.05), 60.0)
+        """Flush the access log often; release idle label slots now and then."""
+        idle = min(self.config.tenant_idle_seconds, self.config.value_idle_seconds)
+        evict_every = min(max(idle / 4, 0.05), 60.0)
         last_evict = time.monotonic()
         while True:
             await asyncio.sleep(min(0.25, evict_every))
@@ -719,8 +895,10 @@ class ProxyApp:
                 self.evict_idle_tenants()
 
     def evict_idle_tenants(self) -> None:
-        released = self.tenant_labels.evict_idle()
-        self.metrics.fold_tenants(released)
+        """Release idle tenant, model and version label slots, folding their series."""
+        self.metrics.fold("tenant", self.tenant_labels.evict_idle())
+        for name, labels in zip(VALUE_LABELS, self.value_labels, strict=True):
+            self.metrics.fold(name, labels.evict_idle())
 
     async def _reconcile_loop(self) -> None:
         while True:
@@ -751,6 +929,26 @@ class ProxyApp:
             log_event(logger, logging.WARNING, "probe token counters unreadable", reason=exc.reason)
             return
         self.metrics.drift = self.reconciler.update(counters, self.metrics.charged, direct)
+
+
+class MetricsApp:
+    """The proxy's own metrics, per-tenant series included, for its separate listen address."""
+
+    def __init__(self, proxy: ProxyApp) -> None:
+        self.proxy = proxy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"].upper()
+        if method not in ("GET", "HEAD"):
+            await ProxyApp._respond(send, 405, b"", [(b"allow", b"GET")])
+        elif path == "/metrics":
+            await ProxyApp._respond(send, 200, generate_latest(self.proxy.registry()), _TEXT_FORMAT)
+        elif path == "/healthz":
+            await ProxyApp._respond(send, 200, b"ok\n", [(b"content-type", b"text/plain")])
+        else:
+            await ProxyApp._respond(send, 404, b"not found\n", [(b"content-type", b"text/plain")])
 
 
 class _FamiliesCollector:
@@ -795,4 +993,4 @@ class _DisconnectWatcher:
         self._receive.cancel()
 
 
-__all__ = ["OTHER", "ProxyApp"]
+__all__ = ["OTHER", "MetricsApp", "ProxyApp"]

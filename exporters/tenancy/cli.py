@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
 import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
 
 import click
 
@@ -22,6 +24,14 @@ def _host_port(value: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise click.BadParameter(f"expected HOST:PORT, got {value!r}")
     return host.strip("[]"), int(port)
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # not on Windows
+        return None
+    return uvloop.new_event_loop
 
 
 @click.command()
@@ -39,6 +49,23 @@ def _host_port(value: str) -> tuple[str, int]:
     default="0.0.0.0:8080",
     show_envvar=True,
     help="HOST:PORT to serve on (clients call this instead of the engine).",
+)
+@click.option(
+    "--metrics-listen",
+    default="127.0.0.1:9402",
+    show_envvar=True,
+    help="HOST:PORT for the proxy's own /metrics, per-tenant series included. Keep it "
+    "pod-internal (the default) so that clients never see other tenants' names, tokens or "
+    "cost; the client port serves no tenant data.",
+)
+@click.option(
+    "--drain-grace",
+    type=click.FloatRange(min=0),
+    default=25.0,
+    show_default=True,
+    show_envvar=True,
+    help="Seconds SIGTERM lets in-flight requests finish (no new connections are accepted); "
+    "streams still running then are cut short and charged for what they generated.",
 )
 @click.option(
     "--upstream",
@@ -63,17 +90,18 @@ def _host_port(value: str) -> tuple[str, int]:
 def proxy(
     config_path: str | None,
     listen: str,
+    metrics_listen: str,
+    drain_grace: float,
     upstream: str | None,
     probe_metrics: tuple[str, ...],
     access_log: bool,
 ) -> None:
     """Meter tokens and cost per tenant in front of an OpenAI-compatible engine."""
-    import uvicorn
-
     from inferwatch.exporters.tenancy.app import ProxyApp
-    from inferwatch.exporters.tenancy.serving import uvicorn_config
+    from inferwatch.exporters.tenancy.serving import serve
 
-    host, port = _host_port(listen)
+    address = _host_port(listen)
+    metrics_address = _host_port(metrics_listen)
     try:
         config = load(config_path) if config_path else ProxyConfig()
         if upstream:
@@ -87,26 +115,43 @@ def proxy(
     except (ConfigError, ValueError) as exc:
         click.echo(f"inferwatch proxy: {exc}", err=True)
         sys.exit(2)
-    try:  # bound here so that the log line names the real port (--listen HOST:0 picks one)
+    # bound here so that a taken port is one clear line and the log names the real ports
+    # (HOST:0 picks one)
+    client_sock = _bind(listen, address)
+    metrics_sock = _bind(metrics_listen, metrics_address)
+    _announce(config, config_path, client_sock, metrics_sock)
+    gc.freeze()  # start-up objects never need collecting: shorter GC pauses on requests
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(serve(app, client_sock, metrics_sock, drain_grace))
+
+
+def _bind(flag_value: str, address: tuple[str, int]) -> socket.socket:
+    host, port = address
+    try:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.create_server((host, port), family=family)
+        return socket.create_server((host, port), family=family)
     except OSError as exc:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        click.echo(f"inferwatch proxy: cannot listen on {listen}: {reason}", err=True)
+        click.echo(f"inferwatch proxy: cannot listen on {flag_value}: {reason}", err=True)
         sys.exit(2)
-    _announce(config, config_path, host, sock.getsockname()[1])
-    gc.freeze()  # start-up objects never need collecting: shorter GC pauses on requests
-    uvicorn.Server(uvicorn_config(app, host, port)).run(sockets=[sock])
 
 
-def _announce(config: ProxyConfig, config_path: str | None, host: str, port: int) -> None:
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _announce(
+    config: ProxyConfig, config_path: str | None, client: socket.socket, metrics: socket.socket
+) -> None:
     """Say where the proxy listens and what it forwards to, and warn when it can only refuse."""
     log_event(
         logger,
         logging.INFO,
         "proxy starting",
-        listen=f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}",
-        serves="OpenAI API, /metrics, /healthz, /readyz",
+        listen=_url(client),
+        serves="OpenAI API, /healthz, /readyz",
+        metrics_listen=_url(metrics),
         upstream=config.upstream_url,
         tenants=len(config.tenants),
         probe_metrics=" ".join(config.probe_metrics_urls) or "none",

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import yaml
 
+from inferwatch.exporters.tenancy import routes
 from inferwatch.probes.client import PROBE_TENANT, TENANT_HEADER
 
 UnknownPolicy = Literal["reject", "attribute"]
@@ -39,6 +40,9 @@ HTTP_URL = re.compile(r"^https?://[^/\s]+(/\S*)?$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 RESERVED_TENANTS = ("unknown", "other")
+#: names a client may never claim through the tenant header (the probe tenant needs a key)
+HEADER_RESERVED_TENANTS = frozenset({*RESERVED_TENANTS, PROBE_TENANT})
+OverBudget = Literal["clamp", "reject"]
 
 
 class ConfigError(ValueError):
@@ -49,6 +53,8 @@ class ConfigError(ValueError):
 class Budget:
     tokens: int
     window_seconds: float
+    #: tokens a window may be overspent by: room for prompt counts below the engine's own
+    tolerance: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,10 +114,24 @@ class ProxyConfig:
     max_tenant_labels: int = 100
     tenant_idle_seconds: float = 600.0
     max_version_labels: int = 20
+    #: model and version label values idle this long give their slot back
+    value_idle_seconds: float = 600.0
     versions: Versions = field(default_factory=Versions)
     default_price: Price = field(default_factory=Price)
     prices: Mapping[str, Price] = field(default_factory=dict)
     max_input_tokens: int = 0  # 0: no limit
+    #: tokenizer.json of the served model, for exact prompt counts ("" : a byte bound)
+    tokenizer: str = ""
+    #: completion cap reserved (and sent) for a budgeted request that sets none
+    default_max_tokens: int = 4096
+    over_budget: OverBudget = "clamp"
+    #: longest wait for a request's headers, and for its whole body
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    #: an idle keep-alive connection is closed after this long
+    keep_alive_timeout: float = 5.0
+    max_header_bytes: int = 64 << 10
+    passthrough: tuple[str, ...] = routes.DEFAULT_PASSTHROUGH
     max_body_bytes: int = 8 << 20
     max_response_bytes: int = 64 << 20
     max_concurrency: int = 0  # 0: no global cap
@@ -226,12 +246,13 @@ def _tenant(reader: _Reader, name: str) -> Tenant:
     budget = None
     if "budget" in reader.raw:
         budget_reader = reader.child("budget")
-        budget_reader.check_keys({"tokens", "window"})
+        budget_reader.check_keys({"tokens", "window", "tolerance"})
         if "tokens" not in budget_reader.raw:
             raise budget_reader.error("tokens", "required")
         budget = Budget(
             tokens=budget_reader.integer("tokens", 0, minimum=1),
             window_seconds=budget_reader.duration("window", "1h"),
+            tolerance=budget_reader.integer("tolerance", 0),
         )
     return Tenant(
         name=name,
@@ -254,6 +275,7 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             "versions",
             "prices",
             "limits",
+            "routes",
             "quality_sampling",
         }
     )
@@ -314,7 +336,7 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             owners[digest] = tenant.name
 
     labels = top.child("labels")
-    labels.check_keys({"max_tenants", "tenant_idle", "max_version_values"})
+    labels.check_keys({"max_tenants", "tenant_idle", "max_version_values", "value_idle"})
 
     versions = top.child("versions")
     versions.check_keys(
@@ -341,8 +363,27 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             "max_response_bytes",
             "max_concurrency",
             "queue_timeout",
+            "tokenizer",
+            "default_max_tokens",
+            "over_budget",
+            "header_timeout",
+            "body_timeout",
+            "keep_alive_timeout",
+            "max_header_bytes",
         }
     )
+    over_budget = limits.text("over_budget", "clamp")
+    if over_budget not in ("clamp", "reject"):
+        raise limits.error("over_budget", f"expected clamp or reject, got {over_budget!r}")
+    route_reader = top.child("routes")
+    route_reader.check_keys({"passthrough"})
+    passthrough = route_reader.raw.get("passthrough", list(routes.DEFAULT_PASSTHROUGH))
+    if not isinstance(passthrough, list) or not all(isinstance(e, str) for e in passthrough):
+        raise route_reader.error("passthrough", "expected a list of 'METHOD /path' strings")
+    try:
+        routes.Router(passthrough)
+    except ValueError as exc:
+        raise route_reader.error("passthrough", str(exc)) from None
     sampling = top.child("quality_sampling")
     sampling.check_keys({"rate"})
     return ProxyConfig(
@@ -361,6 +402,7 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
         max_tenant_labels=labels.integer("max_tenants", 100),
         tenant_idle_seconds=labels.duration("tenant_idle", 600.0),
         max_version_labels=labels.integer("max_version_values", 20, minimum=1),
+        value_idle_seconds=labels.duration("value_idle", 600.0),
         versions=Versions(
             **{
                 name: versions.text(name, getattr(defaults, name))
@@ -382,6 +424,14 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
         max_response_bytes=limits.integer("max_response_bytes", 64 << 20, minimum=1024),
         max_concurrency=limits.integer("max_concurrency", 0),
         queue_timeout=limits.duration("queue_timeout", 10.0),
+        tokenizer=limits.text("tokenizer", ""),
+        default_max_tokens=limits.integer("default_max_tokens", 4096, minimum=1),
+        over_budget="reject" if over_budget == "reject" else "clamp",
+        header_timeout=limits.duration("header_timeout", 10.0),
+        body_timeout=limits.duration("body_timeout", 30.0),
+        keep_alive_timeout=limits.duration("keep_alive_timeout", 5.0),
+        max_header_bytes=limits.integer("max_header_bytes", 64 << 10, minimum=1024),
+        passthrough=tuple(passthrough),
         quality_sample_rate=sampling.number(
             "rate", ProxyConfig.quality_sample_rate, minimum=0.0, maximum=1.0
         ),

@@ -21,11 +21,17 @@ from inferwatch.exporters.tenancy.usage import Usage
 Identity = tuple[str, str, str, str, str]
 
 
-def _fold(series: MutableMapping[Any, Any], tenants: set[str], merge: Any) -> None:
-    """Re-key every series whose identity's tenant is in ``tenants`` to tenant ``other``."""
-    for key in [key for key in series if key[0][0] in tenants]:
+#: identity positions, for folding one label's released values
+IDENTITY_LABELS = ("tenant", "model", "model_version", "engine_version", "prompt_version")
+
+
+def _fold(series: MutableMapping[Any, Any], position: int, values: set[str], merge: Any) -> None:
+    """Re-key every series whose identity label at ``position`` is in ``values`` to ``other``."""
+    for key in [key for key in series if key[0][position] in values]:
         value = series.pop(key)
-        new_key: Any = ((OTHER, *key[0][1:]), *key[1:])
+        identity = list(key[0])
+        identity[position] = OTHER
+        new_key: Any = (tuple(identity), *key[1:])
         series[new_key] = merge(series[new_key], value) if new_key in series else value
 
 
@@ -89,16 +95,17 @@ class ProxyMetrics:
     def upstream_error(self, reason: str) -> None:
         self.upstream_errors[reason] = self.upstream_errors.get(reason, 0) + 1
 
-    def fold_tenants(self, tenants: Iterable[str]) -> None:
-        """Move the series of released tenant labels into ``other``."""
-        released = set(tenants)
+    def fold(self, label: str, values: Iterable[str]) -> None:
+        """Move the series of released values of one identity label into ``other``."""
+        released = set(values)
         if not released:
             return
+        position = IDENTITY_LABELS.index(label)
         for series in (self.tokens, self.requests, self.accounted):
-            _fold(series, released, _add)
-        _fold(self.cost, released, _add)
-        _fold(self.ttft, released, _merge_histograms)
-        _fold(self.duration, released, _merge_histograms)
+            _fold(series, position, released, _add)
+        _fold(self.cost, position, released, _add)
+        _fold(self.ttft, position, released, _merge_histograms)
+        _fold(self.duration, position, released, _merge_histograms)
 
     def families(
         self,
@@ -108,6 +115,7 @@ class ProxyMetrics:
         budgets: dict[str, int],
         tenant_label_values: int,
         tenant_label_folds: int,
+        value_label_folds: dict[str, int],
     ) -> list[Metric]:
         cat = catalog.load()
         out: list[Metric] = []
@@ -136,6 +144,7 @@ class ProxyMetrics:
             ("tenancy_reconciliation_errors", self.reconciliation_errors),
             ("tenancy_reconciliation_drift", self.drift),
             ("tenancy_budget_remaining", budgets),
+            ("tenancy_value_label_folds", value_label_folds),
         ):
             family = cat.family(key)
             for label, value in sorted(plain.items()):

@@ -3,6 +3,11 @@
 A client can only be charged as the tenant its own key belongs to. The tenant header is
 honoured only when the TCP peer is a configured trusted source (the gateway in front of the
 proxy); from anyone else it is ignored, so a client cannot bill its usage to another tenant.
+The reserved names (``unknown``, ``other`` and the probe tenant ``_probe``, whose tokens cost
+nothing) are never honoured from the header, whoever sends it: a gateway that forwards client
+headers must not let a client claim them. Such a request is resolved by its API key alone,
+and refused without one; the probe runner is charged as ``_probe`` through an API key mapped
+to that tenant.
 """
 
 from __future__ import annotations
@@ -12,7 +17,11 @@ import hashlib
 import ipaddress
 from dataclasses import dataclass
 
-from inferwatch.exporters.tenancy.config import TENANT_PATTERN, ProxyConfig
+from inferwatch.exporters.tenancy.config import (
+    HEADER_RESERVED_TENANTS,
+    TENANT_PATTERN,
+    ProxyConfig,
+)
 
 UNKNOWN = "unknown"
 
@@ -60,16 +69,23 @@ class TenantResolver:
             and self.is_trusted(peer)
         ):
             tenant = header_tenant.decode("latin-1").strip()
-            if TENANT_PATTERN.match(tenant):
+            if tenant in HEADER_RESERVED_TENANTS:
+                reserved = f"the tenant header names the reserved tenant {tenant!r}"
+            elif TENANT_PATTERN.match(tenant):
                 return Resolution(tenant, "header")
-            return Resolution(None, "rejected", "tenant header value is not a valid tenant id")
+            else:
+                return Resolution(None, "rejected", "tenant header value is not a valid tenant id")
+        else:
+            reserved = ""
         if authorization is not None:
             scheme, _, key = authorization.partition(b" ")
             if scheme.lower() == b"bearer" and key.strip():
                 owner = self._keys.get(hash_key(key.strip()))
                 if owner is not None:
                     return Resolution(owner, "key")
-                return self._unknown("API key is not known")
+                return self._unknown(reserved or "API key is not known")
+        if reserved:  # a reserved name is never honoured, nor attributed to `unknown`
+            return Resolution(None, "rejected", reserved)
         return self._unknown("no API key (Authorization: Bearer ...)")
 
     def _unknown(self, reason: str) -> Resolution:

@@ -75,8 +75,16 @@ class Usage:
         self.reasoning = max(self.reasoning, other.reasoning)
 
 
+#: more tokens than any one request can use: a count above it is garbage, not usage
+MAX_REPORTED_TOKENS = 1 << 32
+
+
 def _count(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not 0 <= value < MAX_REPORTED_TOKENS
+    ):
         return None
     return value
 

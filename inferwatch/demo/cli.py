@@ -48,8 +48,8 @@ from inferwatch.demo.run import Demo, Options
     "--base-port",
     type=click.IntRange(1024, 65536 - topology.Ports.count()),
     show_envvar=True,
-    help="Use consecutive ports from here (sims, sidecars, proxies, Prometheus, Alertmanager).  "
-    "[default: free ports]",
+    help="Use consecutive ports from here (sims, sidecars, proxies, proxies' tenant metrics, "
+    "Prometheus, Alertmanager).  [default: free ports]",
 )
 @click.option(
     "--prometheus/--no-prometheus",

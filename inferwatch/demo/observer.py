@@ -1,11 +1,11 @@
 """What the demo shows, read the way an operator's tools read it: from the components' endpoints.
 
 Every poll scrapes each sidecar's ``/metrics`` and ``/readyz`` and each proxy's ``/metrics``
-(and Prometheus' target list and Alertmanager's alerts now and then), keeps the last few
-seconds of scrapes, and turns them into one :class:`FleetState`: rates from counter increases
-and latency quantiles from histogram bucket increases over that window. Changes an operator
-would want to hear about (readiness flips, probe verdicts, engine up/down, GPU health, alerts
-reaching Alertmanager and resolving) become events.
+on its tenant metrics listener (and Prometheus' target list and Alertmanager's alerts now and
+then), keeps the last few seconds of scrapes, and turns them into one :class:`FleetState`:
+rates from counter increases and latency quantiles from histogram bucket increases over that
+window. Changes an operator would want to hear about (readiness flips, probe verdicts, engine
+up/down, GPU health, alerts reaching Alertmanager and resolving) become events.
 """
 
 from __future__ import annotations

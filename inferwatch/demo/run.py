@@ -140,7 +140,7 @@ class Demo:
             self.replicas,
             topology.TENANTS,
             {r.name: topology.url(self.ports.sidecar[r.name]) for r in self.replicas},
-            {r.name: topology.url(self.ports.proxy[r.name]) for r in self.replicas},
+            {r.name: topology.url(self.ports.proxy_metrics[r.name]) for r in self.replicas},
             self.context.prometheus_url,
             self.context.alertmanager_url,
         )
@@ -333,7 +333,9 @@ class Demo:
             topology.url(self.ports.proxy[replica.name]),
             "/healthz",
             [*INFERWATCH, "proxy", "--config", str(config), "--no-access-log",
-             "--listen", f"127.0.0.1:{self.ports.proxy[replica.name]}"],
+             "--listen", f"127.0.0.1:{self.ports.proxy[replica.name]}",
+             "--metrics-listen", f"127.0.0.1:{self.ports.proxy_metrics[replica.name]}",
+             "--drain-grace", "1"],
         )  # fmt: skip
         return [sim, sidecar, proxy]
 
@@ -350,7 +352,7 @@ class Demo:
             "sim": "OpenAI API and /metrics (--engine-url, --upstream); DCGM page {url}/gpu/metrics"
             " (--gpu dcgm=URL)",
             "sidecar": "/metrics /readyz",
-            "proxy": "OpenAI API per tenant (base URL {url}/v1), /metrics",
+            "proxy": "OpenAI API per tenant (base URL {url}/v1); tenant /metrics on its own port",
             "prometheus": "web UI and API, /alerts",
             "alertmanager": "web UI, /api/v2/alerts",
         }

@@ -90,13 +90,15 @@ class Ports:
     sim: Mapping[str, int]
     sidecar: Mapping[str, int]
     proxy: Mapping[str, int]
+    #: each proxy's own metrics listener (tenant series), apart from the client port
+    proxy_metrics: Mapping[str, int]
     prometheus: int
     alertmanager: int
 
     @classmethod
     def count(cls, replicas: Sequence[Replica] = REPLICAS) -> int:
         """How many ports the fleet uses."""
-        return 3 * len(replicas) + 2
+        return 4 * len(replicas) + 2
 
     @classmethod
     def assign(cls, base: int | None, replicas: Sequence[Replica] = REPLICAS) -> Ports:
@@ -109,8 +111,9 @@ class Ports:
             sim=dict(zip(names, ports[0:n], strict=True)),
             sidecar=dict(zip(names, ports[n : 2 * n], strict=True)),
             proxy=dict(zip(names, ports[2 * n : 3 * n], strict=True)),
-            prometheus=ports[3 * n],
-            alertmanager=ports[3 * n + 1],
+            proxy_metrics=dict(zip(names, ports[3 * n : 4 * n], strict=True)),
+            prometheus=ports[4 * n],
+            alertmanager=ports[4 * n + 1],
         )
 
 
@@ -180,7 +183,7 @@ def prometheus_config(
         "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
         "scrape_configs": [
             {"job_name": "inferwatch-sidecar", "static_configs": targets(ports.sidecar)},
-            {"job_name": "inferwatch-proxy", "static_configs": targets(ports.proxy)},
+            {"job_name": "inferwatch-proxy", "static_configs": targets(ports.proxy_metrics)},
         ],
     }
     if rule_files:

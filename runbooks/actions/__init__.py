@@ -1,0 +1,1 @@
+"""Runbook actions: one module each, all implementing :class:`base.Action`."""

@@ -1,0 +1,168 @@
+"""SIGTERM on a real ``inferwatch proxy`` process: drain, then cut short and charge."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import scripted_engine as se
+from proxy_stack import KEYS, Engine
+
+from inferwatch.exporters.tenancy.tenants import hash_key
+
+GRACE = 2.0
+INFERWATCH = Path(sys.executable).parent / "inferwatch"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def engine() -> Iterator[Engine]:
+    loop = se.LoopThread()
+    engine = Engine(loop)
+    yield engine
+    engine.close()
+    loop.close()
+
+
+class Stream(threading.Thread):
+    """A streamed chat request read line by line; counts the content tokens received."""
+
+    def __init__(self, url: str, max_tokens: int) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.max_tokens = max_tokens
+        self.tokens = 0
+        self.done = False
+        self.error = ""
+        self.ended = threading.Event()
+
+    def run(self) -> None:
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "count"}],
+            "max_tokens": self.max_tokens,
+            "stream": True,
+        }
+        headers = {"authorization": f"Bearer {KEYS['acme']}", "x-scenario": "slow_stream"}
+        try:
+            with httpx.stream(
+                "POST", self.url + "/v1/chat/completions", json=body, headers=headers, timeout=30
+            ) as reply:
+                for line in reply.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[6:]
+                    if data == "[DONE]":
+                        self.done = True
+                        continue
+                    event = json.loads(data)
+                    if "error" in event:
+                        self.error = event["error"]["code"]
+                    for choice in event.get("choices") or ():
+                        if (choice.get("delta") or {}).get("content"):
+                            self.tokens += 1
+        finally:
+            self.ended.set()
+
+
+def hold(url: str) -> httpx.Response:
+    body = {"model": "m", "messages": [{"role": "user", "content": "wait"}], "max_tokens": 2}
+    headers = {"authorization": f"Bearer {KEYS['acme']}", "x-delay-ms": "30000"}
+    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+
+def wait_for(condition: Any, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+    except OSError:
+        return True
+    return False
+
+
+def test_sigterm_drains_then_cuts_short_and_charges_every_token(
+    engine: Engine, tmp_path: Path
+) -> None:
+    config = tmp_path / "proxy.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "upstream": {"url": engine.url, "reconcile_interval": 0},
+                "tenants": {"acme": {"key_sha256": [hash_key(KEYS["acme"])]}},
+            }
+        )
+    )
+    port, metrics_port = free_port(), free_port()
+    process = subprocess.Popen(
+        [str(INFERWATCH), "proxy", "--config", str(config),
+         "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
+         "--drain-grace", f"{GRACE:g}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert wait_for(lambda: not refused(metrics_port)), "the proxy did not start"
+        short, long = Stream(url, 20), Stream(url, 1000)  # 0.4 s and 20 s at 20 ms a token
+        short.start(), long.start()
+        held: list[httpx.Response] = []  # a whole (unstreamed) reply the engine holds 30 s
+        waiting = threading.Thread(target=lambda: held.append(hold(url)), daemon=True)
+        waiting.start()
+        assert wait_for(lambda: short.tokens >= 2 and long.tokens >= 2)
+        assert wait_for(lambda: len(engine.engine.requests) == 3)
+        process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        assert wait_for(lambda: refused(port), timeout=5), "still accepting after SIGTERM"
+        assert short.ended.wait(10) and long.ended.wait(GRACE + 10)
+        cut_after = time.monotonic() - signalled
+        _, stderr = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    # the short stream finished inside the grace period; the long one was cut at its end
+    assert short.done and short.tokens == 20 and not short.error
+    assert long.error == "shutdown" and not long.done
+    waiting.join(10)
+    assert held[0].status_code == 503 and held[0].json()["error"]["code"] == "shutdown"
+    assert GRACE - 0.5 < cut_after < GRACE + 5
+    lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    access = [line for line in lines if line.get("logger") == "inferwatch.proxy.access"]
+    by_tokens = sorted(access, key=lambda line: line["completion_tokens"])
+    assert [line["accounting"] for line in by_tokens] == [
+        "shutdown_cancelled",  # the held request: its prompt, the engine had taken it
+        "complete",
+        "shutdown_cancelled",
+    ]
+    assert by_tokens[1]["completion_tokens"] == 20
+    # every token that left the engine before the cut was relayed and charged; the engine
+    # only notices the hang-up on its next writes (as vLLM does), which no proxy can see
+    assert by_tokens[2]["completion_tokens"] == long.tokens
+    assert engine.engine.generation_total - sum(line["completion_tokens"] for line in access) <= 2
+    assert all(line["prompt_tokens"] > 0 for line in access)
