@@ -50,9 +50,9 @@ def readme(path: Path, check: bool) -> None:
 @click.option(
     "--config",
     "config_path",
+    envvar="INFERWATCH_GENERATE_ALERTS_CONFIG",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    envvar="INFERWATCH_GENERATE_ALERTS_CONFIG",
     show_envvar=True,
     help="Alert config read on top of the shipped defaults (alerts/config.yaml).",
 )
@@ -85,4 +85,44 @@ def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
             raise click.ClickException(f"stale under {target}: {', '.join(stale)}")
         return
     changed = writer.write(target, files)
+    click.echo(f"{target}: {len(changed)} of {len(files)} files updated")
+
+
+@generate.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="INFERWATCH_GENERATE_DASHBOARDS_CONFIG",
+    show_envvar=True,
+    help="Alert config (thresholds, selectors, cluster label) read on top of the defaults.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help="Directory for the dashboards [default: dashboards/generated of this checkout].",
+)
+@click.option(
+    "--check", is_flag=True, show_envvar=True, help="Fail instead of writing when a file is stale."
+)
+def dashboards(config_path: Path | None, out: Path | None, check: bool) -> None:
+    """Write the Grafana dashboards (JSON), a ConfigMap per board and a provisioning file."""
+    from inferwatch.alerts import config
+    from inferwatch.alerts.writer import stale, write
+    from inferwatch.dashboards import writer
+
+    try:
+        files = writer.render(config.load(config_path))
+    except config.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    target = out if out is not None else writer.default_out()
+    if check:
+        outdated = stale(target, files)
+        if outdated:
+            raise click.ClickException(f"stale under {target}: {', '.join(outdated)}")
+        return
+    changed = write(target, files)
     click.echo(f"{target}: {len(changed)} of {len(files)} files updated")

@@ -1,0 +1,102 @@
+"""Tenants and cost: who uses what, what it costs, budgets, admission, reconciliation.
+
+Panels 1-4 are the ones the cost alerts link to (their ``dashboard_url``). Per-tenant series
+come from the tenancy proxies, which know the model and version but not the replica.
+"""
+
+from __future__ import annotations
+
+from inferwatch.alerts import recording
+from inferwatch.alerts.promql import seconds_text
+from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below
+
+T, TO, C, MV = Scope.TENANT, Scope.TENANT_ONLY, Scope.CLUSTER, Scope.MODEL_VERSION
+REJECTED = 'outcome=~"rejected_.*"'
+
+
+def board(ctx: Ctx) -> Board:
+    config = ctx.config
+    c = config.cluster_label
+    budget = config.alert("InferwatchTenantBudgetExhaustionPredicted")
+    drift = config.alert("InferwatchCostPer1kTokensDrift")
+    rejections = config.alert("InferwatchAdmissionRejectionsRising").number("ratio")
+    reconcile = config.alert("InferwatchReconciliationDrift").number("tokens")
+    remaining = ctx.m("tenancy_budget_remaining", TO)
+    per_1k = ctx.r(recording.cost_per_1k(config))
+    # the baseline is cost over tokens across the window (every tenant, as the ratio), not an
+    # average of the ratio: that is NaN while a version has no tokens, and one NaN makes the
+    # whole window's average NaN
+    window = drift.text("baseline_window")
+    mv = ctx.by("model", "model_version")
+    tokens = ctx.r(recording.tenant_tokens(config), MV, 'token_type=~"prompt|completion"')
+    baseline = (
+        f"(1000 * sum {mv} (avg_over_time({ctx.r(recording.tenant_cost(config), MV)}[{window}])) "
+        f"/ sum {mv} (avg_over_time({tokens}[{window}])))"
+    )
+    tenant_by = ctx.by("tenant", "model", "model_version")
+    admitted = ctx.rate("tenancy_requests", T, 'outcome="ok"')
+    return Board(
+        "cost", "Inferwatch / Tenants and cost",
+        "Tokens and cost by tenant and model, budgets and where they are heading, admission "
+        "rejections, cost per 1k tokens and the proxy-to-engine token reconciliation.",
+        variables=("cluster", "model", "model_version", "tenant"),
+    ).row(
+        "Budgets and alerts",
+        Panel(1, "Budget remaining and projection", "Tokens left in each tenant's budget "
+              f"window, and where the last {budget.text('lookback')} trend puts it in "
+              f"{budget.text('horizon')}. A projection under 0 is "
+              "InferwatchTenantBudgetExhaustionPredicted: the tenant will get 429s; raise the "
+              "budget or tell the tenant.", "short",
+              [Q(remaining, "{{tenant}} remaining"),
+               Q(f"predict_linear({remaining}[{budget.text('lookback')}], "
+                 f"{seconds_text(budget.text('horizon'))})", "{{tenant}} projected")],
+              thresholds=below(0)),
+        Panel(2, "Cost per 1k tokens against its baseline", "Cost per 1k prompt and "
+              f"completion tokens divided by the same over the last {window}. "
+              f"Above {1 + drift.number('drift'):g} is InferwatchCostPer1kTokensDrift: the "
+              "token mix or prices changed; check for longer outputs or a pricing change.",
+              "short",
+              [Q(f"{per_1k} / {baseline}", "{{model}} {{model_version}}")],
+              thresholds=above(None, 1 + drift.number("drift"))),
+        Panel(3, "Admission rejections", "Share of each tenant's requests the proxy refused, "
+              f"by reason. Above {rejections:g} is InferwatchAdmissionRejectionsRising: budget "
+              "429s mean the budget is too small, too_long 400s a client sending oversize "
+              "prompts.", "percentunit",
+              [Q(f"sum by ({c}, tenant, outcome) ({ctx.rate('tenancy_requests', T, REJECTED)})"
+                 f" / ignoring (outcome) group_left sum by ({c}, tenant) "
+                 f"({ctx.rate('tenancy_requests', T)})", "{{tenant}} {{outcome}}"),
+               Q(f"sum by ({c}, tenant) ({admitted}) / sum by ({c}, tenant) "
+                 f"({ctx.rate('tenancy_requests', T)})",
+                 "{{tenant}} admitted")],
+              thresholds=above(None, rejections), max=1),
+        Panel(4, "Reconciliation drift", "Tokens the proxies counted minus what the "
+              f"engines counted, by token type. Beyond {reconcile:g} either way is "
+              "InferwatchReconciliationDrift: some route bypasses metering or usage is "
+              "misread; compare the proxy's and engine's counters.", "short",
+              [Q(f"abs({ctx.m('tenancy_reconciliation_drift', C)})",
+                 "{{instance}} {{token_type}}")],
+              thresholds=above(None, reconcile)),
+    ).row(
+        "Usage and cost",
+        Panel(5, "Tokens per second by tenant", "Prompt, cached prompt and completion tokens "
+              "the proxies metered, by tenant and model.", "suffix: tok/s",
+              [Q(f"sum by ({c}, tenant, model, token_type) "
+                 f"({ctx.r(recording.tenant_tokens(config), T)})",
+                 "{{tenant}} {{token_type}} {{model}}")], stack=True),
+        Panel(6, "Cost per hour by tenant", "What each tenant's traffic costs per hour at "
+              "the configured prices, by model.", "currencyUSD",
+              [Q(f"3600 * sum {tenant_by} ({ctx.r(recording.tenant_cost(config), T)})",
+                 "{{tenant}} {{model}}")], stack=True),
+        Panel(7, "Cost per 1k tokens", "Cost per 1k prompt and completion tokens by model "
+              "version: the figure to compare versions and engines on.", "currencyUSD",
+              [Q(per_1k, "{{model}} {{model_version}}")]),
+        Panel(8, "Top tenants by cost (time range)", "The ten tenants that cost most over "
+              "the dashboard's time range.", "currencyUSD",
+              [Q(f"topk(10, sum by ({c}, tenant) "
+                 f"(increase({ctx.m('tenancy_cost', T)}[$__range])))", instant=True)],
+              kind="table", width=12),
+        Panel(9, "Requests by outcome", "Every request the proxies saw, by tenant and "
+              "outcome (ok, rejected_*, upstream errors).", "reqps",
+              [Q(f"sum by ({c}, tenant, outcome) ({ctx.rate('tenancy_requests', T)})",
+                 "{{tenant}} {{outcome}}")], width=12, stack=True),
+    )  # fmt: skip

@@ -1,0 +1,134 @@
+"""Latency and SLOs: each latency signal's quantiles and every burn-rate window.
+
+Panels 1-3 and 10-11 are the ones the latency alerts link to (their ``dashboard_url``).
+"""
+
+from __future__ import annotations
+
+from inferwatch.alerts import recording
+from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below
+
+MEANING = {
+    "ttft": ("Time to first token", "prefill: long prompts, a full queue or a cold prefix "
+             "cache"),
+    "tpot": ("Time per output token", "decode: batch too large, KV-cache pressure or a slow "
+             "GPU (clocks, temperature)"),
+    "e2e": ("End-to-end request latency", "the sum of both, plus queueing; long outputs "
+            "raise it without anything being wrong"),
+}  # fmt: skip
+
+
+def board(ctx: Ctx) -> Board:
+    config = ctx.config
+    c = config.cluster_label
+    return Board(
+        "latency", "Inferwatch / Latency and SLOs",
+        "TTFT, TPOT and end-to-end latency quantiles per model version against the alert "
+        "thresholds, and the SLO burn rates on every window the alerts read.",
+    ).row(
+        "Latency quantiles",
+        *[_quantiles(ctx, pid, signal) for pid, signal in ((1, "ttft"), (2, "tpot"), (3, "e2e"))],
+        Panel(4, "Queue time p99", "Time requests waited in the engine before being "
+              "scheduled. When it makes up most of TTFT, the replica is saturated rather "
+              "than slow.", "s",
+              [Q(_quantile(ctx, "engine_request_queue_duration", 0.99), "p99 {{model_version}}")],
+              width=12),
+        Panel(5, "Inter-token latency p50 / p99", "Time between consecutive output tokens "
+              "of a request (what a streaming user feels). Spikes with steady TPOT mean "
+              "prefill of new requests interrupts decoding: consider chunked prefill.", "s",
+              [Q(_quantile(ctx, "engine_inter_token_latency", q),
+                 f"p{q * 100:g} {{{{model_version}}}}") for q in (0.5, 0.99)], width=12),
+    ).row(
+        "Requests",
+        Panel(6, "Prompt and output length p50 / p99", "Tokens per request in and out. "
+              "Longer prompts raise TTFT and longer outputs E2E latency without anything "
+              "being wrong: check here before blaming the engine.", "short",
+              [Q(_quantile(ctx, key, q), f"{name} p{q * 100:g} {{{{model_version}}}}")
+               for key, name in (("engine_request_prompt_tokens", "prompt"),
+                                 ("engine_request_generation_tokens", "output"))
+               for q in (0.5, 0.99)]),
+        Panel(7, "Finished requests by reason", "Requests per second by finish reason: "
+              "stop (the model ended), length (hit max_tokens), abort, error. A jump in "
+              "length means clients' max_tokens truncate answers.", "reqps",
+              [Q(f"sum by ({c}, model_version, reason) "
+                 f"({ctx.rate('engine_requests_finished', Scope.ENGINE)})",
+                 "{{model_version}} {{reason}}")]),
+        Panel(8, "Prefill and decode time per request (mean)", "Mean time to first token "
+              "less mean queue time (prefill), and mean end-to-end less mean time to first "
+              "token (decode). Which of the two grew tells prompt-side from output-side "
+              "slowness.", "s",
+              [Q(f"{_mean(ctx, 'engine_time_to_first_token')} - "
+                 f"{_mean(ctx, 'engine_request_queue_duration')}", "prefill {{model_version}}"),
+               Q(f"{_mean(ctx, 'engine_request_duration')} - "
+                 f"{_mean(ctx, 'engine_time_to_first_token')}", "decode {{model_version}}")]),
+    ).row(
+        "SLO burn rates",
+        _burn(ctx, 10, "ttft", "TTFT SLO"),
+        _burn(ctx, 11, "availability", "Availability SLO"),
+        *[_budget(ctx, pid, slo, name)
+          for pid, slo, name in ((12, "ttft", "TTFT"), (13, "availability", "Availability"))],
+    )  # fmt: skip
+
+
+def _quantile(ctx: Ctx, key: str, q: float) -> str:
+    """A quantile per model version straight from a histogram no recording rule covers."""
+    bucket = ctx.m(key, Scope.ENGINE, suffix="_bucket")
+    return (f"histogram_quantile({q:g}, sum by ({ctx.config.cluster_label}, model, "
+            f"model_version, le) (rate({bucket}[$__rate_interval])))")  # fmt: skip
+
+
+def _mean(ctx: Ctx, key: str) -> str:
+    """Mean observation per model version over the rate window of a histogram."""
+    mv = ctx.by("model", "model_version")
+    total = ctx.rate(key, Scope.ENGINE, suffix="_sum")
+    count = ctx.rate(key, Scope.ENGINE, suffix="_count")
+    return f"(sum {mv} ({total}) / sum {mv} ({count}))"
+
+
+def _quantiles(ctx: Ctx, pid: int, signal: str) -> Panel:
+    title, cause = MEANING[signal]
+    warning = ctx.config.latency_threshold(signal, "warning")
+    critical = ctx.config.latency_threshold(signal, "critical")
+    q = ctx.config.latency["quantile"]
+    return Panel(
+        pid, f"{title} quantiles",
+        f"p50/p90/p99 over {ctx.w} per model version. The p{q * 100:g} above {warning:g}s "
+        f"warns and above {critical:g}s pages (models with their own thresholds in the alert "
+        f"config differ). A rise usually comes from {cause}.", "s",
+        [Q(ctx.quantile(signal, quantile), f"p{quantile * 100:g} {{{{model_version}}}}")
+         for quantile in ctx.config.quantiles],
+        thresholds=above(warning, critical), width=8,
+    )  # fmt: skip
+
+
+def _burn(ctx: Ctx, pid: int, slo: str, title: str) -> Panel:
+    config = ctx.config
+    allowed = 1 - float(config.slo[slo]["objective"])
+    pairs = ", ".join(f"{w.long}/{w.short} x{w.factor:g} ({w.severity})"
+                      for w in config.burn_windows)  # fmt: skip
+    factors = sorted({w.factor for w in config.burn_windows if w.severity == "critical"})
+    warning = factors[0] if len(factors) > 1 else None
+    return Panel(
+        pid, f"{title} burn rate",
+        f"Bad-request ratio / allowed ratio ({allowed:g}) on every window. An alert fires "
+        f"when both windows of a pair burn faster than its factor: {pairs}. A short window "
+        "far above the long one is a fresh incident; the reverse, one that is ending.",
+        "short",
+        [Q(f"{ctx.r(recording.slo_error_ratio(config, slo, window))} / {allowed:g}",
+           f"{window} {{{{model_version}}}}") for window in config.slo_windows],
+        thresholds=above(warning, factors[-1] if factors else None), width=12,
+    )  # fmt: skip
+
+
+def _budget(ctx: Ctx, pid: int, slo: str, name: str) -> Panel:
+    config = ctx.config
+    longest = config.slo_windows[-1]
+    allowed = 1 - float(config.slo[slo]["objective"])
+    return Panel(
+        pid, f"{name} error budget remaining ({longest})",
+        f"1 - bad ratio / allowed ratio over the last {longest}. Under 0 the objective "
+        f"({float(config.slo[slo]['objective']):g}) is missed for the window.", "percentunit",
+        [Q(f"1 - {ctx.r(recording.slo_error_ratio(config, slo, longest))} / {allowed:g}",
+           "{{model}} {{model_version}}")],
+        thresholds=below(0), width=12,
+    )  # fmt: skip

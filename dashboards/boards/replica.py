@@ -1,0 +1,103 @@
+"""Replica drill-down: one replica's engine, sidecar and GPUs side by side.
+
+The view an on-call engineer opens from an alert: pick the replica (or follow a data link
+from another board) and read down the columns for the first thing that changed.
+"""
+
+from __future__ import annotations
+
+from inferwatch.alerts import recording
+from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below
+
+E, C = Scope.ENGINE, Scope.CLUSTER
+
+
+def _p99(ctx: Ctx, key: str) -> str:
+    bucket = ctx.m(key, E, suffix="_bucket")
+    return (f"histogram_quantile(0.99, sum by ({ctx.config.cluster_label}, pod, le) "
+            f"(rate({bucket}[$__rate_interval])))")  # fmt: skip
+
+
+def board(ctx: Ctx) -> Board:
+    config = ctx.config
+    c = config.cluster_label
+    pod = ctx.by("pod")
+    kv = config.alert("InferwatchKVCacheSaturated").number("usage")
+    xid_window = config.alert("InferwatchGPUXidErrors").text("window")
+    temp_margin = config.alert("InferwatchGPUTemperatureNearSlowdown").number("margin")
+    return Board(
+        "replica", "Inferwatch / Replica drill-down",
+        "One replica's engine, sidecar and GPUs side by side. Choose the replica (or come "
+        "here from an alert or a per-replica series) and look for the first signal that "
+        "moved.",
+    ).row(
+        "Engine",
+        Panel(1, "Requests and errors per second", "What the engine finished or failed; "
+              "errors by reason. Errors with no traffic change point at the engine or GPU; "
+              "a traffic drop at the router.", "reqps",
+              [Q(ctx.r(recording.requests(config, "pod"), E), "requests {{pod}}"),
+               Q(f"sum by ({c}, pod, reason) ({ctx.rate('engine_request_errors', E)})",
+                 "errors {{reason}}")]),
+        Panel(2, "TTFT and TPOT p99", "This replica's own quantiles (from its histograms, "
+              "not the per-version recordings). Thresholds: the TTFT alert's.", "s",
+              [Q(_p99(ctx, "engine_time_to_first_token"), "TTFT p99 {{pod}}"),
+               Q(_p99(ctx, "engine_time_per_output_token"), "TPOT p99 {{pod}}")],
+              thresholds=above(config.latency_threshold("ttft", "warning"),
+                               config.latency_threshold("ttft", "critical"))),
+        Panel(3, "Running, waiting, KV cache", "Batch and queue depth, and KV-cache usage "
+              f"(a 0-1 fraction). Usage near {kv:g} with a queue means preemptions next.",
+              "short",
+              [Q(f"sum {pod} ({ctx.m('engine_requests_running', E)})", "running"),
+               Q(f"sum {pod} ({ctx.m('engine_requests_waiting', E)})", "waiting"),
+               Q(f"max {pod} ({ctx.m('engine_kv_cache_usage', E)})", "KV-cache usage")]),
+    ).row(
+        "Sidecar",
+        Panel(4, "Readiness by condition", "The sidecar's /readyz conditions. The one at 0 "
+              "is why routers skip this replica: engine (down or hung), gpu (XID, ECC, lost "
+              "GPU), quality (probes failing), or isolated by automation.", "bool_yes_no",
+              [Q(f"min by ({c}, pod, condition) ({ctx.m('replica_ready', E)})",
+                 "{{condition}}")], thresholds=below(1)),
+        Panel(5, "Engine up and collectors", "Engine reachability and each collector's last "
+              "run (1 ok). A collector at 0 leaves its panels empty here: check the sidecar "
+              "log for its error.", "bool_yes_no",
+              [Q(f"max {pod} ({ctx.m('engine_up', E)})", "engine up"),
+               Q(ctx.on_replica(ctx.m("collector_success", C)), "collector {{collector}}")],
+              thresholds=below(1)),
+        Panel(6, "Scrape cost", "How long each collector takes. A slow engine scrape "
+              "delays every signal of this replica and can time out Prometheus's scrape.",
+              "s",
+              [Q(ctx.on_replica(ctx.m("collector_duration", C)), "{{collector}}")]),
+    ).row(
+        "GPU",
+        Panel(7, "GPU utilization and memory", "Utilization (0-1) of this replica's GPUs "
+              "and their memory in use. Busy GPUs with slow tokens: see clocks and "
+              "temperature on the GPU board.", "percentunit",
+              [Q(ctx.on_replica(ctx.m("gpu_utilization", C)), "util {{gpu_uuid}}"),
+               Q(ctx.on_replica(ctx.m("gpu_memory_utilization", C)), "memory {{gpu_uuid}}")],
+              max=1),
+        Panel(8, "Temperature and power", "Degrees C and watts of this replica's GPUs. "
+              f"Within {temp_margin:g} C of the slowdown threshold the GPU is about to "
+              "throttle.", "celsius",
+              [Q(ctx.on_replica(ctx.m("gpu_temperature", C, 'sensor="gpu"')),
+                 "temp {{gpu_uuid}}"),
+               Q(ctx.on_replica(ctx.m("gpu_power", C)), "W {{gpu_uuid}}")]),
+        Panel(9, "GPU health and XIDs", "1 while the GPU is healthy (0 with the reason), "
+              f"and XID errors in the last {xid_window} by action. Any reset_gpu or reboot_node "
+              "XID "
+              "means drain and repair the GPU, not restart the engine.", "short",
+              [Q(ctx.on_replica(f"min without (reason) ({ctx.m('gpu_healthy', C)})"),
+                 "healthy {{gpu_uuid}}"),
+               Q(f"sum by ({c}, pod, action) ("
+                 + ctx.on_replica(ctx.new_in(ctx.m("gpu_xid_errors", C), xid_window)) + ")",
+                 "XID {{action}}")],
+              thresholds=below(1)),
+    ).row(
+        "Quality",
+        Panel(10, "Probe pass rate", "Golden-answer probes of this replica (windowed pass "
+              "rate) against their expected rate. Below it the verdict fails and /readyz "
+              "takes the replica out; see the Quality board for the failing checks.",
+              "percentunit",
+              [Q(ctx.m("probe_pass_ratio", Scope.PROBE), "{{route}} {{set}}"),
+               Q(ctx.m("probe_expected_pass_ratio", Scope.PROBE), "expected {{set}}")],
+              max=1, width=24),
+    )  # fmt: skip

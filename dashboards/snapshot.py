@@ -1,0 +1,400 @@
+"""``inferwatch snapshot``: one board rendered to a PNG from Prometheus, without Grafana.
+
+Each panel is drawn where the board puts it (gridPos), from ``query_range`` over the chosen
+window, with its title, unit, legend and threshold lines, so the picture reads like the board.
+It is what an engineer without Grafana access looks at, and what runbook actions attach.
+Prometheus answers are bounded (bytes per answer, series drawn per panel).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+
+from inferwatch.alerts import config as alert_config
+from inferwatch.alerts.config import seconds
+from inferwatch.dashboards import queries, writer
+
+#: largest Prometheus answer read per query
+MAX_ANSWER_BYTES = 16 << 20
+#: series drawn per panel (the legend says how many more there were)
+MAX_SERIES = 12
+#: points per series asked for (the step follows from the window)
+POINTS = 240
+WIDTH_IN, GRID_UNIT_IN, DPI = 16.0, 0.34, 80
+#: time-axis tick intervals tried, seconds
+TICK_STEPS = (10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
+              172800, 604800)  # fmt: skip
+#: grid units under a time series for its time axis and legend
+LEGEND_UNITS = 2.6
+_DURATION = re.compile(r"^(?:\d+(?:s|m|h|d|w))+$")
+_SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+#: Grafana unit ids -> the name printed after a value (``suffix:x`` units print ``x``)
+UNIT_NAMES = {"reqps": "req/s", "watt": "W", "celsius": "°C", "hertz": "Hz"}
+_IEC = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
+
+
+class BadInput(click.ClickException):
+    """A user's input that cannot give a snapshot; one line, exit status 2."""
+
+    exit_code = 2
+
+
+@dataclass
+class Series:
+    label: str
+    times: list[datetime]
+    values: list[float]
+
+
+def format_value(value: float, unit: str) -> str:
+    """A value as Grafana shows it for the units the boards use."""
+    if math.isnan(value):
+        return "NaN"
+    if unit == "percentunit":
+        return f"{value * 100:.3g}%" if abs(value) < 10 else f"{value * 100:,.0f}%"
+    if unit == "bool_yes_no":
+        return "yes" if value else "no"
+    if unit == "s":
+        if value and abs(value) < 1:
+            return f"{value * 1000:.3g} ms"
+        return f"{value:.3g} s"
+    if unit == "bytes":
+        for size, name in _IEC:
+            if abs(value) >= size:
+                return f"{value / size:.3g} {name}"
+        return f"{value:.3g} B"
+    if unit == "currencyUSD":
+        return f"${value:.3g}"
+    name = "" if unit == "short" else UNIT_NAMES.get(unit, unit.removeprefix("suffix:").strip())
+    number, prefix = f"{value:.3g}", ""
+    for scale, candidate in _SI:
+        if abs(value) >= scale:
+            number, prefix = f"{value / scale:.3g}", candidate
+            break
+    if not name:
+        return number + prefix
+    # Grafana writes SI units as "2.5 GHz" and custom suffixes as "1.2K tok/s"
+    return f"{number}{prefix} {name}" if unit.startswith("suffix:") else f"{number} {prefix}{name}"
+
+
+def legend(template: str, labels: Mapping[str, str]) -> str:
+    """Grafana's legend format: ``{{label}}`` replaced; ``__auto`` (or empty) lists labels."""
+    if template in ("", "__auto"):
+        shown = {k: v for k, v in labels.items() if k != "__name__"}
+        return ", ".join(f"{k}={v}" for k, v in sorted(shown.items())) or "value"
+    return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m[1], ""), template).strip()
+
+
+class Prometheus:
+    """The two queries a snapshot needs, with every failure as one BadInput line."""
+
+    def __init__(self, url: str, http: httpx.Client) -> None:
+        self.url = url.rstrip("/")
+        self.http = http
+
+    def get(self, path: str, params: Mapping[str, Any]) -> Any:
+        try:
+            with self.http.stream("GET", f"{self.url}{path}", params=params) as response:
+                body = b""
+                for chunk in response.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_ANSWER_BYTES:
+                        raise BadInput(f"Prometheus answer over {MAX_ANSWER_BYTES} bytes")
+        except httpx.TransportError as exc:
+            raise BadInput(f"cannot reach Prometheus at {self.url}: {exc}") from None
+        try:
+            document = httpx.Response(200, content=body).json()
+        except ValueError:
+            raise BadInput(f"{self.url} answered {response.status_code} without JSON: is it "
+                           "a Prometheus?") from None  # fmt: skip
+        if not isinstance(document, dict) or document.get("status") != "success":
+            error = document.get("error") if isinstance(document, dict) else None
+            reason = error or "not a Prometheus API answer"
+            raise BadInput(f"Prometheus refused {params.get('query', path)!r}: {reason}")
+        return document["data"]
+
+    def range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        data = self.get(
+            "/api/v1/query_range", {"query": expr, "start": start, "end": end, "step": step}
+        )
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+
+@dataclass(frozen=True)
+class Window:
+    """The time range drawn: the last ``seconds`` up to now, at about POINTS points."""
+
+    start: float
+    end: float
+    step: float
+
+    @classmethod
+    def last(cls, seconds: float) -> Window:
+        end = time.time()
+        return cls(end - seconds, end, max(1.0, round(seconds / POINTS)))
+
+    def grafana(self, values: Mapping[str, str], scrape_s: float) -> dict[str, str]:
+        """The board's variables plus Grafana's own for this range."""
+        rate = queries.rate_interval(self.step, scrape_s)
+        return {**values, "__interval": queries.duration(self.step),
+                "__range": queries.duration(self.end - self.start),
+                "__rate_interval": queries.duration(rate)}  # fmt: skip
+
+    @property
+    def clock(self) -> str:
+        span = self.end - self.start
+        return "%H:%M:%S" if span <= 1800 else ("%H:%M" if span <= 86400 else "%m-%d %H:%M")
+
+
+def fetch(
+    prom: Prometheus, panel: Mapping[str, Any], values: Mapping[str, str], window: Window
+) -> tuple[list[Series], int]:
+    """The panel's series (at most MAX_SERIES) and how many more there were."""
+    drawn: list[Series] = []
+    total = 0
+    for target in panel.get("targets", []):
+        expr = queries.substitute(target["expr"], values)
+        for series in prom.range(expr, window.start, window.end, window.step):
+            points = [(float(t), float(v)) for t, v in series["values"]]
+            points = [(t, v) for t, v in points if math.isfinite(v)]
+            if not points:
+                continue
+            total += 1
+            if len(drawn) < MAX_SERIES:
+                drawn.append(Series(
+                    legend(target.get("legendFormat", ""), series["metric"]),
+                    [datetime.fromtimestamp(t) for t, _ in points], [v for _, v in points],
+                ))  # fmt: skip
+    return drawn, total - len(drawn)
+
+
+def render(
+    dashboard: Mapping[str, Any], prom: Prometheus, values: Mapping[str, str], window: Window,
+    out: Path, subtitle: str,
+) -> tuple[int, int]:  # fmt: skip
+    """Draw the board into ``out``; returns (panels, panels with data)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = dashboard["panels"]
+    units = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in grid) + 2  # + the title band
+    fig = plt.figure(figsize=(WIDTH_IN, units * GRID_UNIT_IN), dpi=DPI)
+    fig.text(0.01, 1 - 0.6 / units, dashboard["title"], fontsize=15, weight="bold",
+             va="center")  # fmt: skip
+    fig.text(0.99, 1 - 0.6 / units, subtitle, fontsize=9, ha="right", va="center")
+    with_data = 0
+    for panel in grid:
+        x, y, w, h = (panel["gridPos"][k] for k in ("x", "y", "w", "h"))
+        left, bottom = x / 24, 1 - (y + h + 2) / units
+        if panel.get("type") == "row":
+            fig.text(left + 0.005, bottom + 0.5 / units, panel["title"], fontsize=11,
+                     weight="bold", va="center", color="#333333")  # fmt: skip
+            continue
+        below = LEGEND_UNITS if panel.get("type") == "timeseries" else 0.4
+        ax = fig.add_axes((left + 0.035, bottom + below / units,
+                           w / 24 - 0.045, (h - below - 0.9) / units))  # fmt: skip
+        ax.set_title(panel["title"], fontsize=9, loc="left")
+        ax.tick_params(labelsize=7)
+        series, more = fetch(prom, panel, values, window)
+        if series:
+            with_data += 1
+            _draw(ax, panel, series, more, window)
+        else:
+            ax.text(0.5, 0.5, "No data", ha="center", va="center", transform=ax.transAxes,
+                    color="#888888", fontsize=10)  # fmt: skip
+            ax.set_xticks([])
+            ax.set_yticks([])
+    _save(fig, out)
+    plt.close(fig)
+    return len(queries.panels(dashboard)), with_data
+
+
+def _save(fig: Any, out: Path) -> None:
+    """The figure as a palette PNG: a board is a few flat colours, so 256 of them lose
+    nothing visible and the file is a third of the size."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=DPI, format="png")
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        image.convert("RGB").quantize(colors=256).save(out, format="PNG", optimize=True)
+
+
+def _draw(
+    ax: Any, panel: Mapping[str, Any], series: Sequence[Series], more: int, window: Window
+) -> None:
+    """One panel with data: lines with thresholds and a legend, or last values as text."""
+    from matplotlib.ticker import FuncFormatter
+
+    unit = panel["fieldConfig"]["defaults"].get("unit", "short")
+    if panel.get("type") in ("stat", "table"):
+        _text_panel(ax, series, more, unit)
+        return
+    columns = max(1, min(3, panel["gridPos"]["w"] // 4))
+    for s in series:
+        ax.plot(s.times, s.values, linewidth=1.2,
+                label=s.label[: panel["gridPos"]["w"] * 6 // columns])  # fmt: skip
+    if unit == "bool_yes_no":
+        ax.set_yticks([0, 1])
+    _thresholds(ax, panel, series, unit)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: format_value(v, unit)))
+    ax.set_xlim(datetime.fromtimestamp(window.start), datetime.fromtimestamp(window.end))
+    ticks = time_ticks(window.start, window.end)
+    ax.set_xticks(ticks, [tick.strftime(window.clock) for tick in ticks])
+    ax.grid(True, linewidth=0.3, alpha=0.6)
+    handles, labels = ax.get_legend_handles_labels()
+    if more:
+        labels[-1] += f"  (+{more} more series)"
+    ax.legend(handles, labels, fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.1),
+              ncols=columns, frameon=False, borderaxespad=0, handlelength=1.5)  # fmt: skip
+
+
+def time_ticks(start: float, end: float, most: int = 6) -> list[datetime]:
+    """Ticks at the first round interval that gives at most ``most`` of them in the window."""
+    step = next((s for s in TICK_STEPS if (end - start) / s <= most), TICK_STEPS[-1])
+    first = math.ceil(start / step) * step
+    count = int((end - first) // step) + 1
+    return [datetime.fromtimestamp(first + i * step) for i in range(count)]
+
+
+def _thresholds(ax: Any, panel: Mapping[str, Any], series: Sequence[Series], unit: str) -> None:
+    """Dashed threshold lines inside the data's range; the ones above it are named."""
+    steps = panel["fieldConfig"]["defaults"].get("thresholds", {}).get("steps", [])
+    high = max(max(s.values) for s in series)
+    low, top = ax.get_ylim()
+    above = []
+    for step in steps:
+        if step.get("value") is None:
+            continue
+        value = float(step["value"])
+        if value <= max(top, high * 1.1):
+            ax.axhline(value, color=step["color"], linestyle="--", linewidth=1)
+        else:
+            above.append(f"{step['color']} at {format_value(value, unit)}")
+    ax.set_ylim(min(low, 0), max(top, high * 1.08) if high > 0 else top)  # line off the frame
+    if above:
+        ax.text(0.99, 0.97, "thresholds above: " + ", ".join(above), ha="right", va="top",
+                transform=ax.transAxes, fontsize=6, color="#aa3333")  # fmt: skip
+
+
+def _text_panel(ax: Any, series: Sequence[Series], more: int, unit: str) -> None:
+    """A stat or table panel: one line per series with its last value."""
+    ax.set_xticks([])
+    ax.set_yticks([])
+    lines = [f"{s.label}: {format_value(s.values[-1], unit)}" for s in series]
+    if more:
+        lines.append(f"... and {more} more")
+    ax.text(0.03, 0.95, "\n".join(lines), ha="left", va="top", transform=ax.transAxes,
+            fontsize=8, family="monospace")  # fmt: skip
+
+
+def variable_values(dashboard: Mapping[str, Any], given: Sequence[str]) -> dict[str, str]:
+    """Every board variable as a regex matcher value: ``.*`` (All) unless given."""
+    names = [v["name"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    values = {name: ".*" for name in names}
+    for item in given:
+        name, sep, value = item.partition("=")
+        if not sep or not value:
+            raise BadInput(f"--var {item!r}: expected NAME=VALUE")
+        if name not in values:
+            raise BadInput(f"--var {name}: the board has no such variable ({', '.join(names)})")
+        values[name] = queries.regex_value([value])
+    return values
+
+
+@click.command()
+@click.option(
+    "--dashboard",
+    required=True,
+    show_envvar=True,
+    help="Board to render: fleet, latency, replica, gpu, cost, quality, versions.",
+)
+@click.option(
+    "--prometheus",
+    required=True,
+    show_envvar=True,
+    help="Prometheus base URL, e.g. http://127.0.0.1:9090.",
+)
+@click.option(
+    "--from",
+    "since",
+    default="15m",
+    envvar="INFERWATCH_SNAPSHOT_FROM",
+    show_envvar=True,
+    help="How far back from now to draw (a Prometheus duration).",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help="PNG to write [default: <dashboard>.png].",
+)
+@click.option(
+    "--var",
+    multiple=True,
+    show_envvar=True,
+    help="Set a board variable, NAME=VALUE (repeatable); unset ones are All.",
+)
+@click.option(
+    "--scrape-interval",
+    default="15s",
+    show_envvar=True,
+    help="Prometheus's scrape interval, for $__rate_interval as Grafana computes it.",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="INFERWATCH_SNAPSHOT_CONFIG",
+    show_envvar=True,
+    help="Alert config the boards are built from (thresholds, selectors).",
+)
+@click.option("--timeout", default=10.0, show_envvar=True, help="Seconds per query.")
+def snapshot(dashboard: str, prometheus: str, since: str, out: Path | None, var: tuple[str, ...],
+             scrape_interval: str, config_path: Path | None, timeout: float) -> None:  # fmt: skip
+    """Render one dashboard's panels from Prometheus into a PNG, laid out as the board is."""
+    name, url = dashboard, prometheus
+    for option, value in (("--from", since), ("--scrape-interval", scrape_interval)):
+        if not _DURATION.match(value) or seconds(value) <= 0:
+            raise BadInput(f"{option} {value!r}: expected a duration above 0 such as 15m or 1h")
+    if not url.startswith(("http://", "https://")):
+        raise BadInput(f"--prometheus {url!r}: expected an http:// or https:// URL")
+    try:
+        config = alert_config.load(config_path)
+    except alert_config.ConfigError as exc:
+        raise BadInput(str(exc)) from None
+    boards = writer.dashboards(config)
+    if name not in boards:
+        raise BadInput(f"unknown dashboard {name!r}; known: {', '.join(boards)}")
+    board = boards[name]
+    values = variable_values(board, var)
+    target = out if out is not None else Path(f"{name}.png")
+    shown = ", ".join(var) or "all variables at All"
+    with httpx.Client(timeout=timeout) as http:
+        prom = Prometheus(url, http)
+        prom.get("/api/v1/status/buildinfo", {})  # reachable and a Prometheus, or one line
+        subtitle = f"last {since} to {datetime.now():%Y-%m-%d %H:%M} · {shown}"
+        window = Window.last(seconds(since))
+        grafana = window.grafana(values, seconds(scrape_interval))
+        total, with_data = render(board, prom, grafana, window, target, subtitle)
+    if with_data == 0:
+        target.unlink(missing_ok=True)
+        raise BadInput(f"no data for any panel of {name} in the last {since} at {url}")
+    click.echo(f"{target}: {name}, {with_data} of {total} panels with data")

@@ -1,0 +1,291 @@
+"""No dead panels: every panel's query returns data from a real Prometheus scraping the demo.
+
+The demo runs its replicas, sidecars and proxies (``inferwatch demo --no-prometheus``); the
+test runs its own Prometheus on the demo's ports with the generated rule files loaded (the
+demo's scrape config, plus a ``cluster`` target label as a multi-cluster setup adds), and a
+scenario that makes the fault series exist: a contained (restart-app, non-fatal) XID on the
+replica the variables pick, and some degenerate answers. Each variable is set to a real
+value, read with the variable's own ``label_values`` query; a panel is dead when none of
+its queries returns one finite sample. The snapshot command is checked against the same stack.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from inferwatch.alerts import config as alert_config
+from inferwatch.dashboards import queries, writer
+from inferwatch.demo import topology
+
+pytestmark = pytest.mark.e2e
+
+DEMO = [sys.executable, "-P", "-m", "inferwatch", "demo"]
+INFERWATCH = [sys.executable, "-P", "-m", "inferwatch"]
+CLUSTER = "e2e"
+#: the values the chain prefers where present: the replica the scenario faults, and on the
+#: cost board the tenant with a budget (which sends to the fallback model)
+PREFER = {"model": topology.PRIMARY_MODEL, "model_version": "v1", "replica": "primary-v1"}
+PREFER_ON = {"cost": {"model": topology.FALLBACK_MODEL, "tenant": "initech"}}
+SCENARIO = """
+name: dashboards-e2e
+steps:
+  - at: 1s
+    replica: primary-v1
+    inject: {gpu: [{index: 0, xid: 94, ecc_sbe: 2}], degenerate: {mode: repetition, rate: 0.1}}
+"""
+SCRAPE_S = 2.0
+DATA_DEADLINE_S = 75.0
+
+
+def free_base() -> int:
+    """A --base-port whose every demo port (and the test's Prometheus port) is free now."""
+    for base in range(21000 + os.getpid() % 2000 * 10, 60000, 97):
+        ports = topology.Ports.assign(base)
+        wanted = [ports.prometheus]
+        for field in dataclasses.fields(ports):
+            value = getattr(ports, field.name)
+            wanted += value.values() if isinstance(value, Mapping) else []
+        with ExitStack() as stack:
+            try:
+                for port in wanted:
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise RuntimeError("no run of free ports")
+
+
+def prometheus_config(ports: topology.Ports) -> str:
+    document = yaml.safe_load(topology.prometheus_config(ports, topology.generated_rule_files()))
+    document["global"] = {"scrape_interval": f"{SCRAPE_S:g}s",
+                          "evaluation_interval": f"{SCRAPE_S:g}s"}  # fmt: skip
+    for job in document["scrape_configs"]:
+        for group in job["static_configs"]:
+            group["labels"]["cluster"] = CLUSTER
+    return yaml.safe_dump(document)
+
+
+@dataclass
+class Stack:
+    prometheus: str
+    http: httpx.Client
+    demo: subprocess.Popen[str]
+    demo_log: Path
+
+    def check_demo(self) -> None:
+        """Fail at once, with the demo's last line, when the demo has stopped."""
+        if self.demo.poll() is not None:
+            lines = self.demo_log.read_text().strip().splitlines() or ["no output"]
+            pytest.fail(f"the demo stopped (exit {self.demo.returncode}): {lines[-1]}")
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        now = time.time()
+        response = self.http.get(
+            f"{self.prometheus}/api/v1/query_range",
+            params={"query": expr, "start": now - 120, "end": now, "step": 5},
+        )
+        assert response.status_code == 200, (expr, response.text)
+        result: list[dict[str, Any]] = response.json()["data"]["result"]
+        return result
+
+    def label_values(self, label: str, selector: str) -> list[str]:
+        response = self.http.get(
+            f"{self.prometheus}/api/v1/label/{label}/values", params={"match[]": selector}
+        )
+        assert response.status_code == 200, (selector, response.text)
+        values: list[str] = response.json()["data"]
+        return values
+
+
+def wait_ready(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"{url} did not answer within {timeout:g}s")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> Iterator[Stack]:
+    work = tmp_path_factory.mktemp("dashboards-e2e")
+    base = free_base()
+    ports = topology.Ports.assign(base)
+    (work / "scenario.yaml").write_text(SCENARIO)
+    (work / "prometheus.yml").write_text(prometheus_config(ports))
+    with ExitStack() as cleanup:
+        demo_log = cleanup.enter_context((work / "demo.log").open("w"))
+        demo = subprocess.Popen(
+            [*DEMO, "--no-prometheus", "--base-port", str(base), "--speed", "50", "--rate", "5",
+             "--probe-cycle", "3", "--scenario", str(work / "scenario.yaml"),
+             "--duration", "600"],
+            stdout=demo_log, stderr=subprocess.STDOUT, cwd=work, text=True,
+        )  # fmt: skip
+        cleanup.callback(_stop, demo)
+        prom = subprocess.Popen(
+            [prometheus_bin, f"--config.file={work / 'prometheus.yml'}",
+             f"--storage.tsdb.path={work / 'data'}", "--log.level=warn",
+             f"--web.listen-address=127.0.0.1:{ports.prometheus}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        cleanup.callback(_stop, prom)
+        url = topology.url(ports.prometheus)
+        wait_ready(f"{url}/-/ready", 30)
+        with httpx.Client(timeout=10) as http:
+            yield Stack(url, http, demo, work / "demo.log")
+
+
+def _stop(process: subprocess.Popen[Any]) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def choose_values(
+    stack: Stack, dashboard: Mapping[str, Any], prefer: Mapping[str, str] = PREFER
+) -> dict[str, str] | None:
+    """Each variable set to a real value, listed by its own query with the ones before it
+    substituted (the chain a user walks)."""
+    values: dict[str, str] = {}
+    for variable in dashboard["templating"]["list"][1:]:
+        match = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"])
+        assert match, variable["query"]
+        found = stack.label_values(match[2], queries.substitute(match[1], values))
+        if not found:
+            return None
+        name = variable["name"]
+        chosen = prefer[name] if prefer.get(name) in found else found[0]
+        values[name] = queries.regex_value([chosen])
+    return values
+
+
+def grafana_values(variables: Mapping[str, str]) -> dict[str, str]:
+    return {**variables, "__rate_interval": queries.duration(4 * SCRAPE_S + 5),
+            "__interval": "5s", "__range": "2m"}  # fmt: skip
+
+
+def has_data(result: list[dict[str, Any]]) -> bool:
+    return any(math.isfinite(float(value)) for series in result for _, value in series["values"])
+
+
+def dead_panels(stack: Stack, boards: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    dead = []
+    for name, dashboard in boards.items():
+        chosen = choose_values(stack, dashboard, {**PREFER, **PREFER_ON.get(name, {})})
+        if chosen is None:
+            dead.append(f"{name}: a variable has no value yet")
+            continue
+        values = grafana_values(chosen)
+        alive: dict[int, bool] = {}
+        titles = {}
+        for target in queries.targets(dashboard):
+            titles[target.panel_id] = target.panel_title
+            if not alive.get(target.panel_id):
+                expr = queries.substitute(target.expr, values)
+                alive[target.panel_id] = has_data(stack.query(expr))
+        dead += [f"{name} {pid} {titles[pid]!r}" for pid, ok in alive.items() if not ok]
+    return dead
+
+
+@pytest.fixture(scope="module")
+def dead_after_waiting(stack: Stack) -> list[str]:
+    """The dead panels once every panel has data or the deadline passed."""
+    boards = writer.dashboards(alert_config.load())
+    deadline = time.monotonic() + DATA_DEADLINE_S
+    dead = dead_panels(stack, boards)
+    while dead and time.monotonic() < deadline:
+        stack.check_demo()
+        time.sleep(3)
+        dead = dead_panels(stack, boards)
+    return dead
+
+
+def test_every_panel_returns_data_with_each_variable_set(dead_after_waiting: list[str]) -> None:
+    assert dead_after_waiting == [], "dead panels: " + "; ".join(dead_after_waiting)
+
+
+def test_a_dead_panel_is_named(stack: Stack) -> None:
+    """The check itself can fail: a panel on a series nobody serves is reported by name."""
+    board = {
+        "templating": {"list": [{"name": "datasource"}]},
+        "panels": [{"id": 7, "title": "Nothing here", "targets": [
+            {"refId": "A", "expr": "inferwatch_gpu_xid_errors_total{xid=\"999\"}"}]}],
+    }  # fmt: skip
+    assert dead_panels(stack, {"x": board}) == ["x 7 'Nothing here'"]
+
+
+# --- inferwatch snapshot against the same Prometheus -----------------------------------------
+def snapshot(stack: Stack, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*INFERWATCH, "snapshot", "--prometheus", stack.prometheus, "--from", "2m",
+         "--scrape-interval", f"{SCRAPE_S:g}s", "--out", str(out), *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("board", ["fleet", "gpu"])
+def test_snapshot_draws_every_panel_of_the_board_with_data(
+    stack: Stack, dead_after_waiting: list[str], tmp_path: Path, board: str
+) -> None:
+    import matplotlib.image
+
+    out = tmp_path / f"{board}.png"
+    result = snapshot(stack, out, "--dashboard", board, "--var", "replica=primary-v1")
+    assert result.returncode == 0, result.stderr
+    dashboard = writer.dashboards(alert_config.load())[board]
+    count = len(queries.panels(dashboard))
+    assert result.stdout.strip() == f"{out}: {board}, {count} of {count} panels with data"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pixels = matplotlib.image.imread(out)
+    units = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in dashboard["panels"]) + 2
+    assert pixels.shape[1] == 1280 and abs(pixels.shape[0] - units * 0.34 * 80) <= 1
+    for panel in queries.panels(dashboard):
+        region = panel_region(pixels, panel["gridPos"], units)
+        if panel["type"] == "timeseries":  # lines in colour ("No data" is grey text)
+            drawn = ((region.max(axis=2) - region.min(axis=2)) > 0.25).sum()  # lines, legend
+        else:  # values as dark text below the title
+            drawn = (region[region.shape[0] // 4 :].max(axis=2) < 0.3).sum()
+        assert drawn > 0, (board, panel["id"], panel["title"])
+
+
+def panel_region(pixels: Any, grid: Mapping[str, int], units: int) -> Any:
+    """The pixels of one panel, placed as the snapshot places it (a 2-unit title band)."""
+    height, width = pixels.shape[:2]
+    top, bottom = ((grid["y"] + 2 + d) * height // units for d in (0, grid["h"]))
+    left, right = (col * width // 24 for col in (grid["x"], grid["x"] + grid["w"]))
+    return pixels[top:bottom, left:right, :3]
+
+
+def test_snapshot_of_a_range_without_data_is_one_line_and_exit_2(
+    stack: Stack, tmp_path: Path
+) -> None:
+    out = tmp_path / "none.png"
+    result = snapshot(stack, out, "--dashboard", "fleet", "--var", "cluster=nowhere")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"Error: no data for any panel of fleet in the last 2m at {stack.prometheus}"
+    ]
+    assert not out.exists()

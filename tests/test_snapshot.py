@@ -1,0 +1,141 @@
+"""``inferwatch snapshot`` without a Prometheus: bad input is one line and exit 2, and the
+pieces that make a panel read like Grafana's (units, legends, time ticks).
+
+The rendering against a real Prometheus is checked in test_dashboards_e2e.py, on the stack
+that test runs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from inferwatch.cli import main
+from inferwatch.dashboards.snapshot import (
+    MAX_ANSWER_BYTES,
+    BadInput,
+    Prometheus,
+    format_value,
+    legend,
+    time_ticks,
+)
+
+
+def run(*args: str) -> tuple[int, list[str]]:
+    result = CliRunner().invoke(main, ["snapshot", *args])
+    return result.exit_code, result.output.strip().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--dashboard", "nope", "--prometheus", "http://127.0.0.1:1"],
+         "Error: unknown dashboard 'nope'; known: fleet, latency, replica, gpu, cost, quality, "
+         "versions"),
+        (["--dashboard", "gpu", "--prometheus", "http://127.0.0.1:1", "--from", "soon"],
+         "Error: --from 'soon': expected a duration above 0 such as 15m or 1h"),
+        (["--dashboard", "gpu", "--prometheus", "http://127.0.0.1:1", "--from", "0m"],
+         "Error: --from '0m': expected a duration above 0 such as 15m or 1h"),
+        (["--dashboard", "gpu", "--prometheus", "127.0.0.1:9090"],
+         "Error: --prometheus '127.0.0.1:9090': expected an http:// or https:// URL"),
+        (["--dashboard", "gpu", "--prometheus", "http://127.0.0.1:1", "--var", "gpu=0"],
+         "Error: --var gpu: the board has no such variable "
+         "(cluster, namespace, model, model_version, replica)"),
+        (["--dashboard", "gpu", "--prometheus", "http://127.0.0.1:1", "--var", "replica"],
+         "Error: --var 'replica': expected NAME=VALUE"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(args: list[str], line: str) -> None:
+    assert run(*args) == (2, [line])
+
+
+def test_an_unreachable_prometheus_is_one_line_and_exit_2(unused_port: int, tmp_path: Path) -> None:
+    out = tmp_path / "gpu.png"
+    url = f"http://127.0.0.1:{unused_port}"
+    code, lines = run("--dashboard", "gpu", "--prometheus", url, "--out", str(out))
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"Error: cannot reach Prometheus at {url}: ")
+    assert not out.exists()
+
+
+def test_a_server_that_is_not_prometheus_is_one_line_and_exit_2(page_server: Any) -> None:
+    url = page_server.url  # serves fixtures, answers 404 elsewhere
+    code, lines = run("--dashboard", "gpu", "--prometheus", url, "--timeout", "5")
+    assert code == 2 and len(lines) == 1, lines
+    assert "is it a Prometheus?" in lines[0] or "Prometheus refused" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    ("value", "unit", "text"),
+    [
+        (0.05, "s", "50 ms"), (3.0, "s", "3 s"), (0.5, "percentunit", "50%"),
+        (2.5e9, "hertz", "2.5 GHz"), (1500, "watt", "1.5 kW"), (5e10, "bytes", "46.6 GiB"),
+        (1234, "short", "1.23k"), (3, "short", "3"), (1234, "suffix: tok/s", "1.23k tok/s"),
+        (12, "reqps", "12 req/s"), (30, "celsius", "30 °C"), (1, "bool_yes_no", "yes"),
+        (0, "bool_yes_no", "no"), (0.0012, "currencyUSD", "$0.0012"), (math.nan, "s", "NaN"),
+    ],
+)  # fmt: skip
+def test_values_are_written_in_the_panels_unit(value: float, unit: str, text: str) -> None:
+    assert format_value(value, unit) == text
+
+
+def test_legends_follow_grafanas_legend_format() -> None:
+    labels = {"__name__": "x", "pod": "p1", "model_version": "v2"}
+    assert legend("{{pod}} {{ model_version }}", labels) == "p1 v2"
+    assert legend("{{missing}} up", labels) == "up"
+    assert legend("__auto", labels) == "model_version=v2, pod=p1"
+    assert legend("", {"__name__": "x"}) == "value"
+
+
+@pytest.mark.parametrize(("window", "step"), [(120, 30), (900, 300), (3600, 600), (86400, 21600)])
+def test_time_ticks_fall_on_round_times(window: int, step: int) -> None:
+    end = 1_800_000_123.0
+    ticks = time_ticks(end - window, end)
+    assert 2 <= len(ticks) <= 6
+    assert all(t.timestamp() % step == 0 for t in ticks)
+    assert ticks[0] >= datetime.fromtimestamp(end - window)
+
+
+def prometheus_answering(handler: Callable[[httpx.Request], httpx.Response]) -> Prometheus:
+    return Prometheus("http://prom", httpx.Client(transport=httpx.MockTransport(handler)))
+
+
+def test_an_answer_over_the_size_cap_is_refused_while_read() -> None:
+    sent = []
+
+    def huge(request: httpx.Request) -> httpx.Response:
+        def body() -> Iterator[bytes]:
+            for _ in range(MAX_ANSWER_BYTES // 65536 + 10):
+                sent.append(1)
+                yield b" " * 65536
+
+        return httpx.Response(200, content=body())
+
+    with pytest.raises(BadInput, match=f"answer over {MAX_ANSWER_BYTES} bytes"):
+        prometheus_answering(huge).range("up", 0, 60, 15)
+    assert len(sent) <= MAX_ANSWER_BYTES // 65536 + 2  # stopped reading at the cap
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "message"),
+    [
+        (400, '{"status":"error","errorType":"bad_data","error":"parse error at char 3"}',
+         "Prometheus refused 'up{': parse error at char 3"),
+        (200, "<html>hello</html>", "answered 200 without JSON: is it a Prometheus?"),
+        (200, "[1, 2]", "Prometheus refused 'up{': not a Prometheus API answer"),
+    ],
+)  # fmt: skip
+def test_a_refused_or_foreign_answer_is_one_clear_error(
+    status: int, body: str, message: str
+) -> None:
+    prom = prometheus_answering(lambda request: httpx.Response(status, text=body))
+    with pytest.raises(BadInput, match=re.escape(message)):
+        prom.range("up{", 0, 60, 15)
