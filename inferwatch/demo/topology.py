@@ -207,3 +207,11 @@ def alertmanager_argv(binary: str, config: Path, storage: Path, port: int) -> li
         "--cluster.listen-address=",  # empty: no HA peer port (9094) to collide on
         "--log.level=warn",
     ]
+
+
+def generated_rule_files() -> list[Path]:
+    """The committed rule files (default alert config), whose recording rules the generated
+    dashboards read; the demo's own Prometheus loads those of its alert config instead."""
+    from inferwatch import alerts
+
+    return sorted((Path(alerts.__file__).parent / "generated").glob("*.yaml"))
