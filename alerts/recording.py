@@ -149,10 +149,11 @@ def _rate_group(config: Config) -> Group:
             tenant_cost(config),
             f"sum {tenant_by} (rate({metric(config, 'tenancy_cost')}[{w}]))",
         ),
-        Recording(
+        Recording(  # no sample while a version has no tokens: a 0/0 NaN would poison
+            # every average over a window that includes it (the drift alert's baseline)
             cost_per_1k(config),
-            f"1000 * sum {mv} ({tenant_cost(config)}) / sum {mv} "
-            f'({tenant_tokens(config)}{{token_type=~"prompt|completion"}})',
+            f"1000 * sum {mv} ({tenant_cost(config)}) / (sum {mv} "
+            f'({tenant_tokens(config)}{{token_type=~"prompt|completion"}}) > 0)',
         ),
     ]
     return Group("inferwatch-recording", tuple(rules))

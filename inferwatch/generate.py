@@ -126,3 +126,51 @@ def dashboards(config_path: Path | None, out: Path | None, check: bool) -> None:
         return
     changed = write(target, files)
     click.echo(f"{target}: {len(changed)} of {len(files)} files updated")
+
+
+@generate.command()
+@click.option(
+    "--topology",
+    "topology_path",
+    envvar="INFERWATCH_GENERATE_GATEWAY_TOPOLOGY",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help="Fleet topology YAML (models, replicas, ports) [default: the demo fleet at "
+    "--base-port 18000].",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help="Where to write haproxy.cfg [default: standard output].",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    show_envvar=True,
+    help="Fail instead of writing when --out is stale.",
+)
+def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
+    """Write the HAProxy gateway config (routes, health checks, weights, fallbacks)."""
+    from inferwatch import gateway as gw
+
+    try:
+        text = gw.demo_example() if topology_path is None else gw.render(gw.load(topology_path))
+    except gw.TopologyError as exc:
+        raise click.ClickException(str(exc)) from None
+    if out is None:
+        if check:
+            raise click.UsageError("--check needs --out")
+        click.echo(text, nl=False)
+        return
+    current = out.read_text(encoding="utf-8") if out.is_file() else None
+    if check:
+        if current != text:
+            raise click.ClickException(f"{out} is stale: run inferwatch generate gateway")
+        return
+    if current != text:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+    click.echo(f"{out}: {'already current' if current == text else 'updated'}")

@@ -100,6 +100,11 @@ def alertmanager_bin() -> str:
     return shutil.which("alertmanager") or _tool("prometheus-alertmanager")
 
 
+@pytest.fixture(scope="session")
+def haproxy_bin() -> str:
+    return _tool("haproxy")
+
+
 @pytest.fixture
 def golden(request: pytest.FixtureRequest) -> Callable[[Path, str], None]:
     """Compare text with a committed golden file, or rewrite it under --update-goldens."""

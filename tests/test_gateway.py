@@ -1,0 +1,141 @@
+"""The generated HAProxy config: committed copy fresh, accepted by the real haproxy, bad
+topologies refused with one line."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from inferwatch import gateway
+from inferwatch.cli import main as cli
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "deploy" / "haproxy" / "demo.cfg"
+
+
+def _topology(**changes: Any) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "listen": "127.0.0.1:8080",
+        "runtime": "127.0.0.1:9999",
+        "models": {
+            "org/big": {
+                "fallback": "org/small",
+                "replicas": [
+                    {"name": "big-1", "version": "v1", "address": "127.0.0.1:7001",
+                     "check_port": 7101, "weight": 90},
+                    {"name": "big-2", "version": "v2.rc1", "address": "127.0.0.1:7002",
+                     "check_port": 7102, "weight": 10},
+                ],
+            },
+            "org/small": {
+                "replicas": [
+                    {"name": "small-1", "version": "v1", "address": "127.0.0.1:7003",
+                     "check_port": 7103},
+                ],
+            },
+        },
+    }  # fmt: skip
+    document.update(changes)
+    return document
+
+
+def test_committed_demo_config_is_fresh() -> None:
+    result = CliRunner().invoke(cli, ["generate", "gateway", "--out", str(EXAMPLE), "--check"])
+    assert result.exit_code == 0, result.output
+    assert EXAMPLE.read_text(encoding="utf-8").startswith(gateway.MARKER + "\n")
+
+
+def test_check_fails_on_a_stale_config(tmp_path: Path) -> None:
+    stale = tmp_path / "haproxy.cfg"
+    stale.write_text(EXAMPLE.read_text(encoding="utf-8").replace("weight 67", "weight 66"))
+    result = CliRunner().invoke(cli, ["generate", "gateway", "--out", str(stale), "--check"])
+    assert result.exit_code == 1
+    assert "stale" in result.output
+
+
+def test_demo_and_custom_configs_pass_haproxy_check(haproxy_bin: str, tmp_path: Path) -> None:
+    topology = tmp_path / "topology.yaml"
+    topology.write_text(yaml.safe_dump(_topology()))
+    custom = tmp_path / "custom.cfg"
+    result = CliRunner().invoke(
+        cli, ["generate", "gateway", "--topology", str(topology), "--out", str(custom)]
+    )
+    assert result.exit_code == 0, result.output
+    for path in (EXAMPLE, custom):
+        check = subprocess.run(
+            [haproxy_bin, "-c", "-f", str(path)], capture_output=True, text=True, timeout=30
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+    text = custom.read_text(encoding="utf-8")
+    # the pieces the gateway promises, spelled as HAProxy reads them
+    assert "server v1:big-1 127.0.0.1:7001 weight 90 check port 7101" in text
+    assert "server fallback:small-1 127.0.0.1:7003 weight 0 track m_org_small/v1:small-1" in text
+    assert "use_backend m_org_small if { var(txn.model) -m str org/big } " \
+        "{ nbsrv(m_org_big) lt 1 }" in text
+    assert "stats socket ipv4@127.0.0.1:9999 mode 600 level admin" in text
+
+
+def test_output_is_deterministic_and_ordered_as_the_topology() -> None:
+    first = gateway.render(gateway.parse(_topology()))
+    assert first == gateway.render(gateway.parse(_topology()))
+    assert first.index("server v1:big-1") < first.index("server v2.rc1:big-2")
+
+
+def _with_replica(**changes: Any) -> dict[str, Any]:
+    document = _topology()
+    document["models"]["org/small"]["replicas"][0].update(changes)
+    return document
+
+
+BAD = {
+    "no models": (_topology(models={}), "models"),
+    "unknown key": (_topology(listeners=1), "unknown topology keys"),
+    "bad listen": (_topology(listen="8080"), "listen"),
+    "runtime path with space": (_topology(runtime="/tmp/a b.sock"), "runtime"),
+    "weight too big": (_with_replica(weight=1000), "weight"),
+    "weight not int": (_with_replica(weight="heavy"), "weight"),
+    "bad check port": (_with_replica(check_port=70000), "check_port"),
+    "reserved version": (_with_replica(version="fallback"), "reserved"),
+    "version with colon": (_with_replica(version="v:1"), "version"),
+    "model with brace": (
+        _topology(models={"a}b": {"replicas": []}}), "model name"
+    ),
+    "fallback unknown": (
+        _topology(models={**_topology()["models"], "org/big": {
+            **_topology()["models"]["org/big"], "fallback": "nope"}}),
+        "fallback",
+    ),
+    "not a mapping": ([1, 2], "mapping"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_a_bad_topology_is_one_clear_line(name: str, tmp_path: Path) -> None:
+    document, words = BAD[name]
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump(document))
+    result = CliRunner().invoke(cli, ["generate", "gateway", "--topology", str(path)])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:") and words in lines[0], lines
+
+
+def test_unreadable_yaml_is_one_clear_line(tmp_path: Path) -> None:
+    path = tmp_path / "topology.yaml"
+    path.write_text("models: [unclosed\n")
+    result = CliRunner().invoke(cli, ["generate", "gateway", "--topology", str(path)])
+    assert result.exit_code == 1
+    assert "cannot read topology" in result.output and "Traceback" not in result.output
+
+
+def test_the_readme_topology_is_the_demo_fleet() -> None:
+    """The README's example topology file renders exactly the committed demo config."""
+    section = (REPO / "README.md").read_text(encoding="utf-8").split("### The gateway", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert gateway.render(gateway.parse(yaml.safe_load(example))) == EXAMPLE.read_text("utf-8")
