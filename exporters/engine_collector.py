@@ -1,8 +1,14 @@
 """The engine collector: one scrape of the engine, mapped onto the catalogue.
 
 It also keeps the engine's health: ``inferwatch_engine_up``, scrape errors by reason,
-malformed lines and page size are emitted on every sidecar scrape, including the ones where
-the engine is down, and the ``engine`` readiness condition follows the last outcome.
+malformed lines, dropped series and page size are emitted on every sidecar scrape, including
+the ones where the engine is down, and the ``engine`` readiness condition follows the last
+outcome.
+
+Concurrent callers (two Prometheus replicas, a /readyz probe) share one scrape: one upstream
+request, one parse, one mapping, and at most one counted error for it, however many callers
+waited on it. The page is parsed and mapped in a worker thread, so that a large page never
+holds up the event loop (and /healthz) while it is read.
 """
 
 from __future__ import annotations
@@ -13,13 +19,16 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from prometheus_client.core import Metric
 
 from inferwatch import catalog
 from inferwatch.exporters import engines, textformat
 from inferwatch.exporters.collector import Condition
-from inferwatch.exporters.engine_scrape import EngineScraper, ScrapeFailure
+from inferwatch.exporters.counter_resets import ResetCompensation
+from inferwatch.exporters.engine_checks import Limits, PageChecks
+from inferwatch.exporters.engine_scrape import EngineScraper, Page, ScrapeFailure
 from inferwatch.identity import KEYS as KNOWABLE
 from inferwatch.identity import UNKNOWN, or_unknown
 from inferwatch.logs import log_event
@@ -43,11 +52,13 @@ class EngineCollector:
         *,
         engine: str | None = None,
         base_url: str | None = None,
+        limits: Limits | None = None,
     ):
         """``identity`` holds the values given by flags; empty ones may be discovered.
 
-        ``engine`` fixes the engine type instead of detecting it from each page, and
-        ``base_url`` is where its version endpoint lives (default: the scrape URL's origin).
+        ``engine`` fixes the engine type instead of detecting it from each page,
+        ``base_url`` is where its version endpoint lives (default: the scrape URL's origin),
+        and ``limits`` bound what one page may put into the output (default: ``Limits()``).
         """
         self.scraper = scraper
         self.fixed_engine = engine
@@ -63,6 +74,10 @@ class EngineCollector:
         self.errors: Counter[str] = Counter()
         self.malformed_lines = 0
         self.page_size = 0
+        self.checks = PageChecks(limits)
+        self.resets = ResetCompensation()
+        self._in_flight: asyncio.Task[list[Metric]] | None = None
+        self._counted: asyncio.Task[list[Metric]] | None = None  # the scrape an error counts
 
     @property
     def identity(self) -> dict[str, str]:
@@ -75,27 +90,56 @@ class EngineCollector:
         return labels
 
     async def collect(self, deadline: float | None = None) -> Sequence[Metric]:
+        """The engine's families; waits at most ``deadline`` seconds (default: the timeout).
+
+        A caller that joins a scrape already in flight shares its result. When the caller's
+        own deadline passes first, the shared scrape keeps running for the others.
+        """
+        scrape = self._in_flight
+        if scrape is None or scrape.done():
+            scrape = self._in_flight = asyncio.create_task(self._scrape())
+            # Every waiter may have given up by the time it ends: mark its outcome as seen.
+            scrape.add_done_callback(_consume_outcome)
+        timeout = self.scraper.timeout
+        wait = timeout if deadline is None else min(deadline, timeout)
         try:
-            families = await self._collect(deadline)
+            return await asyncio.wait_for(asyncio.shield(scrape), wait)
+        except TimeoutError:
+            failure = ScrapeFailure("timeout", f"no complete answer within {wait:.1f}s")
+            self._record_failure(scrape, failure)
+            raise failure from None
+
+    async def _scrape(self) -> list[Metric]:
+        """One scrape, its outcome recorded once."""
+        scrape = asyncio.current_task()
+        try:
+            page = await self.scraper.fetch()
+            families = await asyncio.to_thread(self._map, page)
         except ScrapeFailure as failure:
-            self._record_failure(failure)
+            self._record_failure(scrape, failure)
             raise
         except Exception as exc:  # a page that trips a bug in an adapter must not take us down
             log.exception("engine page could not be mapped")
             internal = ScrapeFailure("internal", f"{type(exc).__name__}: {exc}")
-            self._record_failure(internal)
+            self._record_failure(scrape, internal)
             raise internal from exc
+        self._maybe_discover_version(self.engine or "")
         self.up = True
         self.last_error = ""
         self.last_outcome_at = time.monotonic()
         return families
 
-    async def _collect(self, deadline: float | None) -> list[Metric]:
-        page = await self.scraper.fetch(deadline)
+    def _map(self, page: Page) -> list[Metric]:
+        """Parse, check and map one page (in a worker thread; one at a time)."""
         self.page_size = len(page.body)
         exposition, engine = self._read(page.body)
+        if engine != self.engine:  # another engine answers: nothing of the last one carries over
+            self.resets.clear()
+            if self.engine is not None:
+                self._discovered.clear()
         self.engine = engine
-        self._maybe_discover_version(engine)
+        wanted = engines.wanted(engine)
+        self.resets.apply(exposition, self.checks.apply(exposition, wanted))
         families = engines.normalize(exposition, engine, self.identity)
         self._learn_model(families)
         return families
@@ -105,9 +149,10 @@ class EngineCollector:
 
         vLLM and SGLang carry ``model_name`` on every series; without a --model flag the
         sidecar's engine_up and scrape-health series would otherwise say model="" and fail to
-        join with them.
+        join with them. Learned once: a page that names another model later does not move
+        engine_up to a new series (which would reset every alert's ``for:`` timer).
         """
-        if self._given.get("model"):
+        if self._given.get("model") or self._discovered.get("model"):
             return
         models = {f.samples[0].labels.get("model", "") for f in families if f.samples}
         models -= {"", UNKNOWN}
@@ -142,8 +187,12 @@ class EngineCollector:
             )
         return exposition, detected
 
-    def _record_failure(self, failure: ScrapeFailure) -> None:
-        self.errors[failure.reason] += 1
+    def _record_failure(self, scrape: asyncio.Task[Any] | None, failure: ScrapeFailure) -> None:
+        """Count the failure unless one was counted for this scrape already (a waiter that
+        gave up on it, then the scrape itself)."""
+        if scrape is None or scrape is not self._counted:
+            self._counted = scrape
+            self.errors[failure.reason] += 1
         if self.up or failure.detail != self.last_error:
             log_event(
                 log,
@@ -171,7 +220,10 @@ class EngineCollector:
 
     async def _discover_version(self, engine: str) -> None:
         found = await engines.read_version(self.scraper.client, self.base_url, engine)
-        self._discovered.update({k: v for k, v in found.items() if k in DISCOVERABLE and v})
+        limit = self.checks.limits.label_length
+        for key, value in found.items():  # what the page taught us first stays
+            if key in DISCOVERABLE and value and len(value) <= limit:
+                self._discovered.setdefault(key, value)
         if found:
             log_event(log, logging.INFO, "engine identified", engine=engine, **found)
 
@@ -186,9 +238,12 @@ class EngineCollector:
             errors.add_metric([reason], count)
         malformed = cat.family("engine_scrape_parse_errors")
         malformed.add_metric([], self.malformed_lines)
+        dropped = cat.family("engine_scrape_dropped_series")
+        for reason, count in sorted(self.checks.dropped.items()):
+            dropped.add_metric([reason], count)
         size = cat.family("engine_scrape_size")
         size.add_metric([], self.page_size)
-        return [up, errors, malformed, size]
+        return [up, errors, malformed, dropped, size]
 
     def readiness(self) -> Sequence[Condition]:
         if self.up:
@@ -203,9 +258,15 @@ class EngineCollector:
             await self.collect()
 
     async def aclose(self) -> None:
-        if self._version_task is not None:
-            self._version_task.cancel()
+        for task in (self._version_task, self._in_flight):
+            if task is not None:
+                task.cancel()
         await self.scraper.aclose()
+
+
+def _consume_outcome(task: asyncio.Task[list[Metric]]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _origin(url: str) -> str:

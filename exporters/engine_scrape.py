@@ -3,14 +3,21 @@
 Everything that can go wrong with an upstream page ends here as a ``ScrapeFailure`` with a
 short ``reason`` (the value of the ``reason`` label on ``inferwatch_engine_scrape_errors_total``)
 within the deadline: a refused connection, a hung or trickling server, an error status, an
-HTML error page, an empty or oversized body. Concurrent callers share one upstream request, so
-two Prometheus replicas scraping the sidecar at once cost the engine one scrape.
+HTML error page, an empty or oversized body, an encoding we cannot undo.
+
+The size cap holds for the body as inflated, not as sent: httpx would inflate each network
+chunk in one call (a few kilobytes of stacked gzip become gigabytes), so the raw bytes are
+read and inflated here, layer by layer, in steps of at most ``INFLATE_STEP`` bytes, and the
+read stops as soon as the cap is passed. Memory then stays within a small multiple of the
+cap, and the event loop gets a turn after every step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -22,6 +29,13 @@ ACCEPT = (
     "application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
 )
 _NOT_METRICS_TYPES = ("text/html", "application/json", "application/xml")
+
+#: the most bytes one decompression call may produce
+INFLATE_STEP = 64 * 1024
+#: Content-Encoding layers undone at most (servers send one; more is a decompression bomb)
+MAX_ENCODINGS = 3
+#: zlib window bits per encoding: gzip framing, zlib framing (raw deflate is tried after it)
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
 class ScrapeFailure(Exception):
@@ -42,7 +56,7 @@ class Page:
 
 
 class EngineScraper:
-    """Fetches ``url`` with a deadline, a size cap and one shared in-flight request."""
+    """Fetches ``url`` with a deadline and a size cap on the inflated body."""
 
     def __init__(
         self,
@@ -60,25 +74,9 @@ class EngineScraper:
             timeout=httpx.Timeout(timeout),
             follow_redirects=False,
         )
-        self._in_flight: asyncio.Task[Page] | None = None
 
-    async def fetch(self, deadline: float | None = None) -> Page:
-        """The engine's page; waits at most ``deadline`` seconds (default: the timeout).
-
-        A caller that joins a request already in flight shares its result. When the caller's
-        own deadline passes first, the shared request keeps running for the others.
-        """
-        if self._in_flight is None or self._in_flight.done():
-            self._in_flight = asyncio.create_task(self._fetch_once())
-            # Every waiter may have given up by the time it ends: mark its outcome as seen.
-            self._in_flight.add_done_callback(_consume_outcome)
-        wait = self.timeout if deadline is None else min(deadline, self.timeout)
-        try:
-            return await asyncio.wait_for(asyncio.shield(self._in_flight), wait)
-        except TimeoutError:
-            raise ScrapeFailure("timeout", f"no complete answer within {wait:.1f}s") from None
-
-    async def _fetch_once(self) -> Page:
+    async def fetch(self) -> Page:
+        """The engine's page, within the timeout; raises ``ScrapeFailure``."""
         started = time.monotonic()
         try:
             async with asyncio.timeout(self.timeout):
@@ -103,25 +101,119 @@ class EngineScraper:
             if content_type.startswith(_NOT_METRICS_TYPES):
                 raise ScrapeFailure("not_metrics", f"content-type {content_type}")
             declared = int(response.headers.get("content-length") or 0)
-            if declared > self.max_bytes and "gzip" not in response.headers.get(
-                "content-encoding", ""
-            ):
+            if declared > self.max_bytes:  # what is sent is never smaller once inflated
                 raise ScrapeFailure("too_large", f"{declared} bytes > cap {self.max_bytes}")
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in response.aiter_bytes():  # decompressed
-                size += len(chunk)
-                if size > self.max_bytes:
-                    raise ScrapeFailure("too_large", f"over the {self.max_bytes}-byte cap")
-                chunks.append(chunk)
-            return b"".join(chunks), content_type
+            return await read_bounded(response, self.max_bytes), content_type
 
     async def aclose(self) -> None:
-        if self._in_flight is not None and not self._in_flight.done():
-            self._in_flight.cancel()
         await self.client.aclose()
 
 
-def _consume_outcome(task: asyncio.Task[Page]) -> None:
-    if not task.cancelled():
-        task.exception()
+async def read_bounded(response: httpx.Response, max_bytes: int) -> bytes:
+    """The body of a streamed response, inflated; ``ScrapeFailure("too_large")`` as soon as
+    more than ``max_bytes`` were sent or inflated. A response already read into memory (one a
+    mocked transport built) is taken as it is, within the cap."""
+    if response.is_stream_consumed:
+        if len(response.content) > max_bytes:
+            raise ScrapeFailure("too_large", f"over the {max_bytes}-byte cap")
+        return response.content
+    inflater = Inflater(response.headers.get("content-encoding", ""))
+    # One growing buffer rather than a list of pieces: a refused page is one allocation that
+    # goes back to the system at once, not hundreds of pieces that fragment the heap.
+    body = bytearray()
+    sent = 0
+    async for raw in response.aiter_raw():
+        sent += len(raw)
+        if sent > max_bytes:
+            raise ScrapeFailure("too_large", f"over the {max_bytes}-byte cap")
+        for chunk in inflater.feed(raw):
+            body += chunk
+            if len(body) > max_bytes:
+                del body[:]  # the failure's traceback keeps this frame, not the page
+                raise ScrapeFailure("too_large", f"over the {max_bytes}-byte cap once inflated")
+            await asyncio.sleep(0)  # one step at a time: /healthz keeps answering
+    return bytes(body)
+
+
+class Inflater:
+    """Undoes a ``Content-Encoding`` chain (gzip, deflate, stacked) in bounded steps.
+
+    ``feed`` yields the inflated bytes of each network chunk in pieces of at most
+    ``INFLATE_STEP`` bytes; each layer hands the next one at most that much at a time, so no
+    call ever holds more than a few steps of output, however small the input that expands.
+    """
+
+    def __init__(self, content_encoding: str):
+        names = [name.strip().lower() for name in content_encoding.split(",")]
+        names = [name for name in names if name not in ("", "identity")]
+        if len(names) > MAX_ENCODINGS:
+            raise ScrapeFailure("encoding", f"{len(names)} stacked content encodings")
+        unknown = [name for name in names if name not in _WBITS]
+        if unknown:
+            raise ScrapeFailure("encoding", f"unsupported Content-Encoding {unknown[0]!r}")
+        # The last encoding applied is the first to undo.
+        self.layers = [_ZlibLayer(name) for name in reversed(names)]
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        return self._through(0, data)
+
+    def _through(self, index: int, data: bytes) -> Iterator[bytes]:
+        if index == len(self.layers):
+            if data:
+                yield data
+            return
+        layer = self.layers[index]
+        while True:
+            piece = layer.inflate(data, INFLATE_STEP)
+            data = b""
+            if not piece and not layer.pending:
+                return
+            yield from self._through(index + 1, piece)
+
+
+class _ZlibLayer:
+    """One gzip or deflate layer; concatenated gzip members are read one after another and
+    anything else after the end of the stream is ignored (as zlib and httpx do)."""
+
+    def __init__(self, encoding: str):
+        self.encoding = encoding
+        self.wbits = _WBITS[encoding]
+        #: input of a "deflate" layer until its zlib header is known good (two bytes)
+        self.unconfirmed: bytes | None = b"" if encoding == "deflate" else None
+        self.decompressor = zlib.decompressobj(self.wbits)
+        self.full = False  # the last call stopped at the step limit: more may be pending
+        self.done = False  # past the end of the stream
+
+    @property
+    def pending(self) -> bool:
+        d = self.decompressor
+        if self.done:
+            return False
+        return self.full or bool(d.unconsumed_tail) or (d.eof and bool(d.unused_data))
+
+    def inflate(self, data: bytes, limit: int) -> bytes:
+        d = self.decompressor
+        if self.done:
+            return b""
+        if d.eof:
+            data = d.unused_data + data
+            if self.wbits != _WBITS["gzip"] or not data.startswith(b"\x1f\x8b"):
+                self.done, self.full = True, False
+                return b""
+            d = self.decompressor = zlib.decompressobj(self.wbits)
+        if self.unconfirmed is not None:
+            self.unconfirmed += data
+        try:
+            piece = d.decompress(d.unconsumed_tail + data, limit)
+        except zlib.error as exc:
+            if self.unconfirmed is not None:
+                # "deflate" is zlib-framed by the RFC, but some servers send raw deflate
+                data, self.unconfirmed = self.unconfirmed, None
+                self.wbits = -zlib.MAX_WBITS
+                self.decompressor = zlib.decompressobj(self.wbits)
+                return self.inflate(data, limit)
+            raise ScrapeFailure("encoding", f"bad {self.encoding} data: {exc}") from None
+        if self.unconfirmed is not None and len(self.unconfirmed) >= 2:
+            self.unconfirmed = None
+        self.full = len(piece) == limit
+        return piece

@@ -29,6 +29,7 @@ from inferwatch.exporters.collector import Collector, Condition, ReadinessSource
 from inferwatch.exporters.endpoints import healthz, metrics_response, readiness_response
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.engine_scrape import ScrapeFailure
+from inferwatch.exporters.isolation import Isolation
 from inferwatch.logs import log_event
 
 log = logging.getLogger("inferwatch.sidecar")
@@ -53,12 +54,14 @@ class Sidecar:
         *,
         background: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
         readiness_max_age: float = 5.0,
+        admin_token: str | None = None,
     ):
         """``background`` holds long-running jobs (the quality probe loop) that live and die
-        with the server."""
+        with the server; ``admin_token`` enables ``/admin/isolation`` (see ``isolation``)."""
         self.engine = engine
+        self.isolation = Isolation(admin_token)
         self.collectors: list[Collector] = [engine, *collectors]
-        self.readiness_sources: list[ReadinessSource] = [engine, *readiness]
+        self.readiness_sources: list[ReadinessSource] = [engine, *readiness, self.isolation]
         self.background = background
         self.readiness_max_age = readiness_max_age
         self._failing: set[str] = set()
@@ -88,11 +91,16 @@ class Sidecar:
 
     async def _run(self, collector: Collector, deadline: float) -> CollectorRun:
         started = time.perf_counter()
-        # The engine collector gets the deadline itself, so that running out of time is
-        # recorded as a scrape failure (engine_up 0) rather than a bare cancellation.
-        run = self.engine.collect(deadline) if collector is self.engine else collector.collect()
+        # The engine collector gets the deadline itself and keeps it, so that running out of
+        # time is recorded as a scrape failure (engine_up 0). No second timer around it: when
+        # a busy process wakes the loop late, both would be due at once, and the outer one
+        # would cancel the inner one before it records anything.
+        if collector is self.engine:
+            run, limit = self.engine.collect(deadline), None
+        else:
+            run, limit = collector.collect(), deadline + 0.05
         try:
-            families = await asyncio.wait_for(run, deadline + 0.05)
+            families = await asyncio.wait_for(run, limit)
         except Exception as exc:  # a failing source costs its own metrics, never the scrape
             self._note_failure(collector.name, exc)
             return CollectorRun((), False, time.perf_counter() - started)
@@ -171,6 +179,7 @@ class Sidecar:
                 Route("/metrics", self.metrics),
                 Route("/healthz", healthz),
                 Route("/readyz", self.readyz),
+                *self.isolation.routes(),
             ],
             lifespan=lifespan,
         )

@@ -14,9 +14,11 @@ import click
 import uvicorn
 from prometheus_client.core import Metric
 
+from inferwatch.auth import TokenError, load_token
 from inferwatch.cli import option_group
 from inferwatch.exporters import engines, gpu
 from inferwatch.exporters.collector import Collector, ReadinessSource
+from inferwatch.exporters.engine_checks import Limits
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.engine_scrape import EngineScraper, ScrapeFailure
 from inferwatch.exporters.gpu import GpuTelemetry, scope
@@ -70,7 +72,23 @@ engine_options = option_group(
         type=click.IntRange(min=1024),
         default=16 * 1024 * 1024,
         show_envvar=True,
-        help="Engine pages larger than this are refused (after decompression).",
+        help="Engine pages larger than this are refused (counted as they are inflated, "
+        "whatever the Content-Encoding).",
+    ),
+    click.option(
+        "--max-series-per-family",
+        type=click.IntRange(min=1),
+        default=Limits.series_per_family,
+        show_envvar=True,
+        help="Series an engine metric family may pass on; the rest are dropped and counted "
+        "(a histogram's buckets count as one series).",
+    ),
+    click.option(
+        "--max-label-length",
+        type=click.IntRange(min=16),
+        default=Limits.label_length,
+        show_envvar=True,
+        help="Engine series with a longer label value are dropped and counted.",
     ),
 )
 
@@ -175,12 +193,23 @@ engine_options = option_group(
     show_envvar=True,
     help="Seconds over which one pass of the golden set is spread.",
 )
+@click.option(
+    "--admin-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help="File holding the bearer token of POST/DELETE /admin/isolation (the runbook "
+    "receiver's replica isolation). Without it (or INFERWATCH_SIDECAR_ADMIN_TOKEN) the admin "
+    "endpoint answers 403.",
+)
 def sidecar(
     engine_url: str,
     listen: str,
     engine: str,
     engine_timeout: float,
     max_page_bytes: int,
+    max_series_per_family: int,
+    max_label_length: int,
     model: str,
     model_version: str,
     engine_version: str,
@@ -194,6 +223,7 @@ def sidecar(
     pod_labels: str,
     probes: str,
     probe_cycle: float,
+    admin_token_file: Path | None,
 ) -> None:
     """Serve one canonical /metrics, /healthz and /readyz for one engine replica.
 
@@ -215,6 +245,7 @@ def sidecar(
         EngineScraper(url, timeout=engine_timeout, max_bytes=max_page_bytes),
         identity,
         engine=None if engine == "auto" else engine,
+        limits=Limits(max_series_per_family, max_label_length),
     )
     gpus = _gpu_scope(gpu_scope, kubelet_socket, pod, namespace) if gpu != "none" else None
     gpu_backend = _gpu_backend(gpu, gpus)
@@ -226,7 +257,15 @@ def sidecar(
         collectors.append(runner)
         readiness.append(runner)
         background.append(runner.run)
-    app = Sidecar(engine_collector, collectors, readiness, background=background).app()
+    try:
+        admin_token = load_token(
+            os.environ.get("INFERWATCH_SIDECAR_ADMIN_TOKEN"), admin_token_file, what="admin token"
+        )
+    except TokenError as exc:
+        raise click.BadParameter(str(exc), param_hint="--admin-token-file") from None
+    app = Sidecar(
+        engine_collector, collectors, readiness, background=background, admin_token=admin_token
+    ).app()
     log_event(
         log,
         logging.INFO,
@@ -284,13 +323,21 @@ def _probe_runner(
 @click.command()
 @click.argument("url")
 @engine_options
-def scrape(url: str, engine: str, engine_timeout: float, max_page_bytes: int) -> None:
+def scrape(
+    url: str,
+    engine: str,
+    engine_timeout: float,
+    max_page_bytes: int,
+    max_series_per_family: int,
+    max_label_length: int,
+) -> None:
     """Print the canonical view of one scrape of the engine at URL, as a table."""
     logging.getLogger("inferwatch.engine").setLevel(logging.ERROR)  # the error below says it
     collector = EngineCollector(
         EngineScraper(metrics_url(url), timeout=engine_timeout, max_bytes=max_page_bytes),
         {},
         engine=None if engine == "auto" else engine,
+        limits=Limits(max_series_per_family, max_label_length),
     )
 
     async def once() -> Sequence[Metric]:

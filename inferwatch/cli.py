@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "proxy": ("inferwatch.exporters.tenancy.cli", "proxy"),
     "probe": ("inferwatch.probes.cli", "probe"),
     "gate": ("inferwatch.probes.cli", "gate"),
+    "runbooks": ("inferwatch.runbooks.cli", "runbooks"),
     "snapshot": ("inferwatch.dashboards.snapshot", "snapshot"),
 }
 

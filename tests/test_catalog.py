@@ -96,7 +96,7 @@ def test_family_has_catalogue_name_help_and_labels() -> None:
 REPO = Path(__file__).resolve().parent.parent
 CODE = "\n".join(
     path.read_text(encoding="utf-8")
-    for folder in ("inferwatch", "exporters", "probes")
+    for folder in ("inferwatch", "exporters", "probes", "runbooks")
     for path in (REPO / folder).rglob("*.py")
 )
 GOLDENS = "\n".join(

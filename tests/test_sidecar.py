@@ -232,7 +232,7 @@ def test_gpu_telemetry_joins_metrics_and_readiness(page_server: Any) -> None:
         assert value(text, "inferwatch_collector_success", collector=backend.name) == 1
         assert value(text, "inferwatch_gpu_power_watts") is not None
         conditions = json.loads(get(sidecar, "/readyz").text)["conditions"]
-        assert {c["name"] for c in conditions} == {"engine", "gpu"}
+        assert {c["name"] for c in conditions} == {"engine", "gpu", "isolated"}
     finally:
         backend.close()
 

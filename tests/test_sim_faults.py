@@ -179,9 +179,10 @@ def test_ecc_and_row_remap_counters(sim: SimHandle) -> None:
     assert value(gpu, "DCGM_FI_DEV_ROW_REMAP_PENDING") == 1
     assert value(gpu, "DCGM_FI_DEV_ROW_REMAP_FAILURE") == 1
     httpx.delete(sim.url + "/admin/faults", headers=AUTH)
-    reset = httpx.get(sim.url + "/gpu/metrics").text
-    assert value(reset, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") == 0  # volatile: cleared by a GPU reset
-    assert value(reset, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS") == 2  # persistent
+    cleared = httpx.get(sim.url + "/gpu/metrics").text
+    assert value(cleared, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") == 0
+    assert value(cleared, "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS") == 0
+    assert value(cleared, "DCGM_FI_DEV_ROW_REMAP_FAILURE") == 0
 
 
 def test_kv_exhaustion_preempts_and_saturates_the_cache() -> None:

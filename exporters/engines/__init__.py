@@ -8,14 +8,19 @@ label, its rank labels, the signals it yields through arithmetic, its version en
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Mapping
 
 import httpx
 from prometheus_client.core import Metric
 
 from inferwatch import catalog
+from inferwatch.exporters.engine_scrape import ScrapeFailure, read_bounded
 from inferwatch.exporters.engines import llamacpp, mapping, sglang, tgi, triton, vllm
 from inferwatch.exporters.textformat import Exposition
+
+#: the most a version document may hold (they are a few hundred bytes)
+VERSION_MAX_BYTES = 64 * 1024
 
 ENGINES: tuple[str, ...] = ("vllm", "sglang", "tgi", "llamacpp", "triton")
 
@@ -98,17 +103,20 @@ def _adapter(engine: str) -> mapping.Adapter:
 async def read_version(client: httpx.AsyncClient, base_url: str, engine: str) -> dict[str, str]:
     """``engine_version`` and ``model`` from the engine's info endpoint; {} when unavailable.
 
-    Best effort: a missing endpoint, an error status, a body that is not a JSON object or a
-    connection failure all give {}; endpoints are tried in the adapter's order.
+    Best effort: a missing endpoint, an error status, a body that is not a JSON object (or
+    is over ``VERSION_MAX_BYTES`` once inflated) or a connection failure all give {};
+    endpoints are tried in the adapter's order.
     """
     adapter = _ADAPTERS.get(engine)
     if adapter is None:
         return {}
     for endpoint in adapter.version_endpoints:
         try:
-            response = await client.get(base_url.rstrip("/") + endpoint.path)
-            document = response.json() if response.status_code == 200 else None
-        except (httpx.HTTPError, httpx.InvalidURL, ValueError):
+            async with client.stream("GET", base_url.rstrip("/") + endpoint.path) as response:
+                if response.status_code != 200:
+                    continue
+                document = json.loads(await read_bounded(response, VERSION_MAX_BYTES))
+        except (httpx.HTTPError, httpx.InvalidURL, ScrapeFailure, ValueError, RecursionError):
             continue
         if isinstance(document, dict):
             found = _fields(document, endpoint.fields)

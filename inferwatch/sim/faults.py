@@ -1,7 +1,8 @@
 """Fault injection: what can go wrong with a simulated replica, and how to ask for it.
 
 The same document is accepted from a YAML/JSON file at start-up (``--faults``) and as the body
-of ``POST /admin/faults`` (keys given are changed, others kept)::
+of ``POST /admin/faults`` (keys given are changed, others kept; a document with any unusable
+value changes nothing)::
 
     slow_factor: 4          # every engine step takes 4x as long
     error_rate: 0.2         # this share of requests is answered with HTTP 500
@@ -13,17 +14,24 @@ of ``POST /admin/faults`` (keys given are changed, others kept)::
       - {index: 1, ecc_sbe: 10, ecc_dbe: 1}    # added to the volatile ECC counters
       - {index: 0, remapped_uncorrectable: 1, remap_pending: true, remap_failure: false}
 
-``DELETE /admin/faults`` clears everything and resets the GPUs (XID and volatile ECC back to 0,
-as a GPU reset does; remapped-row counts persist).
+``DELETE /admin/faults`` clears everything: the GPUs are back as they started (XID, ECC and
+row-remap state), so every metric a fault moved reads as it did before the fault.
+
+Numbers must be finite and in range (NaN and Infinity are refused, as are counts past
+``MAX_COUNT``); counts, indexes and XIDs must be whole numbers.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from inferwatch.sim.answers import DEGENERATE_MODES
+
+#: the most one fault document may add to an ECC or remapped-row counter
+MAX_COUNT = 1_000_000
 
 
 class FaultError(ValueError):
@@ -63,14 +71,20 @@ class GpuEvent:
     remap_failure: bool | None = None
 
 
-def _number(data: Mapping[str, Any], key: str, low: float, high: float | None) -> float:
+def _number(data: Mapping[str, Any], key: str, low: float, high: float) -> float:
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise FaultError(f"{key} must be a number, not {value!r}")
-    if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise FaultError(f"{key} must be {bound}, not {value}")
+    if (isinstance(value, float) and not math.isfinite(value)) or not low <= value <= high:
+        raise FaultError(f"{key} must be between {low} and {high}, not {value}")
     return float(value)
+
+
+def _whole(data: Mapping[str, Any], key: str, low: int, high: int) -> int:
+    value = _number(data, key, low, high)
+    if not value.is_integer():
+        raise FaultError(f"{key} must be a whole number, not {data[key]}")
+    return int(value)
 
 
 def _flag(data: Mapping[str, Any], key: str) -> bool:
@@ -90,17 +104,17 @@ def _gpu_event(raw: Any, gpu_count: int) -> GpuEvent:
         raise FaultError(
             f"unknown gpu fault field {unknown[0]!r}; known: {', '.join(sorted(known))}"
         )
-    index = int(_number(raw, "index", 0, gpu_count - 1)) if "index" in raw else 0
+    index = _whole(raw, "index", 0, gpu_count - 1) if "index" in raw else 0
 
     def count(key: str) -> int:
-        return int(_number(raw, key, 0, None)) if key in raw else 0
+        return _whole(raw, key, 0, MAX_COUNT) if key in raw else 0
 
     def flag(key: str) -> bool | None:
         return _flag(raw, key) if key in raw else None
 
     return GpuEvent(
         index=index,
-        xid=int(_number(raw, "xid", 0, 999)) if "xid" in raw else None,
+        xid=_whole(raw, "xid", 0, 999) if "xid" in raw else None,
         ecc_sbe=count("ecc_sbe"),
         ecc_dbe=count("ecc_dbe"),
         remapped_correctable=count("remapped_correctable"),
@@ -111,7 +125,10 @@ def _gpu_event(raw: Any, gpu_count: int) -> GpuEvent:
 
 
 def parse(data: Any, current: Faults, gpu_count: int) -> tuple[Faults, list[GpuEvent]]:
-    """Apply a fault document to ``current``; returns the new faults and GPU events."""
+    """Apply a fault document to ``current``; returns the new faults and GPU events.
+
+    Everything is checked before anything is returned, so a caller that applies the result
+    only on success applies a document all or nothing."""
     if data is None:
         return current, []
     if not isinstance(data, Mapping):
@@ -131,10 +148,14 @@ def parse(data: Any, current: Faults, gpu_count: int) -> tuple[Faults, list[GpuE
         faults = replace(faults, hang=_flag(data, "hang"))
     if "degenerate" in data:
         spec = data["degenerate"]
+        if isinstance(spec, Mapping):
+            unknown = sorted(set(spec) - {"mode", "rate"})
+            if unknown:
+                raise FaultError(f"unknown degenerate field {unknown[0]!r}; known: mode, rate")
         mode, rate = (
             (spec.get("mode"), spec.get("rate", 1.0)) if isinstance(spec, Mapping) else (spec, 1.0)
         )
-        if mode is not None and mode not in DEGENERATE_MODES:
+        if mode is not None and (not isinstance(mode, str) or mode not in DEGENERATE_MODES):
             raise FaultError(
                 f"degenerate must be one of {', '.join(DEGENERATE_MODES)} or null, not {mode!r}"
             )

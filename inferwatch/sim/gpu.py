@@ -164,11 +164,13 @@ class SimulatedGPU:
         if now - self.last_step_end > UTIL_TAU_S:
             self.activation_share = 0.0
 
-    def reset(self) -> None:
-        """What a GPU reset clears: the last XID, volatile ECC counts, a pending remap."""
+    def clear_faults(self) -> None:
+        """Back to the healthy GPU the simulator started with: no XID, no ECC errors, no
+        remapped rows, nothing pending or failed."""
         self.xid = 0
         self.ecc_sbe = self.ecc_dbe = 0
-        self.remap_pending = False
+        self.remapped_correctable = self.remapped_uncorrectable = 0
+        self.remap_pending = self.remap_failure = False
 
     def values(self) -> dict[str, int | float]:
         fb_total = self.spec.total_bytes // MIB

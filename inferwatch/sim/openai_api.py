@@ -225,6 +225,35 @@ async def gpu_metrics(request: Request) -> Response:
     )
 
 
+#: the largest fault document the admin endpoint reads
+ADMIN_MAX_BYTES = 64 * 1024
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise FaultError(f"a fault document is at most {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _fault_document(body: bytes) -> Any:
+    """The JSON of a fault document; NaN and Infinity (which Python's json accepts) are not
+    JSON, and nesting past the parser's depth is refused like any other bad body."""
+
+    def refuse(constant: str) -> None:
+        raise FaultError(f"{constant} is not a number a fault can take")
+
+    try:
+        return json.loads(body, parse_constant=refuse)
+    except (ValueError, RecursionError) as exc:
+        if isinstance(exc, FaultError):
+            raise
+        raise FaultError("the body is not valid JSON") from None
+
+
 async def admin_faults(request: Request) -> Response:
     """GET shows, POST merges, DELETE clears faults; needs ``Authorization: Bearer <token>``."""
     sim = _sim(request)
@@ -240,11 +269,10 @@ async def admin_faults(request: Request) -> Response:
         return response
     if request.method == "POST":
         try:
-            document = await request.json()
+            document = _fault_document(await _bounded_body(request, ADMIN_MAX_BYTES))
             sim.apply_faults(document)
-        except ValueError as exc:  # FaultError, or a body that is not JSON
-            message = str(exc) if isinstance(exc, FaultError) else "the body is not valid JSON"
-            return error_response(400, message)
+        except FaultError as exc:
+            return error_response(413 if "bytes" in str(exc) else 400, str(exc))
         log_event(log, logging.WARNING, "faults injected", faults=json.dumps(document))
     elif request.method == "DELETE":
         sim.clear_faults()

@@ -198,10 +198,10 @@ class Simulator:
             engine.set_faults(faults)
 
     def clear_faults(self) -> None:
-        """No faults; GPUs reset; dead engines restarted."""
+        """No faults; GPUs as they started; dead engines restarted."""
         self.faults = fault_doc.Faults()
         for gpu in self.gpus:
-            gpu.reset()
+            gpu.clear_faults()
         for engine in self.engines:
             engine.set_faults(self.faults)
             engine.revive()

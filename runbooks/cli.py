@@ -1,0 +1,195 @@
+"""``inferwatch runbooks``: serve the Alertmanager receiver, check its config, reset its breaker."""
+
+from __future__ import annotations
+
+import logging
+import os
+from importlib import resources
+from pathlib import Path
+
+import click
+import httpx
+import uvicorn
+
+from inferwatch.auth import TokenError, load_token
+from inferwatch.logs import log_event
+from inferwatch.runbooks import config as mapping
+from inferwatch.runbooks import registry
+from inferwatch.runbooks.actions.base import Action
+from inferwatch.runbooks.audit import AuditLog
+from inferwatch.runbooks.breaker import CircuitBreaker
+from inferwatch.runbooks.dedup import SeenSet
+from inferwatch.runbooks.dispatch import Dispatcher
+from inferwatch.runbooks.server import MAX_BODY_BYTES, Receiver
+
+log = logging.getLogger("inferwatch.runbooks")
+
+TOKEN_ENV = "INFERWATCH_RUNBOOKS_TOKEN"
+DEFAULT_CONFIG = "actions.yaml (shipped)"
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise click.BadParameter(f"{value!r} is not HOST:PORT", param_hint="--listen")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _token(path: Path | None) -> str:
+    try:
+        token = load_token(None if path else os.environ.get(TOKEN_ENV), path, what="token")
+    except TokenError as exc:
+        raise click.BadParameter(str(exc), param_hint="--token-file") from None
+    if token is None:
+        raise click.UsageError(f"a bearer token is required: --token-file or ${TOKEN_ENV}")
+    return token
+
+
+def _config(path: str | None) -> mapping.Config:
+    try:
+        if path is None:
+            shipped = resources.files("inferwatch.runbooks").joinpath("actions.yaml")
+            with resources.as_file(shipped) as file:
+                return mapping.load(file)
+        return mapping.load(path)
+    except mapping.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    envvar="INFERWATCH_RUNBOOKS_SERVE_CONFIG",
+    type=click.Path(dir_okay=False),
+    default=None,
+    show_envvar=True,
+    show_default=DEFAULT_CONFIG,
+    help="Mapping config (YAML): rules from alert to action, guards, action settings.",
+)
+
+
+@click.group()
+def runbooks() -> None:
+    """Act on Alertmanager alerts, safely: the runbook receiver."""
+
+
+@runbooks.command()
+@config_option
+@click.option("--listen", default="127.0.0.1:9405", show_envvar=True, help="HOST:PORT to serve on.")
+@click.option(
+    "--execute/--dry-run",
+    default=None,
+    show_envvar=True,
+    show_default="the config's execute (false: dry-run)",
+    help="Act on targets, or only record the plans in the audit log.",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help=f"File holding the bearer token Alertmanager sends (else ${TOKEN_ENV}).",
+)
+@click.option(
+    "--audit-log",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("runbooks-audit.jsonl"),
+    show_envvar=True,
+    help="Append-only JSONL file of every decision (fsync'd per line).",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help="Folder for the seen-set and the breaker state, kept across restarts. "
+    "Unset: memory only (a target's own state still keeps actions idempotent).",
+)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=1024),
+    default=MAX_BODY_BYTES,
+    show_envvar=True,
+    help="Webhook bodies larger than this are refused with 413 while being read.",
+)
+def serve(
+    config_path: str | None,
+    listen: str,
+    execute: bool | None,
+    token_file: Path | None,
+    audit_log: Path,
+    state_dir: Path | None,
+    max_body_bytes: int,
+) -> None:
+    """Receive Alertmanager webhooks (v4) and run the mapped actions, dry-run by default."""
+    host, port = _host_port(listen)
+    config = _config(config_path)
+    token = _token(token_file)
+    acting = config.execute if execute is None else execute
+    actions: dict[str, Action] = {}
+    try:
+        for name in sorted({rule.action for rule in config.rules}):
+            actions[name] = registry.create(name, config.action_settings.get(name, {}))
+    except (ValueError, TokenError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if state_dir is not None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        audit = AuditLog(audit_log)
+    except OSError as exc:
+        raise click.ClickException(f"cannot open {audit_log}: {exc.strerror}") from None
+    dispatcher = Dispatcher(
+        config,
+        actions,
+        audit,
+        execute=acting,
+        seen=SeenSet(state_dir / "seen.txt" if state_dir else None),
+        breaker=CircuitBreaker(config.breaker, state_dir / "breaker.json" if state_dir else None),
+    )
+    log_event(
+        log,
+        logging.INFO,
+        "runbook receiver starting",
+        listen=f"{host}:{port}",
+        mode="execute" if acting else "dry-run",
+        rules=len(config.rules),
+        audit_log=str(audit_log),
+    )
+    app = Receiver(dispatcher, token, max_body_bytes).app()
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+
+
+@runbooks.command("check-config")
+@click.argument("path", type=click.Path(dir_okay=False))
+def check_config(path: str) -> None:
+    """Validate a mapping config and print its rules."""
+    config = _config(path)
+    for rule in config.rules:
+        matchers = ",".join(f'{m.label}{m.op}"{m.value}"' for m in rule.matchers)
+        click.echo(f"{rule.name}: {rule.alertname}{{{matchers}}} -> {rule.action}")
+
+
+@runbooks.command("reset-breaker")
+@click.option("--url", default="http://127.0.0.1:9405", show_envvar=True, help="The receiver.")
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help=f"File holding the receiver's bearer token (else ${TOKEN_ENV}).",
+)
+def reset_breaker(url: str, token_file: Path | None) -> None:
+    """Close every open circuit breaker of a running receiver (after a person has looked)."""
+    token = _token(token_file)
+    try:
+        reply = httpx.post(
+            url.rstrip("/") + "/admin/breaker/reset",
+            headers={"authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"cannot reach {url}: {exc}") from None
+    if reply.status_code != 200:
+        raise click.ClickException(f"{url} answered HTTP {reply.status_code}: {reply.text[:200]}")
+    closed = reply.json()["closed"]
+    click.echo(f"closed {len(closed)} breaker(s): " + ", ".join(f"{u}/{g}" for u, g in closed))

@@ -1,0 +1,220 @@
+"""Real receivers and real sidecars over loopback HTTP, for the runbook automation tests.
+
+Each server is the production ASGI app under uvicorn (lifespan on, so the receiver's worker
+runs) on a free port, in one event-loop thread that sync test code talks to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine_scrape import EngineScraper
+from inferwatch.exporters.sidecar import Sidecar
+from inferwatch.runbooks import config as mapping
+from inferwatch.runbooks.actions.isolate_replica import IsolateReplica
+from inferwatch.runbooks.audit import AuditLog
+from inferwatch.runbooks.dispatch import Dispatcher
+from inferwatch.runbooks.server import Receiver
+
+RECEIVER_TOKEN = "receiver-token-0123456789"
+SIDECAR_TOKEN = "sidecar-admin-token-0123456789"
+VLLM_PAGE = "/fixture/vllm-generated-0.33.0-1engine/metrics"
+
+
+class Loop:
+    """An event loop in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, factory: Callable[[], Any], timeout: float = 20.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(factory(), self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()
+
+
+class Served:
+    """An ASGI app under uvicorn on a free loopback port."""
+
+    def __init__(self, loop: Loop, app: Any) -> None:
+        self._loop = loop
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, lifespan="on")
+        self.server = uvicorn.Server(config)
+
+        async def start() -> tuple[asyncio.Task[None], int]:
+            task = asyncio.ensure_future(self.server.serve())
+            while not self.server.started:
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.005)
+            return task, int(self.server.servers[0].sockets[0].getsockname()[1])
+
+        self._task, self.port = loop.run(start)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.address = f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+
+        async def wait() -> None:
+            await self._task
+
+        self._loop.run(wait)
+
+
+class ReceiverUnderTest:
+    def __init__(
+        self, loop: Loop, tmp: Path, document: dict[str, Any], execute: bool, queue_size: int = 100
+    ) -> None:
+        token_file = tmp / "sidecar-token"
+        token_file.write_text(SIDECAR_TOKEN + "\n")
+        self.config = mapping.parse(document, "test.yaml")
+        self.audit_path = tmp / "audit.jsonl"
+        self._loop = loop
+
+        async def build() -> Dispatcher:  # httpx clients belong to the loop that uses them
+            action = IsolateReplica(token_file=str(token_file), timeout=5.0)
+            audit = AuditLog(self.audit_path)
+            actions = {"isolate_replica": action}
+            return Dispatcher(self.config, actions, audit, execute=execute, queue_size=queue_size)
+
+        self.dispatcher: Dispatcher = loop.run(build)
+        self.served = Served(loop, Receiver(self.dispatcher, RECEIVER_TOKEN, 64 * 1024).app())
+        self.url = self.served.url
+
+    def post(self, body: Any, token: str | None = RECEIVER_TOKEN, **kwargs: Any) -> httpx.Response:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+        return httpx.post(
+            self.url + "/webhook", content=body, headers=headers, timeout=10, **kwargs
+        )
+
+    def drain(self) -> None:
+        """Wait until the worker has decided on everything accepted so far."""
+        self._loop.run(self.dispatcher.drain)
+
+    def audit(self) -> list[dict[str, Any]]:
+        if not self.audit_path.exists():
+            return []
+        return [json.loads(line) for line in self.audit_path.read_text().splitlines()]
+
+    def outcomes(self) -> list[str]:
+        return [r["outcome"] for r in self.audit() if "outcome" in r]
+
+    def wait_for(self, outcome: str, timeout: float = 15.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for record in self.audit():
+                if record.get("outcome") == outcome:
+                    return record
+            time.sleep(0.02)
+        raise AssertionError(f"no {outcome!r} in the audit log: {self.outcomes()}")
+
+    def stop(self) -> None:
+        self.served.stop()
+        self.dispatcher.audit.close()
+
+
+class SidecarUnderTest:
+    def __init__(self, loop: Loop, engine_url: str, model: str = "llama") -> None:
+        async def build() -> Sidecar:
+            scraper = EngineScraper(engine_url, timeout=2.0, max_bytes=1 << 22)
+            return Sidecar(EngineCollector(scraper, {"model": model}), admin_token=SIDECAR_TOKEN)
+
+        self.sidecar: Sidecar = loop.run(build)
+        self.served = Served(loop, self.sidecar.app())
+        self.url, self.address = self.served.url, self.served.address
+
+    def state(self) -> dict[str, Any]:
+        reply = httpx.get(
+            self.url + "/admin/isolation",
+            headers={"authorization": f"Bearer {SIDECAR_TOKEN}"},
+            timeout=10,
+        )
+        assert reply.status_code == 200
+        result: dict[str, Any] = reply.json()
+        return result
+
+    def readyz(self) -> httpx.Response:
+        return httpx.get(self.url + "/readyz", timeout=10)
+
+
+def config(**overrides: Any) -> dict[str, Any]:
+    """A mapping config with one isolation rule; overrides replace top-level sections."""
+    document: dict[str, Any] = {
+        "namespaces": ["*"],
+        "breaker": {"max_fraction": 1.0, "window": "1h", "populations": {"llama": 10}},
+        "rules": [
+            {
+                "name": "isolate-on-xid",
+                "alertname": "InferwatchGPUXidErrors",
+                "matchers": ['severity="critical"'],
+                "action": "isolate_replica",
+                "params": {"admin_url": "http://{instance}/admin/isolation", "group": "{model}"},
+            }
+        ],
+    }
+    document.update(overrides)
+    return document
+
+
+def alert(
+    instance: str,
+    *,
+    status: str = "firing",
+    fingerprint: str = "7f35b58fac4dbac1",
+    starts_at: str = "2026-11-30T00:25:23.11723649Z",
+    **labels: str,
+) -> dict[str, Any]:
+    return {
+        "status": status,
+        "labels": {
+            "alertname": "InferwatchGPUXidErrors",
+            "severity": "critical",
+            "instance": instance,
+            "model": "llama",
+            **labels,
+        },
+        "annotations": {"summary": "A GPU reported XID errors that call for action."},
+        "startsAt": starts_at,
+        "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-11-30T00:35:23Z",
+        "generatorURL": "http://prom:9090/graph?g0.expr=x",
+        "fingerprint": fingerprint,
+    }
+
+
+def payload(*alerts: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "receiver": "runbooks",
+        "status": "firing" if any(a["status"] == "firing" for a in alerts) else "resolved",
+        "alerts": list(alerts),
+        "groupLabels": {"alertname": "InferwatchGPUXidErrors"},
+        "commonLabels": {},
+        "commonAnnotations": {},
+        "externalURL": "http://alertmanager:9093",
+        "version": "4",
+        "groupKey": '{}:{alertname="InferwatchGPUXidErrors"}',
+        "truncatedAlerts": 0,
+    }
+
+
+def stack_fixture() -> Iterator[Loop]:
+    loop = Loop()
+    yield loop
+    loop.close()

@@ -1,0 +1,454 @@
+"""The runbook receiver over real HTTP against real sidecars: auth, bad input, every guard."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from inferwatch import auth
+from inferwatch.cli import main
+from inferwatch.runbooks import audit as audit_module
+from tests import runbooks_harness as h
+
+
+@pytest.fixture
+def loop() -> Iterator[h.Loop]:
+    yield from h.stack_fixture()
+
+
+@pytest.fixture
+def sidecars(loop: h.Loop, page_server: Any) -> Iterator[Callable[[int], list[h.SidecarUnderTest]]]:
+    made: list[h.SidecarUnderTest] = []
+
+    def make(count: int) -> list[h.SidecarUnderTest]:
+        made.extend(h.SidecarUnderTest(loop, page_server.url + h.VLLM_PAGE) for _ in range(count))
+        return made[-count:]
+
+    yield make
+    for sidecar in made:
+        sidecar.served.stop()
+
+
+@pytest.fixture
+def receiver(loop: h.Loop, tmp_path: Path) -> Iterator[Callable[..., h.ReceiverUnderTest]]:
+    made: list[h.ReceiverUnderTest] = []
+
+    def make(execute: bool = True, queue_size: int = 100, **overrides: Any) -> h.ReceiverUnderTest:
+        folder = tmp_path / f"receiver-{len(made)}"
+        folder.mkdir()
+        made.append(h.ReceiverUnderTest(loop, folder, h.config(**overrides), execute, queue_size))
+        return made[-1]
+
+    yield make
+    for item in made:
+        item.stop()
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+# ---- authentication ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "header",
+    [None, "Bearer wrong-token-0123456789", f"Basic {h.RECEIVER_TOKEN}", "Bearer", ""],
+    ids=["missing", "wrong", "basic-scheme", "empty-bearer", "empty"],
+)
+def test_unauthenticated_webhooks_get_401_and_act_on_nothing(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+    header: str | None,
+) -> None:
+    rx, (sidecar,) = receiver(), sidecars(1)
+    headers = {"authorization": header} if header is not None else {}
+    body = h.payload(h.alert(sidecar.address))
+    reply = httpx.post(rx.url + "/webhook", json=body, headers=headers, timeout=10)
+    assert reply.status_code == 401
+    rx.drain()
+    assert sidecar.state()["isolated"] is False
+    assert rx.outcomes() == ["unauthorized"]
+    assert metric(rx.url, "inferwatch_runbooks_webhooks_total", outcome="unauthorized") == 1
+
+
+def test_the_token_is_compared_in_constant_time(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    compared: list[tuple[bytes, bytes]] = []
+    real = auth.hmac.compare_digest
+
+    def spy(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(auth.hmac, "compare_digest", spy)
+    rx, (sidecar,) = receiver(), sidecars(1)
+    assert rx.post(h.payload(h.alert(sidecar.address)), token="Z" * 25).status_code == 401
+    assert (b"Z" * 25, h.RECEIVER_TOKEN.encode()) in compared
+
+
+# ---- hostile payloads --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"{not json",
+        b"[]",
+        b'{"version": "3", "alerts": []}',
+        b'{"version": "4", "alerts": {}}',
+        b'{"version": "4", "alerts": [{"status": "firing"}]}',
+        b'{"version": "4", "alerts": [{"status": "burning", "labels": {"alertname": "A"}}]}',
+    ],
+    ids=[
+        "empty",
+        "broken-json",
+        "array",
+        "version-3",
+        "alerts-not-list",
+        "no-labels",
+        "bad-status",
+    ],
+)
+def test_malformed_payloads_get_400_and_act_on_nothing(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+    body: bytes,
+) -> None:
+    rx, (sidecar,) = receiver(), sidecars(1)
+    assert rx.post(body).status_code == 400
+    rx.drain()
+    assert sidecar.state()["isolated"] is False
+    assert rx.outcomes() == ["malformed"]
+
+
+def test_one_bad_alert_refuses_the_whole_payload(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+) -> None:
+    rx, (sidecar,) = receiver(), sidecars(1)
+    bad = {**h.alert(sidecar.address, fingerprint="ab"), "fingerprint": "not hex!"}
+    assert rx.post(h.payload(h.alert(sidecar.address), bad)).status_code == 400
+    rx.drain()
+    assert sidecar.state()["isolated"] is False
+
+
+def test_oversized_payloads_get_413_declared_or_streamed(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+) -> None:
+    rx, (sidecar,) = receiver(), sidecars(1)
+    big = h.payload(h.alert(sidecar.address, padding="x" * 4000))
+    big["alerts"] *= 20  # > the 64 KiB limit of the harness, every alert valid
+    assert rx.post(big).status_code == 413
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: bounded while read
+        yield b'{"version": "4", "alerts": ['
+        for _ in range(200):
+            yield b"[" + b" " * 1000 + b"],"
+        yield b"[]]}"
+
+    assert rx.post(chunks()).status_code == 413
+    rx.drain()
+    assert sidecar.state()["isolated"] is False
+    assert rx.outcomes() == ["too_large", "too_large"]
+
+
+# ---- decisions -----------------------------------------------------------------------------
+
+
+def test_dry_run_records_the_plan_and_changes_nothing(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+) -> None:
+    rx, (sidecar,) = receiver(execute=False), sidecars(1)
+    assert rx.post(h.payload(h.alert(sidecar.address))).status_code == 200
+    rx.drain()
+    (record,) = rx.audit()
+    assert record["decision"] == "dry_run" and record["execute"] is False
+    (step,) = record["steps"]
+    assert step["target"] == f"sidecar http://{sidecar.address}/admin/isolation"
+    assert step["desired"]["isolated"] is True
+    assert sidecar.state()["isolated"] is False and sidecar.readyz().status_code == 200
+    assert metric(rx.url, "inferwatch_runbooks_execute") == 0
+
+
+def test_acting_isolates_verifies_and_is_measured(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+    promtool: str,
+) -> None:
+    rx, (sidecar,) = receiver(), sidecars(1)
+    assert rx.post(h.payload(h.alert(sidecar.address))).json() == {"accepted": 1}
+    rx.drain()
+    (record,) = rx.audit()
+    assert record["decision"] == "acted" and record["outcome"] == "applied"
+    assert record["verification"][0]["ok"] is True
+    assert record["payload_sha256"] and record["fingerprint"] == "7f35b58fac4dbac1"
+    state = sidecar.state()
+    assert state["isolated"] and state["fingerprint"] == "7f35b58fac4dbac1"
+    assert sidecar.readyz().status_code == 503
+    labels = {"action": "isolate_replica"}
+    assert metric(rx.url, "inferwatch_runbooks_actions_total", outcome="applied", **labels) == 1
+    assert metric(rx.url, "inferwatch_runbooks_alert_to_action_seconds_count", **labels) == 1
+    text = httpx.get(rx.url + "/metrics", timeout=10).text
+    checked = subprocess.run(
+        [promtool, "check", "metrics"], input=text.encode(), capture_output=True, check=False
+    )
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_redelivery_and_an_ha_pair_act_once(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+) -> None:
+    first, second = receiver(), receiver()
+    (sidecar,) = sidecars(1)
+    body = h.payload(h.alert(sidecar.address))
+    for _ in range(3):
+        assert first.post(body).status_code == 200
+    first.drain()
+    since = sidecar.state()["since"]
+    assert second.post(body).status_code == 200
+    second.drain()
+    assert first.outcomes() == ["applied", "duplicate", "duplicate"]
+    assert second.outcomes() == ["no_op"]  # the state lives in the sidecar
+    assert sidecar.state()["since"] == since
+
+
+def test_cooldown_refuses_a_refire_on_the_same_target(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+) -> None:
+    rules = h.config()["rules"]
+    rules[0].update(cooldown="30m", rollback_after="0s")
+    rx, (sidecar,) = receiver(rules=rules), sidecars(1)
+    assert rx.post(h.payload(h.alert(sidecar.address))).status_code == 200
+    rx.drain()
+    assert rx.post(h.payload(h.alert(sidecar.address, status="resolved"))).status_code == 200
+    rx.wait_for("reverted")
+    assert sidecar.state()["isolated"] is False
+    refire = h.alert(sidecar.address, starts_at="2026-11-30T01:00:00Z")  # a new episode
+    assert rx.post(h.payload(refire)).status_code == 200
+    rx.drain()
+    assert rx.outcomes()[-1] == "cooldown"
+    assert sidecar.state()["isolated"] is False
+
+
+def test_breaker_opens_at_the_fraction_and_stays_open_until_reset(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+    tmp_path: Path,
+) -> None:
+    breaker = {"max_fraction": 0.34, "window": "1h", "populations": {"llama": 3}}
+    rx, replicas = receiver(breaker=breaker), sidecars(3)
+    alerts = [h.alert(s.address, fingerprint=f"{i + 1:016x}") for i, s in enumerate(replicas)]
+    for one in alerts:
+        assert rx.post(h.payload(one)).status_code == 200
+    rx.drain()
+    assert rx.outcomes() == ["applied", "breaker", "breaker"]
+    reasons = [r["reason"] for r in rx.audit()[1:]]
+    assert reasons[0].startswith("breaker tripped: 2 of 3 replicas of 'llama'")
+    assert reasons[1] == "breaker open for replicas of 'llama'"
+    assert [s.state()["isolated"] for s in replicas] == [True, False, False]
+    group = {"unit": "replica", "group": "llama"}
+    assert metric(rx.url, "inferwatch_runbooks_breaker_open", **group) == 1
+
+    token_file = tmp_path / "receiver-token"
+    token_file.write_text(h.RECEIVER_TOKEN)
+    wrong = httpx.post(rx.url + "/admin/breaker/reset", timeout=10)
+    assert wrong.status_code == 401
+    rx.post(h.payload(alerts[1]))  # still open: nobody reset it
+    rx.drain()
+    assert rx.outcomes()[-1] == "breaker"
+
+    result = CliRunner().invoke(
+        main, ["runbooks", "reset-breaker", "--url", rx.url, "--token-file", str(token_file)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "closed 1 breaker(s): replica/llama" in result.output
+    assert metric(rx.url, "inferwatch_runbooks_breaker_open", **group) == 0
+    rx.post(h.payload(alerts[1]))
+    rx.drain()
+    assert rx.outcomes()[-1] == "applied"
+    assert [r["decision"] for r in rx.audit()][-2] == "breaker_reset"
+    assert replicas[1].state()["isolated"] is True
+
+
+def test_namespace_allow_list(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+) -> None:
+    rx, (allowed, other, bare) = receiver(namespaces=["inference"]), sidecars(3)
+    rx.post(h.payload(h.alert(allowed.address, fingerprint="a1", namespace="inference")))
+    rx.post(h.payload(h.alert(other.address, fingerprint="a2", namespace="kube-system")))
+    rx.post(h.payload(h.alert(bare.address, fingerprint="a3")))
+    rx.drain()
+    assert rx.outcomes() == ["applied", "namespace", "namespace"]
+    assert [s.state()["isolated"] for s in (allowed, other, bare)] == [True, False, False]
+
+
+def test_unmapped_alerts_are_recorded_as_skipped(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+) -> None:
+    rx, (sidecar,) = receiver(), sidecars(1)
+    warning = h.alert(sidecar.address, severity="warning")  # the rule wants critical
+    other = h.alert(sidecar.address, alertname="InferwatchTTFTHigh")
+    rx.post(h.payload(warning, other))
+    rx.drain()
+    assert [(r["decision"], r["reason"]) for r in rx.audit()] == [("skipped", "unmapped")] * 2
+    assert metric(rx.url, "inferwatch_runbooks_unmapped_alerts_total") == 2
+    assert sidecar.state()["isolated"] is False
+
+
+def test_every_decision_is_fsynced(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    synced: list[int] = []
+    real = audit_module.os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(audit_module.os, "fsync", spy)
+    rx, (sidecar,) = receiver(), sidecars(1)
+    rx.post(h.payload(h.alert(sidecar.address), h.alert(sidecar.address, alertname="Other")))
+    rx.post(b"junk")
+    rx.drain()
+    assert len(rx.audit()) == 3 and len(synced) == 3
+
+
+def test_a_failed_verification_is_recorded(
+    loop: h.Loop, receiver: Callable[..., h.ReceiverUnderTest]
+) -> None:
+    """A sidecar that accepts the isolation but whose /readyz still passes (a broken one)."""
+
+    async def admin(request: Request) -> JSONResponse:
+        return JSONResponse({"isolated": True, "changed": True, "fingerprint": "7f35b58fac4dbac1"})
+
+    async def readyz(request: Request) -> JSONResponse:
+        return JSONResponse({"ready": True, "conditions": [{"name": "engine", "ok": True}]})
+
+    app = Starlette(
+        routes=[Route("/admin/isolation", admin, methods=["POST"]), Route("/readyz", readyz)]
+    )
+    liar = h.Served(loop, app)
+    try:
+        rx = receiver()
+        rx.post(h.payload(h.alert(liar.address)))
+        rx.drain()
+        (record,) = rx.audit()
+        assert (record["decision"], record["outcome"]) == ("failed", "verification_failed")
+        assert record["verification"][0]["ok"] is False
+    finally:
+        liar.stop()
+
+
+def test_an_unreachable_sidecar_fails_and_a_redelivery_retries(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+    unused_port: int,
+) -> None:
+    rx = receiver()
+    rx.post(h.payload(h.alert(f"127.0.0.1:{unused_port}")))
+    rx.drain()
+    assert rx.outcomes() == ["failed"] and "ConnectError" in rx.audit()[0]["reason"]
+    rx.post(h.payload(h.alert(f"127.0.0.1:{unused_port}")))
+    rx.drain()
+    assert rx.outcomes() == ["failed", "failed"]  # not marked seen: retried, not "duplicate"
+
+
+def test_rollback_after_the_hold_unless_it_fires_again(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+) -> None:
+    rules = h.config()["rules"]
+    quick = {**rules[0], "name": "quick", "rollback_after": "0.2s", "matchers": ['pod="a"']}
+    slow = {**rules[0], "name": "slow", "rollback_after": "1h", "matchers": ['pod="b"']}
+    rx, (a, b) = receiver(rules=[quick, slow]), sidecars(2)
+    fire_a, fire_b = (
+        h.alert(a.address, fingerprint="aa", pod="a"),
+        h.alert(b.address, fingerprint="bb", pod="b"),
+    )
+    rx.post(h.payload(fire_a, fire_b))
+    rx.drain()
+    assert a.state()["isolated"] and b.state()["isolated"]
+    resolved = [{**x, "status": "resolved"} for x in (fire_a, fire_b)]
+    rx.post(h.payload(*resolved))
+    rx.post(h.payload(*resolved))  # redelivered: scheduled once
+    rx.wait_for("reverted")
+    assert a.state()["isolated"] is False
+    assert b.state()["isolated"] is True  # its hold has not ended
+    rx.post(h.payload(fire_b))  # fires again: the pending rollback is dropped
+    rx.drain()
+    outcomes = rx.outcomes()
+    assert outcomes.count("rollback_scheduled") == 2
+    assert outcomes[-2:] == ["rollback_cancelled", "duplicate"]
+    assert b.state()["isolated"] is True
+
+
+def test_a_full_queue_answers_503_so_alertmanager_retries(
+    loop: h.Loop, receiver: Callable[..., h.ReceiverUnderTest]
+) -> None:
+    """The worker is held by a target that does not answer yet; the queue holds one more."""
+    arrived, release = threading.Event(), asyncio.Event()
+
+    async def admin(request: Request) -> JSONResponse:
+        arrived.set()
+        await release.wait()
+        return JSONResponse({"isolated": True, "changed": True})
+
+    slow = h.Served(loop, Starlette(routes=[Route("/admin/isolation", admin, methods=["POST"])]))
+    try:
+        rx = receiver(queue_size=1)
+        assert rx.post(h.payload(h.alert(slow.address, fingerprint="a1"))).status_code == 200
+        assert arrived.wait(10), "the worker never reached the target"
+        assert rx.post(h.payload(h.alert(slow.address, fingerprint="a2"))).status_code == 200
+        busy = rx.post(h.payload(h.alert(slow.address, fingerprint="a3")))
+        assert busy.status_code == 503
+        assert metric(rx.url, "inferwatch_runbooks_webhooks_total", outcome="busy") == 1
+    finally:
+        loop.loop.call_soon_threadsafe(release.set)
+        slow.stop()
+
+
+def test_alerts_cut_off_by_alertmanager_are_recorded(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+) -> None:
+    rx, (sidecar,) = receiver(), sidecars(1)
+    rx.post({**h.payload(h.alert(sidecar.address)), "truncatedAlerts": 7})
+    rx.drain()
+    truncated, acted = rx.audit()
+    assert (truncated["outcome"], truncated["reason"]) == (
+        "truncated",
+        "7 alerts cut off by max_alerts",
+    )
+    assert acted["outcome"] == "applied"
