@@ -20,8 +20,9 @@ Alertmanager treats a label that is missing on both sides as equal, so the rules
 names also require the labels they match on to be present on the target: a GPU fault never
 silences a model-wide alert, which has no ``instance`` label.
 
-The receivers are webhooks whose URLs come from the ``alertmanager`` section of the alerts
-config (:func:`settings`); by default all three point at the local runbook receiver's address.
+The receivers are webhooks whose URLs (and bearer token files) come from the ``alertmanager``
+section of the alerts config (:func:`settings`); by default only the automation has one, the
+local ``inferwatch runbooks serve``.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class Settings:
 
     #: webhook URLs per receiver name (page, ticket, automation); empty: the receiver drops
     receivers: Mapping[str, tuple[str, ...]]
+    #: per receiver, the file with the bearer token its webhooks send ("": none)
+    token_files: Mapping[str, str]
     group_wait: str
     group_interval: str
     #: per receiver: pages are repeated sooner than tickets
@@ -110,6 +113,10 @@ def settings(config: Config) -> Settings:
     }
     return Settings(
         receivers=receivers,
+        token_files={
+            name: _token_file(path, f"{where}.bearer_token_file.{name}")
+            for name, path in section["bearer_token_file"].items()
+        },
         group_wait=_duration(section["group_wait"], f"{where}.group_wait", zero=True),
         group_interval=_duration(section["group_interval"], f"{where}.group_interval"),
         repeat_interval={
@@ -126,6 +133,12 @@ def _url(url: str, where: str) -> str:
             f"{where}: expected an http(s) URL (scheme://host[:port][/path][?query]), got {url!r}"
         )
     return url
+
+
+def _token_file(path: str, where: str) -> str:
+    if path and (not path.startswith("/") or not path.isprintable()):
+        raise ConfigError(f'{where}: expected an absolute path or "", got {path!r}')
+    return path
 
 
 def _duration(value: str, where: str, zero: bool = False) -> str:
@@ -181,6 +194,15 @@ def inhibit_rules() -> list[dict[str, Any]]:
     ]
 
 
+def _webhook(url: str, token_file: str) -> dict[str, Any]:
+    webhook: dict[str, Any] = {"url": url, "send_resolved": True}
+    if token_file:
+        webhook["http_config"] = {
+            "authorization": {"type": "Bearer", "credentials_file": token_file}
+        }
+    return webhook
+
+
 def document(chosen: Settings) -> dict[str, Any]:
     """The Alertmanager configuration as data."""
     repeat = chosen.repeat_interval
@@ -188,7 +210,11 @@ def document(chosen: Settings) -> dict[str, Any]:
         {
             "name": name,
             **(
-                {"webhook_configs": [{"url": url, "send_resolved": True} for url in urls]}
+                {
+                    "webhook_configs": [
+                        _webhook(url, chosen.token_files.get(name, "")) for url in urls
+                    ]
+                }
                 if urls
                 else {}
             ),

@@ -59,6 +59,14 @@ def test_the_committed_config_is_what_the_generator_writes() -> None:
     assert fresh.startswith(writer.MARKER)
 
 
+def test_the_automation_webhook_is_the_runbook_receiver_with_its_token() -> None:
+    doc = yaml.safe_load(COMMITTED.read_text())
+    automation = next(r for r in doc["receivers"] if r["name"] == "automation")
+    [webhook] = automation["webhook_configs"]
+    assert webhook["url"].endswith(":9405/webhook") and webhook["send_resolved"] is True
+    assert webhook["http_config"]["authorization"]["type"] == "Bearer"
+
+
 def test_every_alert_the_config_names_is_a_generated_alert() -> None:
     defined = set(build.alert_names(config.load()))
     assert set(alertmanager.NAMED_ALERTS) - defined == set()
@@ -132,6 +140,7 @@ def test_configured_urls_become_the_receivers_webhooks(amtool: str, tmp_path: Pa
         "    page: [https://pager.example/hook, 'http://10.0.0.5:8080/p']\n"
         "    ticket: [https://tickets.example/hook]\n"
         "    automation: []\n"
+        "  bearer_token_file: {page: /run/secrets/pager.token}\n"
         "  group_wait: 10s\n"
         "  repeat_interval: {page: 1h}\n",
     )
@@ -153,6 +162,12 @@ def test_configured_urls_become_the_receivers_webhooks(amtool: str, tmp_path: Pa
         "automation": [],
         "none": [],
     }
+    page = next(r for r in doc["receivers"] if r["name"] == "page")
+    assert {
+        w["http_config"]["authorization"]["credentials_file"] for w in page["webhook_configs"]
+    } == {"/run/secrets/pager.token"}
+    ticket = next(r for r in doc["receivers"] if r["name"] == "ticket")
+    assert "http_config" not in ticket["webhook_configs"][0]
     assert doc["route"]["group_wait"] == "10s"
     page_route = next(r for r in doc["route"]["routes"] if r["receiver"] == "page")
     assert page_route["repeat_interval"] == "1h"
@@ -173,6 +188,7 @@ def test_configured_urls_become_the_receivers_webhooks(amtool: str, tmp_path: Pa
         ("{repeat_interval: {page: ''}}", "alertmanager.repeat_interval.page: expected a"),
         ("{repeat_interval: 4h}", "alertmanager.repeat_interval: expected a mapping"),
         ("{repeat_interval: {ticket: 0s}}", "alertmanager.repeat_interval.ticket: must be longer"),
+        ("{bearer_token_file: {page: token}}", "alertmanager.bearer_token_file.page: expected an"),
         ("{group_interval: 0m}", "alertmanager.group_interval: must be longer than 0s"),
         ("{receivers: {page: ['http://a b/']}}", "alertmanager.receivers.page[0]: expected an"),
         ("{receivers: {page: ['http://[::1/']}}", "alertmanager.receivers.page[0]: expected an"),
