@@ -21,8 +21,6 @@ from typing import Any, ClassVar
 from kubernetes import client
 
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
-from inferwatch.runbooks.actions.haproxy import DEFAULT_INTERVAL, DEFAULT_STEPS, _steps
-from inferwatch.runbooks.actions.isolate_replica import _fill as fill
 from inferwatch.runbooks.actions.kubernetes_api import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT,
@@ -38,6 +36,7 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     object_name,
     read_modify_write,
 )
+from inferwatch.runbooks.actions.params import DEFAULT_INTERVAL, DEFAULT_STEPS, fill, shift_steps
 
 GROUP, VERSION, PLURAL = "gateway.networking.k8s.io", "v1", "httproutes"
 PREFIX = "weight-shift.inferwatch.io/"
@@ -225,7 +224,7 @@ class HTTPRouteShift:
             "route": route,
             "backend": backend,
             "fallback": fallback,
-            "steps": list(_steps(params.get("steps", DEFAULT_STEPS))),
+            "steps": list(shift_steps(params.get("steps", DEFAULT_STEPS))),
             "step_interval": float(_bounded(params, "step_interval", DEFAULT_INTERVAL, 0, 600)),
             "fingerprint": alert.fingerprint,
         }

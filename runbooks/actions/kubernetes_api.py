@@ -27,7 +27,7 @@ from urllib3.exceptions import HTTPError
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome
 
 # the one implementation of {label} templates, shared with the replica isolation action
-from inferwatch.runbooks.actions.isolate_replica import _fill as fill
+from inferwatch.runbooks.actions.params import fill
 
 #: The verbs and resources the Kubernetes actions use (PolicyRule form, for a ClusterRole:
 #: nodes are cluster-scoped). Node isolation and GPU reset requests read and patch nodes;
