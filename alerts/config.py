@@ -236,6 +236,7 @@ class Config:
         self.cluster_label: str = document["cluster_label"]
         self.selectors: Mapping[str, str] = document["selectors"]
         self.links: Mapping[str, str] = document["links"]
+        self.alertmanager: Mapping[str, Any] = document["alertmanager"]
         self.rate_window: str = document["rate_window"]
         self.quantiles: list[float] = [float(q) for q in document["quantiles"]]
         self.latency: Mapping[str, Any] = document["latency"]
@@ -344,6 +345,9 @@ def load(path: Path | None = None) -> Config:
         raise checker.fail(where, reason)
 
     _check_meaning(config, fail)
+    from inferwatch.alerts import alertmanager  # its section's rules live with their use
+
+    alertmanager.settings(config)
     return config
 
 

@@ -70,7 +70,8 @@ def readme(path: Path, check: bool) -> None:
     help="Fail instead of writing when a file is stale.",
 )
 def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
-    """Write the Prometheus rule files (one per layer, recording rules) and a PrometheusRule."""
+    """Write the Prometheus rule files (one per layer, recording rules), a PrometheusRule and
+    the recommended Alertmanager config."""
     from inferwatch.alerts import config, writer
 
     try:

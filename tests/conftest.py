@@ -90,6 +90,17 @@ def prometheus_bin() -> str:
 
 
 @pytest.fixture(scope="session")
+def amtool() -> str:
+    return _tool("amtool")
+
+
+@pytest.fixture(scope="session")
+def alertmanager_bin() -> str:
+    """Debian names the binary prometheus-alertmanager; upstream's is alertmanager."""
+    return shutil.which("alertmanager") or _tool("prometheus-alertmanager")
+
+
+@pytest.fixture(scope="session")
 def haproxy_bin() -> str:
     return _tool("haproxy")
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sys
+from pathlib import Path
 
 import click
 
+from inferwatch.alerts.config import ConfigError
+from inferwatch.demo import alerting, topology
 from inferwatch.demo import scenario as scenarios
-from inferwatch.demo import topology
 from inferwatch.demo.run import Demo, Options
 
 
@@ -44,16 +46,32 @@ from inferwatch.demo.run import Demo, Options
 )
 @click.option(
     "--base-port",
-    type=click.IntRange(1024, 65535 - 3 * len(topology.REPLICAS)),
+    type=click.IntRange(1024, 65536 - topology.Ports.count()),
     show_envvar=True,
-    help="Use consecutive ports from here (sims, sidecars, proxies, Prometheus).  "
-    "[default: free ports]",
+    help="Use consecutive ports from here (sims, sidecars, proxies, proxies' tenant metrics, "
+    "Prometheus, Alertmanager).  [default: free ports]",
 )
 @click.option(
     "--prometheus/--no-prometheus",
     default=True,
     show_envvar=True,
-    help="Run a Prometheus scraping the sidecars and proxies (when the binary is on PATH).",
+    help="Run a Prometheus scraping the sidecars and proxies and evaluating the generated "
+    "alert rules (when the binary is on PATH).",
+)
+@click.option(
+    "--alertmanager/--no-alertmanager",
+    default=True,
+    show_envvar=True,
+    help="Run an Alertmanager with the generated routing and inhibition, which Prometheus "
+    "sends its alerts to (when the binary is on PATH; needs --prometheus).",
+)
+@click.option(
+    "--alert-config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    show_envvar=True,
+    help="Alert config the rules and Alertmanager's routing are generated from, read on top "
+    "of the defaults (alerts/config.yaml).  [default: alerts/demo.yaml, short windows and "
+    "for: durations]",
 )
 @click.option(
     "--probe-cycle",
@@ -76,18 +94,22 @@ def demo(
     rate: float,
     base_port: int | None,
     prometheus: bool,
+    alertmanager: bool,
+    alert_config: Path | None,
     probe_cycle: float,
     refresh: float,
 ) -> None:
-    """Run simulated replicas with sidecars, tenancy proxies, probes and Prometheus, under load.
+    """Run simulated replicas with sidecars, tenancy proxies, probes, Prometheus and
+    Alertmanager, under load.
 
     Three replicas (the primary model at v1 and at an fp8 v2 canary, and a fallback model) each
     get a sidecar with quality probes and a tenancy proxy; a load generator sends three tenants'
     traffic through the proxies, routing around replicas whose /readyz fails. The view shows
     each replica's throughput, latency, queue, KV cache, GPU and probe verdict, and each tenant's
-    tokens and cost, computed from the components' own /metrics. Without --scenario it plays
-    xid-and-repair (a healthy start, one GPU fault and its repair); --scenario none runs
-    quietly. Stop with Ctrl-C.
+    tokens and cost, computed from the components' own /metrics, and the alerts that reach
+    Alertmanager from the generated rules. Without --scenario it plays xid-and-repair (a
+    healthy start, one GPU fault and its repair); --scenario none runs quietly. Stop with
+    Ctrl-C.
     """
     timeline = None
     if scenario != scenarios.NONE:
@@ -95,6 +117,10 @@ def demo(
             timeline = scenarios.load(scenario, [r.name for r in topology.REPLICAS])
         except scenarios.ScenarioError as exc:
             raise click.ClickException(str(exc)) from None
+    try:
+        alerts = alerting.demo_config(alert_config)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
     source = click.get_current_context().get_parameter_source("scenario")
     if timeline is not None and source == click.core.ParameterSource.DEFAULT:
         steps = "; ".join(f"{step.at:g}s {step.describe()}" for step in timeline.steps)
@@ -106,6 +132,14 @@ def demo(
     prometheus_bin = shutil.which("prometheus") if prometheus else None
     if prometheus and prometheus_bin is None:
         click.echo("prometheus is not on PATH; running without it (Debian package: prometheus)")
+    alertmanager_bin = None
+    if alertmanager and prometheus_bin:
+        alertmanager_bin = shutil.which("alertmanager") or shutil.which("prometheus-alertmanager")
+        if alertmanager_bin is None:
+            click.echo(
+                "alertmanager is not on PATH; running without alerts "
+                "(Debian package: prometheus-alertmanager)"
+            )
     options = Options(
         duration=duration,
         scenario=timeline,
@@ -113,6 +147,8 @@ def demo(
         rate=rate,
         base_port=base_port,
         prometheus=prometheus_bin,
+        alertmanager=alertmanager_bin,
+        alerts=alerts,
         probe_cycle=probe_cycle,
         refresh=refresh,
     )

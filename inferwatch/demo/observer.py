@@ -1,11 +1,11 @@
 """What the demo shows, read the way an operator's tools read it: from the components' endpoints.
 
 Every poll scrapes each sidecar's ``/metrics`` and ``/readyz`` and each proxy's ``/metrics``
-on its tenant metrics listener (and Prometheus' target list now and then), keeps the last few
-seconds of scrapes, and turns them into one :class:`FleetState`: rates from counter increases
-and latency quantiles from histogram bucket increases over that window. Changes an operator
-would want to hear about (readiness flips, probe verdicts, engine up/down, GPU health) become
-events.
+on its tenant metrics listener (and Prometheus' target list and Alertmanager's alerts now and
+then), keeps the last few seconds of scrapes, and turns them into one :class:`FleetState`:
+rates from counter increases and latency quantiles from histogram bucket increases over that
+window. Changes an operator would want to hear about (readiness flips, probe verdicts, engine
+up/down, GPU health, alerts reaching Alertmanager and resolving) become events.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
 
 import httpx
 
@@ -27,6 +29,9 @@ Failing = tuple[tuple[str, str], ...]
 #: seconds of scrapes that rates and quantiles are computed over
 WINDOW = 10.0
 _PROMETHEUS_EVERY = 5.0
+_ALERTS_EVERY = 2.0
+#: alerts read from Alertmanager per poll; a fleet in real trouble has more, the view shows few
+MAX_ALERTS = 200
 
 
 def _name(key: str) -> str:
@@ -71,6 +76,53 @@ class TenantState:
     budget_left: float | None = None  # lowest share left over the proxies
 
 
+@dataclass(frozen=True)
+class AlertState:
+    """One alert as Alertmanager holds it."""
+
+    fingerprint: str
+    name: str
+    severity: str
+    where: str  # the replica, model version or GPU it is about
+    inhibited: bool  # suppressed by an inhibition rule (or a silence)
+    receivers: tuple[str, ...]
+    starts_at: datetime | None
+
+    @classmethod
+    def parse(cls, raw: Any) -> AlertState:
+        """One entry of Alertmanager's ``GET /api/v2/alerts``; raises on a malformed one."""
+        labels: Mapping[str, str] = raw["labels"]
+        # a replica's alert names it; a model's names the model (without its org) and version
+        model = " ".join(
+            part
+            for part in (labels.get("model", "").rsplit("/", 1)[-1], labels.get("model_version"))
+            if part
+        )
+        where = labels.get("replica") or labels.get("pod") or model
+        if labels.get("tenant"):
+            where = f"{where} tenant {labels['tenant']}".strip()
+        try:
+            starts_at: datetime | None = datetime.fromisoformat(raw["startsAt"])
+        except (KeyError, TypeError, ValueError):
+            starts_at = None
+        return cls(
+            fingerprint=str(raw["fingerprint"]),
+            name=labels.get("alertname", "?"),
+            severity=labels.get("severity", ""),
+            where=where or labels.get("cluster", ""),
+            inhibited=raw["status"]["state"] == "suppressed",
+            receivers=tuple(str(r["name"]) for r in raw.get("receivers", ())),
+            starts_at=starts_at,
+        )
+
+    def describe(self) -> str:
+        """Name, severity, subject and where Alertmanager routes it (besides the automation)."""
+        routed = ",".join(r for r in self.receivers if r != "automation") or "-"
+        return " ".join(
+            part for part in (self.name, self.severity, self.where, "->", routed) if part
+        )
+
+
 @dataclass
 class FleetState:
     t: float
@@ -79,6 +131,7 @@ class FleetState:
     load: LoadStats
     rate: float
     prometheus: tuple[int, int] | None = None  # targets up, targets
+    alerts: tuple[AlertState, ...] | None = None  # None: no Alertmanager, or no answer yet
     events: list[str] = field(default_factory=list)  # what changed since the last poll
 
 
@@ -91,6 +144,7 @@ class Observer:
         sidecar_urls: Mapping[str, str],
         proxy_urls: Mapping[str, str],
         prometheus_url: str | None,
+        alertmanager_url: str | None = None,
     ) -> None:
         self.http = http
         self.replicas = tuple(replicas)
@@ -103,15 +157,20 @@ class Observer:
         self._previous: dict[str, ReplicaState] = {}
         self._prometheus: tuple[int, int] | None = None
         self._prometheus_checked = 0.0
+        self.alertmanager_url = alertmanager_url
+        self._alerts: tuple[AlertState, ...] | None = None
+        self._alerts_checked = 0.0
+        self._alert_events: list[str] = []
 
     async def poll(self, t: float, load: LoadStats, load_rate: float) -> FleetState:
         """Read every endpoint once and return the fleet as it is now."""
         names = [r.name for r in self.replicas]
-        sidecar_pages, proxy_pages, readiness, _ = await asyncio.gather(
+        sidecar_pages, proxy_pages, readiness, _, _ = await asyncio.gather(
             asyncio.gather(*(self._scrape(self.sidecar_urls[n] + "/metrics") for n in names)),
             asyncio.gather(*(self._scrape(self.proxy_urls[n] + "/metrics") for n in names)),
             asyncio.gather(*(self._readyz(self.sidecar_urls[n]) for n in names)),
             self._targets(),
+            self._read_alerts(),
         )
         for name, page in zip(names, sidecar_pages, strict=True):
             if page is not None:
@@ -130,11 +189,17 @@ class Observer:
             load=load,
             rate=load_rate,
             prometheus=self._prometheus,
-            events=self._changes(replicas),
+            alerts=self._alerts,
+            events=self._changes(replicas) + self._take_alert_events(),
         )
 
     def _changes(self, replicas: Sequence[ReplicaState]) -> list[str]:
-        """Events for what changed on each replica since the last poll."""
+        """Events for what changed on each replica since it was last known.
+
+        A sidecar that does not answer (restarting with its pod) leaves its states unknown;
+        they are compared with the last known ones, so that a replica that comes back ready
+        says so.
+        """
         events = []
         for now in replicas:
             name = now.replica.name
@@ -205,6 +270,39 @@ class Observer:
             self._prometheus = None
             return
         self._prometheus = (sum(t.get("health") == "up" for t in targets), len(targets))
+
+    async def _read_alerts(self) -> None:
+        """Refresh the alerts Alertmanager holds every few seconds; changes become events."""
+        now = time.monotonic()
+        if self.alertmanager_url is None or now - self._alerts_checked < _ALERTS_EVERY:
+            return
+        self._alerts_checked = now
+        try:
+            response = await self.http.get(self.alertmanager_url + "/api/v2/alerts", timeout=2.0)
+            response.raise_for_status()
+            raw = response.json()
+            alerts = tuple(AlertState.parse(entry) for entry in raw[:MAX_ALERTS])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+            return  # keep the last answer; Alertmanager may be restarting
+        before = {a.fingerprint: a for a in self._alerts or ()}
+        after = {a.fingerprint: a for a in alerts}
+        for fingerprint, alert in after.items():
+            if fingerprint not in before:
+                state = "inhibited" if alert.inhibited else "firing"
+                self._alert_events.append(f"ALERT {state}: {alert.describe()}")
+            elif before[fingerprint].inhibited != alert.inhibited:
+                state = "now inhibited" if alert.inhibited else "no longer inhibited"
+                self._alert_events.append(f"ALERT {state}: {alert.describe()}")
+        for fingerprint, alert in before.items():
+            if fingerprint not in after:
+                self._alert_events.append(f"ALERT resolved: {alert.describe()}")
+        self._alerts = tuple(
+            sorted(alerts, key=lambda a: (_SEVERITY_ORDER.get(a.severity, 3), a.name, a.where))
+        )
+
+    def _take_alert_events(self) -> list[str]:
+        events, self._alert_events = self._alert_events, []
+        return events
 
     # --- turning scrapes into signals ------------------------------------------------------------
     def _replica(
@@ -296,6 +394,9 @@ class Observer:
         state.cost_per_hour = per_second["cost"] * 3600 if "cost" in per_second else None
         state.budget_left = min(budgets) if budgets else None
         return state
+
+
+_SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
 def _known(before: ReplicaState, now: ReplicaState) -> ReplicaState:

@@ -26,7 +26,8 @@ import httpx
 from rich.console import Console
 from rich.live import Live
 
-from inferwatch.demo import topology
+from inferwatch.alerts.config import Config
+from inferwatch.demo import alerting, topology
 from inferwatch.demo.loadgen import LoadGenerator, Router
 from inferwatch.demo.observer import FleetState, Observer
 from inferwatch.demo.processes import INFERWATCH, Component, StartError, Supervisor
@@ -45,6 +46,8 @@ class Options:
     rate: float
     base_port: int | None
     prometheus: str | None  # path of the binary; None: no Prometheus
+    alertmanager: str | None  # path of the binary; None: no Alertmanager (nor without Prometheus)
+    alerts: Config  # the alert config the rules and Alertmanager's routing are generated from
     probe_cycle: float
     refresh: float
 
@@ -65,9 +68,15 @@ class Demo:
         self.context = Context(
             speed=options.speed,
             prometheus_url=topology.url(self.ports.prometheus) if options.prometheus else None,
+            alertmanager_url=(topology.url(self.ports.alertmanager) if self._alerting else None),
             models=f"primary {topology.PRIMARY_MODEL}   fallback {topology.FALLBACK_MODEL}",
         )
         self.console = Console(file=out, highlight=False)
+
+    @property
+    def _alerting(self) -> bool:
+        """Alertmanager runs only where a Prometheus sends it alerts."""
+        return bool(self.options.prometheus and self.options.alertmanager)
 
     # --- output ---------------------------------------------------------------------------------
     def say(self, line: str) -> None:
@@ -133,6 +142,7 @@ class Demo:
             {r.name: topology.url(self.ports.sidecar[r.name]) for r in self.replicas},
             {r.name: topology.url(self.ports.proxy_metrics[r.name]) for r in self.replicas},
             self.context.prometheus_url,
+            self.context.alertmanager_url,
         )
         background = [asyncio.create_task(load.run())]
         if self.options.scenario is not None:
@@ -257,20 +267,37 @@ class Demo:
         for index, replica in enumerate(self.replicas):
             components += self._replica_components(replica, index, workdir)
         if self.options.prometheus:
-            config = workdir / "prometheus.yml"
-            config.write_text(
-                topology.prometheus_config(self.ports, topology.generated_rule_files())
-            )
-            argv = [
-                self.options.prometheus,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={workdir / 'prometheus-data'}",
-                f"--web.listen-address=127.0.0.1:{self.ports.prometheus}",
-                "--log.level=warn",
-            ]
-            url = topology.url(self.ports.prometheus)
-            components.append(Component("prometheus", "", url, "/-/ready", argv))
+            components.append(self._prometheus(workdir))
+        if self._alerting:
+            components.append(self._alertmanager(workdir))
         return components
+
+    def _prometheus(self, workdir: Path) -> Component:
+        assert self.options.prometheus
+        rules = alerting.write_rules(workdir / "rules", self.options.alerts)
+        config = workdir / "prometheus.yml"
+        config.write_text(topology.prometheus_config(self.ports, rules, self._alerting))
+        argv = [
+            self.options.prometheus,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={workdir / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{self.ports.prometheus}",
+            "--log.level=warn",
+        ]
+        return Component("prometheus", "", topology.url(self.ports.prometheus), "/-/ready", argv)
+
+    def _alertmanager(self, workdir: Path) -> Component:
+        assert self.options.alertmanager
+        config = workdir / "alertmanager.yml"
+        config.write_text(alerting.alertmanager_config(self.options.alerts))
+        argv = topology.alertmanager_argv(
+            self.options.alertmanager,
+            config,
+            workdir / "alertmanager-data",
+            self.ports.alertmanager,
+        )
+        url = topology.url(self.ports.alertmanager)
+        return Component("alertmanager", "", url, "/-/ready", argv)
 
     def _replica_components(self, replica: Replica, index: int, workdir: Path) -> list[Component]:
         engine = topology.url(self.ports.sim[replica.name])
@@ -317,7 +344,8 @@ class Demo:
         options = self.options
         self.say(
             f"inferwatch demo: {len(self.replicas)} replicas (simulated vLLM + sidecar + tenancy "
-            f"proxy each){', Prometheus' if options.prometheus else ''}; "
+            f"proxy each){', Prometheus with the generated rules' if options.prometheus else ''}"
+            f"{', Alertmanager' if self._alerting else ''}; "
             f"load {options.rate:g} req/s; speed {options.speed:g}x"
         )
         what = {  # each URL as the flags that take it want it
@@ -325,11 +353,12 @@ class Demo:
             " (--gpu dcgm=URL)",
             "sidecar": "/metrics /readyz",
             "proxy": "OpenAI API per tenant (base URL {url}/v1); tenant /metrics on its own port",
-            "prometheus": "web UI and API",
+            "prometheus": "web UI and API, /alerts",
+            "alertmanager": "web UI, /api/v2/alerts",
         }
         for c in supervisor.components:
             about = what[c.kind].format(url=c.url)
-            self.say(f"  {c.kind:<10} {c.name:<11} {c.url:<24} pid {c.pid:<7} {about}")
+            self.say(f"  {c.kind:<12} {c.name:<11} {c.url:<24} pid {c.pid:<7} {about}")
         tenants = ", ".join(f"{t.name} ({t.key})" for t in topology.TENANTS)
         first = self.replicas[0]
         self.say(f"  tenant API keys: {tenants}")

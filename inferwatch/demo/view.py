@@ -9,17 +9,27 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from inferwatch.demo.observer import WINDOW, FleetState, ReplicaState, TenantState
+from inferwatch.demo.observer import (
+    WINDOW,
+    AlertState,
+    FleetState,
+    ReplicaState,
+    TenantState,
+)
 
 EVENTS_SHOWN = 8
 REPLICA_COLUMNS = ("replica", "version GPU", "/readyz", "engine", "GPU", "req/s (probes)", "tok/s",
                    "TTFT p50/99", "TPOT p50/99", "run/wait", "KV", "err/s", "probes")  # fmt: skip
+ALERTS_SHOWN = 10
+ALERT_COLUMNS = ("alert", "severity", "about", "state", "since", "receivers")
+_SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
 TENANT_COLUMNS = ("tenant", "model", "req/s", "ok / rejected / errors", "tokens/s", "tokens",
                   "cost", "cost/h", "budget left")  # fmt: skip
 
@@ -30,6 +40,7 @@ class Context:
 
     speed: float
     prometheus_url: str | None
+    alertmanager_url: str | None = None
     models: str = ""
     scenario: str = ""
     next_step: str = ""
@@ -126,6 +137,8 @@ def render(state: FleetState, context: Context) -> RenderableType:
     if context.scenario:
         lines.append(Text(f"scenario  {context.scenario}   {context.next_step}", style="cyan"))
     lines += [_replica_table(state.replicas), _tenant_table(state.tenants)]
+    if context.alertmanager_url:
+        lines.append(_alert_table(state, context.alertmanager_url))
     events = Table(title="events", title_justify="left", show_header=False, box=None)
     for event in context.events:
         events.add_row(Text(event, style="red" if "NOT READY" in event else ""))
@@ -187,6 +200,38 @@ def _tenant_table(tenants: Sequence[TenantState]) -> Table:
     return table
 
 
+def _alert_table(state: FleetState, url: str) -> RenderableType:
+    if state.alerts is None:
+        return Text(f"alerts    Alertmanager {url}: no answer yet", style="dim")
+    if not state.alerts:
+        return Text(f"alerts    none firing (Alertmanager {url})", style="green")
+    table = _table(f"alerts reaching Alertmanager {url}", ALERT_COLUMNS)
+    now = datetime.now(UTC)
+    for alert in state.alerts[:ALERTS_SHOWN]:
+        since = (
+            "-" if alert.starts_at is None else f"{(now - alert.starts_at).total_seconds():.0f}s"
+        )
+        table.add_row(
+            Text(alert.name, style="dim" if alert.inhibited else "bold"),
+            Text(alert.severity, style=_SEVERITY_STYLE.get(alert.severity, "")),
+            alert.where,
+            Text("inhibited", style="dim") if alert.inhibited else Text("firing", style="red"),
+            since,
+            ",".join(alert.receivers) or "-",
+        )
+    if len(state.alerts) > ALERTS_SHOWN:
+        table.caption = f"and {len(state.alerts) - ALERTS_SHOWN} more"
+    return table
+
+
+def alerts_summary(alerts: Sequence[AlertState]) -> str:
+    """``alerts 2 firing, 1 inhibited: NameA critical replica, ...`` for the plain line."""
+    firing = [a for a in alerts if not a.inhibited]
+    shown = ", ".join(f"{a.name} {a.severity} {a.where}".strip() for a in firing)
+    head = f"alerts {len(firing)} firing, {len(alerts) - len(firing)} inhibited"
+    return f"{head}: {shown}" if shown else head
+
+
 # --- the plain line --------------------------------------------------------------------------
 def summary_line(state: FleetState) -> str:
     """One line with the key signals of every replica and tenant."""
@@ -212,4 +257,6 @@ def summary_line(state: FleetState) -> str:
     parts.append(f"tenants {tenants}")
     if state.prometheus is not None:
         parts.append(f"prometheus {state.prometheus[0]}/{state.prometheus[1]} targets up")
+    if state.alerts is not None:
+        parts.append(alerts_summary(state.alerts))
     return " | ".join(parts)

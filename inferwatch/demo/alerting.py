@@ -1,0 +1,34 @@
+"""The demo's alerting: the generated rules for Prometheus and the generated Alertmanager config.
+
+Both come from the same generator as the committed files; only the input differs. The demo
+reads ``alerts/demo.yaml`` on top of the defaults (short windows and ``for:`` durations, so
+that a scenario's faults fire within seconds) unless given another alert config, and its
+Alertmanager's receivers send nowhere: the demo shows what reached Alertmanager and where it
+is routed, read from its API.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from inferwatch.alerts import alertmanager, config, writer
+
+
+def demo_config(path: Path | None = None) -> config.Config:
+    """``path`` (default: ``alerts/demo.yaml``) on top of the defaults; raises ConfigError."""
+    from inferwatch import alerts
+
+    return config.load(path or Path(alerts.__file__).parent / "demo.yaml")
+
+
+def write_rules(folder: Path, chosen: config.Config) -> list[Path]:
+    """Writes the rule files Prometheus loads into ``folder``; returns their paths."""
+    files = writer.render(chosen)
+    rules = {name: text for name, text in files.items() if "/" not in name}  # not the CR, AM
+    writer.write(folder, rules)
+    return sorted(folder / name for name in rules)
+
+
+def alertmanager_config(chosen: config.Config) -> str:
+    document = alertmanager.document(alertmanager.settings(chosen).silent())
+    return writer.MARKER + writer.dump(document)

@@ -1,0 +1,314 @@
+"""End to end: the demo's real Prometheus loads the generated rules, and each fault scenario
+makes the alerts it should fire reach the demo's real Alertmanager; a healthy run fires none.
+
+Each scenario runs in its own demo (``inferwatch demo`` as a user runs it), because alert
+windows outlast a repair: an XID counted in the last minutes keeps its alert firing whatever
+happens next, so one fleet cannot show several scenarios apart. The shipped timelines are
+moved earlier so that their first step runs :data:`FIRST_STEP` seconds after the fleet is up
+(the spacing of their steps is kept). A healthy demo runs alongside the later fault runs
+(:data:`ORDER`), watched the whole time, and must last at least as long as the longest one.
+Every wait polls Alertmanager's ``/api/v2/alerts`` against a deadline; the time from the fault
+to each alert reaching Alertmanager is printed (``pytest -s``) with the intervals and
+``for:`` durations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from inferwatch.alerts import build
+from inferwatch.demo import alerting, scenario, topology
+
+pytestmark = pytest.mark.e2e
+
+DEMO = [sys.executable, "-P", "-m", "inferwatch", "demo", "--probe-cycle", "3", "--refresh", "5"]
+REPLICAS = [r.name for r in topology.REPLICAS]
+#: seconds after the fleet is up when a scenario's first step runs: long enough for the probes'
+#: baseline (three cycles) and for every counter to have been scraped before it moves
+FIRST_STEP = 12.0
+#: the healthy demo's load, requests per second (the demo's default)
+HEALTHY_RATE = 3
+#: how long a fault may take to reach Alertmanager on a busy 2-core machine
+ALERT_DEADLINE = 90.0
+
+
+@dataclass(frozen=True)
+class Expect:
+    """Alerts a scenario must make reach Alertmanager: one of each group, about ``subject``."""
+
+    groups: Sequence[frozenset[str]]
+    #: labels that name the faulty part (any one matching is enough: per-replica alerts carry
+    #: the replica, per-model ones the model version)
+    subject: Mapping[str, str]
+    #: the step whose fault the alerts report (overload first raises the load, then slows)
+    fault_step: int = 0
+    #: alerts that must arrive inhibited (by a worse alert about the same replica)
+    inhibited: frozenset[str] = frozenset()
+
+    def met_by(self, alert: Mapping[str, Any]) -> frozenset[str] | None:
+        """The group this alert satisfies, if any."""
+        labels = alert["labels"]
+        if not any(labels.get(key) == value for key, value in self.subject.items()):
+            return None
+        return next((g for g in self.groups if labels.get("alertname") in g), None)
+
+
+def _about(name: str) -> dict[str, str]:
+    replica = topology.replica(name)
+    return {"replica": replica.name, "pod": replica.name, "model_version": replica.version}
+
+
+EXPECTED = {
+    "bad-rollout": Expect(
+        [frozenset({"InferwatchProbeFailing", "InferwatchDegenerateOutputRising"})],
+        _about("primary-v2"),
+    ),
+    "gpu-failure": Expect(
+        [frozenset({"InferwatchGPUXidErrors"}), frozenset({"InferwatchGPUUnhealthy"}),
+         frozenset({"InferwatchReplicaNotReady"})],
+        _about("primary-v1"),
+        # the replica is not ready because its GPU is lost: the page is the GPU's, not this
+        inhibited=frozenset({"InferwatchReplicaNotReady"}),
+    ),
+    "overload": Expect(
+        [frozenset({"InferwatchKVCacheSaturated", "InferwatchTTFTHigh",
+                    "InferwatchPreemptionStorm"})],
+        _about("primary-v1"),
+        fault_step=1,
+    ),
+}  # fmt: skip
+
+
+def shifted(name: str, folder: Path) -> Path:
+    """The shipped scenario with its steps moved so that the first runs at FIRST_STEP."""
+    text = (resources.files("inferwatch.demo") / "scenarios" / f"{name}.yaml").read_text()
+    document = yaml.safe_load(text)
+    offset = scenario.parse(document, name, REPLICAS).steps[0].at - FIRST_STEP
+    for raw in document["steps"]:
+        raw["at"] = round(scenario.parse({"steps": [raw]}, name, REPLICAS).steps[0].at - offset, 3)
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+@dataclass
+class Demo:
+    """A running ``inferwatch demo``: its lines as they arrive, and the URLs it announced."""
+
+    process: subprocess.Popen[str]
+    lines: list[tuple[float, str]] = field(default_factory=list)
+    ended: threading.Event = field(default_factory=threading.Event)
+
+    def read(self) -> None:
+        assert self.process.stdout is not None
+        with self.process.stdout:
+            for line in self.process.stdout:
+                self.lines.append((time.monotonic(), line.rstrip("\n")))
+        self.ended.set()
+
+    def wait_line(self, pattern: str, timeout: float) -> tuple[float, re.Match[str]]:
+        """When the first line matching ``pattern`` arrived, and the match."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while time.monotonic() < deadline:
+            ended = self.ended.is_set()  # read first: once set, every line is in
+            batch = self.lines[seen:]  # a copy: the reader keeps appending
+            seen += len(batch)
+            for at, line in batch:
+                match = re.search(pattern, line)
+                if match:
+                    return at, match
+            if ended:
+                break
+            time.sleep(0.05)
+        pytest.fail(f"the demo never printed {pattern!r}:\n{self.output}")
+
+    @property
+    def output(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    @property
+    def up_at(self) -> float:
+        return self.wait_line(r"^all \d+ processes answering", 60)[0]
+
+    def url(self, kind: str) -> str:
+        return self.wait_line(rf"^  {kind} +(http://127\.0\.0\.1:\d+) ", 30)[1][1]
+
+    def alerts(self) -> list[dict[str, Any]]:
+        response = httpx.get(self.url("alertmanager") + "/api/v2/alerts", timeout=5)
+        response.raise_for_status()
+        alerts: list[dict[str, Any]] = response.json()
+        return alerts
+
+
+@contextlib.contextmanager
+def running_demo(folder: Path, *args: str) -> Iterator[Demo]:
+    """A demo until the block ends; then stopped with SIGINT (Ctrl-C), and it must exit 0."""
+    process = subprocess.Popen(
+        [*DEMO, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=folder,
+    )
+    demo = Demo(process)
+    threading.Thread(target=demo.read, daemon=True).start()
+    try:
+        assert demo.up_at
+        yield demo
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        demo.ended.wait(10)
+    assert process.returncode == 0, demo.output
+    stopped = demo.wait_line(r"^stopped (\d+) processes", 5)[1]
+    assert int(stopped[1]) >= 11, demo.output
+
+
+def rules_loaded(prometheus_url: str) -> bool:
+    """Whether Prometheus evaluates exactly the generated demo rules, every one healthy."""
+    response = httpx.get(prometheus_url + "/api/v1/rules", timeout=5)
+    response.raise_for_status()
+    rules = [rule for group in response.json()["data"]["groups"] for rule in group["rules"]]
+    broken = [(r["name"], r.get("lastError")) for r in rules if r.get("health") == "err"]
+    assert not broken, broken
+    chosen = alerting.demo_config()
+    expected = {name for name in build.alert_names(chosen) if not chosen.alert(name).disabled}
+    assert {r["name"] for r in rules if r["type"] == "alerting"} == expected
+    return True
+
+
+def intervals(prometheus_url: str) -> str:
+    response = httpx.get(prometheus_url + "/api/v1/status/config", timeout=5)
+    config = yaml.safe_load(response.json()["data"]["yaml"])["global"]
+    return f"scrape {config['scrape_interval']}, evaluation {config['evaluation_interval']}"
+
+
+def durations(names: Sequence[str]) -> str:
+    """The ``for:`` of each named alert in the demo's alert config."""
+    chosen = alerting.demo_config()
+    return ", ".join(f"{name} for {chosen.alert(name).for_}" for name in names)
+
+
+@dataclass
+class Watched:
+    """The healthy demo and every alert its Alertmanager has held since it started."""
+
+    demo: Demo
+    seen: list[dict[str, Any]] = field(default_factory=list)
+    polls: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def watch(self) -> None:
+        while not self.stop.wait(0.5):
+            with contextlib.suppress(httpx.HTTPError):
+                self.seen += self.demo.alerts()
+                self.polls += 1
+
+
+@pytest.fixture(scope="module")
+def healthy(
+    prometheus_bin: str, alertmanager_bin: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Watched]:
+    """A demo without faults, running while the fault scenarios run (the binaries are asked
+    for so that a machine without them skips, or fails under CI, before any demo)."""
+    folder = tmp_path_factory.mktemp("healthy")
+    calm = folder / "healthy.yaml"  # a timeline of its own, whatever the demo's default story
+    calm.write_text(f"name: healthy\nsteps: [{{at: 0s, rate: {HEALTHY_RATE}}}]\n")
+    with running_demo(folder, "--rate", str(HEALTHY_RATE), "--scenario", str(calm)) as demo:
+        watched = Watched(demo)
+        watcher = threading.Thread(target=watched.watch, daemon=True)
+        watcher.start()
+        try:
+            yield watched
+        finally:
+            watched.stop.set()
+            watcher.join(10)
+
+
+#: seconds from the fleet being up to the last expected alert, per scenario run so far
+RUN_LENGTHS: dict[str, float] = {}
+
+
+#: overload first and alone: its four-fold load on a 2-core machine slows every process, a
+#: healthy demo's tokens too (a true TPOT alert); the healthy demo starts with the next run
+ORDER = ["overload", "bad-rollout", "gpu-failure"]
+
+
+@pytest.mark.parametrize("name", ORDER)
+def test_a_fault_scenario_makes_its_alerts_reach_alertmanager(
+    name: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    expect = EXPECTED[name]
+    if name != "overload":
+        request.getfixturevalue("healthy")  # running alongside from here on
+    with running_demo(tmp_path, "--scenario", str(shifted(name, tmp_path))) as demo:
+        assert rules_loaded(demo.url("prometheus"))
+        assert demo.alerts() == [], "alerts before any fault"
+        fault_at = demo.wait_line(r"^\[\s*[\d.]+s\] scenario: ", FIRST_STEP + 60)[0]
+        reached: dict[str, float] = {}
+        done: set[frozenset[str]] = set()
+        deadline = fault_at + ALERT_DEADLINE
+        while len(done) < len(expect.groups) and time.monotonic() < deadline:
+            for alert in demo.alerts():
+                group = expect.met_by(alert)
+                if group is not None and group not in done:
+                    done.add(group)
+                    alertname = alert["labels"]["alertname"]
+                    reached[alertname] = time.monotonic()
+                    if alertname in expect.inhibited:
+                        assert alert["status"]["inhibitedBy"], alert
+            time.sleep(0.2)
+        missing = [sorted(g) for g in expect.groups if g not in done]
+        assert not missing, f"never reached Alertmanager: {missing}\n{demo.alerts()}\n{demo.output}"
+        RUN_LENGTHS[name] = time.monotonic() - demo.up_at
+        steps = [at for at, line in demo.lines if re.match(r"^\[\s*[\d.]+s\] scenario: ", line)]
+        fault = steps[expect.fault_step]
+        lines = [
+            f"  {alertname}: {at - fault:.1f}s after the fault"
+            for alertname, at in sorted(reached.items(), key=lambda item: item[1])
+        ]
+        print(
+            f"\n{name} ({intervals(demo.url('prometheus'))}; {durations(sorted(reached))}):\n"
+            + "\n".join(lines)
+        )
+
+
+def test_a_healthy_run_as_long_as_the_fault_runs_fires_no_alert(healthy: Watched) -> None:
+    demo = healthy.demo
+    assert rules_loaded(demo.url("prometheus"))
+    length = max(RUN_LENGTHS.values(), default=FIRST_STEP + 30.0)
+    while time.monotonic() < demo.up_at + length:  # when run alone, or outrun by a fault run
+        time.sleep(0.5)
+    polls = healthy.polls
+    deadline = time.monotonic() + 10
+    while healthy.polls < polls + 2 and time.monotonic() < deadline:  # one more look at the end
+        time.sleep(0.1)
+    assert healthy.polls >= polls + 2, "the watcher stopped reading Alertmanager"
+    assert healthy.seen == [], demo.output
+    # none is about to be sent either (a pending one, such as the demo's small budgets being
+    # projected to run out, may be on its way: its `for:` outlasts any demo)
+    alerts = httpx.get(demo.url("prometheus") + "/api/v1/alerts", timeout=5).json()["data"]
+    assert [a for a in alerts["alerts"] if a["state"] == "firing"] == []
+    lasted = time.monotonic() - demo.up_at
+    print(f"\nhealthy: {lasted:.0f}s without an alert ({intervals(demo.url('prometheus'))})")
