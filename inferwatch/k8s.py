@@ -11,6 +11,7 @@ the kit's folder.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import re
@@ -308,6 +309,47 @@ def render_components(rules: Path, dashboards: Path) -> dict[str, str]:
     return files
 
 
+def receiver_rbac() -> str:
+    """The receiver's ClusterRole and binding, with exactly the rules the Kubernetes actions
+    declare (``RBAC_RULES``). Read from the module's source rather than imported: importing
+    it needs the kubernetes client (an optional extra), which rendering a kit does not."""
+    source = _package_dir("inferwatch.runbooks.actions") / "kubernetes_api.py"
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    (rules,) = [
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and node.target.id == "RBAC_RULES"
+        and node.value is not None
+    ]
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "inferwatch-receiver"},
+        "rules": [dict(rule) for rule in rules],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "inferwatch-receiver"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "inferwatch-receiver",
+        },
+        # the overlay's namespace transformer sets the account's namespace
+        "subjects": [
+            {"kind": "ServiceAccount", "name": "inferwatch-receiver", "namespace": "default"}
+        ],
+    }
+    header = (
+        MARKER + "# from RBAC_RULES in runbooks/actions/kubernetes_api.py: every API call the\n"
+        "# Kubernetes actions make, nothing more (a ClusterRole: nodes are cluster-scoped)\n"
+    )
+    return header + _dump(role) + "---\n" + _dump(binding)
+
+
 def render(kit: Path) -> dict[str, str]:
     """Relative path (under the kit's folder) -> text, for every file this module writes."""
     from inferwatch.alerts import writer
@@ -315,7 +357,7 @@ def render(kit: Path) -> dict[str, str]:
     sites = sorted((kit / "sites").glob("*.yaml"))
     if not sites:
         raise SiteError(f"{kit / 'sites'}: no site files (*.yaml)")
-    files: dict[str, str] = {}
+    files: dict[str, str] = {"base/receiver/rbac.yaml": receiver_rbac()}
     for path in sites:
         for name, text in render_overlay(load_site(path)).items():
             files[f"overlays/{name}"] = text

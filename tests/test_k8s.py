@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from inferwatch import catalog, k8s
+from inferwatch.runbooks.actions.kubernetes_api import RBAC_RULES
 from tests.conftest import REPO, _tool, shared_path
 
 KIT = REPO / "deploy" / "kubernetes"
@@ -30,13 +31,6 @@ OVERLAYS = sorted(p.parent.name for p in (KIT / "overlays").glob("*/kustomizatio
 #: oldest Kubernetes the kit supports, and the newest schema kubernetes-validate ships
 KUBERNETES_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
 CRD_GROUPS = ("monitoring.coreos.com", "gateway.networking.k8s.io")
-
-#: the receiver's actions and the API calls each makes: the RBAC rules must be exactly these
-RECEIVER_RULES = {
-    ("ClusterRole", "", "nodes"): {"get", "patch"},  # cordon / taint a node
-    ("Role", "", "pods"): {"delete"},  # restart a replica through its controller
-    ("Role", "gateway.networking.k8s.io", "httproutes"): {"get", "patch"},  # canary fallback
-}
 
 
 class _CrdLoader(yaml.SafeLoader):
@@ -130,7 +124,7 @@ def test_every_rendered_object_matches_its_schema(
     # the whole kit is there: a render that lost a base would still validate
     assert kinds >= {
         "Deployment", "DaemonSet", "Service", "ConfigMap", "ServiceAccount", "ClusterRole",
-        "ClusterRoleBinding", "Role", "RoleBinding", "PodDisruptionBudget", "NetworkPolicy",
+        "ClusterRoleBinding", "PodDisruptionBudget", "NetworkPolicy",
         "PodMonitor", "ServiceMonitor", "PrometheusRule", "AlertmanagerConfig", "Gateway",
         "HTTPRoute",
     }  # fmt: skip
@@ -177,15 +171,26 @@ def pods(documents: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], dict
 def test_rbac_grants_only_the_receivers_verbs(
     rendered: tuple[str, list[dict[str, Any]]],
 ) -> None:
+    """One ClusterRole with exactly the rules the Kubernetes actions declare (their tests run
+    each action against a fake API server that allows only these)."""
     _, documents = rendered
-    granted: dict[tuple[str, str, str], set[str]] = {}
-    for role in (d for d in documents if d["kind"] in ("Role", "ClusterRole")):
-        for rule in role["rules"]:
-            assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames tricks
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    granted.setdefault((role["kind"], group, resource), set()).update(rule["verbs"])
-    assert granted == RECEIVER_RULES
+    roles = [d for d in documents if d["kind"] in ("Role", "ClusterRole")]
+    assert [r["kind"] for r in roles] == ["ClusterRole"]
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in roles[0]["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames tricks
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    declared = {
+        (group, resource): set(rule["verbs"])
+        for rule in RBAC_RULES
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert granted == declared
+    assert all("*" not in verbs for verbs in granted.values())
+    assert {"nodes", "pods", "httproutes"} == {resource for _, resource in granted}
 
 
 def test_role_bindings_bind_only_the_receivers_account(
@@ -200,7 +205,7 @@ def test_role_bindings_bind_only_the_receivers_account(
     ]
     assert receiver
     bindings = [d for d in documents if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
-    assert len(bindings) == 2
+    assert len(bindings) == 1
     for binding in bindings:
         assert binding["subjects"] == [
             {
