@@ -50,6 +50,9 @@ SCRAPE_TIMEOUT_MARGIN = 0.5
 #: deadline of one scrape without an engine (whose own timeout is the deadline otherwise)
 GPU_ONLY_SCRAPE_TIMEOUT = 5.0
 
+#: a long-running job of the server (the quality probe loop, the engine's first look)
+Job = Callable[[], Coroutine[Any, Any, None]]
+
 
 @dataclass
 class CollectorRun:
@@ -65,7 +68,7 @@ class Sidecar:
         collectors: Sequence[Collector] = (),
         readiness: Sequence[ReadinessSource] = (),
         *,
-        background: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
+        background: Sequence[Job] = (),
         readiness_max_age: float = 5.0,
         admin_token: str | None = None,
     ):
@@ -79,7 +82,7 @@ class Sidecar:
         self.isolation = Isolation(admin_token)
         self.collectors: list[Collector] = [*engines, *collectors]
         self.readiness_sources: list[ReadinessSource] = [*engines, *readiness, self.isolation]
-        self.background = [*(partial(first_look, e) for e in engines), *background]
+        self.background: list[Job] = [*(partial(first_look, e) for e in engines), *background]
         self.scrape_timeout = engine.scraper.timeout if engine else GPU_ONLY_SCRAPE_TIMEOUT
         self.readiness_max_age = readiness_max_age
         self._failing: set[str] = set()

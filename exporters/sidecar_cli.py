@@ -162,7 +162,7 @@ engine_options = option_group(
     "CUDA_VISIBLE_DEVICES value works as it is), all (every GPU the sidecar sees), or node "
     "(every GPU, readiness never gated: node-wide reading, one sidecar per node). auto: "
     "kubelet in Kubernetes, "
-    "else $CUDA_VISIBLE_DEVICES when set, else all.",
+    "else $CUDA_VISIBLE_DEVICES when set, else all; node without --engine-url.",
 )
 @click.option(
     "--kubelet-socket",
