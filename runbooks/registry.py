@@ -17,6 +17,14 @@ from inferwatch.runbooks.actions.base import Action
 ACTIONS: dict[str, tuple[str, str]] = {
     "isolate_replica": ("inferwatch.runbooks.actions.isolate_replica", "IsolateReplica"),
     "shift_traffic": ("inferwatch.runbooks.actions.haproxy", "ShiftTraffic"),
+    "kubernetes_xid_remediation": ("inferwatch.runbooks.actions.kubernetes_xid", "XidRemediation"),
+    "kubernetes_isolate_node": ("inferwatch.runbooks.actions.node_isolation", "NodeIsolation"),
+    "kubernetes_request_gpu_reset": (
+        "inferwatch.runbooks.actions.gpu_reset_request",
+        "GpuResetRequest",
+    ),
+    "kubernetes_restart_pod": ("inferwatch.runbooks.actions.pod_restart", "PodRestart"),
+    "kubernetes_httproute_shift": ("inferwatch.runbooks.actions.httproute", "HTTPRouteShift"),
 }
 
 
@@ -26,7 +34,13 @@ def create(name: str, settings: Mapping[str, Any]) -> Action:
     Raises ``ValueError`` (one line) when the settings do not fit the action.
     """
     module_name, attribute = ACTIONS[name]
-    cls = getattr(importlib.import_module(module_name), attribute)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:  # an optional client, e.g. the kubernetes extra
+        raise ValueError(
+            f"actions.{name}: needs {exc.name or exc}; install inferwatch[kubernetes]"
+        ) from None
+    cls = getattr(module, attribute)
     try:
         action: Action = cls(**settings)
     except TypeError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -111,3 +112,13 @@ def test_every_registered_action_is_a_class_of_that_name() -> None:
 def test_wrong_action_settings_are_one_line() -> None:
     with pytest.raises(ValueError, match=r"^actions\.isolate_replica: .*unexpected keyword"):
         registry.create("isolate_replica", {"tokn_file": "x"})
+
+
+def test_an_action_whose_optional_client_is_missing_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    module, _ = registry.ACTIONS["kubernetes_isolate_node"]
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # import kubernetes -> ImportError
+    with pytest.raises(ValueError, match=r"^actions\.kubernetes_isolate_node: needs kubernetes"):
+        registry.create("kubernetes_isolate_node", {})

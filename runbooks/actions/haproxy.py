@@ -20,12 +20,12 @@ or ``host:port``) and ``timeout`` per command. Parameters per mapping: ``scope``
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from inferwatch.gateway import FALLBACK, backend_name, parse_server_name
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
+from inferwatch.runbooks.actions.params import DEFAULT_INTERVAL, DEFAULT_STEPS, shift_steps
 from inferwatch.runbooks.haproxy_runtime import (
     RuntimeApi,
     RuntimeApiError,
@@ -33,8 +33,6 @@ from inferwatch.runbooks.haproxy_runtime import (
     valid_name,
 )
 
-DEFAULT_STEPS = (0.25, 0.5, 1.0)
-DEFAULT_INTERVAL = 5.0
 MAX_WEIGHT = 256
 Weights = dict[str, int]
 
@@ -61,7 +59,7 @@ class ShiftTraffic:
         backend = str(params.get("backend") or backend_name(model))
         if not valid_name(backend):
             raise ActionError(f"backend {backend[:80]!r}: HAProxy names are A-Z a-z 0-9 . _ : -")
-        steps = _steps(params.get("steps", DEFAULT_STEPS))
+        steps = shift_steps(params.get("steps", DEFAULT_STEPS))
         interval = params.get("step_interval", DEFAULT_INTERVAL)
         if not isinstance(interval, int | float) or isinstance(interval, bool) or interval < 0:
             raise ActionError(f"step_interval must be seconds >= 0, not {interval!r}")
@@ -164,19 +162,6 @@ def _schedule(start: Weights, end: Weights, fractions: Sequence[float]) -> list[
         {name: round(start[name] + (goal - start[name]) * part) for name, goal in end.items()}
         for part in fractions
     ]
-
-
-def _steps(value: Any) -> tuple[float, ...]:
-    if not isinstance(value, list | tuple) or not value or len(value) > 20:
-        raise ActionError("steps must be a list of 1 to 20 fractions")
-    steps = tuple(value)
-    if not all(isinstance(f, int | float) and not isinstance(f, bool) for f in steps):
-        raise ActionError(f"steps must be numbers, not {list(steps)!r}")
-    if any(b <= a for a, b in itertools.pairwise(steps)) or steps[0] <= 0:
-        raise ActionError(f"steps must increase from above 0, not {list(steps)!r}")
-    if steps[-1] != 1:
-        raise ActionError(f"steps must end at 1 (the whole shift), not {steps[-1]!r}")
-    return tuple(float(f) for f in steps)
 
 
 def _show(weights: Mapping[str, int]) -> str:

@@ -14,7 +14,6 @@ bounds each request.
 from __future__ import annotations
 
 import os
-import string
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,11 +23,11 @@ import httpx
 
 from inferwatch.auth import load_token
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
+from inferwatch.runbooks.actions.params import fill
 
 TOKEN_ENV = "INFERWATCH_RUNBOOKS_SIDECAR_TOKEN"
 DEFAULT_URL = "http://{instance}/admin/isolation"
 DEFAULT_GROUP = "{model}"
-_URL_SAFE = frozenset(string.ascii_letters + string.digits + ".-_:[]")
 MAX_REPLY_BYTES = 64 * 1024
 
 
@@ -48,7 +47,7 @@ class IsolateReplica:
         unknown = set(params) - {"admin_url", "group"}
         if unknown:
             raise ActionError(f"unknown parameters {sorted(unknown)}")
-        url = _fill(str(params.get("admin_url", DEFAULT_URL)), alert.labels, url_safe=True)
+        url = fill(str(params.get("admin_url", DEFAULT_URL)), alert.labels, url_safe=True)
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.username:
             raise ActionError(f"admin_url {url!r} is not an http(s) URL")
@@ -59,7 +58,7 @@ class IsolateReplica:
                 action=self.name,
                 target=f"sidecar {url}",
                 unit="replica",
-                group=_fill(str(params.get("group", DEFAULT_GROUP)), alert.labels, url_safe=False),
+                group=fill(str(params.get("group", DEFAULT_GROUP)), alert.labels, url_safe=False),
                 desired={"isolated": True, "fingerprint": alert.fingerprint, "reason": reason},
                 reason=reason,
             )
@@ -125,20 +124,3 @@ def _fp(kwargs: Mapping[str, Any]) -> Any:
 
 def _url(step: Step) -> str:
     return step.target.removeprefix("sidecar ")
-
-
-def _fill(template: str, labels: Mapping[str, str], *, url_safe: bool) -> str:
-    """``template`` with ``{label}`` fields replaced by the alert's label values."""
-    values: dict[str, str] = {}
-    try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-    except ValueError as exc:
-        raise ActionError(f"bad template {template!r}: {exc}") from None
-    for field in fields:
-        value = labels.get(field)
-        if not field.isidentifier() or not value:
-            raise ActionError(f"the alert has no {field!r} label (template {template!r})")
-        if url_safe and not set(value) <= _URL_SAFE:
-            raise ActionError(f"label {field}={value[:64]!r} is not a host:port")
-        values[field] = value
-    return template.format_map(values)

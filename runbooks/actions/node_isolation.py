@@ -1,0 +1,229 @@
+"""Node isolation: cordon, taint and annotate a node whose GPU fault needs the node rebooted.
+
+What inferwatch added is recorded on the node itself, in the annotation :data:`ISOLATION`
+(JSON): the taints it added, whether it cordoned, and the alerts (fingerprint → reason) that
+want the node isolated. A taint or cordon that was there before is never recorded, so revert
+removes exactly what inferwatch added and leaves an operator's own alone; the node is released
+only when the last alert that isolated it is reverted. An unreadable record counts as owning
+nothing (a taint may then be left behind, never an operator's removed).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from kubernetes import client
+
+from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
+from inferwatch.runbooks.actions.kubernetes_api import (
+    DEFAULT_RETRIES,
+    Obj,
+    alert_reason,
+    annotations_of,
+    call,
+    check_params,
+    client_for,
+    group_of,
+    node_access,
+    object_name,
+    read_modify_write,
+)
+
+TAINT_KEY = "inferwatch.io/gpu-fault"
+ISOLATION = "inferwatch.io/isolation"
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+def _flag(params: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = params.get(name, default)
+    if not isinstance(value, bool):
+        raise ActionError(f"parameter {name} must be true or false, got {value!r}")
+    return value
+
+
+def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Kubernetes allows one taint per (key, effect)."""
+    return a.get("key") == b.get("key") and a.get("effect") == b.get("effect")
+
+
+def _record(node: Obj) -> dict[str, Any]:
+    empty: dict[str, Any] = {"alerts": {}, "taints": [], "cordoned": False}
+    try:
+        record = json.loads(annotations_of(node).get(ISOLATION, ""))
+    except ValueError:
+        return empty
+    if not isinstance(record, dict):
+        return empty
+    alerts, taints = record.get("alerts"), record.get("taints")
+    return {
+        "alerts": dict(alerts) if isinstance(alerts, dict) else {},
+        "taints": [t for t in taints if isinstance(t, dict)] if isinstance(taints, list) else [],
+        "cordoned": record.get("cordoned") is True,
+    }
+
+
+def _observed(node: Obj) -> dict[str, Any]:
+    spec = node.get("spec") or {}
+    return {
+        "unschedulable": bool(spec.get("unschedulable", False)),
+        "taints": list(spec.get("taints") or []),
+        "isolation": _record(node),
+        "resourceVersion": node["metadata"]["resourceVersion"],
+    }
+
+
+def _isolate(desired: Mapping[str, Any]) -> Any:
+    def change(node: Obj) -> Obj | None:
+        spec = node.get("spec") or {}
+        taints = list(spec.get("taints") or [])
+        record = _record(node)
+        missing = [t for t in desired["taints"] if not any(_same(t, have) for have in taints)]
+        cordon = desired["cordon"] and not spec.get("unschedulable", False)
+        fingerprint = desired["fingerprint"]
+        if not missing and not cordon and fingerprint in record["alerts"]:
+            return None
+        owned = record["taints"] + [
+            t for t in missing if not any(_same(t, o) for o in record["taints"])
+        ]
+        record = {
+            "alerts": {**record["alerts"], fingerprint: desired["reason"]},
+            "taints": owned,
+            "cordoned": record["cordoned"] or cordon,
+        }
+        patch: Obj = {"metadata": {"annotations": {ISOLATION: json.dumps(record, sort_keys=True)}}}
+        spec_patch: Obj = {}
+        if missing:
+            spec_patch["taints"] = taints + [dict(t) for t in missing]
+        if cordon:
+            spec_patch["unschedulable"] = True
+        if spec_patch:
+            patch["spec"] = spec_patch
+        return patch
+
+    return change
+
+
+def _release(fingerprint: str) -> Any:
+    def change(node: Obj) -> Obj | None:
+        record = _record(node)
+        if fingerprint not in record["alerts"]:
+            return None
+        remaining = {fp: why for fp, why in record["alerts"].items() if fp != fingerprint}
+        if remaining:
+            kept = json.dumps({**record, "alerts": remaining}, sort_keys=True)
+            return {"metadata": {"annotations": {ISOLATION: kept}}}
+        spec = node.get("spec") or {}
+        taints = [
+            t
+            for t in spec.get("taints") or []
+            if not any(_same(t, o) and t.get("value") == o.get("value") for o in record["taints"])
+        ]
+        spec_patch: Obj = {"taints": taints or None}
+        if record["cordoned"] and spec.get("unschedulable", False):
+            spec_patch["unschedulable"] = None
+        return {"metadata": {"annotations": {ISOLATION: None}}, "spec": spec_patch}
+
+    return change
+
+
+class NodeIsolation:
+    """Cordon a node, taint it ``NoSchedule`` (and ``NoExecute`` if asked), annotate why.
+
+    Parameters: ``cordon`` (default true), ``no_execute`` (default false: evicting running
+    pods is a drain, which a person or a drainer with PodDisruptionBudgets should own),
+    ``taint_key`` (default :data:`TAINT_KEY`), ``taint_value`` (default ``true``), ``group``.
+    The node comes from the alert's ``node`` label.
+    """
+
+    name: ClassVar[str] = "kubernetes_isolate_node"
+    PARAMS: ClassVar[frozenset[str]] = frozenset(
+        {"cordon", "no_execute", "taint_key", "taint_value", "group"}
+    )
+
+    def __init__(
+        self,
+        api: client.ApiClient | None = None,
+        *,
+        host: str | None = None,
+        kubeconfig: str | None = None,
+        retries: int = DEFAULT_RETRIES,
+    ) -> None:
+        """Settings: ``host`` or ``kubeconfig`` (else in-cluster), ``retries`` on 409."""
+        api = client_for(api, host, kubeconfig)
+        self._api = api
+        self._retries = retries
+
+    def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:
+        check_params(params, self.PARAMS, self.name)
+        node = object_name(alert.labels.get("node"), "alert label node")
+        key = params.get("taint_key", TAINT_KEY)
+        value = params.get("taint_value", "true")
+        if not isinstance(key, str) or not _LABEL_KEY.match(key):
+            raise ActionError(f"parameter taint_key must be a label key, got {key!r}")
+        if not isinstance(value, str) or not _LABEL_VALUE.match(value):
+            raise ActionError(f"parameter taint_value must be a label value, got {value!r}")
+        effects = ["NoSchedule"] + (["NoExecute"] if _flag(params, "no_execute", False) else [])
+        reason = alert_reason(alert)
+        desired = {
+            "node": node,
+            "cordon": _flag(params, "cordon", True),
+            "taints": [{"key": key, "value": value, "effect": effect} for effect in effects],
+            "fingerprint": alert.fingerprint,
+            "reason": reason,
+        }
+        group = group_of(params, alert.labels, "nodes")
+        return [Step(self.name, f"node {node}", "node", group, desired, reason)]
+
+    async def apply(self, step: Step) -> Outcome:
+        read, write = node_access(self._api, step.desired["node"])
+
+        def work() -> Outcome:
+            patch, node = read_modify_write(read, _isolate(step.desired), write, self._retries)
+            detail = "isolated" if patch is not None else "already isolated"
+            return Outcome(True, patch is not None, f"{step.target}: {detail}", _observed(node))
+
+        return await call(step.target, work)
+
+    async def verify(self, step: Step) -> Outcome:
+        read, _ = node_access(self._api, step.desired["node"])
+
+        def work() -> Outcome:
+            node = read()
+            observed = _observed(node)
+            lacking = [
+                f"taint {t['key']}:{t['effect']}"
+                for t in step.desired["taints"]
+                if not any(_same(t, have) for have in observed["taints"])
+            ]
+            if step.desired["cordon"] and not observed["unschedulable"]:
+                lacking.append("cordon")
+            if step.desired["fingerprint"] not in observed["isolation"]["alerts"]:
+                lacking.append(f"annotation {ISOLATION}")
+            if lacking:
+                return Outcome(False, False, f"{step.target}: lacks {', '.join(lacking)}", observed)
+            return Outcome(True, False, f"{step.target}: isolated", observed)
+
+        return await call(step.target, work)
+
+    async def revert(self, step: Step) -> Outcome:
+        read, write = node_access(self._api, step.desired["node"])
+        release = _release(step.desired["fingerprint"])
+
+        def work() -> Outcome:
+            patch, node = read_modify_write(read, release, write, self._retries)
+            if patch is None:
+                detail = "not isolated for this alert"
+            elif _record(node)["alerts"]:
+                detail = "kept isolated for other alerts"
+            else:
+                detail = "released"
+            return Outcome(True, patch is not None, f"{step.target}: {detail}", _observed(node))
+
+        return await call(step.target, work)
