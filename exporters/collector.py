@@ -43,3 +43,22 @@ class ReadinessSource(Protocol):
     def readiness(self) -> Sequence[Condition]:
         """Current conditions; must be cheap and must not block (no I/O)."""
         ...
+
+
+@runtime_checkable
+class SelfTimedCollector(Protocol):
+    """A collector that keeps the scrape deadline itself and records its own failures.
+
+    The engine collector is one: running out of time must be recorded as a scrape failure
+    (``engine_up 0``), so the sidecar puts no second timer around it and logs nothing for it,
+    asks it for the status families that exist whether or not the read succeeded, and has it
+    read again before answering /readyz when its last outcome is stale.
+    """
+
+    name: str
+
+    async def collect(self, deadline: float | None = None) -> Sequence[Metric]: ...
+
+    def status_families(self) -> list[Metric]: ...
+
+    async def refresh(self, max_age: float) -> None: ...

@@ -5,6 +5,11 @@ than the scraping Prometheus' own timeout (its ``X-Prometheus-Scrape-Timeout-Sec
 header), so a slow source costs its own metrics and never the whole scrape. /readyz is the
 local isolation path: any failing condition (engine, GPU, quality) returns 503, and the pod's
 readiness probe takes the replica out of every Service without any API permission.
+
+Without an engine the sidecar is a GPU-only reader (one per node, a DaemonSet): it serves
+the GPU collectors' series, reports no replica readiness, and /readyz holds only the
+conditions of its readiness sources (none from a node-wide GPU scope), so it answers 200
+while the process serves.
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ import asyncio
 import logging
 import platform
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from prometheus_client.core import Metric
@@ -25,7 +31,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from inferwatch import __version__, catalog
-from inferwatch.exporters.collector import Collector, Condition, ReadinessSource
+from inferwatch.exporters.collector import (
+    Collector,
+    Condition,
+    ReadinessSource,
+    SelfTimedCollector,
+)
 from inferwatch.exporters.endpoints import healthz, metrics_response, readiness_response
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.engine_scrape import ScrapeFailure
@@ -36,6 +47,11 @@ log = logging.getLogger("inferwatch.sidecar")
 
 #: time kept back from Prometheus' scrape timeout for rendering and the network
 SCRAPE_TIMEOUT_MARGIN = 0.5
+#: deadline of one scrape without an engine (whose own timeout is the deadline otherwise)
+GPU_ONLY_SCRAPE_TIMEOUT = 5.0
+
+#: a long-running job of the server (the quality probe loop, the engine's first look)
+Job = Callable[[], Coroutine[Any, Any, None]]
 
 
 @dataclass
@@ -48,21 +64,26 @@ class CollectorRun:
 class Sidecar:
     def __init__(
         self,
-        engine: EngineCollector,
+        engine: EngineCollector | None,
         collectors: Sequence[Collector] = (),
         readiness: Sequence[ReadinessSource] = (),
         *,
-        background: Sequence[Callable[[], Coroutine[Any, Any, None]]] = (),
+        background: Sequence[Job] = (),
         readiness_max_age: float = 5.0,
         admin_token: str | None = None,
     ):
-        """``background`` holds long-running jobs (the quality probe loop) that live and die
-        with the server; ``admin_token`` enables ``/admin/isolation`` (see ``isolation``)."""
+        """``engine`` None makes a GPU-only sidecar, which is no replica (see the module).
+
+        ``background`` holds long-running jobs (the quality probe loop) that live and die
+        with the server; ``admin_token`` enables ``/admin/isolation`` (see ``isolation``).
+        """
+        engines = [] if engine is None else [engine]
         self.engine = engine
         self.isolation = Isolation(admin_token)
-        self.collectors: list[Collector] = [engine, *collectors]
-        self.readiness_sources: list[ReadinessSource] = [engine, *readiness, self.isolation]
-        self.background = background
+        self.collectors: list[Collector] = [*engines, *collectors]
+        self.readiness_sources: list[ReadinessSource] = [*engines, *readiness, self.isolation]
+        self.background: list[Job] = [*(partial(first_look, e) for e in engines), *background]
+        self.scrape_timeout = engine.scraper.timeout if engine else GPU_ONLY_SCRAPE_TIMEOUT
         self.readiness_max_age = readiness_max_age
         self._failing: set[str] = set()
 
@@ -72,16 +93,21 @@ class Sidecar:
         families: list[Metric] = []
         for run in runs:
             families.extend(run.families)
-        families.extend(self.engine.status_families())
+        for collector in self._self_timed():
+            families.extend(collector.status_families())
         families.extend(self._self_families(zip(self.collectors, runs, strict=True)))
-        families.append(self._readiness_family())
+        if self.engine is not None:  # a GPU-only sidecar is no replica: counts as none
+            families.append(self._readiness_family(self.engine.identity))
         return families
 
-    def _readiness_family(self) -> Metric:
+    def _self_timed(self) -> list[SelfTimedCollector]:
+        return [c for c in self.collectors if isinstance(c, SelfTimedCollector)]
+
+    def _readiness_family(self, replica: Mapping[str, str]) -> Metric:
         """/readyz as metrics, one series per condition, so alerts see what routers see."""
         cat = catalog.load()
         ready = cat["replica_ready"].new_family()
-        identity = [self.engine.identity[label] for label in cat["replica_ready"].identity]
+        identity = [replica[label] for label in cat["replica_ready"].identity]
         holds: dict[str, bool] = {}
         for condition in self.conditions():  # two sources may report the same condition
             holds[condition.name] = holds.get(condition.name, True) and condition.ok
@@ -91,30 +117,31 @@ class Sidecar:
 
     async def _run(self, collector: Collector, deadline: float) -> CollectorRun:
         started = time.perf_counter()
-        # The engine collector gets the deadline itself and keeps it, so that running out of
-        # time is recorded as a scrape failure (engine_up 0). No second timer around it: when
-        # a busy process wakes the loop late, both would be due at once, and the outer one
-        # would cancel the inner one before it records anything.
-        if collector is self.engine:
-            run, limit = self.engine.collect(deadline), None
+        # A self-timed collector (the engine's) gets the deadline itself and keeps it, so that
+        # running out of time is recorded as a scrape failure (engine_up 0). No second timer
+        # around it: when a busy process wakes the loop late, both would be due at once, and
+        # the outer one would cancel the inner one before it records anything.
+        if isinstance(collector, SelfTimedCollector):
+            run, limit = collector.collect(deadline), None
         else:
             run, limit = collector.collect(), deadline + 0.05
         try:
             families = await asyncio.wait_for(run, limit)
         except Exception as exc:  # a failing source costs its own metrics, never the scrape
-            self._note_failure(collector.name, exc)
+            self._note_failure(collector, exc)
             return CollectorRun((), False, time.perf_counter() - started)
         if collector.name in self._failing:
             self._failing.discard(collector.name)
             log_event(log, logging.INFO, "collector recovered", collector=collector.name)
         return CollectorRun(families, True, time.perf_counter() - started)
 
-    def _note_failure(self, name: str, exc: BaseException) -> None:
+    def _note_failure(self, collector: Collector, exc: BaseException) -> None:
+        name = collector.name
         if name in self._failing:
             return  # logged when it started failing; the metric carries it from here
         self._failing.add(name)
-        # The engine collector logs its own scrape failures with their reason.
-        if name != self.engine.name:
+        # A self-timed collector logs its own failures with their reason.
+        if not isinstance(collector, SelfTimedCollector):
             reason = "timeout" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
             log_event(log, logging.WARNING, "collector failed", collector=name, error=reason)
 
@@ -130,28 +157,13 @@ class Sidecar:
             duration.add_metric([collector.name], run.duration)
         return [build, success, duration]
 
-    async def first_look(self) -> None:
-        """Tell the operator at start whether the engine answers, and what happens if not."""
-        try:
-            await self.engine.collect()
-        except ScrapeFailure:
-            log_event(
-                log,
-                logging.WARNING,
-                "engine not answering yet; serving inferwatch_engine_up 0 and /readyz 503 "
-                "until it does",
-                url=self.engine.scraper.url,
-            )
-        else:
-            log_event(log, logging.INFO, "engine answering", engine=self.engine.engine)
-
     def conditions(self) -> list[Condition]:
         return [c for source in self.readiness_sources for c in source.readiness()]
 
     # ---- HTTP ------------------------------------------------------------------------------
 
     async def metrics(self, request: Request) -> Response:
-        deadline = self.engine.scraper.timeout
+        deadline = self.scrape_timeout
         prometheus_timeout = request.headers.get("x-prometheus-scrape-timeout-seconds")
         if prometheus_timeout:
             with suppress(ValueError):
@@ -160,14 +172,14 @@ class Sidecar:
         return metrics_response(request, families)
 
     async def readyz(self, request: Request) -> Response:
-        await self.engine.refresh(self.readiness_max_age)
+        await asyncio.gather(*(c.refresh(self.readiness_max_age) for c in self._self_timed()))
         return readiness_response(self.conditions())
 
     def app(self) -> Starlette:
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
             # Serve at once: a hung engine must not hold up start-up (or a SIGTERM).
-            jobs = [asyncio.create_task(job()) for job in (self.first_look, *self.background)]
+            jobs = [asyncio.create_task(job()) for job in self.background]
             yield
             for job in jobs:
                 job.cancel()
@@ -190,3 +202,19 @@ class Sidecar:
                 await collector.aclose()
             elif hasattr(collector, "close"):
                 collector.close()
+
+
+async def first_look(engine: EngineCollector) -> None:
+    """Tell the operator at start whether the engine answers, and what happens if not."""
+    try:
+        await engine.collect()
+    except ScrapeFailure:
+        log_event(
+            log,
+            logging.WARNING,
+            "engine not answering yet; serving inferwatch_engine_up 0 and /readyz 503 "
+            "until it does",
+            url=engine.scraper.url,
+        )
+    else:
+        log_event(log, logging.INFO, "engine answering", engine=engine.engine)

@@ -96,9 +96,12 @@ engine_options = option_group(
 @click.command()
 @click.option(
     "--engine-url",
-    required=True,
+    default=None,
     show_envvar=True,
-    help="The engine's base URL or its /metrics URL, e.g. http://127.0.0.1:8000.",
+    help="The engine's base URL or its /metrics URL, e.g. http://127.0.0.1:8000. Omitted: "
+    "GPU-only mode (a DaemonSet on GPU nodes): GPU series of every GPU on the node, no engine "
+    "series, /readyz 200 while the sidecar serves; --gpu-scope must then be node (the "
+    "default there), and --probes and an admin token need an engine.",
 )
 @click.option("--listen", default=":9400", show_envvar=True, help="HOST:PORT to serve on.")
 @engine_options
@@ -159,7 +162,7 @@ engine_options = option_group(
     "CUDA_VISIBLE_DEVICES value works as it is), all (every GPU the sidecar sees), or node "
     "(every GPU, readiness never gated: node-wide reading, one sidecar per node). auto: "
     "kubelet in Kubernetes, "
-    "else $CUDA_VISIBLE_DEVICES when set, else all.",
+    "else $CUDA_VISIBLE_DEVICES when set, else all; node without --engine-url.",
 )
 @click.option(
     "--kubelet-socket",
@@ -203,7 +206,7 @@ engine_options = option_group(
     "endpoint answers 403.",
 )
 def sidecar(
-    engine_url: str,
+    engine_url: str | None,
     listen: str,
     engine: str,
     engine_timeout: float,
@@ -230,8 +233,17 @@ def sidecar(
     Each scrape of /metrics scrapes the engine, maps its metrics onto inferwatch's schema and
     adds GPU telemetry. When the engine does not answer, the sidecar keeps serving: /metrics
     reports inferwatch_engine_up 0 with the failure reason counted, and /readyz answers 503.
+    Without --engine-url it serves the node's GPU telemetry only.
     """
     host, port = parse_listen(listen)
+    try:
+        admin_token = load_token(
+            os.environ.get("INFERWATCH_SIDECAR_ADMIN_TOKEN"), admin_token_file, what="admin token"
+        )
+    except TokenError as exc:
+        raise click.BadParameter(str(exc), param_hint="--admin-token-file") from None
+    if engine_url is None:
+        gpu_scope = _gpu_only_scope(gpu, gpu_scope, probes, admin_token)
     emit_pod = emits_pod_labels(pod_labels, os.environ)
     identity = {
         "model": model,
@@ -240,38 +252,37 @@ def sidecar(
         "prompt_version": prompt_version,
         **({"pod": pod, "namespace": namespace, "node": node} if emit_pod else {}),
     }
-    url = metrics_url(engine_url)
-    engine_collector = EngineCollector(
-        EngineScraper(url, timeout=engine_timeout, max_bytes=max_page_bytes),
-        identity,
-        engine=None if engine == "auto" else engine,
-        limits=Limits(max_series_per_family, max_label_length),
-    )
+    url = metrics_url(engine_url) if engine_url is not None else None
+    engine_collector = None
+    if url is not None:
+        engine_collector = EngineCollector(
+            EngineScraper(url, timeout=engine_timeout, max_bytes=max_page_bytes),
+            identity,
+            engine=None if engine == "auto" else engine,
+            limits=Limits(max_series_per_family, max_label_length),
+        )
     gpus = _gpu_scope(gpu_scope, kubelet_socket, pod, namespace) if gpu != "none" else None
     gpu_backend = _gpu_backend(gpu, gpus)
     collectors: list[Collector] = [gpu_backend]
     readiness: list[ReadinessSource] = [gpu_backend]
     background = []
-    if probes:
+    if probes and engine_collector is not None:  # probes without an engine: refused above
         runner = _probe_runner(probes, probe_cycle, engine_collector.base_url, identity, pod)
         collectors.append(runner)
         readiness.append(runner)
         background.append(runner.run)
-    try:
-        admin_token = load_token(
-            os.environ.get("INFERWATCH_SIDECAR_ADMIN_TOKEN"), admin_token_file, what="admin token"
-        )
-    except TokenError as exc:
-        raise click.BadParameter(str(exc), param_hint="--admin-token-file") from None
     app = Sidecar(
         engine_collector, collectors, readiness, background=background, admin_token=admin_token
     ).app()
     log_event(
         log,
         logging.INFO,
-        "sidecar starting",
+        "sidecar starting"
+        if url
+        else "sidecar starting in GPU-only mode: no --engine-url, "
+        "serving GPU telemetry of every GPU on the node, no engine series, /readyz not gated",
         listen=f"{host}:{port}",
-        engine_url=url,
+        engine_url=url or "none",
         gpu=gpu,
         gpu_scope=str(gpu_backend.scope),
         pod_labels="emitted" if emit_pod else "left to service discovery",
@@ -287,6 +298,29 @@ def emits_pod_labels(choice: str, environ: Mapping[str, str]) -> bool:
     be renamed exported_pod and so on, and break joins with every other pod metric.
     """
     return choice == "emit" or (choice == "auto" and not environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def _gpu_only_scope(gpu_spec: str, gpu_scope: str, probes: str, admin_token: str | None) -> str:
+    """The GPU scope of a sidecar without an engine, or the one-line reason it cannot run.
+
+    Such a sidecar serves no traffic: it reads every GPU of its node, gates no readiness on
+    them, and has no engine to probe or replica to isolate.
+    """
+    if gpu_spec.strip() == "none":
+        raise click.UsageError("--gpu none without --engine-url leaves nothing to serve")
+    if probes:
+        raise click.UsageError("--probes needs --engine-url: quality probes go to the engine")
+    if admin_token is not None:
+        raise click.UsageError(
+            "an admin token needs --engine-url: a GPU-only sidecar serves no traffic, so it "
+            "has no replica to isolate"
+        )
+    if gpu_scope not in ("auto", "node"):
+        raise click.UsageError(
+            f"--gpu-scope {gpu_scope} needs --engine-url: without an engine the sidecar reads "
+            "every GPU of the node and gates no readiness on them (--gpu-scope node)"
+        )
+    return "node"
 
 
 def _gpu_scope(value: str, socket: Path, pod: str, namespace: str) -> GpuScope:

@@ -9,12 +9,14 @@ moved earlier so that their first step runs :data:`FIRST_STEP` seconds after the
 (:data:`ORDER`), watched the whole time, and must last at least as long as the longest one.
 Every wait polls Alertmanager's ``/api/v2/alerts`` against a deadline; the time from the fault
 to each alert reaching Alertmanager is printed (``pytest -s``) with the intervals and
-``for:`` durations.
+``for:`` durations. The demo's runbook receiver (dry-run) must audit a plan to isolate the
+replica whose GPU failed and change nothing; in the healthy demo it decides nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import signal
 import subprocess
@@ -32,7 +34,7 @@ import pytest
 import yaml
 
 from inferwatch.alerts import build
-from inferwatch.demo import alerting, scenario, topology
+from inferwatch.demo import alerting, automation, scenario, topology
 
 pytestmark = pytest.mark.e2e
 
@@ -148,6 +150,16 @@ class Demo:
 
     def url(self, kind: str) -> str:
         return self.wait_line(rf"^  {kind} +(http://127\.0\.0\.1:\d+) ", 30)[1][1]
+
+    @property
+    def workdir(self) -> Path:
+        return Path(self.wait_line(r"^  work dir (\S+) ", 30)[1][1])
+
+    def audit(self) -> list[dict[str, Any]]:
+        """The runbook receiver's audit records so far (a line being written is left out)."""
+        path = self.workdir / automation.AUDIT_LOG
+        text = path.read_text(encoding="utf-8") if path.exists() else ""
+        return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
 
     def alerts(self) -> list[dict[str, Any]]:
         response = httpx.get(self.url("alertmanager") + "/api/v2/alerts", timeout=5)
@@ -292,6 +304,36 @@ def test_a_fault_scenario_makes_its_alerts_reach_alertmanager(
             f"\n{name} ({intervals(demo.url('prometheus'))}; {durations(sorted(reached))}):\n"
             + "\n".join(lines)
         )
+        if name == "gpu-failure":
+            assert_dry_run_isolation(demo, "primary-v1", fault_at)
+
+
+def assert_dry_run_isolation(demo: Demo, replica: str, fault_at: float) -> None:
+    """The receiver got the replica's XID alert from Alertmanager, audited a dry-run plan to
+    isolate it through its sidecar, and the sidecar is not isolated."""
+    sidecar = demo.wait_line(rf"^  sidecar +{replica} +(http://127\.0\.0\.1:\d+) ", 5)[1][1]
+    deadline = fault_at + ALERT_DEADLINE
+    plans: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
+    while not plans and time.monotonic() < deadline:
+        records = demo.audit()
+        plans = [
+            r for r in records
+            if (r.get("decision"), r.get("action"), r.get("alertname"))
+            == ("dry_run", "isolate_replica", "InferwatchGPUXidErrors")
+            and r["labels"].get("replica") == replica
+        ]  # fmt: skip
+        time.sleep(0.2)
+    assert plans, f"no dry-run isolation of {replica} audited:\n{records}"
+    plan = plans[0]
+    assert plan["am_receiver"] == "automation" and plan["execute"] is False, plan
+    assert [step["target"] for step in plan["steps"]] == [f"sidecar {sidecar}/admin/isolation"]
+    assert not [r for r in records if r.get("decision") in ("acted", "failed")], records
+    token = (demo.workdir / automation.SIDECAR_TOKEN).read_text().strip()
+    state = httpx.get(sidecar + "/admin/isolation", headers={"Authorization": f"Bearer {token}"},
+                      timeout=5)  # fmt: skip
+    assert state.status_code == 200 and state.json()["isolated"] is False, state.text
+    demo.wait_line(rf"runbooks dry-run: isolate_replica {replica} \(InferwatchGPUXidErrors\)", 10)
 
 
 def test_a_healthy_run_as_long_as_the_fault_runs_fires_no_alert(healthy: Watched) -> None:
@@ -306,6 +348,7 @@ def test_a_healthy_run_as_long_as_the_fault_runs_fires_no_alert(healthy: Watched
         time.sleep(0.1)
     assert healthy.polls >= polls + 2, "the watcher stopped reading Alertmanager"
     assert healthy.seen == [], demo.output
+    assert demo.audit() == []  # nothing reached the runbook receiver, nothing was decided
     # none is about to be sent either (a pending one, such as the demo's small budgets being
     # projected to run out, may be on its way: its `for:` outlasts any demo)
     alerts = httpx.get(demo.url("prometheus") + "/api/v1/alerts", timeout=5).json()["data"]

@@ -27,13 +27,22 @@ from typing import cast
 import httpx
 import openai
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from inferwatch.cli import main
-from inferwatch.demo import scenario, topology
-from inferwatch.demo.observer import Observer, ReplicaState
+from inferwatch.demo import alerting, automation, scenario, topology
+from inferwatch.demo.observer import AuditTail, Observer, ReplicaState
 from inferwatch.demo.signals import History, Scrape, quantiles, rate
+from inferwatch.demo.view import decisions_summary
 from inferwatch.exporters import gpu
+from inferwatch.runbooks import config as runbook_config
+from inferwatch.runbooks import registry
+from inferwatch.runbooks.actions.base import Alert, Step
+from inferwatch.runbooks.audit import AuditLog
+from inferwatch.runbooks.breaker import CircuitBreaker
+from inferwatch.runbooks.config import Config
+from inferwatch.runbooks.dispatch import Dispatcher
 
 DEMO = [sys.executable, "-P", "-m", "inferwatch", "demo"]
 REPLICAS = [r.name for r in topology.REPLICAS]
@@ -362,3 +371,101 @@ def test_a_bad_scenario_is_one_error_line_before_anything_starts(
     assert result.stdout == ""  # nothing was started
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert result.stderr.startswith(message)
+
+
+# --- the runbook receiver the demo runs --------------------------------------------------------
+def xid_alert(replica: str, sidecar_port: int) -> Alert:
+    """An XID alert as the demo's Prometheus labels it (no model, no namespace on GPU series)."""
+    labels = {"alertname": "InferwatchGPUXidErrors", "severity": "critical", "cluster": "demo",
+              "replica": replica, "instance": f"127.0.0.1:{sidecar_port}",
+              "job": "inferwatch-sidecar", "gpu_uuid": "GPU-1", "xid": "79",
+              "action": "reboot_node"}  # fmt: skip
+    return Alert("firing", labels, {"summary": "XID"}, "2026-12-01T09:00:00.123456789Z",
+                 "0001-01-01T00:00:00Z", f"fp-{replica}")  # fmt: skip
+
+
+def demo_mapping(workdir: Path, execute: bool = False) -> Config:
+    automation.write_tokens(workdir)
+    automation.component(workdir, 9405, execute)  # writes the config it starts the receiver on
+    return runbook_config.load(workdir / automation.CONFIG)
+
+
+def test_the_receiver_audits_a_dry_run_for_the_faulted_replica_and_the_view_says_so(
+    tmp_path: Path,
+) -> None:
+    mapping = demo_mapping(tmp_path)
+    assert not mapping.execute
+    actions = {"isolate_replica": registry.create(
+        "isolate_replica", mapping.action_settings["isolate_replica"])}  # fmt: skip
+    audit = AuditLog(tmp_path / automation.AUDIT_LOG)
+    dispatcher = Dispatcher(mapping, actions, audit, execute=mapping.execute)
+    tail = AuditTail(tmp_path / automation.AUDIT_LOG)
+    assert tail.read() == []  # nothing decided yet
+
+    async def decide() -> None:
+        await dispatcher.handle(xid_alert("primary-v1", 9401), {"am_receiver": "automation"})
+        unmapped = Alert("firing", {"alertname": "InferwatchGPUUnhealthy"}, {}, "", "", "fp-u")
+        await dispatcher.handle(unmapped, {})
+        await dispatcher.aclose()
+
+    asyncio.run(decide())
+    with (tmp_path / automation.AUDIT_LOG).open("ab") as log:
+        log.write(b"not json\n" + b'{"decision": "rejected", "outcome": "unauthorized", ')
+    decisions = tail.read()
+    assert [d.describe() for d in decisions] == [
+        "dry-run: isolate_replica primary-v1 (InferwatchGPUXidErrors)"
+    ]  # the unmapped alert is no decision of an action; the half line waits for its end
+    assert tail.bad_lines == 1
+    with (tmp_path / automation.AUDIT_LOG).open("ab") as log:
+        log.write(b'"reason": "missing or wrong bearer token"}\n')
+    rejected = tail.read()
+    assert [d.describe() for d in rejected] == [
+        "rejected a webhook (unauthorized): missing or wrong bearer token"
+    ]
+    assert decisions_summary([*decisions, *rejected]).startswith("runbooks last rejected")
+    assert decisions_summary([]) == "runbooks no decision yet"
+
+
+def test_the_demo_mapping_counts_each_models_replicas_for_the_breaker(tmp_path: Path) -> None:
+    mapping = demo_mapping(tmp_path, execute=True)
+    assert mapping.execute
+    assert mapping.namespace_allowed({"namespace": topology.NAMESPACE})
+    assert mapping.namespace_allowed({})  # GPU alerts carry no namespace
+    assert not mapping.namespace_allowed({"namespace": "prod"})
+    assert dict(mapping.breaker.populations) == {
+        topology.PRIMARY_MODEL: 2, topology.FALLBACK_MODEL: 1}  # fmt: skip
+    action = registry.create("isolate_replica", mapping.action_settings["isolate_replica"])
+    breaker = CircuitBreaker(mapping.breaker)
+
+    def steps(replica: str, port: int) -> list[Step]:
+        alert = xid_alert(replica, port)
+        (rule,) = mapping.rules_for(alert.labels)
+        return list(action.plan(alert, rule.params))
+
+    first = steps("primary-v1", 9401)
+    assert first[0].target == "sidecar http://127.0.0.1:9401/admin/isolation"
+    assert first[0].group == topology.PRIMARY_MODEL
+    assert breaker.check(first).allowed
+    breaker.record(first)
+    assert not breaker.check(steps("primary-v2", 9402)).allowed  # not both primary replicas
+    assert not breaker.check(steps("fallback", 9403)).allowed  # nor the only fallback one
+    token = (tmp_path / automation.SIDECAR_TOKEN).read_text().strip()
+    assert len(token) >= 16 and (tmp_path / automation.TOKEN).read_text().strip() != token
+    assert (tmp_path / automation.TOKEN).stat().st_mode & 0o077 == 0
+
+
+def test_the_demo_alertmanager_sends_only_the_automation_to_the_receiver(
+    tmp_path: Path, amtool: str
+) -> None:
+    token = tmp_path / automation.TOKEN
+    text = alerting.alertmanager_config(alerting.demo_config(), automation.webhook_url(9405), token)
+    receivers = {r["name"]: r for r in yaml.safe_load(text)["receivers"]}
+    (hook,) = receivers["automation"]["webhook_configs"]
+    assert hook["url"] == "http://127.0.0.1:9405/webhook"
+    assert hook["http_config"]["authorization"]["credentials_file"] == str(token)
+    assert [n for n, r in receivers.items() if "webhook_configs" in r] == ["automation"]
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(text)
+    token.write_text("x" * 24)
+    checked = subprocess.run([amtool, "check-config", str(config)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -8,6 +8,7 @@ proxy. The engine counts both; the proxy charges only the tenants and reads the 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -151,6 +152,14 @@ def tenant_and_probe_traffic(proxy: Any, loop: Any, runner: ProbeRunner) -> None
         assert outcomes and all(o.reply.ok for o in outcomes)
 
 
+def metered_requests(proxy: Any) -> dict[str, float]:
+    page = httpx.get(proxy.metrics_url + "/metrics").text
+    return {
+        tenant: value(page, "inferwatch_tenancy_requests_total", tenant=tenant, outcome="ok")
+        for tenant in ("acme", "_probe")
+    }
+
+
 def probe_tokens(runner: ProbeRunner, route: str) -> dict[str, float]:
     totals = {"prompt": 0.0, "completion": 0.0}
     for (_, key_route, *_, token_type), n in runner.metrics.tokens.items():
@@ -166,16 +175,20 @@ def test_drift_settles_at_zero_when_the_proxy_reads_the_direct_probes(
     with pod(probe_metrics) as (sim, proxy, loop, runner):
         loop.run(proxy.app.reconcile_once)  # the baseline, before any traffic
         tenant_and_probe_traffic(proxy, loop, runner)
+        probe_runs = {route: sum(n for key, n in runner.metrics.runs.items() if key[1] == route)
+                      for route in ("direct", "router")}  # fmt: skip
+        expected = {"acme": 2, "_probe": probe_runs["router"]}
+        # The proxy charges a request once its reply has gone out: the client can see the
+        # last byte a moment before the charge lands, so wait for it (with a deadline).
+        deadline = time.monotonic() + 20
+        while (metered := metered_requests(proxy)) != expected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert metered == expected
         loop.run(proxy.app.reconcile_once)
         page = httpx.get(proxy.metrics_url + "/metrics").text
         engine_page = httpx.get(sim.url + "/metrics").text
     direct, routed = probe_tokens(runner, "direct"), probe_tokens(runner, "router")
     # the engine's requests are the tenants' and the probes', as the demo shows them
-    probe_runs = {route: sum(n for key, n in runner.metrics.runs.items() if key[1] == route)
-                  for route in ("direct", "router")}  # fmt: skip
-    metered = {tenant: value(page, "inferwatch_tenancy_requests_total", tenant=tenant, outcome="ok")
-               for tenant in ("acme", "_probe")}  # fmt: skip
-    assert metered == {"acme": 2, "_probe": probe_runs["router"]}
     finished = value(engine_page, "vllm:request_success_total")
     assert finished == metered["acme"] + metered["_probe"] + probe_runs["direct"]
     assert min(direct.values()) > 0 and min(routed.values()) > 0

@@ -49,7 +49,7 @@ from inferwatch.demo.run import Demo, Options
     type=click.IntRange(1024, 65536 - topology.Ports.count()),
     show_envvar=True,
     help="Use consecutive ports from here (sims, sidecars, proxies, proxies' tenant metrics, "
-    "Prometheus, Alertmanager).  [default: free ports]",
+    "Prometheus, Alertmanager, runbook receiver).  [default: free ports]",
 )
 @click.option(
     "--prometheus/--no-prometheus",
@@ -74,6 +74,13 @@ from inferwatch.demo.run import Demo, Options
     "for: durations]",
 )
 @click.option(
+    "--execute-runbooks/--dry-run-runbooks",
+    default=False,
+    show_envvar=True,
+    help="Let the runbook receiver (inferwatch runbooks serve, fed by Alertmanager) isolate "
+    "replicas through their sidecars; by default it only audits what it would do.",
+)
+@click.option(
     "--probe-cycle",
     type=click.FloatRange(min=1),
     default=10.0,
@@ -96,6 +103,7 @@ def demo(
     prometheus: bool,
     alertmanager: bool,
     alert_config: Path | None,
+    execute_runbooks: bool,
     probe_cycle: float,
     refresh: float,
 ) -> None:
@@ -106,10 +114,11 @@ def demo(
     get a sidecar with quality probes and a tenancy proxy; a load generator sends three tenants'
     traffic through the proxies, routing around replicas whose /readyz fails. The view shows
     each replica's throughput, latency, queue, KV cache, GPU and probe verdict, and each tenant's
-    tokens and cost, computed from the components' own /metrics, and the alerts that reach
-    Alertmanager from the generated rules. Without --scenario it plays xid-and-repair (a
-    healthy start, one GPU fault and its repair); --scenario none runs quietly. Stop with
-    Ctrl-C.
+    tokens and cost, computed from the components' own /metrics, the alerts that reach
+    Alertmanager from the generated rules, and what the runbook receiver Alertmanager feeds
+    decides about them (dry-run unless --execute-runbooks). Without --scenario it plays
+    xid-and-repair (a healthy start, one GPU fault and its repair); --scenario none runs
+    quietly. Stop with Ctrl-C.
     """
     timeline = None
     if scenario != scenarios.NONE:
@@ -151,6 +160,7 @@ def demo(
         alerts=alerts,
         probe_cycle=probe_cycle,
         refresh=refresh,
+        execute_runbooks=execute_runbooks,
     )
     error = asyncio.run(Demo(options, sys.stdout, live=sys.stdout.isatty()).run())
     if error:

@@ -5,16 +5,19 @@ on its tenant metrics listener (and Prometheus' target list and Alertmanager's a
 then), keeps the last few seconds of scrapes, and turns them into one :class:`FleetState`:
 rates from counter increases and latency quantiles from histogram bucket increases over that
 window. Changes an operator would want to hear about (readiness flips, probe verdicts, engine
-up/down, GPU health, alerts reaching Alertmanager and resolving) become events.
+up/down, GPU health, alerts reaching Alertmanager and resolving, and each decision the
+runbook receiver appends to its audit log) become events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,6 +35,12 @@ _PROMETHEUS_EVERY = 5.0
 _ALERTS_EVERY = 2.0
 #: alerts read from Alertmanager per poll; a fleet in real trouble has more, the view shows few
 MAX_ALERTS = 200
+#: bytes of the receiver's audit log read per poll (the rest waits for the next), and the
+#: longest line taken (a longer one is skipped whole)
+AUDIT_READ_BYTES = 256 * 1024
+MAX_AUDIT_LINE = 64 * 1024
+#: the receiver's latest decisions kept for the view
+DECISIONS_KEPT = 5
 
 
 def _name(key: str) -> str:
@@ -123,6 +132,88 @@ class AlertState:
         )
 
 
+@dataclass(frozen=True)
+class RunbookDecision:
+    """One decision of the runbook receiver, from a line of its audit log."""
+
+    decision: str  # dry_run, acted, no_op, skipped, failed, ..., rejected (a refused webhook)
+    outcome: str
+    action: str
+    subject: str  # the replica the alert is about
+    alertname: str
+    reason: str
+
+    @classmethod
+    def parse(cls, record: Any) -> RunbookDecision | None:
+        """The decision an audit record tells, or None for one without an action (an unmapped
+        alert) or that is not a decision record at all."""
+        if not isinstance(record, dict):
+            return None
+        decision = str(record.get("decision", ""))
+        action = str(record.get("action", ""))
+        if not action and decision != "rejected":
+            return None
+        labels = record.get("labels")
+        labels = labels if isinstance(labels, dict) else {}
+        subject = labels.get("replica") or labels.get("pod") or labels.get("instance") or ""
+        return cls(
+            decision=decision,
+            outcome=str(record.get("outcome", "")),
+            action=action,
+            subject=str(subject)[:64],
+            alertname=str(record.get("alertname", ""))[:64],
+            reason=str(record.get("reason", ""))[:160],
+        )
+
+    def describe(self) -> str:
+        """``dry-run: isolate_replica primary-v1 (InferwatchGPUXidErrors)``."""
+        head = self.decision.replace("_", "-")
+        if self.decision == "rejected":
+            return f"rejected a webhook ({self.outcome}): {self.reason}"
+        if self.outcome and self.outcome != self.decision:
+            head += f" ({self.outcome})"
+        text = f"{head}: {self.action} {self.subject or '?'} ({self.alertname})"
+        return text if self.decision in ("dry_run", "acted") else f"{text}: {self.reason}"
+
+
+class AuditTail:
+    """Follows the receiver's JSONL audit log: each poll returns the decisions added since.
+
+    Reads are bounded per poll and per line; a line that is not JSON is counted and skipped.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.bad_lines = 0
+        self._partial = b""
+
+    def read(self) -> list[RunbookDecision]:
+        try:
+            with self.path.open("rb") as stream:
+                stream.seek(self.offset)
+                chunk = stream.read(AUDIT_READ_BYTES)
+        except OSError:
+            return []  # not written yet
+        self.offset += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        if len(self._partial) > MAX_AUDIT_LINE:
+            self._partial, self.bad_lines = b"", self.bad_lines + 1
+        decisions = []
+        for line in lines:
+            try:
+                record = json.loads(line) if len(line) <= MAX_AUDIT_LINE else None
+            except ValueError:
+                record = None
+            if record is None:
+                self.bad_lines += bool(line.strip())
+                continue
+            decision = RunbookDecision.parse(record)
+            if decision is not None:
+                decisions.append(decision)
+        return decisions
+
+
 @dataclass
 class FleetState:
     t: float
@@ -132,6 +223,8 @@ class FleetState:
     rate: float
     prometheus: tuple[int, int] | None = None  # targets up, targets
     alerts: tuple[AlertState, ...] | None = None  # None: no Alertmanager, or no answer yet
+    #: the runbook receiver's latest decisions, newest last; None: no receiver
+    decisions: tuple[RunbookDecision, ...] | None = None
     events: list[str] = field(default_factory=list)  # what changed since the last poll
 
 
@@ -145,6 +238,7 @@ class Observer:
         proxy_urls: Mapping[str, str],
         prometheus_url: str | None,
         alertmanager_url: str | None = None,
+        audit_log: Path | None = None,
     ) -> None:
         self.http = http
         self.replicas = tuple(replicas)
@@ -161,6 +255,8 @@ class Observer:
         self._alerts: tuple[AlertState, ...] | None = None
         self._alerts_checked = 0.0
         self._alert_events: list[str] = []
+        self._audit = AuditTail(audit_log) if audit_log is not None else None
+        self._decisions: tuple[RunbookDecision, ...] = ()
 
     async def poll(self, t: float, load: LoadStats, load_rate: float) -> FleetState:
         """Read every endpoint once and return the fleet as it is now."""
@@ -182,6 +278,8 @@ class Observer:
             self._replica(replica, fresh=page is not None, ready=ready)
             for replica, page, ready in zip(self.replicas, sidecar_pages, readiness, strict=True)
         ]
+        decided = self._audit.read() if self._audit is not None else []
+        self._decisions = (*self._decisions, *decided)[-DECISIONS_KEPT:]
         return FleetState(
             t=t,
             replicas=replicas,
@@ -190,7 +288,10 @@ class Observer:
             rate=load_rate,
             prometheus=self._prometheus,
             alerts=self._alerts,
-            events=self._changes(replicas) + self._take_alert_events(),
+            decisions=self._decisions if self._audit is not None else None,
+            events=self._changes(replicas)
+            + self._take_alert_events()
+            + [f"runbooks {decision.describe()}" for decision in decided],
         )
 
     def _changes(self, replicas: Sequence[ReplicaState]) -> list[str]:

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.live import Live
 
 from inferwatch.alerts.config import Config
-from inferwatch.demo import alerting, topology
+from inferwatch.demo import alerting, automation, topology
 from inferwatch.demo.loadgen import LoadGenerator, Router
 from inferwatch.demo.observer import FleetState, Observer
 from inferwatch.demo.processes import INFERWATCH, Component, StartError, Supervisor
@@ -50,6 +50,7 @@ class Options:
     alerts: Config  # the alert config the rules and Alertmanager's routing are generated from
     probe_cycle: float
     refresh: float
+    execute_runbooks: bool = False  # the runbook receiver acts; else it only audits its plans
 
 
 class Demo:
@@ -70,6 +71,9 @@ class Demo:
             prometheus_url=topology.url(self.ports.prometheus) if options.prometheus else None,
             alertmanager_url=(topology.url(self.ports.alertmanager) if self._alerting else None),
             models=f"primary {topology.PRIMARY_MODEL}   fallback {topology.FALLBACK_MODEL}",
+            runbooks_mode=(
+                ("execute" if options.execute_runbooks else "dry-run") if self._alerting else ""
+            ),
         )
         self.console = Console(file=out, highlight=False)
 
@@ -143,6 +147,7 @@ class Demo:
             {r.name: topology.url(self.ports.proxy_metrics[r.name]) for r in self.replicas},
             self.context.prometheus_url,
             self.context.alertmanager_url,
+            workdir / automation.AUDIT_LOG if self._alerting else None,
         )
         background = [asyncio.create_task(load.run())]
         if self.options.scenario is not None:
@@ -263,6 +268,7 @@ class Demo:
 
     # --- the fleet ------------------------------------------------------------------------------
     def _components(self, workdir: Path) -> list[Component]:
+        automation.write_tokens(workdir)
         components = []
         for index, replica in enumerate(self.replicas):
             components += self._replica_components(replica, index, workdir)
@@ -270,6 +276,9 @@ class Demo:
             components.append(self._prometheus(workdir))
         if self._alerting:
             components.append(self._alertmanager(workdir))
+            components.append(
+                automation.component(workdir, self.ports.runbooks, self.options.execute_runbooks)
+            )
         return components
 
     def _prometheus(self, workdir: Path) -> Component:
@@ -289,7 +298,13 @@ class Demo:
     def _alertmanager(self, workdir: Path) -> Component:
         assert self.options.alertmanager
         config = workdir / "alertmanager.yml"
-        config.write_text(alerting.alertmanager_config(self.options.alerts))
+        config.write_text(
+            alerting.alertmanager_config(
+                self.options.alerts,
+                automation.webhook_url(self.ports.runbooks),
+                workdir / automation.TOKEN,
+            )
+        )
         argv = topology.alertmanager_argv(
             self.options.alertmanager,
             config,
@@ -321,7 +336,8 @@ class Demo:
              "--listen", f"127.0.0.1:{self.ports.sidecar[replica.name]}",
              "--gpu", f"dcgm={engine}/gpu/metrics", "--model", replica.model,
              "--model-version", replica.version, "--pod", replica.name, "--node", replica.node,
-             "--namespace", "demo", "--probes", "default",
+             "--namespace", topology.NAMESPACE, "--probes", "default",
+             "--admin-token-file", str(workdir / automation.SIDECAR_TOKEN),
              "--probe-cycle", f"{self.options.probe_cycle:g}"],
         )  # fmt: skip
         config = workdir / f"proxy-{replica.name}.yaml"
@@ -345,7 +361,8 @@ class Demo:
         self.say(
             f"inferwatch demo: {len(self.replicas)} replicas (simulated vLLM + sidecar + tenancy "
             f"proxy each){', Prometheus with the generated rules' if options.prometheus else ''}"
-            f"{', Alertmanager' if self._alerting else ''}; "
+            f"{', Alertmanager' if self._alerting else ''}"
+            f"{f', runbook receiver ({self.context.runbooks_mode})' if self._alerting else ''}; "
             f"load {options.rate:g} req/s; speed {options.speed:g}x"
         )
         what = {  # each URL as the flags that take it want it
@@ -355,6 +372,8 @@ class Demo:
             "proxy": "OpenAI API per tenant (base URL {url}/v1); tenant /metrics on its own port",
             "prometheus": "web UI and API, /alerts",
             "alertmanager": "web UI, /api/v2/alerts",
+            "runbooks": f"/webhook (Alertmanager's automation receiver) /metrics; audit log "
+            f"{workdir / automation.AUDIT_LOG}",
         }
         for c in supervisor.components:
             about = what[c.kind].format(url=c.url)

@@ -94,11 +94,12 @@ class Ports:
     proxy_metrics: Mapping[str, int]
     prometheus: int
     alertmanager: int
+    runbooks: int  # the runbook receiver (inferwatch runbooks serve)
 
     @classmethod
     def count(cls, replicas: Sequence[Replica] = REPLICAS) -> int:
         """How many ports the fleet uses."""
-        return 4 * len(replicas) + 2
+        return 4 * len(replicas) + 3
 
     @classmethod
     def assign(cls, base: int | None, replicas: Sequence[Replica] = REPLICAS) -> Ports:
@@ -114,6 +115,7 @@ class Ports:
             proxy_metrics=dict(zip(names, ports[3 * n : 4 * n], strict=True)),
             prometheus=ports[4 * n],
             alertmanager=ports[4 * n + 1],
+            runbooks=ports[4 * n + 2],
         )
 
 
@@ -165,6 +167,8 @@ def proxy_config(
 #: the demo's scrape and rule evaluation interval: short, so that alerts fire within seconds
 INTERVAL = "2s"
 CLUSTER = "demo"
+#: the namespace every sidecar reports its replica in
+NAMESPACE = "demo"
 
 
 def prometheus_config(

@@ -21,6 +21,7 @@ from inferwatch.demo.observer import (
     AlertState,
     FleetState,
     ReplicaState,
+    RunbookDecision,
     TenantState,
 )
 
@@ -45,6 +46,7 @@ class Context:
     scenario: str = ""
     next_step: str = ""
     routing: str = ""
+    runbooks_mode: str = ""  # dry-run or execute; "": no runbook receiver
     events: deque[str] = field(default_factory=lambda: deque(maxlen=EVENTS_SHOWN))
 
 
@@ -139,6 +141,8 @@ def render(state: FleetState, context: Context) -> RenderableType:
     lines += [_replica_table(state.replicas), _tenant_table(state.tenants)]
     if context.alertmanager_url:
         lines.append(_alert_table(state, context.alertmanager_url))
+    if context.runbooks_mode and state.decisions is not None:
+        lines.append(_decisions(state.decisions, context.runbooks_mode))
     events = Table(title="events", title_justify="left", show_header=False, box=None)
     for event in context.events:
         events.add_row(Text(event, style="red" if "NOT READY" in event else ""))
@@ -224,6 +228,24 @@ def _alert_table(state: FleetState, url: str) -> RenderableType:
     return table
 
 
+def _decisions(decisions: Sequence[RunbookDecision], mode: str) -> RenderableType:
+    title = f"runbooks  receiver in {mode} mode"
+    if not decisions:
+        return Text(f"{title}: no decision yet", style="dim")
+    lines = [Text(f"{title}, latest decisions:")]
+    for decision in decisions:
+        style = {"acted": "bold red", "failed": "red", "dry_run": "yellow"}.get(decision.decision)
+        lines.append(Text(f"  {decision.describe()}", style=style or ""))
+    return Group(*lines)
+
+
+def decisions_summary(decisions: Sequence[RunbookDecision]) -> str:
+    """``runbooks last dry-run: isolate_replica primary-v1 (...)`` for the plain line."""
+    if not decisions:
+        return "runbooks no decision yet"
+    return f"runbooks last {decisions[-1].describe()}"
+
+
 def alerts_summary(alerts: Sequence[AlertState]) -> str:
     """``alerts 2 firing, 1 inhibited: NameA critical replica, ...`` for the plain line."""
     firing = [a for a in alerts if not a.inhibited]
@@ -259,4 +281,6 @@ def summary_line(state: FleetState) -> str:
         parts.append(f"prometheus {state.prometheus[0]}/{state.prometheus[1]} targets up")
     if state.alerts is not None:
         parts.append(alerts_summary(state.alerts))
+    if state.decisions is not None:
+        parts.append(decisions_summary(state.decisions))
     return " | ".join(parts)
