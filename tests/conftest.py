@@ -47,9 +47,15 @@ def _under_ci() -> bool:
     return os.environ.get("CI", "").lower() not in ("", "0", "false")
 
 
+def find_tool(name: str) -> str | None:
+    """An external tool on PATH, or one a test dependency installed beside the interpreter
+    (kubectl comes as a wheel where the system has none)."""
+    return shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+
+
 def _tool(name: str) -> str:
     """Path of an external tool; skipped locally when absent, a failure under CI."""
-    path = shutil.which(name)
+    path = find_tool(name)
     if path:
         return path
     if _under_ci():

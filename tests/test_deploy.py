@@ -6,7 +6,6 @@ receives), not its source files, which hold patches and partial objects.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 import yaml
 
 from inferwatch.cli import main
+from tests.conftest import find_tool
 
 KIT = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
 
@@ -23,7 +23,7 @@ KIT = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
 def render_overlays() -> list[tuple[str, dict[str, Any]]]:
     """(overlay, document) for every object of every overlay; empty without kubectl (the
     first test below then fails or skips as tests.conftest's tools do)."""
-    kubectl = shutil.which("kubectl")
+    kubectl = find_tool("kubectl")
     if kubectl is None:
         return []
     found = []
