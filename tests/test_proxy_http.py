@@ -524,3 +524,39 @@ def test_reconciliation_drift_is_zero_when_all_traffic_is_metered(
         )
         == -4
     )
+
+
+def test_a_client_that_hangs_up_at_done_completed_its_request(
+    stack: Callable[..., Stack],
+) -> None:
+    """Clients close the stream once they read ``[DONE]``; an engine that is slower to end its
+    response (here: never) must not turn that complete request into a cancelled one."""
+    proxy = stack(upstream={"read_timeout": 1.5})
+    usage = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    events = [
+        {
+            "id": "r",
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {"content": c}}],
+        }
+        for c in ("Hi", "!")
+    ] + [{"id": "r", "object": "chat.completion.chunk", "choices": [], "usage": usage}]
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    proxy.engine.scripts.append(se.Script(body + b"data: [DONE]\n\n", ending="stall"))
+    with proxy.client.stream(
+        "POST", CHAT, json=chat(stream=True), headers=auth("acme", **{"x-scenario": "scripted"})
+    ) as reply:
+        for line in reply.iter_lines():
+            if line == "data: [DONE]":
+                break  # and hang up, as the openai client does
+    deadline = time.monotonic() + 10
+    while not samples(text := proxy.metrics(), "inferwatch_tenancy_requests_total", tenant="acme"):
+        assert time.monotonic() < deadline, "the request was never accounted"
+        time.sleep(0.02)
+    assert samples(text, "inferwatch_tenancy_requests_total", tenant="acme", outcome="ok") == 1
+    complete = {"tenant": "acme", "accounting": "complete"}
+    assert samples(text, "inferwatch_tenancy_accounted_requests_total", **complete) == 1
+    assert (
+        samples(text, "inferwatch_tenancy_tokens_total", tenant="acme", token_type="completion")
+        == 2
+    )

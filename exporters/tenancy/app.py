@@ -665,14 +665,18 @@ class ProxyApp:
                     await send(
                         {"type": "http.response.body", "body": b"".join(out), "more_body": True}
                     )
+                if done and exchange.watcher is not None:
+                    # The client has the whole stream: it may hang up now (most clients do
+                    # at [DONE]) without that making a complete request a cancelled one.
+                    exchange.watcher.stop()
             if events.pending.strip():
                 raise MalformedEvent("stream ended inside an event")
         except UpstreamError as exc:
             self.metrics.upstream_error(exc.reason)
-            error = exc.detail
+            error = None if done else exc.detail  # after [DONE] the reply was already whole
         except MalformedEvent as exc:
             self.metrics.upstream_error("malformed_stream")
-            error = str(exc)
+            error = None if done else str(exc)
         finally:
             with contextlib.suppress(Exception):
                 await chunks.aclose()
