@@ -4,7 +4,7 @@ A replica passes five phases, each recorded once per sidecar start (in a pod the
 starts with the engine, so it is the replica's start) as a timestamp gauge, a current-phase
 gauge and one log line:
 
-``process_start``     the sidecar started
+``process_start``     the sidecar started, or saw the engine gone (see below)
 ``engine_reachable``  the engine's health endpoint answered anything at all (SGLang, TGI and
                       llama.cpp answer 503 while they load; vLLM answers nothing until it has
                       loaded, so for vLLM this and the next phase coincide)
@@ -24,6 +24,12 @@ that a probe the engine has counted but the runner has not recorded yet is not t
 client. Subtracting more than the engine counted only delays the phase; it never records it
 early. The poll starts every second and backs off to ``SERVING_POLL_MAX_S`` while no client
 comes, and stops once one has: the recorded time is within one poll of the request.
+
+An engine restarted inside the pod (its container, while the sidecar runs on) starts cold
+again. Once healthy, the engine's health endpoint is watched every ``WATCH_POLL_S``; when
+nothing listens there any more (connection refused), the phases start over from
+``process_start`` and the warm-up gate closes until a round passes on the new process. A slow
+or failing engine that still answers is no restart: the ``engine`` condition covers it.
 """
 
 from __future__ import annotations
@@ -51,6 +57,10 @@ HEALTH_PATHS = {"triton": "/v2/health/ready"}
 #: finish reasons of ``engine_requests_finished`` that are no success
 FAILED_REASONS = frozenset({"abort", "error"})
 SERVING_POLL_MAX_S = 10.0
+#: seconds between health polls that watch a healthy engine for a restart
+WATCH_POLL_S = 5.0
+#: what ``_health`` says when nothing listens, and when the engine does not answer in time
+GONE, NO_ANSWER = "gone", "no answer"
 
 
 def successful_requests(families: Iterable[Metric]) -> float | None:
@@ -81,14 +91,17 @@ class StartupTracker:
         *,
         own_requests: Callable[[], int] = lambda: 0,
         poll_s: float = 1.0,
+        watch_s: float = WATCH_POLL_S,
         http: httpx.AsyncClient | None = None,
     ):
         """``own_requests`` counts the other requests the sidecar sends the engine (its
-        quality probes); ``poll_s`` is the health poll's period and the first serving poll's."""
+        quality probes); ``poll_s`` is the health poll's period and the first serving poll's;
+        ``watch_s`` the period of the health poll that watches for a restart once healthy."""
         self.engine = engine
         self.warmup = warmup
         self.own_requests = own_requests
         self.poll_s = poll_s
+        self.watch_s = watch_s
         self.http = http or httpx.AsyncClient(headers={"User-Agent": "inferwatch"})
         self._started = time.monotonic()
         self.reached: dict[str, float] = {}
@@ -117,6 +130,17 @@ class StartupTracker:
     # ---- the phases ----------------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Walk the phases; when the engine restarts (its container, inside the pod), again."""
+        while True:
+            walk = asyncio.create_task(self._walk())
+            try:
+                await self._until_gone()
+            finally:
+                walk.cancel()
+                await asyncio.gather(walk, return_exceptions=True)
+            self._restart()
+
+    async def _walk(self) -> None:
         await self._until_healthy()
         baseline = await self._successes()
         settled = self._own()  # what of ours the baseline may already hold, at most
@@ -125,20 +149,43 @@ class StartupTracker:
         else:
             await self.warmup.run_until_done()
             self._reach("warmup_done", warmup_requests=self.warmup.sent)
-        await self._until_serving(baseline, settled if baseline is not None else 0)
+        await self._until_serving(baseline, settled)
 
     async def _until_healthy(self) -> None:
         while True:
             status = await self._health()
-            if status is not None:
+            if isinstance(status, int):
                 self._reach("engine_reachable", status=status)
             if status == 200:
                 self._reach("engine_healthy")
                 return
             await asyncio.sleep(self.poll_s)
 
-    async def _health(self) -> int | None:
-        """The status of the engine's health endpoint (its body unread); None: no answer."""
+    async def _until_gone(self) -> None:
+        """Return once nothing listens at the engine's address after it was healthy: its
+        process is gone, and the next one starts cold. A slow or failing engine that still
+        answers is no restart (the engine readiness condition covers it)."""
+        while True:
+            await asyncio.sleep(self.watch_s)
+            if "engine_healthy" in self.reached and await self._health() == GONE:
+                return
+
+    def _restart(self) -> None:
+        log_event(
+            log,
+            logging.WARNING,
+            "engine gone; the replica starts again, warm-up included, when it is back",
+            url=self.engine.base_url,
+        )
+        self.reached = {}
+        self._started = time.monotonic()
+        self._reach("process_start", restart=True)
+        if self.warmup is not None:
+            self.warmup.reset()
+
+    async def _health(self) -> int | str:
+        """The status of the engine's health endpoint (its body unread), or GONE (connection
+        refused: nothing listens) or NO_ANSWER (any other failure within the timeout)."""
         path = HEALTH_PATHS.get(self.engine.fixed_engine or self.engine.engine or "", "/health")
         timeout = self.engine.scraper.timeout
         try:
@@ -147,8 +194,10 @@ class StartupTracker:
                     "GET", self.engine.base_url + path, timeout=timeout
                 ) as response:
                     return response.status_code
+        except httpx.ConnectError:
+            return GONE
         except (TimeoutError, httpx.HTTPError):
-            return None
+            return NO_ANSWER
 
     async def _successes(self) -> float | None:
         try:
@@ -169,12 +218,14 @@ class StartupTracker:
         first_seen: float | None = None
         while True:
             now = await self._successes()
-            if now is not None and baseline is None:
+            if now is None:
+                first_seen = None
+            elif baseline is None:
                 # No baseline from before the warm-up: the warm-up requests that succeeded
                 # are in this one; those that did not may still be counted later.
                 baseline = now
                 settled = self._own() - self._unsettled_warmup()
-            elif now is not None and now - baseline > self._own() - settled:
+            elif now - baseline > self._own() - settled:
                 if first_seen is not None:
                     clients = int(now - baseline - (self._own() - settled))
                     self._reach("serving", at=first_seen, client_requests=clients)

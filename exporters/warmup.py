@@ -37,6 +37,7 @@ from inferwatch.logs import log_event
 log = logging.getLogger("inferwatch.warmup")
 
 CONDITION = "warmup"
+WAITING = Condition(CONDITION, False, "waiting for the engine to load the model")
 #: a warm-up answer (a few tokens) larger than this is refused; so is a model list
 MAX_RESPONSE_BYTES = 256 * 1024
 #: seconds before the first retry of a failed round; doubled after each failure, up to the max
@@ -102,9 +103,15 @@ class Warmup:
         self.outcomes: Counter[str] = Counter()
         self.rounds = 0
         self.done = False
-        self.state = Condition(CONDITION, False, "waiting for the engine to load the model")
+        self.state = WAITING
 
     # ---- the rounds ------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """The engine restarted: it is cold again, and the gate closed until a round passes.
+        The counts go on (they are counters)."""
+        self.done = False
+        self.state = WAITING
 
     async def run_until_done(self) -> None:
         """Rounds with exponential backoff between failures, until one succeeds."""

@@ -132,7 +132,8 @@ def test_phases_are_recorded_in_order_against_a_real_simulator_process(tmp_path:
     assert stamps["engine_reachable"] < stamps["engine_healthy"] < stamps["warmup_done"]
     assert seen_reasons[0] == "waiting for the engine to load the model"
     assert "warming up (round 1)" in seen_reasons
-    events = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    lines = log_path.read_text().splitlines()
+    events = [json.loads(line) for line in lines if line.startswith("{")]
     logged = [e["phase"] for e in events if e["msg"] == "replica phase reached"]
     assert logged == list(PHASES)
     reachable = next(e for e in events if e.get("phase") == "engine_reachable")
@@ -488,3 +489,34 @@ def test_warmup_takes_the_graph_capture_penalty_off_the_first_client_request() -
     assert cold_first > cold_second
     assert warmup_took > warm_first
     assert cold_first > warm_first
+
+
+def test_an_engine_restarted_inside_the_pod_is_warmed_up_again() -> None:
+    port = free_port()
+    config = SimConfig(port=port, speed=1000, seed=4)
+
+    async def scenario() -> None:
+        sim = run_in_thread(config)
+        engine = EngineCollector(EngineScraper(f"{sim.url}/metrics", timeout=5.0), {})
+        warm = Warmup(WarmupPlan((1, 2), (16,)), sim.url, MODEL)
+        tracker = StartupTracker(engine, warm, poll_s=0.05, watch_s=0.05)
+        task = asyncio.create_task(tracker.run())
+        try:
+            await wait_async(lambda: warm.done, 30, "the first warm-up")
+            first_healthy = tracker.reached["engine_healthy"]
+            await asyncio.to_thread(sim.stop)
+            await wait_async(lambda: not warm.done, 30, "the restart to be seen")
+            assert tracker.phase in ("process_start", "engine_reachable")
+            assert not warm.readiness()[0].ok  # the gate is closed again
+            sim = await asyncio.to_thread(run_in_thread, config)
+            await wait_async(lambda: warm.done, 30, "the second warm-up")
+            assert tracker.reached["engine_healthy"] > first_healthy
+            assert warm.outcomes["ok"] == 6  # one round of 1 + 2 requests per engine process
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await tracker.aclose()
+            await engine.aclose()
+            sim.stop()
+
+    asyncio.run(scenario())
