@@ -327,7 +327,7 @@ def sidecar(
     if engine_collector is not None:
         plan = None
         if warmup_batch_sizes:
-            plan = WarmupPlan(
+            plan = _warmup_plan(
                 warmup_batch_sizes, warmup_prompt_tokens, warmup_max_tokens, warmup_deadline
             )
         tracker = _startup_tracker(engine_collector, plan, model, runner)
@@ -398,6 +398,27 @@ def _gpu_backend(spec: str, gpu_scope: GpuScope | None) -> GpuTelemetry:
         return gpu.open_backend(spec, scope=gpu_scope)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu") from None
+
+
+#: the largest warm-up batch (vLLM captures CUDA graphs up to 512) and prompt
+MAX_WARMUP_BATCH = 1024
+MAX_WARMUP_PROMPT = 131072
+
+
+def _warmup_plan(
+    batch_sizes: tuple[int, ...], prompt_tokens: tuple[int, ...], max_tokens: int, deadline: float
+) -> WarmupPlan:
+    if max(batch_sizes) > MAX_WARMUP_BATCH:
+        raise click.BadParameter(
+            f"a warm-up batch is at most {MAX_WARMUP_BATCH} requests",
+            param_hint="--warmup-batch-sizes",
+        )
+    if not prompt_tokens or max(prompt_tokens) > MAX_WARMUP_PROMPT:
+        raise click.BadParameter(
+            f"give one to a few prompt lengths of at most {MAX_WARMUP_PROMPT} tokens",
+            param_hint="--warmup-prompt-tokens",
+        )
+    return WarmupPlan(batch_sizes, prompt_tokens, max_tokens, deadline)
 
 
 def _startup_tracker(

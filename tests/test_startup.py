@@ -19,10 +19,12 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from inferwatch.cli import main
 from inferwatch.exporters import warmup as warmup_module
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.engine_scrape import EngineScraper
@@ -520,3 +522,29 @@ def test_an_engine_restarted_inside_the_pod_is_warmed_up_again() -> None:
             sim.stop()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--warmup-batch-sizes", "1,x"], "is not a comma-separated list of positive integers"),
+        (["--warmup-batch-sizes", "0"], "is not a comma-separated list of positive integers"),
+        (["--warmup-batch-sizes", "4096"], "a warm-up batch is at most 1024 requests"),
+        (["--warmup-batch-sizes", "1", "--warmup-prompt-tokens", ""], "prompt lengths"),
+        (["--warmup-batch-sizes", "1", "--warmup-prompt-tokens", "999999"], "prompt lengths"),
+        (["--warmup-max-tokens", "0"], "--warmup-max-tokens"),
+    ],
+)
+def test_bad_warmup_flags_are_one_line_errors(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(
+        main, ["sidecar", "--engine-url", "http://127.0.0.1:1", "--gpu", "none", *args]
+    )
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and message in errors[0], result.output
+
+
+def test_warmup_without_an_engine_is_refused() -> None:
+    result = CliRunner().invoke(main, ["sidecar", "--warmup-batch-sizes", "1"])
+    assert result.exit_code == 2
+    assert "--warmup-batch-sizes needs --engine-url" in result.output
