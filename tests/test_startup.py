@@ -403,6 +403,41 @@ def test_a_hostile_engine_fails_the_round_within_its_deadline(
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize(
+    ("handler", "phase"),
+    [(hang, "process_start"), (server_error, "engine_reachable"), (endless, "warmup_done")],
+    ids=lambda v: getattr(v, "__name__", v),
+)
+def test_a_hostile_health_endpoint_holds_the_phases_back_within_bounds(
+    handler: Handler, phase: str
+) -> None:
+    """A health endpoint that hangs gives no phase, a 503 gives reachable only, and a 200
+    with an endless body gives healthy (and, with no warm-up, warmup_done) without its body
+    being read; its /metrics, endless too, never counts as a client served."""
+
+    async def scenario() -> None:
+        servers = hostile_server(handler)
+        url = await anext(servers)
+        engine = EngineCollector(EngineScraper(f"{url}/metrics", timeout=0.3), {})
+        tracker = StartupTracker(engine, None, poll_s=0.05)
+        task = asyncio.create_task(tracker.run())
+        try:
+            await wait_async(lambda: tracker.phase == phase, 20, phase)
+            await asyncio.sleep(0.5)  # several polls later, no further
+            assert tracker.phase == phase
+            assert {f.name for f in await tracker.collect()} >= {
+                "inferwatch_replica_startup_phase"
+            }
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await tracker.aclose()
+            await engine.aclose()
+            await servers.aclose()
+
+    asyncio.run(scenario())
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(status=st.integers(100, 599), body=st.binary(max_size=2048) | st.builds(
     lambda c: json.dumps({"choices": c}).encode(),
