@@ -5,8 +5,8 @@ starts with the engine, so it is the replica's start) as a timestamp gauge, a cu
 gauge and one log line:
 
 ``process_start``     the sidecar started, or saw the engine gone (see below)
-``engine_reachable``  the engine's health endpoint answered anything at all (SGLang, TGI and
-                      llama.cpp answer 503 while they load; vLLM answers nothing until it has
+``engine_reachable``  the engine's health endpoint answered anything at all (SGLang and llama.cpp
+                      answer 503 while they load; vLLM answers nothing until it has
                       loaded, so for vLLM this and the next phase coincide)
 ``engine_healthy``    the health endpoint answered 200: the model is loaded
 ``warmup_done``       the warm-up gate passed (:mod:`inferwatch.exporters.warmup`); at once

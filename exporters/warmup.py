@@ -77,8 +77,9 @@ class WarmupFailure(Exception):
         self.detail = detail
 
 
-def prompt(words: int, index: int) -> str:
-    return f"Warm-up request {index}: " + " ".join(["hello"] * max(words - 3, 1))
+def prompt(words: int, number: int) -> str:
+    """About ``words`` tokens, starting with the request's number."""
+    return f"Warm-up request {number}: " + " ".join(["hello"] * max(words - 3, 1))
 
 
 class Warmup:
@@ -143,9 +144,13 @@ class Warmup:
                 CONDITION, True, f"{self.plan.requests} warm-up requests succeeded in {took:.1f}s"
             )
             log_event(
-                log, logging.INFO, "warm-up done", round=self.rounds, requests=self.plan.requests,
+                log,
+                logging.INFO,
+                "warm-up done",
+                round=self.rounds,
+                requests=self.plan.requests,
                 seconds=round(took, 3),
-            )  # fmt: skip
+            )
             return
 
     async def round(self) -> None:
@@ -153,31 +158,29 @@ class Warmup:
         try:
             async with asyncio.timeout(self.plan.deadline_s):
                 model = self.model or await self._discover_model()
-                index = 0
                 for words, batch in self.plan.shapes():
-                    await self._batch(model, words, range(index, index + batch))
-                    index += batch
+                    await self._batch(model, words, batch)
         except TimeoutError:
             raise WarmupFailure(
                 "timeout", f"not done within the {self.plan.deadline_s:g}s deadline"
             ) from None
 
-    async def _batch(self, model: str, words: int, indices: range) -> None:
+    async def _batch(self, model: str, words: int, batch: int) -> None:
         """One batch sent concurrently; the first failure cancels the rest."""
         try:
             async with asyncio.TaskGroup() as group:
-                for index in indices:
-                    group.create_task(self._one(model, words, index))
+                for _ in range(batch):
+                    group.create_task(self._one(model, words))
         except BaseExceptionGroup as group:
             failures = [e for e in group.exceptions if isinstance(e, WarmupFailure)]
             if failures:
                 raise failures[0] from None
             raise
 
-    async def _one(self, model: str, words: int, index: int) -> None:
+    async def _one(self, model: str, words: int) -> None:
         body = {
             "model": model,
-            "prompt": prompt(words, index),
+            "prompt": prompt(words, self.sent),  # numbered: no two share a prefix
             "max_tokens": self.plan.max_tokens,
             "temperature": 0,
             "stream": False,
@@ -186,9 +189,8 @@ class Warmup:
         outcome = "cancelled"  # cut short by the round's deadline or a failing neighbour
         try:
             answer = await self._post("/v1/completions", body)
-            if not isinstance(answer, dict) or not isinstance(answer.get("choices"), list):
-                raise WarmupFailure("invalid", "the answer has no choices")
-            if not answer["choices"]:
+            choices = answer.get("choices") if isinstance(answer, dict) else None
+            if not isinstance(choices, list) or not choices:
                 raise WarmupFailure("invalid", "the answer has no choices")
             outcome = "ok"
         except WarmupFailure as failure:

@@ -90,6 +90,7 @@ def test_phases_are_recorded_in_order_against_a_real_simulator_process(tmp_path:
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     seen_reasons: list[str] = []
+    sim = None
     try:
         wait_for(lambda: httpx.get(f"{sidecar}/healthz").status_code == 200, 30, "the sidecar")
         # The sidecar is up before the engine: the replica's start is the sidecar's.
@@ -99,33 +100,32 @@ def test_phases_are_recorded_in_order_against_a_real_simulator_process(tmp_path:
         sim = start_subprocess(
             ["--port", str(sim_port), "--storage-bandwidth", "4", "--graph-capture-seconds", "1"]
         )
-        try:
 
-            def ready() -> bool:
-                response = httpx.get(f"{sidecar}/readyz")
-                warm = {c["name"]: c for c in response.json()["conditions"]}["warmup"]
-                if not seen_reasons or seen_reasons[-1] != warm["reason"]:
-                    seen_reasons.append(warm["reason"])
-                return response.status_code == 200
+        def ready() -> bool:
+            response = httpx.get(f"{sidecar}/readyz")
+            warm = {c["name"]: c for c in response.json()["conditions"]}["warmup"]
+            if not seen_reasons or seen_reasons[-1] != warm["reason"]:
+                seen_reasons.append(warm["reason"])
+            return response.status_code == 200
 
-            wait_for(ready, 60, "readiness after warm-up")
-            page = httpx.get(f"{sidecar}/metrics").text
-            current = samples(page, "inferwatch_replica_startup_phase")
-            assert current["warmup_done"] == 1
-            assert samples(page, "inferwatch_warmup_requests_total", "outcome") == {"ok": 10}
-            reply = httpx.post(f"{engine}/v1/completions", json={"prompt": "hi", "max_tokens": 2})
-            assert reply.status_code == 200
+        wait_for(ready, 60, "readiness after warm-up")
+        page = httpx.get(f"{sidecar}/metrics").text
+        current = samples(page, "inferwatch_replica_startup_phase")
+        assert current["warmup_done"] == 1
+        assert samples(page, "inferwatch_warmup_requests_total", "outcome") == {"ok": 10}
+        reply = httpx.post(f"{engine}/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert reply.status_code == 200
 
-            def serving() -> str:
-                text = httpx.get(f"{sidecar}/metrics").text
-                return text if samples(text, "inferwatch_replica_startup_phase")["serving"] else ""
+        def serving() -> str:
+            text = httpx.get(f"{sidecar}/metrics").text
+            return text if samples(text, "inferwatch_replica_startup_phase")["serving"] else ""
 
-            page = wait_for(serving, 60, "the first client request to be seen")
-        finally:
-            sim.stop()
-    finally:
+        page = wait_for(serving, 60, "the first client request to be seen")
+    finally:  # the sidecar first: an engine that stops under it is a restart it would log
         process.terminate()
         process.wait(10)
+        if sim is not None:
+            sim.stop()
     stamps = samples(page, "inferwatch_replica_startup_phase_timestamp_seconds")
     assert list(stamps) == list(PHASES)
     ordered = [stamps[p] for p in PHASES]
