@@ -11,8 +11,10 @@ One *round* sends the shapes one after another and succeeds when every request s
 within the round's deadline. A failed round keeps the ``warmup`` readiness condition failing
 with its reason, and the next round follows after an exponential backoff. Every request is
 bounded (the round's deadline, a cap on the response body read as it arrives, asynchronous
-I/O only) and counted in ``inferwatch_warmup_requests_total``: warm-up spends GPU time and
-must not be taken for client traffic (see :mod:`inferwatch.exporters.startup`).
+I/O only) and counted in ``inferwatch_warmup_requests_total``, its tokens (from each answer's
+usage) in ``inferwatch_warmup_tokens_total``: warm-up spends GPU time and must not be taken
+for client traffic, neither by the phases (:mod:`inferwatch.exporters.startup`) nor by the
+tenancy proxy's reconciliation with the engine's token counters.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ MAX_RESPONSE_BYTES = 256 * 1024
 #: seconds before the first retry of a failed round; doubled after each failure, up to the max
 BACKOFF_INITIAL_S = 2.0
 BACKOFF_MAX_S = 60.0
+#: a usage count above this in one answer is not believed (a few tokens were asked for)
+MAX_USAGE_TOKENS = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,8 @@ class Warmup:
         #: requests sent, and their outcomes as they ended (ok, timeout, http_status, ...)
         self.sent = 0
         self.outcomes: Counter[str] = Counter()
+        #: tokens the engine's answers report (usage), by type: prompt, completion
+        self.tokens: Counter[str] = Counter()
         self.rounds = 0
         self.done = False
         self.state = WAITING
@@ -192,12 +198,22 @@ class Warmup:
             choices = answer.get("choices") if isinstance(answer, dict) else None
             if not isinstance(choices, list) or not choices:
                 raise WarmupFailure("invalid", "the answer has no choices")
+            self._count_tokens(answer.get("usage"))
             outcome = "ok"
         except WarmupFailure as failure:
             outcome = failure.outcome
             raise
         finally:
             self.outcomes[outcome] += 1
+
+    def _count_tokens(self, usage: Any) -> None:
+        """The answer's usage, so that reconciliation knows this traffic (see tenancy)."""
+        if not isinstance(usage, dict):
+            return
+        for token_type in ("prompt", "completion"):
+            n = usage.get(f"{token_type}_tokens")
+            if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_USAGE_TOKENS:
+                self.tokens[token_type] += n
 
     async def _discover_model(self) -> str:
         listing = await self._get("/v1/models")
@@ -240,10 +256,14 @@ class Warmup:
         return [self.state]
 
     def families(self) -> list[Metric]:
-        requests = catalog.load().family("warmup_requests")
+        cat = catalog.load()
+        requests = cat.family("warmup_requests")
         for outcome, count in sorted(self.outcomes.items()):
             requests.add_metric([outcome], count)
-        return [requests]
+        tokens = cat.family("warmup_tokens")
+        for token_type in ("prompt", "completion"):
+            tokens.add_metric([token_type], self.tokens[token_type])
+        return [requests, tokens]
 
     async def aclose(self) -> None:
         await self.http.aclose()

@@ -22,6 +22,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.cli import main
@@ -30,6 +31,7 @@ from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.engine_scrape import EngineScraper
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.exporters.startup import PHASES, StartupTracker
+from inferwatch.exporters.tenancy.reconcile import direct_tokens, engine_token_counters
 from inferwatch.exporters.warmup import Warmup, WarmupFailure, WarmupPlan
 from inferwatch.sim.coldstart import capture_size
 from inferwatch.sim.server import SimHandle, run_in_thread, start_subprocess
@@ -481,10 +483,10 @@ def test_capture_sizes_are_vllms() -> None:
 
 
 def test_the_engine_is_not_healthy_until_the_weights_are_read() -> None:
-    # About 16 GB at 1 GB/s: 16 simulated seconds, 0.8 s of wall time at speed 20.
-    config = SimConfig(port=0, speed=20, storage_bandwidth=1e9)
+    # About 16 GB at 0.2 GB/s: 80 simulated seconds, 4 s of wall time at speed 20.
+    config = SimConfig(port=0, speed=20, storage_bandwidth=0.2e9)
     with run_in_thread(config) as sim:
-        assert sim.simulator.load_seconds == pytest.approx(16.06e9 / 1e9, rel=0.01)
+        assert sim.simulator.load_seconds == pytest.approx(16.06e9 / 0.2e9, rel=0.01)
         health = httpx.get(f"{sim.url}/health")
         refused = httpx.post(f"{sim.url}/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert health.status_code == refused.status_code == 503
@@ -583,3 +585,37 @@ def test_warmup_without_an_engine_is_refused() -> None:
     result = CliRunner().invoke(main, ["sidecar", "--warmup-batch-sizes", "1"])
     assert result.exit_code == 2
     assert "--warmup-batch-sizes needs --engine-url" in result.output
+
+
+def test_warmup_tokens_are_what_the_engine_counted_so_reconciliation_knows_them(
+    fast_sim: SimHandle,
+) -> None:
+    """The engine's token counters grow by exactly the warm-up tokens the sidecar serves,
+    which the tenancy proxy reads as traffic around it."""
+
+    def engine_tokens() -> dict[str, float]:
+        counters = engine_token_counters(httpx.get(f"{fast_sim.url}/metrics").content)
+        assert counters is not None
+        return counters
+
+    class Page:
+        def __init__(self, families: list[Any]) -> None:
+            self.families = families
+
+        def collect(self) -> list[Any]:
+            return self.families
+
+    async def warm_up() -> bytes:
+        warm = Warmup(WarmupPlan((1, 3), (16, 64)), fast_sim.url, MODEL)
+        try:
+            await warm.round()
+        finally:
+            await warm.aclose()
+        return generate_latest(Page(warm.families()))  # type: ignore[arg-type]
+
+    before = engine_tokens()
+    page = asyncio.run(warm_up())
+    after = engine_tokens()
+    direct = direct_tokens(page)
+    assert direct is not None and min(direct.values()) > 0
+    assert direct == {k: after[k] - before[k] for k in ("prompt", "completion")}
