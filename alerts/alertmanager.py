@@ -52,6 +52,7 @@ GPU_FAULTS = (
 REPLICA_SYMPTOMS = (
     "InferwatchEngineDown",
     "InferwatchReplicaNotReady",
+    "InferwatchReplicaStuckInWarmup",
     "InferwatchErrorRatioHigh",
     "InferwatchTTFTHigh",
     "InferwatchTPOTHigh",
