@@ -58,7 +58,7 @@ HEALTH_PATHS = {"triton": "/v2/health/ready"}
 FAILED_REASONS = frozenset({"abort", "error"})
 SERVING_POLL_MAX_S = 10.0
 #: seconds between health polls that watch a healthy engine for a restart
-WATCH_POLL_S = 5.0
+WATCH_POLL_S = 1.0
 #: what ``_health`` says when nothing listens, and when the engine does not answer in time
 GONE, NO_ANSWER = "gone", "no answer"
 
