@@ -21,36 +21,44 @@ than 2 h blocks, so this is an upper bound), each rule group's evaluation time (
 own ``evaluationTime``, median of three evaluations), and each fleet-overview panel's query
 time (Prometheus' ``stats=all`` execution time of an instant query, median of five) as the
 dashboard has it and with every recorded series replaced by the raw expression its rule
-records (recursively). Panels on series the fleet does not have (``up``, ``ALERTS``) are
+records (recursively), below the floor: the execution time of ``vector(1)``, a query
+that reads no series. Panels on series the fleet does not have (``up``, ``ALERTS``) are
 left out.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import math
 import os
 import platform
 import random
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
+from localfleet import (
+    CLUSTERS,
+    INFERWATCH,
+    MODELS,
+    RULE_FILES,
+    free_port,
+    panel_queries,
+    panels_by_cluster,
+    process,
+    sidecar,
+    static_pages,
+    two_clusters,
+    wait_for,
+)
 
 from inferwatch.exporters import textformat
 
@@ -58,59 +66,9 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "fixtures"
 ENGINE_CAPTURE = SHARED / "engines" / "vllm-generated-0.33.0-1engine.prom"
 DCGM_CAPTURE = SHARED / "gpu" / "dcgm" / "dcgm-rtx4000ada-k8s-pod.prom"
-INFERWATCH = REPO / ".venv" / "bin" / "inferwatch"
-RULE_FILES = sorted((REPO / "alerts" / "generated").glob("*.yaml"))
-MODELS = ("llama-8b", "llama-70b", "qwen-32b", "mixtral-8x7b")
 STEP = 15
 RECORDED = re.compile(r"\b([a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]+)(\{[^}]*\})?")
 MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, deadline_s: float = 60.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(0.3)
-    raise SystemExit(f"{url} did not answer within {deadline_s:.0f} s")
-
-
-@contextlib.contextmanager
-def process(args: list[str], ready: str) -> Iterator[None]:
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_http(ready)
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@contextlib.contextmanager
-def static_pages(folder: Path) -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=str(folder)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-
-
-class _QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 def series(page: str) -> int:
@@ -118,14 +76,9 @@ def series(page: str) -> int:
 
 
 def sidecar_page(engine_url: str, dcgm_url: str) -> str:
-    port = free_port()
-    args = [
-        str(INFERWATCH), "sidecar", f"--engine-url={engine_url}", f"--listen=127.0.0.1:{port}",
-        f"--gpu=dcgm={dcgm_url}", "--gpu-scope=all", "--pod-labels=omit",
-    ]  # fmt: skip
-    with process(args, f"http://127.0.0.1:{port}/healthz"):
-        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)  # first scrape fills state
-        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    with sidecar(engine_url, dcgm_url) as url:
+        httpx.get(f"{url}/metrics", timeout=10)  # first scrape fills state
+        return httpx.get(f"{url}/metrics", timeout=10).text
 
 
 def per_replica() -> tuple[list[tuple[str, int, int, int, int]], str]:
@@ -234,20 +187,6 @@ def expand(expr: str, rules: dict[str, list[tuple[dict[str, str], str]]]) -> str
     return RECORDED.sub(replace, expr)
 
 
-def panel_queries(dashboard: Path) -> list[tuple[str, str]]:
-    board = json.loads(dashboard.read_text())
-    found = []
-    for panel in board.get("panels", []):
-        for index, target in enumerate(panel.get("targets", [])):
-            expr = target.get("expr", "")
-            if not expr or re.search(r"\b(up|ALERTS)\{", expr):
-                continue
-            expr = re.sub(r"\$__rate_interval", "1m", expr)
-            expr = re.sub(r"\$\w+", ".*", expr)
-            found.append((f"{panel['title']} [{index}]", expr))
-    return found
-
-
 def query_seconds(api: str, expr: str, rounds: int = 5) -> float:
     times = []
     for _ in range(rounds):
@@ -310,6 +249,8 @@ def measure_fleet(
         counted = httpx.get(
             f"{api}/api/v1/query", params={"query": 'count({__name__=~"inferwatch_.+"})'}
         ).json()["data"]["result"]
+        # the execution time of a query that reads nothing: no panel can answer faster
+        floor = query_seconds(api, "vector(1)")
         panels = []
         for title, expr in queries:
             raw = expand(expr, rules)
@@ -332,6 +273,7 @@ def measure_fleet(
         "bytes_per_replica_hour": block_bytes / (replicas * minutes / 60),
         "backfill_s": backfill_s,
         "groups": groups,
+        "floor": floor,
         "panels": panels,
     }
 
@@ -356,111 +298,12 @@ def rule_group_times(api: str, evaluations: int = 3, deadline_s: float = 300) ->
     raise SystemExit(f"rule groups did not evaluate {evaluations} times within {deadline_s} s")
 
 
-class _FleetPages(ThreadingHTTPServer):
-    """``/CLUSTER/INDEX`` serves replica INDEX of a cluster: the template with its own pod,
-    node and model labels (as ``--pod-labels emit`` writes them), counters growing with time."""
-
-    def __init__(self, template: str) -> None:
-        super().__init__(("127.0.0.1", 0), _FleetHandler)
-        self.template = template
-        self.started = time.monotonic()
-
-
-class _FleetHandler(SimpleHTTPRequestHandler):
-    server: _FleetPages
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        _, cluster, index = self.path.split("/")
-        i = int(index)
-        growth = 1 + (time.monotonic() - self.server.started) / 60
-        identity = (
-            f'namespace="inference",pod="{cluster}-{MODELS[i % 4]}-{i}",node="{cluster}-node-{i}",'
-            f'instance="{cluster}-{i}:9400",'
-        )
-        lines = []
-        for line in self.server.template.splitlines():
-            if not line or line.startswith("#"):
-                lines.append(line)
-                continue
-            series, _, value = line.rpartition(" ")
-            name, brace, rest = series.partition("{")
-            labels = rest[:-1] if brace else ""
-            labels = re.sub(r'\b(pod|namespace|node|instance)="[^"]*",?', "", labels)
-            labels = re.sub(r'model="[^"]*"', f'model="{MODELS[i % 4]}"', labels)
-            labels = re.sub(r'gpu_uuid="([^"]*)"', rf'gpu_uuid="{cluster}-{i}-\1"', labels)
-            grows = name.endswith(("_total", "_bucket", "_sum", "_count"))
-            number = float(value) * (growth if grows else 1)
-            lines.append(f"{name}{{{identity}{labels}}} {number:.6g}")
-        body = "\n".join(lines).encode() + b"\n"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
 def multi_cluster(
     template: str, queries: list[tuple[str, str]], replicas: int, work: Path
-) -> list[tuple[str, str, dict[str, int]]]:
-    """Two Prometheus servers, each with the cluster label and remote write of the kit's
-    multi-cluster overlay (overlays/multi-cluster-east/prometheus-values.yaml, its URL pointed
-    at a local store), scrape their cluster's replicas; a third, with the remote-write
-    receiver, evaluates the generated rules. Returns, per panel, the series each cluster
-    contributes to it with ``$cluster`` set to both and to each one alone."""
-    values = yaml.safe_load(
-        (REPO / "deploy/kubernetes/overlays/multi-cluster-east/prometheus-values.yaml").read_text()
-    )["prometheus"]["prometheusSpec"]
-    central_port = free_port()
-    central = f"http://127.0.0.1:{central_port}"
-    pages = _FleetPages(template)
-    threading.Thread(target=pages.serve_forever, daemon=True).start()
-    page_port = pages.server_address[1]
-    clusters = ("east", "west")
-    with contextlib.ExitStack() as stack:
-        config = work / "central.yml"
-        config.write_text(yaml.safe_dump({
-            "global": {"evaluation_interval": "5s"},
-            "rule_files": [str(p) for p in RULE_FILES],
-        }))  # fmt: skip
-        stack.enter_context(process([
-            "prometheus", f"--config.file={config}", f"--storage.tsdb.path={work / 'central'}",
-            f"--web.listen-address=127.0.0.1:{central_port}", "--web.enable-remote-write-receiver",
-        ], f"{central}/-/ready"))  # fmt: skip
-        for cluster in clusters:
-            port = free_port()
-            remote = {**values["remoteWrite"][0], "url": f"{central}/api/v1/write"}
-            queue = remote.pop("queueConfig")
-            config = work / f"{cluster}.yml"
-            config.write_text(yaml.safe_dump({
-                "global": {
-                    "scrape_interval": "5s",
-                    "external_labels": {**values["externalLabels"], "cluster": cluster},
-                },
-                "remote_write": [{
-                    "url": remote["url"],
-                    "queue_config": {
-                        "capacity": queue["capacity"], "max_shards": queue["maxShards"],
-                        "max_samples_per_send": queue["maxSamplesPerSend"],
-                        "batch_send_deadline": "1s",
-                    },
-                }],
-                "scrape_configs": [{
-                    "job_name": "inference/llama-inferwatch",
-                    "honor_labels": True,
-                    "static_configs": [
-                        {"targets": [f"127.0.0.1:{page_port}"],
-                         "labels": {"__metrics_path__": f"/{cluster}/{i}"}}
-                        for i in range(replicas)
-                    ],
-                }],
-            }))  # fmt: skip
-            stack.enter_context(process([
-                "prometheus", f"--config.file={config}", f"--storage.tsdb.path={work / cluster}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ], f"http://127.0.0.1:{port}/-/ready"))  # fmt: skip
+) -> list[tuple[str, dict[str, dict[str, int]]]]:
+    """Two clusters in one central store (``localfleet.two_clusters``); per panel, the
+    series each cluster contributes with ``$cluster`` set to both and to each alone."""
+    with two_clusters(template, replicas, work) as central:
         # rate()[5m] needs two samples of each series in the store, recording rules one run
         wait_for(
             central,
@@ -468,36 +311,7 @@ def multi_cluster(
             2,
         )
         rule_group_times(central, evaluations=2)
-        rows = []
-        for title, expr in queries:
-            both = expr.replace('cluster=~".*"', 'cluster=~"east|west"')
-            counts = {"both": _clusters(central, both)}
-            for cluster in clusters:
-                alone = _clusters(central, expr.replace('cluster=~".*"', f'cluster="{cluster}"'))
-                counts[cluster] = alone.get(cluster, 0) if set(alone) <= {cluster} else -1
-            rows.append((title, both, counts))
-    pages.shutdown()
-    return rows
-
-
-def _clusters(api: str, expr: str) -> dict[str, int]:
-    result = httpx.get(f"{api}/api/v1/query", params={"query": expr}, timeout=60).json()
-    counts: dict[str, int] = {}
-    for item in result["data"]["result"]:
-        cluster = item["metric"].get("cluster", "")
-        counts[cluster] = counts.get(cluster, 0) + 1
-    return counts
-
-
-def wait_for(api: str, expr: str, value: float, deadline_s: float = 240) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        result = httpx.get(f"{api}/api/v1/query", params={"query": expr}, timeout=30).json()
-        found = result["data"]["result"]
-        if found and float(found[0]["value"][1]) >= value:
-            return
-        time.sleep(2)
-    raise SystemExit(f"{expr} did not reach {value} within {deadline_s} s")
+        return panels_by_cluster(central, queries)
 
 
 def main() -> None:
@@ -528,16 +342,19 @@ def main() -> None:
         print(f"| {name} | {rs} | {rb} | {ss} | {sb} | {ss / rs:.2f} |")
     queries = panel_queries(options.dashboard) if options.dashboard.is_file() else []
     if options.multi_cluster:
+        # the clusters' own `up` is remote-written too; ALERTS depends on what fires
+        every = panel_queries(options.dashboard, absent=("ALERTS",))
         with tempfile.TemporaryDirectory() as tmp:
-            rows_mc = multi_cluster(template, queries, options.multi_cluster, Path(tmp))
+            rows_mc = multi_cluster(template, every, options.multi_cluster, Path(tmp))
         print(f"\n## Two clusters of {options.multi_cluster} replicas in one central store\n")
         print("Series of each panel by cluster: `$cluster` = east|west, and each alone")
         print("(-1: a cluster's query returned another cluster's series).\n")
         print("| panel | east+west | east alone | west alone |")
         print("|---|---|---:|---:|")
-        for title, _, counts in rows_mc:
+        for title, counts in rows_mc:
             both = ", ".join(f"{k or '(none)'}: {v}" for k, v in sorted(counts["both"].items()))
-            print(f"| {title} | {both or 'none'} | {counts['east']} | {counts['west']} |")
+            alone = [str(counts[c].get(c, 0)) if set(counts[c]) <= {c} else "-1" for c in CLUSTERS]
+            print(f"| {title} | {both or 'none'} | " + " | ".join(alone) + " |")
     if options.skip_fleet:
         return
     if not queries:
@@ -575,6 +392,9 @@ def main() -> None:
     print("(!=: the raw expression's values differ from the recorded ones)\n")
     print(f"| panel | {sizes} |")
     print("|---" * (len(results) + 1) + "|")
+    print(
+        "| floor: `vector(1)` | " + " | ".join(f"{r['floor'] * 1000:.2f}" for r in results) + " |"
+    )
     for index, (title, _) in enumerate(queries):
         cells = []
         for r in results:
