@@ -225,7 +225,8 @@ def cluster_config(
 ) -> dict[str, Any]:
     """A cluster's prometheus.yml from the kit's ``prometheusSpec`` (the operator writes the
     same fields from it): its external labels with this cluster's name, its remote write
-    with the URL replaced and its queue settings, and a scrape job over the replicas."""
+    with the URL replaced and its queue settings (the batch deadline cut to 1 s, so that a
+    short run sees samples soon), and a scrape job over the replicas."""
     remote = spec["remoteWrite"][0]
     queue = remote.get("queueConfig", {})
     return {

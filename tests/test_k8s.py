@@ -24,7 +24,7 @@ import yaml
 
 from inferwatch import catalog, k8s
 from inferwatch.runbooks.actions.kubernetes_api import RBAC_RULES
-from tests.conftest import REPO, _tool, shared_path
+from tests.conftest import REPO, _tool, _under_ci, shared_path
 
 KIT = REPO / "deploy" / "kubernetes"
 OVERLAYS = sorted(p.parent.name for p in (KIT / "overlays").glob("*/kustomization.yaml"))
@@ -405,7 +405,7 @@ def test_the_site_sets_namespace_release_and_cluster(
         spec = yaml.safe_load(values.read_text(encoding="utf-8"))["prometheus"]["prometheusSpec"]
         assert spec["externalLabels"] == {"cluster": site.cluster}
         assert [w["url"] for w in spec.get("remoteWrite", [])] == (
-            [site.remote_write] if site.remote_write else []
+            [site.remote_write.url] if site.remote_write else []
         )
     else:
         assert not values.exists()
@@ -431,3 +431,60 @@ def test_every_object_fits_kubectl_applys_annotation(
     for document in documents:
         size = len(json.dumps(document, separators=(",", ":")).encode())
         assert size < 262144, f"{document['kind']}/{document['metadata']['name']}: {size} bytes"
+
+
+#: the Prometheus resource's CRD (prometheus-operator, example/prometheus-operator-crd/)
+PROMETHEUS_CRD = "monitoring.coreos.com_prometheuses.yaml"
+
+
+def prometheus_resource(spec: dict[str, Any]) -> dict[str, Any]:
+    """kube-prometheus-stack hands ``prometheus.prometheusSpec`` to the operator as the spec
+    of its Prometheus resource: the values are valid when that resource is."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "Prometheus",
+        "metadata": {"name": "kube-prometheus-stack-prometheus"},
+        "spec": spec,
+    }
+
+
+@pytest.fixture(scope="module")
+def prometheus_crd() -> None:
+    if not (shared_path("fixtures/crds") / PROMETHEUS_CRD).is_file():
+        message = f"../shared/fixtures/crds/{PROMETHEUS_CRD} is missing"
+        if _under_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+def test_each_sites_prometheus_values_are_a_valid_prometheus_spec(prometheus_crd: None) -> None:
+    checked = 0
+    for values in sorted((KIT / "overlays").glob("*/prometheus-values.yaml")):
+        spec = yaml.safe_load(values.read_text(encoding="utf-8"))["prometheus"]["prometheusSpec"]
+        validate(prometheus_resource(spec))
+        checked += bool(spec.get("remoteWrite"))
+    assert checked, "no overlay remote-writes"
+
+
+@pytest.mark.parametrize("edge", ["minimum", "maximum"])
+def test_remote_write_settings_at_the_schemas_edges_are_a_valid_prometheus_spec(
+    prometheus_crd: None, tmp_path: Any, edge: str
+) -> None:
+    """Whatever the site schema lets through, the operator accepts."""
+    queue = k8s.SITE_SCHEMA["properties"]["monitoring"]["properties"]["remote_write"]
+    settings = {
+        key: node[edge] for key, node in queue["properties"].items() if node["type"] == "integer"
+    }
+    site = tmp_path / "edge.yaml"
+    site.write_text(yaml.safe_dump({
+        "cluster": "edge",
+        "monitoring": {"remote_write": {
+            "url": "http://store:19291/api/v1/receive", "batch_send_deadline": "1m30s", **settings
+        }},
+    }))  # fmt: skip
+    spec = k8s.prometheus_values(k8s.load_site(site))["prometheus"]["prometheusSpec"]
+    validate(prometheus_resource(spec))
+    with pytest.raises(jsonschema.ValidationError):  # the check can fail: a misspelt field
+        broken = copy.deepcopy(spec)
+        broken["remoteWrite"][0]["queueConfig"]["maxShard"] = 1
+        validate(prometheus_resource(broken))
