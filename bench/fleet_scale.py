@@ -170,6 +170,72 @@ def recording_rules() -> dict[str, list[tuple[dict[str, str], str]]]:
     return rules
 
 
+def recording_levels() -> list[list[dict[str, Any]]]:
+    """The generated recording rules in dependency order: level 0 reads only scraped series,
+    level N reads series of level N-1 or below."""
+    found = [
+        rule
+        for path in RULE_FILES
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    ]
+    depth: dict[str, int] = {}
+    while len(depth) < len({r["record"] for r in found}):
+        for rule in found:
+            reads = {name for name, _ in RECORDED.findall(rule["expr"])}
+            if reads <= set(depth):
+                level = 1 + max((depth[name] for name in reads), default=-1)
+                depth[rule["record"]] = max(depth.get(rule["record"], 0), level)
+    levels: list[list[dict[str, Any]]] = [[] for _ in range(max(depth.values()) + 1)]
+    for rule in found:
+        levels[depth[rule["record"]]].append(rule)
+    return levels
+
+
+def backfill_recordings(data: Path, work: Path, start: float, end: float) -> float:
+    """Write the recording rules' output over ``[start, end]`` into ``data`` with ``promtool
+    tsdb create-blocks-from rules``, one level at a time: promtool evaluates each rule
+    against a running Prometheus, which must already hold what the rule reads. Returns the
+    seconds it took."""
+    started = time.monotonic()
+    config = work / "no-rules.yml"
+    config.write_text(yaml.safe_dump({"global": {}}))
+    for index, level in enumerate(recording_levels()):
+        rules = work / f"level-{index}.yaml"
+        rules.write_text(yaml.safe_dump({"groups": [{"name": f"level-{index}", "rules": level}]}))
+        out = work / f"level-{index}"
+        port = free_port()
+        api = f"http://127.0.0.1:{port}"
+        args = [
+            "prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d",
+        ]  # fmt: skip
+        with process(args, f"{api}/-/ready"):
+            subprocess.run(
+                ["promtool", "tsdb", "create-blocks-from", "rules", f"--start={int(start)}",
+                 f"--end={int(end)}", f"--url={api}", f"--output-dir={out}",
+                 f"--eval-interval={STEP}s", str(rules)],
+                check=True, capture_output=True,
+            )  # fmt: skip
+        for block in out.iterdir():
+            block.rename(data / block.name)
+    return time.monotonic() - started
+
+
+def range_seconds(api: str, expr: str, start: float, end: float, rounds: int = 3) -> float:
+    """Median execution time of ``expr`` as a time-series panel asks for it: a range query,
+    one step per scrape interval."""
+    times = []
+    for _ in range(rounds):
+        params = {"query": expr, "start": start, "end": end, "step": STEP, "stats": "all"}
+        body = httpx.get(f"{api}/api/v1/query_range", params=params, timeout=300).json()
+        if body.get("status") != "success":
+            raise SystemExit(f"range query failed: {expr}\n{body.get('error')}")
+        times.append(body["data"]["stats"]["timings"]["execTotalTime"])
+    return statistics.median(times)
+
+
 def expand(expr: str, rules: dict[str, list[tuple[dict[str, str], str]]]) -> str:
     """``expr`` with every recorded series replaced by the expression its rule records."""
 
@@ -233,6 +299,9 @@ def measure_fleet(
     backfill_s = time.monotonic() - started
     source.unlink()
     block_bytes = du(data)
+    # the recorded series over the same span, so that a range query finds both forms
+    start = end - minutes * 60 + 5 * 60  # from where a 5m rate window is full
+    rules_backfill_s = backfill_recordings(data, work, start, end)
     config = work / f"prometheus-{replicas}.yml"
     config.write_text(yaml.safe_dump({
         "global": {"evaluation_interval": f"{STEP}s", "external_labels": {}},
@@ -252,11 +321,15 @@ def measure_fleet(
         # the execution time of a query that reads nothing: no panel can answer faster
         floor = query_seconds(api, "vector(1)")
         panels = []
+        ranges: list[tuple[float, float | None]] = []
         for title, expr in queries:
             raw = expand(expr, rules)
+            drawn_range = range_seconds(api, expr, start, end)
             if raw == expr:
+                ranges.append((drawn_range, None))
                 panels.append((title, query_seconds(api, expr), None, True))
                 continue
+            ranges.append((drawn_range, range_seconds(api, raw, start, end)))
             at = _evaluated_at(api, expr)
             drawn_values, raw_values = _values(api, expr, at), _values(api, raw, at)
             same = len(drawn_values) == len(raw_values) and all(
@@ -275,6 +348,9 @@ def measure_fleet(
         "groups": groups,
         "floor": floor,
         "panels": panels,
+        "ranges": ranges,
+        "range_minutes": (end - start) / 60,
+        "rules_backfill_s": rules_backfill_s,
     }
 
 
@@ -404,6 +480,26 @@ def main() -> None:
                 if raw is None
                 else f"{drawn * 1000:.2f} / {raw * 1000:.2f} ({raw / max(drawn, 1e-9):.0f}x)"
                 + ("" if same else " !=")
+            )
+        print(f"| {title} | " + " | ".join(cells) + " |")
+    span = results[0]["range_minutes"]
+    print(f"\n## The same panels as range queries over {span:.0f} min at {STEP} s steps, in ms")
+    print("(as a time-series panel asks; recorded series backfilled by promtool)\n")
+    print(f"| panel | {sizes} |")
+    print("|---" * (len(results) + 1) + "|")
+    print(
+        "| promtool rules backfill (s) | "
+        + " | ".join(f"{r['rules_backfill_s']:.1f}" for r in results)
+        + " |"
+    )
+    for index, (title, _) in enumerate(queries):
+        cells = []
+        for r in results:
+            drawn, raw = r["ranges"][index]
+            cells.append(
+                f"{drawn * 1000:.2f}"
+                if raw is None
+                else f"{drawn * 1000:.2f} / {raw * 1000:.2f} ({raw / max(drawn, 1e-9):.0f}x)"
             )
         print(f"| {title} | " + " | ".join(cells) + " |")
 
