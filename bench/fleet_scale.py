@@ -22,8 +22,10 @@ own ``evaluationTime``, median of three evaluations), and each fleet-overview pa
 time (Prometheus' ``stats=all`` execution time of an instant query, median of five) as the
 dashboard has it and with every recorded series replaced by the raw expression its rule
 records (recursively), below the floor: the execution time of ``vector(1)``, a query
-that reads no series. Panels on series the fleet does not have (``up``, ``ALERTS``) are
-left out.
+that reads no series. Then the same pairs as range queries over the backfilled span (from
+where a 5m window is full, one step per scrape interval: what a time-series panel sends),
+the recorded series backfilled for that span by ``promtool tsdb create-blocks-from rules``.
+Panels on series the fleet does not have (``up``, ``ALERTS``) are left out.
 """
 
 from __future__ import annotations
