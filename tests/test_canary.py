@@ -5,6 +5,7 @@ The verdicts on realistic data, against a real Prometheus, are in test_canary_e2
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from fractions import Fraction
@@ -68,7 +69,7 @@ def test_fisher_p_falls_as_candidate_events_rise(n_c: int, n_b: int, k_b: int) -
     k_b = min(k_b, n_b)
     values = [stats.fisher_greater(k, n_c, k_b, n_b) for k in range(n_c + 1)]
     assert all(0 <= v <= 1 for v in values)
-    assert all(a >= b - 1e-12 for a, b in zip(values, values[1:], strict=False))
+    assert all(a >= b - 1e-12 for a, b in itertools.pairwise(values))
 
 
 def test_fisher_on_a_large_window_is_exact_where_the_sum_stops_early() -> None:
@@ -211,23 +212,26 @@ def test_verdict(outcomes: tuple[analysis.Outcome, ...], expected: str) -> None:
 
 # ------------------------------------------------------------------ CLI errors
 GOOD = ["--baseline", 'model_version="a"', "--candidate", 'model_version="b"']
+LOCAL = ["--prometheus", "http://127.0.0.1:{port}"]
+ONLY_MODEL = ["--baseline", 'model="a"', "--candidate", 'model_version="b"']
+SAME = ["--baseline", 'model_version="a"', "--candidate", 'model_version="a"']
 
 
 @pytest.mark.parametrize(
     ("args", "env", "reason"),
     [
-        (["--prometheus", "http://127.0.0.1:{port}", *GOOD], {}, "cannot reach Prometheus"),
+        ([*LOCAL, *GOOD], {}, "cannot reach Prometheus"),
         (["--prometheus", "ftp://x", *GOOD], {}, "http(s) URL"),
-        (["--prometheus", "http://127.0.0.1:{port}", *GOOD, "--window", "30"], {}, "--window"),
-        (["--prometheus", "http://127.0.0.1:{port}", *GOOD, "--window", "30s"], {}, "1m..7d"),
-        (["--prometheus", "http://127.0.0.1:{port}", *GOOD], {"INFERWATCH_CANARY_WINDOW": "8d"}, "1m..7d"),
-        (["--prometheus", "http://x", "--baseline", 'model="a"', "--candidate", 'model_version="b"'], {}, "--baseline"),
-        (["--prometheus", "http://x", "--baseline", 'model_version="a"', "--candidate", 'model_version="a"'], {}, "same series"),
+        ([*LOCAL, *GOOD, "--window", "30"], {}, "--window"),
+        ([*LOCAL, *GOOD, "--window", "30s"], {}, "1m..7d"),
+        ([*LOCAL, *GOOD], {"INFERWATCH_CANARY_WINDOW": "8d"}, "1m..7d"),
+        ([*LOCAL, *ONLY_MODEL], {}, "--baseline"),
+        ([*LOCAL, *SAME], {}, "same series"),
         (GOOD, {}, "Missing option '--prometheus'"),
         (["--prometheus", "http://x", *GOOD, "--alpha", "0"], {}, "--alpha"),
-        (["--prometheus", "http://x", *GOOD, "--config", "/nonexistent/alerts.yaml"], {}, "alerts.yaml"),
+        ([*LOCAL, *GOOD, "--config", "/nonexistent/alerts.yaml"], {}, "alerts.yaml"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_one_clear_line_and_exit_3(
     args: list[str], env: dict[str, str], reason: str, unused_port: int
 ) -> None:
