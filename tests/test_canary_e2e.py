@@ -23,10 +23,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from inferwatch import catalog
 from inferwatch.exporters import textformat
-from tests.conftest import shared_path
+from tests.conftest import REPO, shared_path
 
 pytestmark = pytest.mark.e2e
 
@@ -321,3 +322,71 @@ def test_a_query_prometheus_refuses_is_one_line_and_exit_3(prometheus: tuple[str
     refused = canary(prometheus, 'x",model_version=~"(')
     assert refused.returncode == 3
     assert refused.stderr.count("\n") == 1 and "Error:" in refused.stderr
+
+
+def _argo_queries() -> dict[str, str]:
+    from inferwatch.canary import templates
+
+    (template,) = [
+        d for d in yaml.safe_load_all((REPO / "deploy/canary" / templates.ARGO).read_text()) if d
+    ]
+    return {m["name"]: m["provider"]["prometheus"]["query"] for m in template["spec"]["metrics"]}
+
+
+def _flagger_queries() -> dict[str, str]:
+    from inferwatch.canary import templates
+
+    documents = yaml.safe_load_all((REPO / "deploy/canary" / templates.FLAGGER).read_text())
+    return {
+        d["metadata"]["name"].removeprefix("inferwatch-"): d["spec"]["query"]
+        for d in documents
+        if d
+    }
+
+
+def _score(prometheus: tuple[str, float], query: str) -> float | None:
+    url, end = prometheus
+    reply = httpx.post(f"{url}/api/v1/query", data={"query": query, "time": str(end)}, timeout=30)
+    result = reply.json()["data"]["result"]
+    assert len(result) <= 1, query
+    return float(result[0]["value"][1]) if result else None
+
+
+@pytest.mark.parametrize("controller", ["argo", "flagger"])
+def test_controller_templates_judge_the_same_fleet_alike(
+    prometheus: tuple[str, float], controller: str
+) -> None:
+    """The committed templates' queries, their placeholders filled in as the controller does:
+    a score <= 1 passes, > 1 fails, no sample is inconclusive (too little traffic)."""
+    queries = _argo_queries() if controller == "argo" else _flagger_queries()
+    assert set(queries) == {
+        "ttft-p99",
+        "tpot-p99",
+        "error-ratio",
+        "probe-failures",
+        "degeneracy",
+        "cost-per-1k",
+    }
+
+    def score(metric: str, candidate: str) -> float | None:
+        text = queries[metric]
+        for placeholder, value in (
+            ("{{args.baseline}}", 'model_version="2024-07-23"'),
+            ("{{args.candidate}}", f'model_version="{candidate}"'),
+            ("{{args.window}}", "30m"),
+            ("{{ variables.baseline }}", 'model_version="2024-07-23"'),
+            ("{{ variables.candidate }}", f'model_version="{candidate}"'),
+            ("{{ interval }}", "30m"),
+        ):
+            text = text.replace(placeholder, value)
+        return _score(prometheus, text)
+
+    for metric in queries:
+        healthy = score(metric, "healthy")
+        assert healthy is not None and healthy <= 1, (metric, healthy)
+    slow = score("ttft-p99", "slow")
+    assert slow is not None and slow > 1
+    degenerate = score("degeneracy", "degenerate")
+    assert degenerate is not None and degenerate > 1
+    assert score("ttft-p99", "quiet") is None
+    assert score("error-ratio", "quiet") is None

@@ -50,6 +50,14 @@ class Thresholds:
     #: relative increase of cost per 1k tokens that is a regression
     cost_tolerance: float = 0.10
 
+    def proportion(self, check: Check) -> tuple[int, float]:
+        """(minimum sample per side, margin) of a proportion check."""
+        return {
+            "error_ratio": (self.min_requests, self.error_margin),
+            "probe_failures": (self.min_probes, self.probe_margin),
+            "degeneracy": (self.min_screened, self.degeneracy_margin),
+        }[check.name]
+
 
 @dataclass(frozen=True)
 class Result:
@@ -168,11 +176,8 @@ class Analysis:
 
     def _proportion(self, check: Check) -> Result:
         t = self.thresholds
-        minimum, margin, alpha = {
-            "error_ratio": (t.min_requests, t.error_margin, t.alpha),
-            "probe_failures": (t.min_probes, t.probe_margin, t.alpha),
-            "degeneracy": (t.min_screened, t.degeneracy_margin, t.alpha),
-        }[check.name]
+        minimum, margin = t.proportion(check)
+        alpha = t.alpha
         counted: list[tuple[dict[str, int], int]] = []
         for side in self.sides:
             events_expr, total_expr = checks.events_and_total(

@@ -80,6 +80,12 @@ def buckets(config: Config, check: Check, selector: str, window: str) -> str:
     return f"sum by (le) ({_increase(config, key, selector, window, suffix='_bucket')})"
 
 
+def observed(config: Config, check: Check, selector: str, window: str) -> str:
+    """Requests the latency histogram observed over the window."""
+    (key,) = check.keys
+    return f"sum({_increase(config, key, selector, window, suffix='_count')})"
+
+
 def quantile(config: Config, check: Check, selector: str, window: str) -> str:
     return f"histogram_quantile({number(QUANTILE)}, {buckets(config, check, selector, window)})"
 
