@@ -174,3 +174,16 @@ def test_bad_canary_specs_are_refused(canary: Any, reason: str) -> None:
     with pytest.raises(gateway.TopologyError, match=reason):
         gateway.parse({"listen": "127.0.0.1:3", "runtime": "/tmp/s", "models": {
             MODEL: {"replicas": [replica], "canary": canary}}})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "users",
+    ["release-qa", ["a b"], [""], [7], ["u"] * 65, ["x" * 64]],
+)
+def test_bad_canary_users_of_a_site_are_refused(users: Any, tmp_path: Path) -> None:
+    from inferwatch import k8s
+
+    site = tmp_path / "site.yaml"
+    site.write_text(json.dumps({"gateway": {"canary_users": users}}))
+    with pytest.raises(k8s.SiteError, match=r"gateway\.canary_users"):
+        k8s.load_site(site)
