@@ -191,9 +191,7 @@ def _canary(name: str, spec: Any, servers: list[Server]) -> Canary:
     users = spec.get("users", [])
     if not isinstance(header, bool):
         raise TopologyError(f"model {name}: canary header is true or false")
-    if not isinstance(users, list) or not all(
-        isinstance(u, str) and _NAME.match(u) for u in users
-    ):
+    if not isinstance(users, list) or not all(isinstance(u, str) and _NAME.match(u) for u in users):
         raise TopologyError(f"model {name}: canary users is a list of ids (A-Z a-z 0-9 . _ -)")
     return Canary(version, header, tuple(users))
 

@@ -1,8 +1,8 @@
 """``inferwatch generate k8s``: the kustomize overlays and components of ``deploy/kubernetes``.
 
 The kit's base (``deploy/kubernetes/base``) is written by hand. What differs by site (the
-namespace, the kube-prometheus-stack release and namespace, the gateway, the canary's weight,
-the cluster label and the central store to remote-write to) lives in one file per site,
+namespace, the kube-prometheus-stack release and namespace, the gateway, the canary's weight
+and users, the cluster label and the central store to remote-write to) lives in one file per site,
 ``deploy/kubernetes/sites/NAME.yaml``; this module renders ``overlays/NAME/`` from it. The
 components carry the generated PrometheusRule and dashboard ConfigMaps into the kit, copied
 from the packages that generate them, so that ``kubectl kustomize`` needs no access outside

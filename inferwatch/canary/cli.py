@@ -29,6 +29,10 @@ MIN_WINDOW_S, MAX_WINDOW_S = 60, 7 * 86400
 _COLOURS = {"pass": "green", "fail": "red", "no data": "yellow", "n/a": "dim"}
 
 
+class _BadUsage(click.UsageError):
+    exit_code = BAD_INPUT
+
+
 class _Command(click.Command):
     """Usage errors exit with :data:`BAD_INPUT`, not click's 2 (which means inconclusive)."""
 
@@ -36,8 +40,7 @@ class _Command(click.Command):
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
-            exc.exit_code = BAD_INPUT
-            raise
+            raise _BadUsage(exc.message, exc.ctx) from None
 
 
 def _window(value: str) -> str:
@@ -52,7 +55,7 @@ def _window(value: str) -> str:
 def _threshold_options() -> list[Any]:
     options = []
     for field in dataclasses.fields(Thresholds):
-        kind: click.ParamType = click.IntRange(1)
+        kind: click.ParamType[Any] = click.IntRange(1)
         if field.name == "alpha":
             kind = click.FloatRange(0, 1, min_open=True)
         elif field.name.endswith("_margin"):
