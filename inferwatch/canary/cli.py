@@ -40,7 +40,7 @@ class _Command(click.Command):
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
-            raise _BadUsage(exc.message, exc.ctx) from None
+            raise _BadUsage(exc.format_message(), exc.ctx) from None
 
 
 def _window(value: str) -> str:
