@@ -13,7 +13,7 @@ from fractions import Fraction
 import httpx
 import pytest
 from click.testing import CliRunner
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferwatch.canary import analysis, selector, stats
@@ -43,12 +43,14 @@ tables = st.integers(0, 40).flatmap(
 )
 
 
+@settings(deadline=None)  # hundreds of exact p-values per case, on a busy machine
 @given(tables)
 def test_fisher_matches_exact_enumeration(table: tuple[int, int, int, int]) -> None:
     expected = float(exact_p(*table)) if table[0] + table[2] and table[1] and table[3] else 1.0
     assert stats.fisher_greater(*table) == pytest.approx(expected, rel=1e-9, abs=1e-12)
 
 
+@settings(deadline=None)  # hundreds of exact p-values per case, on a busy machine
 @given(st.integers(1, 30), st.integers(1, 30), st.integers(0, 60), st.floats(0.001, 0.5))
 def test_fisher_never_rejects_more_often_than_alpha_under_the_null(
     n_c: int, n_b: int, events: int, alpha: float
@@ -64,6 +66,7 @@ def test_fisher_never_rejects_more_often_than_alpha_under_the_null(
     assert rejected <= alpha + 1e-12
 
 
+@settings(deadline=None)  # hundreds of exact p-values per case, on a busy machine
 @given(st.integers(1, 500), st.integers(1, 500), st.integers(0, 500))
 def test_fisher_p_falls_as_candidate_events_rise(n_c: int, n_b: int, k_b: int) -> None:
     k_b = min(k_b, n_b)
@@ -265,3 +268,36 @@ def test_an_empty_prometheus_is_inconclusive(unused_port: int) -> None:
     assert {r.outcome for r in results} == {"no data"}
     assert analysis.verdict(results) == "inconclusive"
     assert json.dumps([r.detail for r in results])  # every row says why
+
+
+def test_a_bucket_bound_spelt_two_ways_is_one_bucket() -> None:
+    """Python's client writes le="1.0", Go's le="1": ``sum by (le)`` keeps both groups, and
+    the analysis must add them rather than keep one."""
+    from inferwatch.alerts import config
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        query = request.content.decode()
+        if "histogram_quantile" in query:
+            result = [{"metric": {}, "value": [0, "0.5"]}]
+        elif "_bucket" in query:
+            spellings = [("0.5", 0), ("1", 150), ("1.0", 150), ("+Inf", 300)]
+            result = [{"metric": {"le": le}, "value": [0, str(v)]} for le, v in spellings]
+        else:
+            result = []
+        return httpx.Response(
+            200, json={"status": "success", "data": {"resultType": "vector", "result": result}}
+        )
+
+    run = analysis.Analysis(
+        _prometheus(httpx.MockTransport(handler)),
+        config.load(),
+        selector.parse('model_version="a"'),
+        selector.parse('model_version="b"'),
+        "30m",
+        0.0,
+        analysis.Thresholds(),
+    )
+    ttft = run.run()[0]
+    assert ttft.check.name == "ttft_p99"
+    assert ttft.outcome == "pass", ttft
+    assert "above 1000 ms: 0.00% of 300" in ttft.detail

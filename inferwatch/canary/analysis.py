@@ -127,7 +127,12 @@ class Analysis:
             buckets = self.prometheus.query(
                 checks.buckets(self.config, check, selector, self.window), self.at
             )
-            cumulative.append({float(labels.get("le", "nan")): value for labels, value in buckets})
+            counts: dict[float, float] = {}
+            for labels, value in buckets:
+                # exporters spell a bound differently ("1", "1.0"): one bucket however spelt
+                bound = float(labels.get("le", "nan"))
+                counts[bound] = counts.get(bound, 0.0) + value
+            cumulative.append(counts)
             quantiles.append(
                 self._scalar(checks.quantile(self.config, check, selector, self.window))
             )

@@ -34,9 +34,9 @@ def fisher_greater(
     """One-sided Fisher exact p-value that the candidate's event rate exceeds the baseline's.
 
     Conditional on the margins, the candidate's event count is hypergeometric; the p-value is
-    the probability of at least the observed count. Terms are summed in log space and the sum
-    stops once past the mode the terms are negligible, so a million-request window costs
-    little.
+    the probability of at least the observed count. The tail beyond the observed count on the
+    side away from the mode is summed (terms in log space, stopping once they are negligible),
+    so a million-request window costs little and a p-value near 1 keeps its precision.
     """
     for value in (candidate_events, candidate_n, baseline_events, baseline_n):
         if value < 0:
@@ -52,16 +52,26 @@ def fisher_greater(
     if candidate_events <= low:
         return 1.0
     log_norm = _log_comb(total, candidate_n)
-    mode = (candidate_n + 1) * (events + 1) // (total + 2)
-    p = 0.0
-    for k in range(candidate_events, high + 1):
-        term = math.exp(
+
+    def pmf(k: int) -> float:
+        return math.exp(
             _log_comb(events, k) + _log_comb(total - events, candidate_n - k) - log_norm
         )
-        p += term
-        if k > mode and term <= p * _NEGLIGIBLE:
+
+    mode = (candidate_n + 1) * (events + 1) // (total + 2)
+    # the tail on the observed count's side away from the mode: its terms only shrink, so the
+    # sum stops where they vanish, and a p-value near 1 is one minus a small sum rather than a
+    # long sum that rounding would spoil
+    upper = candidate_events > mode
+    ks = range(candidate_events, high + 1) if upper else range(candidate_events - 1, low - 1, -1)
+    tail = 0.0
+    for k in ks:
+        term = pmf(k)
+        tail += term
+        if term <= tail * _NEGLIGIBLE:
             break
-    return min(1.0, p)
+    p = tail if upper else 1.0 - tail
+    return min(1.0, max(0.0, p))
 
 
 def tail_bound(bounds: Sequence[float], cumulative: Sequence[float], quantile: float) -> int | None:
