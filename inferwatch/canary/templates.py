@@ -96,6 +96,8 @@ def argo(config: Config, t: Thresholds) -> str:
             "name": check.name.replace("_", "-"),
             "interval": "5m",
             "failureLimit": 1,
+            # a young canary has too little traffic: wait up to half an hour for it
+            "inconclusiveLimit": 6,
             "successCondition": f"{measured} && result[0] <= 1",
             "failureCondition": f"{measured} && result[0] > 1",
             "provider": {
