@@ -75,6 +75,10 @@ def _count(value: float | None) -> int:
     return 0 if value is None or math.isnan(value) else max(0, round(value))
 
 
+def _no_data(check: Check, baseline: str, candidate: str, why: str) -> Result:
+    return Result(check, "no data", baseline, candidate, None, why)
+
+
 def _share(events: int, total: int) -> str:
     return f"{events / total:.2%} of {total}" if total else "none"
 
@@ -142,36 +146,26 @@ class Analysis:
             f"{q * 1000:.0f} ms" if q is not None and not math.isnan(q) else "-" for q in quantiles
         ]
         if min(n_b, n_c) < t.min_requests:
-            return Result(
+            return _no_data(
                 check,
-                "no data",
                 shown[0],
                 shown[1],
-                None,
                 f"{n_b} and {n_c} requests, {t.min_requests} needed per side",
             )
         bounds = sorted(base)
         index = stats.tail_bound(bounds, [base[b] for b in bounds], checks.QUANTILE)
         if index is None:
-            return Result(
-                check,
-                "no data",
-                shown[0],
-                shown[1],
-                None,
-                "the baseline's p99 lies in the +Inf bucket",
-            )
+            return _no_data(check, shown[0], shown[1], "the baseline's p99 lies in the +Inf bucket")
         bound = bounds[index]
         if bound not in cand:
-            return Result(
+            return _no_data(
                 check,
-                "no data",
                 shown[0],
                 shown[1],
-                None,
                 "baseline and candidate histograms have different buckets",
             )
-        k_b, k_c = n_b - _count(base[bound]), n_c - _count(cand[bound])
+        # rounding the extrapolated counts must not make a tail negative
+        k_b, k_c = max(0, n_b - _count(base[bound])), max(0, n_c - _count(cand[bound]))
         p = stats.fisher_greater(k_c, n_c, k_b, n_b)
         q_b, q_c = quantiles
         slower = q_b is not None and q_c is not None and q_c > q_b * (1 + t.latency_tolerance)
@@ -195,13 +189,8 @@ class Analysis:
             counted.append((events or {"": 0}, _count(self._scalar(total_expr))))
         (events_b, n_b), (events_c, n_c) = counted
         if min(n_b, n_c) < minimum:
-            return Result(
-                check,
-                "no data",
-                str(n_b),
-                str(n_c),
-                None,
-                f"{n_b} and {n_c} observed, {minimum} needed per side",
+            return _no_data(
+                check, str(n_b), str(n_c), f"{n_b} and {n_c} observed, {minimum} needed per side"
             )
         signals = sorted(set(events_b) | set(events_c))
         alpha /= len(signals)  # one test per degeneracy signal
@@ -231,12 +220,10 @@ class Analysis:
             tokens.append(billed)
             per_1k.append(1000 * cost / billed if billed else math.nan)
         if min(tokens) < t.min_tokens:
-            return Result(
+            return _no_data(
                 check,
-                "no data",
                 str(tokens[0]),
                 str(tokens[1]),
-                None,
                 f"{tokens[0]} and {tokens[1]} tokens, {t.min_tokens} needed per side",
             )
         base, cand = per_1k
