@@ -270,9 +270,8 @@ def test_an_empty_prometheus_is_inconclusive(unused_port: int) -> None:
     assert json.dumps([r.detail for r in results])  # every row says why
 
 
-def test_a_bucket_bound_spelt_two_ways_is_one_bucket() -> None:
-    """Python's client writes le="1.0", Go's le="1": ``sum by (le)`` keeps both groups, and
-    the analysis must add them rather than keep one."""
+def _ttft(buckets: list[tuple[str, float]]) -> Result:
+    """The TTFT check of both sides having ``buckets`` (le, increase)."""
     from inferwatch.alerts import config
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -280,8 +279,7 @@ def test_a_bucket_bound_spelt_two_ways_is_one_bucket() -> None:
         if "histogram_quantile" in query:
             result = [{"metric": {}, "value": [0, "0.5"]}]
         elif "_bucket" in query:
-            spellings = [("0.5", 0), ("1", 150), ("1.0", 150), ("+Inf", 300)]
-            result = [{"metric": {"le": le}, "value": [0, str(v)]} for le, v in spellings]
+            result = [{"metric": {"le": le}, "value": [0, str(v)]} for le, v in buckets]
         else:
             result = []
         return httpx.Response(
@@ -297,7 +295,20 @@ def test_a_bucket_bound_spelt_two_ways_is_one_bucket() -> None:
         0.0,
         analysis.Thresholds(),
     )
-    ttft = run.run()[0]
-    assert ttft.check.name == "ttft_p99"
+    (ttft,) = [r for r in run.run() if r.check.name == "ttft_p99"]
+    return ttft
+
+
+def test_a_bucket_bound_spelt_two_ways_is_one_bucket() -> None:
+    """Python's client writes le="1.0", Go's le="1": ``sum by (le)`` keeps both groups, and
+    the analysis must add them rather than keep one."""
+    ttft = _ttft([("0.5", 0), ("1", 150), ("1.0", 150), ("+Inf", 300)])
     assert ttft.outcome == "pass", ttft
     assert "above 1000 ms: 0.00% of 300" in ttft.detail
+
+
+def test_extrapolated_counts_that_round_past_the_total_are_an_empty_tail() -> None:
+    """``increase`` extrapolates each series on its own: a bucket may round above +Inf."""
+    ttft = _ttft([("0.5", 0), ("1", 300.6), ("+Inf", 300.4)])
+    assert ttft.outcome == "pass", ttft
+    assert "0.00% of 300 vs 0.00% of 300" in ttft.detail
