@@ -1,8 +1,10 @@
 """``inferwatch canary`` against a real Prometheus holding a realistic half hour of a fleet.
 
-The series are what the sidecar, the tenancy proxy and the probe runner export (names and
-labels from the catalogue, TTFT and TPOT bucket bounds of the real vLLM 0.33.0 capture),
-scraped every 15 s: a baseline of two replicas and four candidates of one replica each.
+The engine series are shaped by a real ``inferwatch sidecar`` serving the vLLM 0.33.0
+capture: its page gives the TTFT and TPOT histograms' bucket bounds as the sidecar spells
+them and the identity labels it adds; the proxy's and the probe runner's series follow the
+catalogue. Every replica is scraped every 15 s over half an hour: a baseline of two replicas
+and four candidates of one replica each.
 Latencies are drawn from log-normal distributions, errors, probe failures and degenerate
 outputs from Bernoulli trials, with a fixed seed. ``promtool tsdb create-blocks-from
 openmetrics`` writes the blocks a real Prometheus then serves, and the real CLI decides:
@@ -16,6 +18,7 @@ import math
 import random
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -61,20 +64,61 @@ VERSIONS = (
 )
 
 
-def _bounds(family: str) -> list[float]:
-    parsed = textformat.parse(CAPTURE.read_text())
-    return sorted(
-        {float(s.labels["le"]) for s in parsed.families[family].samples if "le" in s.labels}
+@dataclass(frozen=True)
+class Template:
+    """What a real sidecar's page fixes: bucket bounds (as it spells them), identity labels."""
+
+    ttft: list[str]
+    tpot: list[str]
+    engine_labels: frozenset[str]
+
+
+def sidecar_template() -> Template:
+    """One real sidecar in front of the vLLM capture; its /metrics after a scrape."""
+    from tests.conftest import _PageServer
+
+    pages = _PageServer()
+    threading.Thread(target=pages.serve_forever, daemon=True).start()
+    with socket_port() as port:
+        pass
+    engine = f"{pages.url}/fixture/{CAPTURE.name.removesuffix('.prom')}/metrics"
+    args = [
+        str(INFERWATCH), "sidecar", f"--engine-url={engine}", f"--listen=127.0.0.1:{port}",
+        "--gpu=none", "--pod=template", "--namespace=inference", "--node=node-1",
+        f"--model={MODEL}", "--model-version=template", "--prompt-version=p1",
+    ]  # fmt: skip
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/metrics"
+    ttft_name = catalog.load()["engine_time_to_first_token"].name
+    try:
+        _wait(lambda: ttft_name in httpx.get(url, timeout=5).text, "the sidecar's engine scrape")
+        page = textformat.parse(httpx.get(url, timeout=5).text)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        pages.shutdown()
+        pages.server_close()
+
+    def bounds(key: str) -> list[str]:
+        samples = page.families[catalog.load()[key].name].samples
+        return list(dict.fromkeys(x.labels["le"] for x in samples if "le" in x.labels))
+
+    finished = page.families[catalog.load()["engine_requests_finished"].name].samples[0]
+    return Template(
+        bounds("engine_time_to_first_token"),
+        bounds("engine_time_per_output_token"),
+        frozenset(finished.labels) - {"reason"},
     )
 
 
 class _Replica:
     """Cumulative counters of one replica, advanced one scrape at a time."""
 
-    def __init__(self, version: Version, pod: str, ttft: list[float], tpot: list[float]) -> None:
-        self.version, self.pod = version, pod
-        self.ttft, self.tpot = [0] * len(ttft), [0] * len(tpot)
-        self.ttft_bounds, self.tpot_bounds = ttft, tpot
+    def __init__(self, version: Version, pod: str, template: Template) -> None:
+        self.version, self.pod, self.template = version, pod, template
+        self.ttft_bounds = [float(le) for le in template.ttft]
+        self.tpot_bounds = [float(le) for le in template.tpot]
+        self.ttft, self.tpot = [0] * len(self.ttft_bounds), [0] * len(self.tpot_bounds)
         self.sums = [0.0, 0.0]
         self.finished = self.errors = 0
         self.probes = {"pass": 0, "fail": 0}
@@ -126,6 +170,7 @@ class _Replica:
             "namespace": "inference",
             "node": "node-1",
         }
+        assert set(engine) == self.template.engine_labels  # the labels the real sidecar adds
         tenant = {
             "tenant": "acme",
             "model": MODEL,
@@ -150,12 +195,11 @@ class _Replica:
             text = ",".join(f'{k}="{v}"' for k, v in sorted({**labels, **target}.items()))
             return f"{cat[key].name}{suffix}{{{text}}} {value:.9g} {t:.3f}\n"
 
-        for key, counts, bounds, total in (
-            ("engine_time_to_first_token", self.ttft, self.ttft_bounds, self.sums[0]),
-            ("engine_time_per_output_token", self.tpot, self.tpot_bounds, self.sums[1]),
+        for key, counts, spelt, total in (
+            ("engine_time_to_first_token", self.ttft, self.template.ttft, self.sums[0]),
+            ("engine_time_per_output_token", self.tpot, self.template.tpot, self.sums[1]),
         ):
-            for bound, count in zip(bounds, counts, strict=True):
-                le = "+Inf" if math.isinf(bound) else repr(bound)
+            for le, count in zip(spelt, counts, strict=True):
                 yield line(key, {**engine, "le": le}, count, "_bucket")
             yield line(key, engine, counts[-1], "_count")
             yield line(key, engine, total, "_sum")
@@ -175,12 +219,10 @@ class _Replica:
         yield line("tenancy_cost", {**tenant, "usage_source": "reported"}, self.cost)
 
 
-def write_fleet(out: Path, end: float) -> None:
-    ttft = _bounds("vllm:time_to_first_token_seconds")
-    tpot = _bounds("vllm:request_time_per_output_token_seconds")
+def write_fleet(out: Path, end: float, template: Template) -> None:
     rng = random.Random(17)
     replicas = [
-        _Replica(v, f"llama-{v.name}-{i}", ttft, tpot) for v in VERSIONS for i in range(v.replicas)
+        _Replica(v, f"llama-{v.name}-{i}", template) for v in VERSIONS for i in range(v.replicas)
     ]
     steps = MINUTES * 60 // STEP_S
     with out.open("w", encoding="utf-8") as handle:
@@ -202,7 +244,7 @@ def prometheus(
     work = tmp_path_factory.mktemp("canary")
     end = float(int(time.time()) - 60)
     source, data = work / "fleet.om", work / "data"
-    write_fleet(source, end)
+    write_fleet(source, end, sidecar_template())
     subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
                    check=True, capture_output=True, timeout=300)  # fmt: skip
     (work / "prometheus.yml").write_text("global: {scrape_interval: 15s}\n")
