@@ -1,8 +1,8 @@
 """``inferwatch generate k8s``: the kustomize overlays and components of ``deploy/kubernetes``.
 
 The kit's base (``deploy/kubernetes/base``) is written by hand. What differs by site (the
-namespace, the kube-prometheus-stack release and namespace, the gateway, the canary's weight,
-the cluster label and the central store to remote-write to) lives in one file per site,
+namespace, the kube-prometheus-stack release and namespace, the gateway, the canary's weight
+and users, the cluster label and the central store to remote-write to) lives in one file per site,
 ``deploy/kubernetes/sites/NAME.yaml``; this module renders ``overlays/NAME/`` from it. The
 components carry the generated PrometheusRule and dashboard ConfigMaps into the kit, copied
 from the packages that generate them, so that ``kubectl kustomize`` needs no access outside
@@ -71,6 +71,12 @@ class Site:
     gateway_class: str
     hostname: str
     canary_weight: int
+    #: users whose requests (x-inferwatch-user) always go to the canary
+    canary_users: tuple[str, ...] = ()
+
+
+#: a Gateway API rule holds at most 64 matches, one per user
+MAX_CANARY_USERS = 64
 
 
 def _text(pattern: str, what: str, default: str, may_be_empty: bool = False) -> dict[str, Any]:
@@ -114,6 +120,12 @@ SITE_SCHEMA = _section({
         "class": _text(DNS_LABEL, "a DNS label", "example"),
         "hostname": _text(HOSTNAME, "a hostname", "llm.example.com"),
         "canary_weight": _count(0, 100, 5),
+        # these users' requests (x-inferwatch-user) always go to the canary
+        "canary_users": {
+            "type": "array", "maxItems": MAX_CANARY_USERS, "default": [],
+            "items": _text(LABEL_VALUE, "a user id (letters, digits, - _ .)", ""),
+            "description": f"a list of at most {MAX_CANARY_USERS} user ids",
+        },
     }),
 })  # fmt: skip
 
@@ -160,6 +172,7 @@ def load_site(path: Path) -> Site:
         gateway_class=gateway["class"],
         hostname=gateway["hostname"],
         canary_weight=gateway["canary_weight"],
+        canary_users=tuple(gateway["canary_users"]),
     )
 
 
@@ -180,12 +193,14 @@ def _explain(problem: str, document: Mapping[str, Any]) -> str:
     """One validator line (``$.gateway.canary_weight: above 100``) as what to write
     instead: ``gateway.canary_weight must be an integer 0..100, not 101``."""
     where, _, reason = problem.partition(": ")
-    keys = where.split(".")[1:]
-    dotted = ".".join(keys)
+    dotted = where.removeprefix("$").removeprefix(".")
     node: Mapping[str, Any] = SITE_SCHEMA
     value: Any = document
-    for key in keys:
-        node, value = node["properties"][key], value[key]
+    for key, index in re.findall(r"\.([^.\[]+)|\[(\d+)\]", where):
+        if index:
+            node, value = node["items"], value[int(index)]
+        else:
+            node, value = node["properties"][key], value[key]
     if reason.startswith("unexpected key "):
         known = ", ".join(node["properties"])
         inside = f" in {dotted}" if dotted else ""
@@ -276,12 +291,16 @@ def render_overlay(site: Site) -> dict[str, str]:
         f"gateway_class={site.gateway_class}",
         f"hostname={site.hostname}",
     ]
-    weights = [
+    route_patch = [
         {"op": "replace", "path": "/spec/rules/1/backendRefs/0/weight",
          "value": 100 - site.canary_weight},
         {"op": "replace", "path": "/spec/rules/1/backendRefs/1/weight",
          "value": site.canary_weight},
     ]  # fmt: skip
+    if site.canary_users:
+        route_patch.append(
+            {"op": "add", "path": "/spec/rules/-", "value": user_rule(site.canary_users)}
+        )
     kustomization: dict[str, Any] = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
@@ -303,7 +322,7 @@ def render_overlay(site: Site) -> dict[str, str]:
         "patches": [
             {
                 "target": {"kind": "HTTPRoute", "name": "llama-8b"},
-                "patch": json.dumps(weights),
+                "patch": json.dumps(route_patch),
             }
         ],
     }
@@ -322,6 +341,30 @@ def render_overlay(site: Site) -> dict[str, str]:
             + _dump(prometheus_values(site))
         )
     return files
+
+
+def user_rule(users: tuple[str, ...]) -> dict[str, Any]:
+    """The HTTPRoute rule that sends ``users`` to the canary, marked as the user split."""
+    from inferwatch.canary import splits
+
+    return {
+        "matches": [
+            {
+                "path": {"type": "PathPrefix", "value": "/v1"},
+                "headers": [{"type": "Exact", "name": splits.USER_HEADER, "value": user}],
+            }
+            for user in users
+        ],
+        "filters": [
+            {
+                "type": "RequestHeaderModifier",
+                "requestHeaderModifier": {
+                    "set": [{"name": splits.SPLIT_HEADER, "value": splits.USER}]
+                },
+            }
+        ],
+        "backendRefs": [{"name": "llama-8b-canary", "port": 80, "weight": 1}],
+    }
 
 
 def prometheus_values(site: Site) -> dict[str, Any]:

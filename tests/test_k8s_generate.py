@@ -155,6 +155,18 @@ BAD_SITES = {
         "monitoring: {remote_write: {url: 'https://x/api/v1/push'}}\n",
         "needs cluster",
     ),
+    "users-not-a-list": (
+        "gateway: {canary_users: qa}\n",
+        "gateway.canary_users must be a list of at most 64 user ids, not 'qa'",
+    ),
+    "user-id": (
+        "gateway: {canary_users: [qa, 'a b']}\n",
+        "gateway.canary_users[1] must be a user id (letters, digits, - _ .), not 'a b'",
+    ),
+    "too-many-users": (
+        f"gateway: {{canary_users: [{', '.join(f'u{i}' for i in range(65))}]}}\n",
+        "gateway.canary_users must be a list of at most 64 user ids",
+    ),
     "oversized": ("namespace: x\n" + "#" * (k8s.MAX_SITE_BYTES + 1), "larger than"),
     "not-utf8": (b"namespace: \xff\n", "not YAML"),
 }
@@ -187,7 +199,13 @@ def leaves(node: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tup
 
 LEAVES = leaves(k8s.SITE_SCHEMA)
 #: a site that sets every value (a remote write needs a cluster)
-FULL_SITE = yaml.safe_load((KIT / "sites" / "multi-cluster-east.yaml").read_text())
+FULL_SITE = {
+    **yaml.safe_load((KIT / "sites" / "multi-cluster-east.yaml").read_text()),
+    "gateway": {
+        **yaml.safe_load((KIT / "sites" / "multi-cluster-east.yaml").read_text())["gateway"],
+        "canary_users": ["release-qa"],
+    },
+}
 
 
 def with_value(path: tuple[str, ...], value: Any) -> dict[str, Any]:
@@ -199,12 +217,15 @@ def with_value(path: tuple[str, ...], value: Any) -> dict[str, Any]:
     return document
 
 
-def test_the_full_site_sets_every_value_the_schema_knows_and_loads() -> None:
+def test_the_full_site_sets_every_value_the_schema_knows_and_loads(tmp_path: Path) -> None:
     """So that the bad-value property below starts from a site where only one value is bad."""
     for path, _ in LEAVES:
         assert _get(FULL_SITE, path) is not None, path
-    site = k8s.load_site(KIT / "sites" / "multi-cluster-east.yaml")
+    path = tmp_path / "full.yaml"
+    path.write_text(yaml.safe_dump(FULL_SITE))
+    site = k8s.load_site(path)
     assert site.remote_write is not None and site.remote_write.batch_send_deadline == "5s"
+    assert site.canary_users == ("release-qa",)
 
 
 NOT_TEXT = st.one_of(
@@ -231,6 +252,12 @@ def bad_value(draw: st.DrawFn) -> tuple[tuple[str, ...], Any]:
             NOT_TEXT,
             st.just(valid[:at] + blank + valid[at:]),
             st.just(valid + "a" * (node["maxLength"] + 1 - len(valid))),
+        ))  # fmt: skip
+    elif node["type"] == "array":
+        value = draw(st.one_of(
+            NOT_TEXT.filter(lambda v: not isinstance(v, list)),
+            st.lists(st.just("qa"), min_size=node["maxItems"] + 1, max_size=node["maxItems"] + 3),
+            st.lists(NOT_TEXT, min_size=1, max_size=3),
         ))  # fmt: skip
     else:
         value = draw(st.one_of(
@@ -262,7 +289,7 @@ def test_a_bad_value_at_any_key_is_one_line_naming_the_key(
     message = str(raised.value)
     assert "\n" not in message
     dotted = ".".join(path)
-    assert f": {dotted} must " in message, message
+    assert f": {dotted} must " in message or f": {dotted}[" in message, message
 
 
 VALUES = st.one_of(
