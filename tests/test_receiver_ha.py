@@ -92,8 +92,10 @@ class Receiver:
     def decisions(self, fingerprint: str) -> list[dict[str, Any]]:
         if not self.audit_path.exists():
             return []
-        lines = self.audit_path.read_text(encoding="utf-8").splitlines()
-        records = [json.loads(line) for line in lines if line.endswith("}")]
+        records = []
+        for line in self.audit_path.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(ValueError):  # the line being written right now
+                records.append(json.loads(line))
         return [r for r in records if r.get("fingerprint") == fingerprint and "outcome" in r]
 
 
