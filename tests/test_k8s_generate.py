@@ -325,3 +325,30 @@ def test_any_value_at_any_key_is_refused_in_one_line_or_renders(
         values = yaml.safe_load(files["site/prometheus-values.yaml"])
         (remote,) = values["prometheus"]["prometheusSpec"]["remoteWrite"]
         assert remote["url"] == site.remote_write.url
+
+
+#: keys the schema knows, at any depth, so that documents reach its inner sections
+KNOWN_KEYS = st.sampled_from(
+    ["gateway", "monitoring", "remote_write", "url", "canary_users", "namespace", "cluster"]
+)
+DOCUMENTS = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=12)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.one_of(KNOWN_KEYS, st.text(max_size=6)), inner, max_size=4),
+    ),
+    max_leaves=12,
+)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(document=DOCUMENTS)
+def test_any_document_loads_or_is_refused_in_one_line(tmp_path: Path, document: Any) -> None:
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(document))
+    try:
+        k8s.load_site(path)
+    except k8s.SiteError as exc:
+        assert "\n" not in str(exc)
