@@ -25,7 +25,7 @@ import yaml
 from inferwatch import catalog, k8s
 from inferwatch.canary.splits import HEADER, USER, WEIGHT
 from inferwatch.runbooks.actions.kubernetes_api import RBAC_RULES
-from tests.conftest import REPO, _tool, _under_ci, shared_path
+from tests.conftest import REPO, _tool, shared_path
 
 KIT = REPO / "deploy" / "kubernetes"
 OVERLAYS = sorted(p.parent.name for p in (KIT / "overlays").glob("*/kustomization.yaml"))
