@@ -7,6 +7,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -323,7 +324,6 @@ def sidecar(
         runner = _probe_runner(probes, probe_cycle, engine_collector.base_url, identity, pod)
         collectors.append(runner)
         readiness.append(runner)
-        background.append(runner.run)
     if engine_collector is not None:
         plan = None
         if warmup_batch_sizes:
@@ -334,6 +334,8 @@ def sidecar(
         collectors.append(tracker)
         readiness.append(tracker)
         background.append(tracker.run)
+        if runner is not None:  # a replica still loading or warming up says nothing of quality
+            background.append(partial(tracker.after_warmup, runner.run))
     app = Sidecar(
         engine_collector, collectors, readiness, background=background, admin_token=admin_token
     ).app()

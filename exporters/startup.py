@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import httpx
 from prometheus_client.core import Metric
@@ -105,6 +105,7 @@ class StartupTracker:
         self.http = http or httpx.AsyncClient(headers={"User-Agent": "inferwatch"})
         self._started = time.monotonic()
         self.reached: dict[str, float] = {}
+        self._warmed = asyncio.Event()
         self._reach("process_start")
 
     @property
@@ -149,7 +150,13 @@ class StartupTracker:
         else:
             await self.warmup.run_until_done()
             self._reach("warmup_done", warmup_requests=self.warmup.sent)
+        self._warmed.set()
         await self._until_serving(baseline, settled)
+
+    async def after_warmup(self, job: Callable[[], Awaitable[None]]) -> None:
+        """Run ``job`` (the quality probes) once the replica has first passed warm-up."""
+        await self._warmed.wait()
+        await job()
 
     async def _until_healthy(self) -> None:
         while True:

@@ -619,3 +619,41 @@ def test_warmup_tokens_are_what_the_engine_counted_so_reconciliation_knows_them(
     direct = direct_tokens(page)
     assert direct is not None and min(direct.values()) > 0
     assert direct == {k: after[k] - before[k] for k in ("prompt", "completion")}
+
+
+def test_quality_probes_wait_for_the_first_warmup(fast_sim: SimHandle) -> None:
+    """A replica still loading or warming up says nothing about its quality."""
+
+    async def scenario() -> None:
+        servers = hostile_server(server_error)  # an engine that never turns healthy
+        url = await anext(servers)
+        loading = StartupTracker(
+            EngineCollector(EngineScraper(f"{url}/metrics", timeout=0.3), {}), poll_s=0.05
+        )
+        tracker = tracker_for(fast_sim, WarmupPlan((1,), (16,)))
+        started: list[str] = []
+
+        async def probes(name: str) -> None:
+            started.append(name)
+
+        tasks = [asyncio.create_task(t.run()) for t in (loading, tracker)]
+        waiting = [
+            asyncio.create_task(loading.after_warmup(lambda: probes("loading"))),
+            asyncio.create_task(tracker.after_warmup(lambda: probes("warm"))),
+        ]
+        try:
+            await wait_async(lambda: started, 30, "the warm replica's probes")
+            assert "warmup_done" in tracker.reached
+            await wait_async(lambda: loading.phase == "engine_reachable", 30, "a 503")
+            await asyncio.sleep(0.3)
+            assert started == ["warm"]
+        finally:
+            for task in (*tasks, *waiting):
+                task.cancel()
+            await asyncio.gather(*tasks, *waiting, return_exceptions=True)
+            for t in (loading, tracker):
+                await t.aclose()
+                await t.engine.aclose()
+            await servers.aclose()
+
+    asyncio.run(scenario())

@@ -325,7 +325,7 @@ class Demo:
              "--speed", f"{self.options.speed:g}", "--seed", str(index),
              "--hostname", replica.node, "--host", "127.0.0.1",
              "--port", str(self.ports.sim[replica.name]), *replica.sim_flags,
-             "--storage-bandwidth", "4", "--graph-capture-seconds", "0.5"],  # a short cold start
+             "--storage-bandwidth", "4"],  # a short cold start: its weights load in seconds
             env={"INFERWATCH_SIM_ADMIN_TOKEN": self.admin_token},
         )  # fmt: skip
         sidecar = Component(
