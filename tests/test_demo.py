@@ -31,7 +31,7 @@ import yaml
 from click.testing import CliRunner
 
 from inferwatch.cli import main
-from inferwatch.demo import alerting, automation, scenario, topology
+from inferwatch.demo import alerting, automation, routing, scenario, topology
 from inferwatch.demo.observer import AuditTail, Observer, ReplicaState
 from inferwatch.demo.signals import History, Scrape, quantiles, rate
 from inferwatch.demo.view import decisions_summary
@@ -386,7 +386,8 @@ def xid_alert(replica: str, sidecar_port: int) -> Alert:
 
 def demo_mapping(workdir: Path, execute: bool = False) -> Config:
     automation.write_tokens(workdir)
-    automation.component(workdir, 9405, execute)  # writes the config it starts the receiver on
+    # writes the config it starts the receiver on
+    automation.component(workdir, 9405, execute, workdir / routing.RUNTIME)
     return runbook_config.load(workdir / automation.CONFIG)
 
 

@@ -4,7 +4,8 @@ The fleet is fixed so that scenarios can name its parts: the primary model serve
 versions (``primary-v1`` on bf16 weights and the fp8 rollout ``primary-v2``, a canary taking a
 third of the primary traffic) and a smaller fallback model (``fallback``) that a batch tenant
 uses and that takes the primary traffic when no primary replica is ready. Every replica has
-its own sidecar and its own tenancy proxy in front of it, as in a pod.
+its own sidecar and its own tenancy proxy in front of it, as in a pod; HAProxy in front of the
+proxies is the gateway clients call.
 """
 
 from __future__ import annotations
@@ -95,11 +96,13 @@ class Ports:
     prometheus: int
     alertmanager: int
     runbooks: int  # the runbook receiver (inferwatch runbooks serve)
+    gateway: int  # HAProxy's client port: the load goes through it
+    gateway_metrics: int  # HAProxy's own Prometheus page
 
     @classmethod
     def count(cls, replicas: Sequence[Replica] = REPLICAS) -> int:
         """How many ports the fleet uses."""
-        return 4 * len(replicas) + 3
+        return 4 * len(replicas) + 5
 
     @classmethod
     def assign(cls, base: int | None, replicas: Sequence[Replica] = REPLICAS) -> Ports:
@@ -116,7 +119,16 @@ class Ports:
             prometheus=ports[4 * n],
             alertmanager=ports[4 * n + 1],
             runbooks=ports[4 * n + 2],
+            gateway=ports[4 * n + 3],
+            gateway_metrics=ports[4 * n + 4],
         )
+
+
+def served_names(replica: Replica, replicas: Sequence[Replica] = REPLICAS) -> list[str]:
+    """The model names a replica's engine answers to: its own first (replies carry it), then
+    every other model of the fleet, whose traffic the gateway sends it as their fallback."""
+    others = sorted({r.model for r in replicas} - {replica.model})
+    return [replica.model, *others]
 
 
 def free_ports(count: int) -> list[int]:

@@ -29,7 +29,14 @@ def _faults(path: Path | None) -> object:
 
 @click.command()
 @serving_options
-@click.option("--served-model-name", show_envvar=True, help="Default: the model's name.")
+@click.option(
+    "--served-model-name",
+    "served_model_names",
+    multiple=True,
+    show_envvar=True,
+    help="A name the API answers to; repeat for more (vLLM takes them after one flag). "
+    "Replies and metrics carry the first.  [default: the model's name]",
+)
 @click.option(
     "--engine-ranks",
     type=click.IntRange(1, 64),
@@ -118,7 +125,7 @@ def _faults(path: Path | None) -> object:
 )
 def sim(
     model: str,
-    served_model_name: str | None,
+    served_model_names: tuple[str, ...],
     gpu: str,
     tensor_parallel: int,
     engine_ranks: int,
@@ -146,7 +153,7 @@ def sim(
     """Serve a simulated vLLM replica (OpenAI API, /metrics, DCGM, faults) on one port."""
     config = SimConfig(
         model=model,
-        served_model_name=served_model_name,
+        served_model_names=served_model_names,
         gpu=gpu,
         tensor_parallel=tensor_parallel,
         engine_ranks=engine_ranks,

@@ -192,17 +192,22 @@ async def _stream(
 
 
 async def models(request: Request) -> Response:
+    """One card per served name, as vLLM lists them."""
     sim = _sim(request)
-    card = {
-        "id": sim.model_name,
-        "object": "model",
-        "created": int(time.time()),
-        "owned_by": "vllm",
-        "root": sim.capacity.model.name,
-        "parent": None,
-        "max_model_len": sim.capacity.max_model_len,
-    }
-    return JSONResponse({"object": "list", "data": [card]})
+    created = int(time.time())
+    cards = [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": sim.capacity.model.name,
+            "parent": None,
+            "max_model_len": sim.capacity.max_model_len,
+        }
+        for name in sim.served_names
+    ]
+    return JSONResponse({"object": "list", "data": cards})
 
 
 async def health(request: Request) -> Response:
