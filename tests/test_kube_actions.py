@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from kubernetes import client
 
 from inferwatch.exporters.gpu.xid import catalogue
+from inferwatch.kubefake import FakeKube, httproute_validator
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome
 from inferwatch.runbooks.actions.gpu_reset_request import PREFIX, REQUESTED, GpuResetRequest
 from inferwatch.runbooks.actions.httproute import HTTPRouteShift
@@ -22,7 +23,6 @@ from inferwatch.runbooks.actions.kubernetes_xid import REMEDIATION, XidRemediati
 from inferwatch.runbooks.actions.node_isolation import ISOLATION, TAINT_KEY, NodeIsolation
 from inferwatch.runbooks.actions.pod_restart import PodRestart
 from tests.conftest import shared_path
-from tests.fake_kube import FakeKube, httproute_validator
 
 CRD = shared_path("fixtures/crds/gateway.networking.k8s.io_httproutes.yaml")
 GPU = "GPU-5fa1c0de-1234-5678-9abc-def012345678"

@@ -3,8 +3,9 @@
 Order of events: every process is started at once on ports chosen up front (the sidecars and
 proxies tolerate an engine that is not up yet), the demo waits until each answers its health
 endpoint and HAProxy's checks find every replica up, then the clock starts (t=0): load (through
-HAProxy), scenario and view run until the duration ends, a signal arrives or a component dies. Teardown always runs: load stops first, then every child
-gets SIGTERM (SIGKILL after a grace period) and is reaped, and the work directory is removed.
+HAProxy), scenario and view run until the duration ends, a signal arrives or a component
+dies. Teardown always runs: load stops first, then every child gets SIGTERM (SIGKILL after a
+grace period) and is reaped, and the work directory is removed.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A Kubernetes API server for just the endpoints the runbook actions use, over real HTTP.
 
-No API server runs here, so the actions' tests drive the official client against this one.
+No API server runs here, so the actions' tests and the fault drill (``inferwatch drill``)
+drive the official client against this one.
 It keeps the semantics the actions depend on: a cluster-wide ``resourceVersion`` that every
 write increments (and a patch that changes nothing does not), a stale ``resourceVersion`` in
 a patch or a failed delete precondition is ``409 Conflict``, requests outside the configured
@@ -8,7 +9,9 @@ RBAC rules are ``403 Forbidden``, a missing object is ``404 NotFound``, all answ
 ``Status`` body the way kube-apiserver words them. Patches are applied by content type: JSON
 merge patch (RFC 7386), strategic merge patch (for the built-in kinds only; the fields the
 actions patch are plain maps and atomic lists, where it equals a merge patch) and JSON patch
-(RFC 6902). HTTPRoutes are validated against the Gateway API CRD's schema after each patch.
+(RFC 6902). HTTPRoutes are validated against the Gateway API CRD's schema after each patch
+when a CRD file is given (:func:`httproute_validator`; it needs ``jsonschema``), else only
+kept as written.
 Endpoints:
 
     GET/PATCH   /api/v1/nodes/{name}
@@ -31,7 +34,6 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import jsonschema
 import yaml
 
 #: kube-apiserver's limit on a request body
@@ -147,6 +149,8 @@ def json_patch(target: Any, operations: Any) -> Any:
 
 def httproute_validator(crd_path: str) -> Callable[[Mapping[str, Any]], None]:
     """Checks an HTTPRoute against the v1 schema of the Gateway API CRD file (read in place)."""
+    import jsonschema  # only where a schema is checked: a test dependency, not the drill's
+
     with open(crd_path, encoding="utf-8") as handle:
         crd = yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
@@ -189,8 +193,10 @@ class FakeKube:
 
     USER = "system:serviceaccount:inferwatch:runbooks"
 
-    def __init__(self, validate_httproute: Callable[[Mapping[str, Any]], None]) -> None:
-        self._validate_httproute = validate_httproute
+    def __init__(
+        self, validate_httproute: Callable[[Mapping[str, Any]], None] | None = None
+    ) -> None:
+        self._validate_httproute = validate_httproute or (lambda obj: None)
         self._lock = threading.Lock()
         self._objects: dict[Key, dict[str, Any]] = {}
         self._version = 1000
