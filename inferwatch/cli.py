@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "capacity": ("inferwatch.capacity_cli", "capacity"),
     "sim": ("inferwatch.sim.cli", "sim"),
     "demo": ("inferwatch.demo", "demo"),
+    "drill": ("inferwatch.drill", "drill"),
     "proxy": ("inferwatch.exporters.tenancy.cli", "proxy"),
     "probe": ("inferwatch.probes.cli", "probe"),
     "gate": ("inferwatch.probes.cli", "gate"),

@@ -170,8 +170,8 @@ def proxy_config(
         "versions": {"model_version": replica.version},
         "prices": {"models": {model: dict(price) for model, price in PRICES.items()}},
         "limits": {"max_input_tokens": 8192},
-        # demo traffic is light: screen a tenth of it so injected degeneracy shows in seconds
-        "quality_sampling": {"rate": 0.1},
+        # demo traffic is light: screen half of it so injected degeneracy shows in seconds
+        "quality_sampling": {"rate": 0.5},
     }
     return yaml.safe_dump(document, sort_keys=False)
 
