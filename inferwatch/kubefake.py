@@ -149,7 +149,8 @@ def json_patch(target: Any, operations: Any) -> Any:
 
 def httproute_validator(crd_path: str) -> Callable[[Mapping[str, Any]], None]:
     """Checks an HTTPRoute against the v1 schema of the Gateway API CRD file (read in place)."""
-    import jsonschema  # only where a schema is checked: a test dependency, not the drill's
+    # only where a schema is checked: a test dependency, not the drill's
+    import jsonschema  # type: ignore[import-untyped, unused-ignore]
 
     with open(crd_path, encoding="utf-8") as handle:
         crd = yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -252,7 +253,9 @@ class FakeKube:
         node = {"kind": "Node", "apiVersion": "v1", "metadata": meta, "spec": spec}
         return self._put(("nodes", "", name), node)
 
-    def add_pod(self, namespace: str, name: str, *, node: str = "", created: str = "") -> dict:
+    def add_pod(
+        self, namespace: str, name: str, *, node: str = "", created: str = ""
+    ) -> dict[str, Any]:
         pod: dict[str, Any] = {
             "kind": "Pod",
             "apiVersion": "v1",
@@ -262,7 +265,7 @@ class FakeKube:
         }
         return self._put(("pods", namespace, name), pod)
 
-    def add_httproute(self, namespace: str, name: str, spec: Mapping[str, Any]) -> dict:
+    def add_httproute(self, namespace: str, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         route = {
             "kind": "HTTPRoute",
             "apiVersion": f"{GATEWAY_GROUP}/v1",
@@ -365,7 +368,9 @@ class FakeKube:
         except ValueError:
             raise ApiError(400, "BadRequest", "the request body is not valid JSON") from None
 
-    def _patch(self, group: str, kind: str, key: Key, content_type: str, body: bytes) -> dict:
+    def _patch(
+        self, group: str, kind: str, key: Key, content_type: str, body: bytes
+    ) -> dict[str, Any]:
         media = content_type.split(";")[0].strip().lower()
         if media not in (MERGE, STRATEGIC, JSON_PATCH):
             raise ApiError(
@@ -385,12 +390,14 @@ class FakeKube:
             current = self._objects.get(key)
             if current is None:
                 raise self._not_found(group, key)
-            patched = (
+            patched: Any = (
                 json_patch(current, patch) if media == JSON_PATCH else merge_patch(current, patch)
             )
             if not isinstance(patched, dict):
                 raise ApiError(422, "Invalid", "the patched object is not an object")
-            meta = patched.get("metadata") if isinstance(patched.get("metadata"), dict) else {}
+            meta: dict[str, Any] = (
+                patched["metadata"] if isinstance(patched.get("metadata"), dict) else {}
+            )
             wanted = meta.get("resourceVersion")
             if wanted != current["metadata"]["resourceVersion"] and wanted is not None:
                 raise ApiError(
@@ -418,7 +425,7 @@ class FakeKube:
             self.written.append(copy.deepcopy(patched))
             return copy.deepcopy(patched)
 
-    def _delete(self, group: str, key: Key, body: bytes) -> dict:
+    def _delete(self, group: str, key: Key, body: bytes) -> dict[str, Any]:
         options = self._decode(body) or {}
         preconditions = options.get("preconditions") or {} if isinstance(options, dict) else {}
         with self._lock:

@@ -33,7 +33,7 @@ from inferwatch.demo.loadgen import LoadGenerator
 from inferwatch.demo.observer import Observer
 from inferwatch.demo.processes import INFERWATCH, Component, StartError, Supervisor
 from inferwatch.demo.scenario import Scenario, Step
-from inferwatch.demo.topology import Ports, Replica
+from inferwatch.demo.topology import Ports, Replica, Role
 from inferwatch.demo.view import Context, render, stamp, summary_line
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError
 
@@ -70,7 +70,7 @@ class Demo:
         self.stop = asyncio.Event()
         self.stop_reason = ""
         self.t0 = 0.0
-        self.routes: dict[str, str] = {}  # role -> where HAProxy sends it, as last read
+        self.routes: dict[Role, str] = {}  # where HAProxy sends each role, as last read
         self.context = Context(
             speed=options.speed,
             prometheus_url=topology.url(self.ports.prometheus) if options.prometheus else None,

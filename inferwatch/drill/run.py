@@ -185,13 +185,13 @@ class Drill(Demo):
             dead = supervisor.exited()
             if dead is not None:
                 return f"{dead.label} exited unexpectedly: {dead.last_log_line()}"
-            self.timelines.append(await self._play(scenario, http, load))
+            self.timelines.append(await self._drill(scenario, http, load))
         return None
 
     def _now(self) -> float:
         return time.monotonic() - self.t0
 
-    async def _play(
+    async def _drill(
         self, scenario: Scenario, http: httpx.AsyncClient, load: LoadGenerator
     ) -> Timeline:
         line = Timeline(scenario.name, scenario.about)
@@ -210,10 +210,9 @@ class Drill(Demo):
         line.alert = await self._until(lambda: self._alert_seen(http, scenario.alert), "alert")
         self.progress(f"  alert {scenario.alert}: {self._show(line.alert, line.fault)}")
         if scenario.action is not None:
-            line.action = await self._until(
-                lambda: self._acted(start_audit, scenario.action), "action"
-            )
-            self.progress(f"  action {scenario.action}: {self._show(line.action, line.fault)}")
+            action = scenario.action
+            line.action = await self._until(lambda: self._acted(start_audit, action), "action")
+            self.progress(f"  action {action}: {self._show(line.action, line.fault)}")
         if scenario.moved_from:
             line.moved = await self._until(
                 lambda: self._traffic_left(load, scenario.moved_from, line.fault or 0), "traffic"
