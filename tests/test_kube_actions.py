@@ -511,6 +511,26 @@ def test_fake_validates_httproutes_against_the_crd(fake, api) -> None:
     assert patched["metadata"]["generation"] == 2
 
 
+def test_without_a_crd_the_fake_keeps_routes_as_written_and_still_conflicts() -> None:
+    # the drill runs the fake where the CRD file may be absent: no schema, same semantics
+    fake = FakeKube()
+    fake.add_httproute("inference", "llama", ROUTE)
+    args = ("gateway.networking.k8s.io", "v1", "inference", "httproutes", "llama")
+    odd = {"spec": {"rules": [{"backendRefs": [{"name": "llama-v2", "weight": -1}]}]}}
+    with fake.serve() as host, connect(host) as api:
+        custom = client.CustomObjectsApi(api)
+        patched = custom.patch_namespaced_custom_object(
+            *args, odd, _content_type="application/merge-patch+json"
+        )
+        stale = {"metadata": {"resourceVersion": "1"}, "spec": ROUTE}
+        with pytest.raises(client.ApiException) as conflict:
+            custom.patch_namespaced_custom_object(
+                *args, stale, _content_type="application/merge-patch+json"
+            )
+    assert patched["spec"]["rules"][0]["backendRefs"][0]["weight"] == -1
+    assert conflict.value.status == 409
+
+
 def test_fake_applies_strategic_merge_to_nodes(fake, api) -> None:
     fake.add_node("gpu-1", labels={"pool": "h200"})
     core = client.CoreV1Api(api)

@@ -7,8 +7,8 @@ circuit breaker counts each model's replicas as a population of its own: at most
 them may be taken out, so a second primary replica or the only fallback one is refused.
 Two rules are the demo's own: degenerate output of one model version shifts that version's
 traffic in HAProxy (``shift_traffic`` through its Runtime API, rolled back once the alert has
-been resolved a while), and an engine that is down, or a replica that stays not ready (a hung
-engine fails its probes), is isolated like a broken GPU, so that it stays out until repaired. With a
+been resolved a while), and an engine that is down or stalled (it holds requests and makes no
+token, while its /readyz still passes) is isolated like a broken GPU, until it is repaired. With a
 Kubernetes API (the drill's fake one), a reset-class XID also becomes a GPU reset request on
 the node. The namespace allow-list names the demo's namespace and ``""``, for the GPU alerts
 that carry none.
@@ -74,7 +74,7 @@ def document(
     isolating = [r for r in base.get("rules") or [] if r["action"] == ACTION]
     for name, alertname in (
         ("isolate-replica-on-engine-down", "InferwatchEngineDown"),
-        ("isolate-replica-not-ready", "InferwatchReplicaNotReady"),
+        ("isolate-replica-on-stalled-engine", "InferwatchEngineStalled"),
     ):
         isolating.append(
             {

@@ -24,10 +24,11 @@ from typing import Any
 
 import httpx
 
+from inferwatch import gateway
 from inferwatch.demo import automation, routing, topology
 from inferwatch.demo.loadgen import Completion, LoadGenerator
 from inferwatch.demo.observer import Observer
-from inferwatch.demo.processes import Component, Supervisor
+from inferwatch.demo.processes import Component, StartError, Supervisor
 from inferwatch.demo.run import Demo
 from inferwatch.demo.scenario import Step
 from inferwatch.kubefake import FakeKube
@@ -99,7 +100,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "primary-v2's engine stops stepping (requests stall, /health 503)",
         [_inject(["primary-v2"], {"hang": True})],
         [_clear(["primary-v2"]), _repair(["primary-v2"])],
-        "InferwatchReplicaNotReady",
+        "InferwatchEngineStalled",
         "isolate_replica",
         moved_from=("primary-v2",),
     ),
@@ -130,6 +131,8 @@ class Timeline:
     lost: int = 0  # client requests failed beyond those in flight on the failed replica
     in_flight_failed: int = 0
     checks: dict[str, bool] = field(default_factory=dict)
+    #: the receiver's audited decisions during the scenario (alert, action, outcome, reason)
+    decisions: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -236,6 +239,11 @@ class Drill(Demo):
             line.recovered = line.repaired
         self.progress(f"  recovered: {self._show(line.recovered, line.fault)}")
         decisions = self._audit()[start_audit:]
+        line.decisions = [
+            {key: str(d.get(key, "")) for key in ("alertname", "action", "outcome", "reason")}
+            for d in decisions
+            if d.get("status") == "firing" or d.get("outcome") in ("reverted", "revert_failed")
+        ]
         for decision in decisions:
             if decision["decision"] == "acted":
                 line.acted[decision["action"]] = line.acted.get(decision["action"], 0) + 1
@@ -244,8 +252,31 @@ class Drill(Demo):
         self._count_losses(line, load, scenario)
         line.checks = self._checks(line, scenario)
         await self._reset_breaker(http)
-        await asyncio.sleep(QUIET)
+        line.checks["fleet back to normal"] = await self._settle()
         return line
+
+    async def _settle(self) -> bool:
+        """Wait until HAProxy has every server up at its configured weight, so that the next
+        scenario starts from a healthy fleet; if it does not, the drill (as the on-call person
+        would) puts the weights back, and the scenario fails this check."""
+        try:
+            await routing.wait_all_up(self.gateway, DEADLINE)
+        except StartError:
+            return False
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:
+            states = await routing.backends(self.gateway)
+            if all(
+                s.weight == s.initial_weight for servers in states.values() for s in servers
+            ):
+                return True
+            await asyncio.sleep(0.5)
+        for model, servers in states.items():
+            for server in servers:
+                await self.gateway.set_weight(
+                    gateway.backend_name(model), server.name, server.initial_weight
+                )
+        return False
 
     def _checks(self, line: Timeline, scenario: Scenario) -> dict[str, bool]:
         checks = {"alert fired": line.alert is not None}
