@@ -43,6 +43,7 @@ from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.breaker import CircuitBreaker
 from inferwatch.runbooks.config import Config
 from inferwatch.runbooks.dispatch import Dispatcher
+from inferwatch.runbooks.haproxy_runtime import ServerState
 
 DEMO = [sys.executable, "-P", "-m", "inferwatch", "demo"]
 REPLICAS = [r.name for r in topology.REPLICAS]
@@ -470,3 +471,25 @@ def test_the_demo_alertmanager_sends_only_the_automation_to_the_receiver(
     token.write_text("x" * 24)
     checked = subprocess.run([amtool, "check-config", str(config)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_routing_reads_where_haproxy_sends_each_model_from_its_server_states() -> None:
+    primary, fallback = topology.PRIMARY_MODEL, topology.FALLBACK_MODEL
+
+    def state(backend: str, name: str, op: int, weight: int, initial: int) -> ServerState:
+        return ServerState(backend, name, op, weight, initial)
+
+    states = {
+        primary: [state("p", "v1:primary-v1", 2, 67, 67),
+                  state("p", "v2-fp8:primary-v2", 2, 33, 33),
+                  state("p", "fallback:fallback", 2, 0, 0)],
+        fallback: [state("f", "v1:fallback", 2, 100, 100),
+                   state("f", "fallback:primary-v1", 2, 0, 0)],
+    }  # fmt: skip
+    assert routing.describe(routing.serving(states, primary)) == "primary-v1 67%, primary-v2 33%"
+    states[primary][1] = state("p", "v2-fp8:primary-v2", 2, 0, 33)  # shifted off by the receiver
+    states[primary][0] = state("p", "v1:primary-v1", 0, 67, 67)  # and v1 failing its checks
+    # nothing of its own is usable: the frontend sends the model to its fallback's backend
+    assert routing.serving(states, primary) == {"fallback": 100}
+    states[fallback][0] = state("f", "v1:fallback", 0, 100, 100)
+    assert routing.describe(routing.serving(states, primary)) == "nothing (503)"

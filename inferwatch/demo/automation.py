@@ -71,23 +71,20 @@ def document(
     models: dict[str, list[str]] = {}
     for replica in replicas:
         models.setdefault(replica.model, []).append(replica.name)
-    isolating = [r for r in base.get("rules") or [] if r["action"] == ACTION]
-    for name, alertname in (
-        ("isolate-replica-on-engine-down", "InferwatchEngineDown"),
-        ("isolate-replica-on-stalled-engine", "InferwatchEngineStalled"),
+    # (rule, the label that names the replica on its alert): GPU alerts carry the target's
+    # ``replica``; the stalled-engine alert, summed per pod, carries ``pod`` (the replica's name)
+    isolating = [(r, "replica") for r in base.get("rules") or [] if r["action"] == ACTION]
+    for name, alertname, label in (
+        ("isolate-replica-on-engine-down", "InferwatchEngineDown", "replica"),
+        ("isolate-replica-on-stalled-engine", "InferwatchEngineStalled", "pod"),
     ):
-        isolating.append(
-            {
-                "name": name,
-                "alertname": alertname,
-                "action": ACTION,
-                "params": {"admin_url": "http://{instance}/admin/isolation"},
-            }
-        )
+        params = {"admin_url": "http://{instance}/admin/isolation"}
+        isolating.append(({"name": name, "alertname": alertname, "action": ACTION,
+                           "params": params}, label))  # fmt: skip
     rules = []
-    for rule in isolating:
+    for rule, label in isolating:
         for model, names in models.items():
-            on_model = f'replica=~"{"|".join(map(re.escape, names))}"'
+            on_model = f'{label}=~"{"|".join(map(re.escape, names))}"'
             rules.append(
                 {
                     **rule,

@@ -80,6 +80,9 @@ class LoadGenerator:
         self.rate = rate
         self.stats = LoadStats()
         self.history: deque[Completion] = deque(maxlen=HISTORY)
+        #: (when, role, replica) as each answer's headers arrive: where new requests go, also
+        #: while the replica stalls them
+        self.routed: deque[tuple[float, Role, str]] = deque(maxlen=HISTORY)
         self._rng = random.Random(seed)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -127,6 +130,7 @@ class LoadGenerator:
                 "POST", self.url, json=body, headers=headers, timeout=60
             ) as response:
                 replica = parse_server_name(response.headers.get(SERVER_HEADER, ""))[1]
+                self.routed.append((time.monotonic(), tenant.role, replica))
                 if response.status_code >= 500:
                     outcome = "failed"
                 elif response.status_code >= 400:

@@ -10,6 +10,7 @@ proxies is the gateway clients call.
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
@@ -198,7 +199,11 @@ def prometheus_config(
     document: dict[str, Any] = {
         "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
         "scrape_configs": [
-            {"job_name": "inferwatch-sidecar", "static_configs": targets(ports.sidecar)},
+            {
+                "job_name": "inferwatch-sidecar",
+                "static_configs": targets(ports.sidecar),
+                "metric_relabel_configs": gpu_nodes(),
+            },
             {"job_name": "inferwatch-proxy", "static_configs": targets(ports.proxy_metrics)},
         ],
     }
@@ -211,6 +216,21 @@ def prometheus_config(
             ]
         }
     return yaml.safe_dump(document, sort_keys=False)
+
+
+def gpu_nodes(replicas: Sequence[Replica] = REPLICAS) -> list[dict[str, Any]]:
+    """Relabelling that gives each replica's GPU series its ``node``, as Kubernetes service
+    discovery does from the pod's node (the sidecar puts it on its engine series only), so
+    that a GPU alert names the node a reset request or a cordon is for."""
+    return [
+        {
+            "source_labels": ["replica", "__name__"],
+            "regex": f"{re.escape(r.name)};inferwatch_gpu_.*",
+            "target_label": "node",
+            "replacement": r.node,
+        }
+        for r in replicas
+    ]
 
 
 def alertmanager_argv(binary: str, config: Path, storage: Path, port: int) -> list[str]:

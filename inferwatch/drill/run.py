@@ -52,6 +52,7 @@ class Scenario:
     moved_from: tuple[str, ...] = ()  # replicas the traffic must leave (and come back to)
     breaker: bool = False  # the breaker must refuse at least one action
     flood: str | None = None  # a tenant that sends a burst on its own
+    also: tuple[str, ...] = ()  # further actions that must be applied exactly once
 
 
 def _inject(replicas: Sequence[str], faults: dict[str, Any]) -> Step:
@@ -76,6 +77,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "InferwatchGPUXidErrors",
         "isolate_replica",
         moved_from=("primary-v1",),
+        also=(automation.XID,),  # the GPU reset request on the (fake) node
     ),
     Scenario(
         "degenerate-version",
@@ -158,6 +160,10 @@ class Drill(Demo):
             self.kube_url = url
             return await super().run()
 
+    def event(self, text: str) -> None:
+        """The demo's events (a restarted sidecar) go to the drill's progress lines."""
+        self.progress(f"  {text}")
+
     def _runbooks(self, workdir: Path) -> Component:
         self.workdir = workdir
         return automation.component(
@@ -217,9 +223,10 @@ class Drill(Demo):
             line.action = await self._until(lambda: self._acted(start_audit, action), "action")
             self.progress(f"  action {action}: {self._show(line.action, line.fault)}")
         if scenario.moved_from:
-            line.moved = await self._until(
+            left = await self._until(
                 lambda: self._traffic_left(load, scenario.moved_from, line.fault or 0), "traffic"
             )
+            line.moved = None if left is None else self._last_sent(load, scenario, line.fault)
             self.progress(f"  traffic off {', '.join(scenario.moved_from)}: "
                           f"{self._show(line.moved, line.fault)}")  # fmt: skip
         else:
@@ -286,7 +293,8 @@ class Drill(Demo):
             checks["breaker refused the rest"] = line.refused_by_breaker > 0
             checks[f"{scenario.action} at most once"] = line.acted.get(scenario.action, 0) <= 1
         else:
-            checks[f"{scenario.action} exactly once"] = line.acted.get(scenario.action, 0) == 1
+            for action in (scenario.action, *scenario.also):
+                checks[f"{action} exactly once"] = line.acted.get(action, 0) == 1
         if scenario.moved_from:
             checks["traffic moved"] = line.moved is not None
             checks["traffic came back"] = line.recovered is not None
@@ -345,13 +353,26 @@ class Drill(Demo):
         return [d for d in load.history if d.started >= since and d.role == "primary"]
 
     def _traffic_left(self, load: LoadGenerator, replicas: Sequence[str], fault: float) -> bool:
+        """No new primary request has been sent to ``replicas`` for QUIET seconds (as the
+        answers' headers say), while others were."""
         now = time.monotonic()
-        recent = self._recent(load, max(self.t0 + fault, now - QUIET))
+        since = max(self.t0 + fault, now - QUIET)
+        recent = [replica for at, role, replica in list(load.routed)
+                  if at >= since and role == "primary"]  # fmt: skip
         return (
             now - (self.t0 + fault) >= QUIET
             and len(recent) >= 3
-            and not [d for d in recent if d.replica in replicas]
+            and not [replica for replica in recent if replica in replicas]
         )
+
+    def _last_sent(self, load: LoadGenerator, scenario: Scenario, fault: float | None) -> float:
+        """When the gateway sent the faulted replicas their last new request (seconds after
+        t=0): the moment traffic moved, whatever moved it (its checks or the action)."""
+        start = self.t0 + (fault or 0)
+        faulted = scenario.moved_from
+        sent = [at for at, role, replica in list(load.routed)
+                if at >= start and role == "primary" and replica in faulted]  # fmt: skip
+        return (max(sent) if sent else start) - self.t0
 
     def _traffic_back(self, load: LoadGenerator, replicas: Sequence[str], since: float) -> bool:
         served = {d.replica for d in self._recent(load, self.t0 + since) if d.outcome == "ok"}
