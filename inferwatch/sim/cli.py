@@ -33,6 +33,7 @@ def _faults(path: Path | None) -> object:
     "--served-model-name",
     "served_model_names",
     multiple=True,
+    envvar="INFERWATCH_SIM_SERVED_MODEL_NAME",  # space-separated names
     show_envvar=True,
     help="A name the API answers to; repeat for more (vLLM takes them after one flag). "
     "Replies and metrics carry the first.  [default: the model's name]",
