@@ -493,3 +493,36 @@ def test_routing_reads_where_haproxy_sends_each_model_from_its_server_states() -
     assert routing.serving(states, primary) == {"fallback": 100}
     states[fallback][0] = state("f", "v1:fallback", 0, 100, 100)
     assert routing.describe(routing.serving(states, primary)) == "nothing (503)"
+
+
+def test_the_drill_mapping_isolates_a_stalled_engine_by_pod_and_shifts_a_degenerate_version(
+    tmp_path: Path,
+) -> None:
+    automation.write_tokens(tmp_path)
+    document = automation.document(
+        tmp_path / automation.SIDECAR_TOKEN, True, tmp_path / routing.RUNTIME,
+        kube_host="http://127.0.0.1:9", cooldown="5s",
+    )  # fmt: skip
+    mapping = runbook_config.parse(document, "drill mapping")
+    # the stalled-engine alert is summed per pod: no replica label, the pod names the replica
+    stalled = {"alertname": "InferwatchEngineStalled", "severity": "critical",
+               "pod": "primary-v2", "instance": "127.0.0.1:9402", "namespace": topology.NAMESPACE}
+    (rule,) = mapping.rules_for(stalled)
+    assert (rule.action, rule.params["group"], rule.cooldown) == (
+        "isolate_replica", topology.PRIMARY_MODEL, 5.0)  # fmt: skip
+    degenerate = {"alertname": "InferwatchDegenerateOutputRising", "severity": "warning",
+                  "model": topology.PRIMARY_MODEL, "model_version": "v2-fp8"}  # fmt: skip
+    (shift,) = mapping.rules_for(degenerate)
+    assert shift.action == "shift_traffic" and shift.rollback_after == 10.0
+    assert mapping.action_settings["shift_traffic"]["runtime"] == str(tmp_path / routing.RUNTIME)
+    xid = {"alertname": "InferwatchGPUXidErrors", "severity": "critical", "replica": "fallback",
+           "action": "reset_gpu"}  # fmt: skip
+    assert [r.action for r in mapping.rules_for(xid)] == [
+        "isolate_replica", "kubernetes_xid_remediation"]  # fmt: skip
+    assert mapping.breaker.populations[automation.GPUS] == len(topology.REPLICAS)
+    # the demo (no Kubernetes API) has no reset rule and no GPU population
+    demo = runbook_config.parse(
+        automation.document(tmp_path / automation.SIDECAR_TOKEN, False, tmp_path / "s"), "demo"
+    )
+    assert [r.action for r in demo.rules_for(xid)] == ["isolate_replica"]
+    assert automation.GPUS not in demo.breaker.populations
