@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.core import Metric
 
-from inferwatch.exporters.gpu.dcgm import FIELD_LABELS, DcgmTelemetry, is_blank
+from inferwatch.exporters.gpu.dcgm import DcgmTelemetry, is_blank
+from inferwatch.exporters.gpu.fake_nvml import FakeNvml
 from inferwatch.exporters.gpu.families import exposition
-from inferwatch.exporters.gpu.replay import FakeNvml, Recording, ReplayTelemetry
+from inferwatch.exporters.gpu.recording import Recording
+from inferwatch.exporters.gpu.replay import ReplayTelemetry
 from tests.conftest import shared_path
 
 FIXTURES = shared_path("fixtures/gpu")
@@ -330,11 +332,21 @@ def test_nvml_and_dcgm_carry_shared_facts_under_the_same_names(dcgm: DcgmTelemet
 def test_field_labels_match_catalogue_entries() -> None:
     from inferwatch import catalog
 
-    by_field = {
-        alias.metric: spec
+    fixed = {
+        alias.metric: (alias.set, spec)
         for spec in catalog.load().with_source("dcgm")
         for alias in spec.sources["dcgm"]
+        if alias.set
     }
-    for field, labels in FIELD_LABELS.items():
-        assert field in by_field, field
-        assert set(labels) <= set(by_field[field].labels), field
+    assert "DCGM_FI_DEV_SM_CLOCK" in fixed
+    for field, (labels, spec) in fixed.items():
+        assert set(labels) <= set(spec.labels), field
+    broken = catalog.load()["gpu_clock"]
+    text = f"""
+identity: {{gpu: [gpu_uuid]}}
+metrics:
+  - {{key: k, name: inferwatch_k, type: gauge, help: h, collector: gpu, labels: [clock],
+     sources: {{dcgm: [{{metric: {broken.sources["dcgm"][0].metric}, set: {{sensor: x}}}}]}}}}
+"""
+    with pytest.raises(catalog.CatalogError, match="sets labels"):
+        catalog.parse(text)

@@ -25,7 +25,9 @@ from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.engine_scrape import EngineScraper
 from inferwatch.exporters.gpu.base import GpuTelemetry
 from inferwatch.exporters.gpu.dcgm import DcgmTelemetry
-from inferwatch.exporters.gpu.replay import FakeNvml, Recording, ReplayTelemetry
+from inferwatch.exporters.gpu.fake_nvml import FakeNvml
+from inferwatch.exporters.gpu.recording import Recording
+from inferwatch.exporters.gpu.replay import ReplayTelemetry
 from inferwatch.exporters.gpu.scope import (
     FixedScope,
     GpuScope,
