@@ -15,7 +15,7 @@ import uvicorn
 from prometheus_client.core import Metric
 
 from inferwatch.auth import TokenError, load_token
-from inferwatch.cli import option_group
+from inferwatch.clikit import option_group, parse_listen
 from inferwatch.exporters import engines, gpu
 from inferwatch.exporters.collector import Collector, ReadinessSource
 from inferwatch.exporters.engine_checks import Limits
@@ -41,14 +41,6 @@ def metrics_url(url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise click.BadParameter(f"{url!r} is not an http(s) URL", param_hint="--engine-url")
     return url if parts.path not in ("", "/") else url.rstrip("/") + "/metrics"
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """``:9400``, ``0.0.0.0:9400``, ``[::1]:9400`` -> (host, port)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise click.BadParameter(f"{value!r} is not HOST:PORT", param_hint="--listen")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 #: Options of every command that scrapes an engine.
