@@ -12,9 +12,9 @@ import pynvml
 import pytest
 from prometheus_client.core import Metric
 
+from inferwatch.exporters.endpoints import text as exposition
 from inferwatch.exporters.gpu import open_backend
 from inferwatch.exporters.gpu.fake_nvml import FakeNvml
-from inferwatch.exporters.gpu.families import exposition
 from inferwatch.exporters.gpu.nvml import NvmlTelemetry, error_name
 from inferwatch.exporters.gpu.recording import Recording
 from inferwatch.exporters.gpu.replay import ReplayTelemetry

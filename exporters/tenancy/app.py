@@ -25,9 +25,11 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
+from inferwatch.exporters import endpoints
+from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.tenancy import jsoncodec
 from inferwatch.exporters.tenancy.accesslog import AccessLog
 from inferwatch.exporters.tenancy.admission import (
@@ -77,7 +79,7 @@ _DROPPED_RESPONSE_HEADERS = frozenset(
 )
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _JSON = [(b"content-type", b"application/json")]
-_TEXT_FORMAT = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+_PLAIN = [(b"content-type", b"text/plain")]
 VALUE_LABELS = IDENTITY_LABELS[1:]
 
 logger = logging.getLogger("inferwatch.proxy")
@@ -223,7 +225,7 @@ class ProxyApp:
                 await self._guarded(self._passthrough, route, scope, receive, send)
             elif route.kind == "own":
                 if route.path == "/healthz":
-                    await self._respond(send, 200, b"ok\n", [(b"content-type", b"text/plain")])
+                    await self._respond(send, 200, endpoints.HEALTHZ_BODY, list(_PLAIN))
                 else:
                     await self._readyz(send)
             else:
@@ -865,9 +867,7 @@ class ProxyApp:
         ]
 
     def registry(self) -> CollectorRegistry:
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_FamiliesCollector(self.families))
-        return registry
+        return endpoints.Families(self.families).registry()
 
     async def _readyz(self, send: Send) -> None:
         checked, ok, reason = self._ready
@@ -883,8 +883,8 @@ class ProxyApp:
             except UpstreamError as exc:
                 ok, reason = False, f"engine unreachable: {exc.detail}"
             self._ready = (now, ok, reason)
-        body = json.dumps({"ready": ok, "reason": "" if ok else reason}).encode()
-        await self._respond(send, 200 if ok else 503, body, list(_JSON))
+        status, body = endpoints.readiness([Condition("engine", ok, "" if ok else reason)])
+        await self._respond(send, status, body, list(_JSON))
 
     async def _housekeeping_loop(self) -> None:
         """Flush the access log often; release idle label slots now and then."""
@@ -948,19 +948,18 @@ class MetricsApp:
         if method not in ("GET", "HEAD"):
             await ProxyApp._respond(send, 405, b"", [(b"allow", b"GET")])
         elif path == "/metrics":
-            await ProxyApp._respond(send, 200, generate_latest(self.proxy.registry()), _TEXT_FORMAT)
+            headers = dict(scope["headers"])
+            body, reply = endpoints.encode_metrics(
+                self.proxy.families(),
+                headers.get(b"accept", b"").decode("latin-1"),
+                headers.get(b"accept-encoding", b"").decode("latin-1"),
+            )
+            encoded = [(k.lower().encode(), v.encode()) for k, v in reply.items()]
+            await ProxyApp._respond(send, 200, body, encoded)
         elif path == "/healthz":
-            await ProxyApp._respond(send, 200, b"ok\n", [(b"content-type", b"text/plain")])
+            await ProxyApp._respond(send, 200, endpoints.HEALTHZ_BODY, list(_PLAIN))
         else:
             await ProxyApp._respond(send, 404, b"not found\n", [(b"content-type", b"text/plain")])
-
-
-class _FamiliesCollector:
-    def __init__(self, families: Callable[[], list[Metric]]) -> None:
-        self._families = families
-
-    def collect(self) -> list[Metric]:
-        return self._families()
 
 
 class _DisconnectWatcher:
