@@ -27,6 +27,8 @@ from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from inferwatch.exporters.fastpath import Memo
+
 Wanted = Callable[[str], bool] | Container[str]
 """Family-name filter: a predicate, or a container of the family names to keep."""
 
@@ -66,13 +68,13 @@ _UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 
 # Memos shared by all calls; pure functions of their keys, cleared when they reach the limit.
 _MEMO_LIMIT = 1 << 15
-_series: dict[str, tuple[str, dict[str, str]]] = {}
-_label_pieces: dict[str, tuple[str, bool] | None] = {}
-_legacy_names: set[str] = set()
+_series: Memo[str, tuple[str, dict[str, str]]] = Memo(_MEMO_LIMIT)
+_label_pieces: Memo[str, tuple[str, bool] | None] = Memo(_MEMO_LIMIT)
+_legacy_names: Memo[str, bool] = Memo(_MEMO_LIMIT)
 #: (keyword, family name, text, grouped sample names, their line starts): see _learn_comment
 _Comment = tuple[str, str, str, tuple[str, ...], tuple[str, ...]]
-_comments: dict[bool, dict[str, _Comment]] = {False: {}, True: {}}
-_line_starts: dict[str, tuple[str, str]] = {}
+_comments: dict[bool, Memo[str, _Comment]] = {False: Memo(_MEMO_LIMIT), True: Memo(_MEMO_LIMIT)}
+_line_starts: Memo[str, tuple[str, str]] = Memo(_MEMO_LIMIT)
 
 
 class Sample(NamedTuple):
@@ -307,11 +309,7 @@ def _starts(sample_name: str) -> tuple[str, str]:
 
 
 def _learn_line_starts(sample_name: str) -> tuple[str, str]:
-    starts = _starts(sample_name)
-    if len(_line_starts) >= _MEMO_LIMIT:
-        _line_starts.clear()
-    _line_starts[sample_name] = starts
-    return starts
+    return _line_starts.remember(sample_name, _starts(sample_name))
 
 
 def _learn_comment(line: str, openmetrics: bool) -> _Comment:
@@ -357,11 +355,7 @@ def _learn_comment(line: str, openmetrics: bool) -> _Comment:
         grouped = tuple(sys.intern(name + suffix) for suffix in _GROUPED_SUFFIXES.get(text, ()))
         starts = tuple(start for sample_name in (name, *grouped) for start in _starts(sample_name))
     comment = (keyword, name, text, grouped, starts)
-    memo = _comments[openmetrics]
-    if len(memo) >= _MEMO_LIMIT:
-        memo.clear()
-    memo[line] = comment
-    return comment
+    return _comments[openmetrics].remember(line, comment)
 
 
 def _help_text(text: str, openmetrics: bool) -> str:
@@ -376,10 +370,7 @@ def _is_legacy_name(name: str) -> bool:
         return True
     if _LEGACY_NAME.fullmatch(name) is None:
         return False
-    if len(_legacy_names) >= _MEMO_LIMIT:
-        _legacy_names.clear()
-    _legacy_names.add(name)
-    return True
+    return _legacy_names.remember(name, True)
 
 
 def _learn_series(head: str) -> tuple[str, dict[str, str]] | None:
@@ -395,9 +386,7 @@ def _learn_series(head: str) -> tuple[str, dict[str, str]] | None:
     # Interned names and values are shared by many series, so a scrape touches less memory.
     series = None if labels is None or not _is_legacy_name(name) else (sys.intern(name), labels)
     if series is not None:
-        if len(_series) >= _MEMO_LIMIT:
-            _series.clear()
-        _series[head] = series
+        _series.remember(head, series)
     return series
 
 
@@ -427,9 +416,7 @@ def _fast_labels(text: str) -> dict[str, str] | None:
 def _learn_label_piece(piece: str) -> tuple[str, bool] | None:
     match = _LABEL_PIECE.fullmatch(piece)
     known = None if match is None else (sys.intern(match[2]), bool(match[1]))
-    if len(_label_pieces) >= _MEMO_LIMIT:
-        _label_pieces.clear()
-    _label_pieces[piece] = known
+    _label_pieces.remember(piece, known)
     return known
 
 

@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
 from prometheus_client.core import Metric
-from prometheus_client.samples import Sample as OutputSample
-from prometheus_client.utils import floatToGoString
 
 from inferwatch.catalog import Alias, Catalog, MetricSpec
+from inferwatch.exporters.fastpath import Memo, OutputSample, add_histogram, format_boundary
 from inferwatch.exporters.textformat import Exposition, Family, Sample
 
 #: output label values a sample determines; None where the sample lacks the source label
@@ -49,14 +48,10 @@ def fold(name: str) -> str:
     folded = name.replace(":", "_")
     if folded.endswith("_total"):
         folded = folded[:-6]
-    if len(_FOLDED) < 100_000:  # names recur every scrape; a hostile page must not grow memory
-        _FOLDED[name] = folded
-    return folded
+    return _FOLDED.remember(name, folded)
 
 
-_FOLDED: dict[str, str] = {}
-#: how prometheus_client writes ``le`` (1.0, 2.5, +Inf); it is untyped, hence the annotation
-_format_boundary: Callable[[float], str] = floatToGoString
+_FOLDED: Memo[str, str] = Memo(100_000)
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,7 +355,7 @@ class _Layout:
     infinite: int | None  # the listed position of +Inf, if listed
 
 
-_LAYOUTS: dict[tuple[tuple[str, ...], float], _Layout] = {}
+_LAYOUTS: Memo[tuple[tuple[str, ...], float], _Layout] = Memo(10_000)
 
 
 def _layout(boundaries: tuple[str, ...], scale: float) -> _Layout:
@@ -380,16 +375,14 @@ def _layout(boundaries: tuple[str, ...], scale: float) -> _Layout:
         if number == math.inf:
             infinite = position
         else:
-            finite.append((number, _format_boundary(number), position))
+            finite.append((number, format_boundary(number), position))
     finite.sort()
     les = (*(text for _, text, _ in finite), "+Inf")
     order: tuple[int, ...] | None = tuple(position for _, _, position in finite)
     if order == tuple(range(len(boundaries) - 1)) and infinite == len(boundaries) - 1:
         order = None
     layout = _Layout(les, order, infinite)
-    if len(_LAYOUTS) < 10_000:  # a page with ever-new boundaries must not grow memory
-        _LAYOUTS[boundaries, scale] = layout
-    return layout
+    return _LAYOUTS.remember((boundaries, scale), layout)
 
 
 def _number(text: str | None) -> float | None:
@@ -546,53 +539,6 @@ def _series_labels(base: dict[str, str], how: Reading, key: Key) -> dict[str, st
     return labels
 
 
-def _add_histogram(
-    family: Metric,
-    labels: dict[str, str],
-    les: tuple[str, ...],
-    counts: Sequence[float],
-    total: float,
-) -> None:
-    """The samples ``HistogramMetricFamily.add_metric`` would add, built several times faster
-    (it runs for every bucket of every histogram on every scrape): samples are made straight
-    from tuples, skipping the namedtuple's Python-level constructor, and their names and
-    label sets come from ``_histogram_series``."""
-    bucket, count, sum_, bucket_labels, labels = _histogram_series(family.name, labels, les)
-    new, defaults = _new_tuple, _SAMPLE_DEFAULTS
-    family.samples += [
-        new(OutputSample, (bucket, le_labels, n) + defaults)  # noqa: RUF005
-        for le_labels, n in zip(bucket_labels, counts, strict=True)
-    ]
-    family.samples.append(new(OutputSample, (count, labels, counts[-1]) + defaults))  # noqa: RUF005
-    family.samples.append(new(OutputSample, (sum_, labels, total) + defaults))  # noqa: RUF005
-
-
-_SeriesNames = tuple[str, str, str, tuple[dict[str, str], ...], dict[str, str]]
-_HISTOGRAM_SERIES: dict[tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]], _SeriesNames] = {}
-
-
-def _histogram_series(name: str, labels: dict[str, str], les: tuple[str, ...]) -> _SeriesNames:
-    """The sample names of one output histogram series (bucket, count, sum), the label set of
-    each bucket and that of count and sum. Cached across scrapes, since the same series come
-    back every time: the label dicts are shared by the families of successive pages, which
-    is why the families ``normalize`` returns must be treated as read-only."""
-    key = (name, tuple(labels.items()), les)
-    series = _HISTOGRAM_SERIES.get(key)
-    if series is None:
-        bucket_labels = tuple({**labels, "le": le} for le in les)
-        series = (name + "_bucket", name + "_count", name + "_sum", bucket_labels, labels)
-        if len(_HISTOGRAM_SERIES) >= 10_000:  # label values that never repeat must not grow memory
-            _HISTOGRAM_SERIES.clear()
-        _HISTOGRAM_SERIES[key] = series
-    return series
-
-
-_new_tuple = tuple.__new__
-#: what an ``OutputSample`` holds after its value (timestamp, exemplar, ...: the fields vary
-#: between prometheus_client releases)
-_SAMPLE_DEFAULTS = tuple(OutputSample._field_defaults[name] for name in OutputSample._fields[3:])
-
-
 def _ordered(keys: Collection[Key]) -> Iterable[Key]:
     """Output keys in label-value order (None as ""), the order the series are written in."""
     return sorted(keys, key=_sort_key) if len(keys) > 1 else keys
@@ -646,7 +592,7 @@ class AliasStep:
                 buckets = histogram_buckets(group, scale)
                 if buckets is not None and group.sum is not None:
                     labels = _series_labels(base, how, key)
-                    _add_histogram(family, labels, *buckets, to_base_unit(group.sum, scale))
+                    add_histogram(family, labels, *buckets, to_base_unit(group.sum, scale))
             if family.samples:
                 return family
         return None
@@ -699,7 +645,7 @@ class SumCountStep:
         base = output.base(self.spec)
         for key in _ordered(totals):
             labels = _series_labels(base, self.count, key)
-            _add_histogram(family, labels, ("+Inf",), (counts[key],), totals[key])
+            add_histogram(family, labels, ("+Inf",), (counts[key],), totals[key])
         return family
 
 
