@@ -28,7 +28,7 @@ from inferwatch.exporters import engines, textformat
 from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.counter_resets import ResetCompensation
 from inferwatch.exporters.engine_checks import Limits, PageChecks
-from inferwatch.exporters.engine_scrape import EngineScraper, Page, ScrapeFailure
+from inferwatch.exporters.page_fetch import EngineScraper, FetchedPage, ScrapeFailure
 from inferwatch.identity import KEYS as KNOWABLE
 from inferwatch.identity import UNKNOWN, or_unknown
 from inferwatch.logs import log_event
@@ -100,7 +100,7 @@ class EngineCollector:
             scrape = self._in_flight = asyncio.create_task(self._scrape())
             # Every waiter may have given up by the time it ends: mark its outcome as seen.
             scrape.add_done_callback(_consume_outcome)
-        timeout = self.scraper.timeout
+        timeout = self.scraper.timeout_s
         wait = timeout if deadline is None else min(deadline, timeout)
         try:
             return await asyncio.wait_for(asyncio.shield(scrape), wait)
@@ -129,7 +129,7 @@ class EngineCollector:
         self.last_outcome_at = time.monotonic()
         return families
 
-    def _map(self, page: Page) -> list[Metric]:
+    def _map(self, page: FetchedPage) -> list[Metric]:
         """Parse, check and map one page (in a worker thread; one at a time)."""
         self.page_size = len(page.body)
         exposition, engine = self._read(page.body)

@@ -39,8 +39,8 @@ from inferwatch.exporters.collector import (
 )
 from inferwatch.exporters.endpoints import healthz, metrics_response, readiness_response
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.engine_scrape import ScrapeFailure
 from inferwatch.exporters.isolation import Isolation
+from inferwatch.exporters.page_fetch import ScrapeFailure
 from inferwatch.logs import log_event
 
 log = logging.getLogger("inferwatch.sidecar")
@@ -83,7 +83,7 @@ class Sidecar:
         self.collectors: list[Collector] = [*engines, *collectors]
         self.readiness_sources: list[ReadinessSource] = [*engines, *readiness, self.isolation]
         self.background: list[Job] = [*(partial(first_look, e) for e in engines), *background]
-        self.scrape_timeout = engine.scraper.timeout if engine else GPU_ONLY_SCRAPE_TIMEOUT
+        self.scrape_timeout = engine.scraper.timeout_s if engine else GPU_ONLY_SCRAPE_TIMEOUT
         self.readiness_max_age = readiness_max_age
         self._failing: set[str] = set()
 

@@ -16,14 +16,14 @@ from prometheus_client.core import Metric
 
 from inferwatch.auth import TokenError, load_token
 from inferwatch.clikit import option_group, parse_listen
-from inferwatch.exporters import engines, gpu
+from inferwatch.exporters import engines, gpu, page_fetch
 from inferwatch.exporters.collector import Collector, ReadinessSource
 from inferwatch.exporters.engine_checks import Limits
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.engine_scrape import EngineScraper, ScrapeFailure
 from inferwatch.exporters.gpu import GpuTelemetry, scope
 from inferwatch.exporters.gpu.scope import GpuScope
 from inferwatch.exporters.histogram import histogram_quantile
+from inferwatch.exporters.page_fetch import EngineScraper, ScrapeFailure
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.logs import log_event
 from inferwatch.probes import golden
@@ -55,14 +55,14 @@ engine_options = option_group(
     click.option(
         "--engine-timeout",
         type=click.FloatRange(min=0.1),
-        default=5.0,
+        default=page_fetch.DEFAULT_TIMEOUT_S,
         show_envvar=True,
         help="Seconds allowed for one engine scrape (lowered to fit Prometheus' timeout).",
     ),
     click.option(
         "--max-page-bytes",
         type=click.IntRange(min=1024),
-        default=16 * 1024 * 1024,
+        default=page_fetch.DEFAULT_MAX_BYTES,
         show_envvar=True,
         help="Engine pages larger than this are refused (counted as they are inflated, "
         "whatever the Content-Encoding).",
@@ -248,7 +248,7 @@ def sidecar(
     engine_collector = None
     if url is not None:
         engine_collector = EngineCollector(
-            EngineScraper(url, timeout=engine_timeout, max_bytes=max_page_bytes),
+            EngineScraper(url, timeout_s=engine_timeout, max_bytes=max_page_bytes),
             identity,
             engine=None if engine == "auto" else engine,
             limits=Limits(max_series_per_family, max_label_length),
@@ -360,7 +360,7 @@ def scrape(
     """Print the canonical view of one scrape of the engine at URL, as a table."""
     logging.getLogger("inferwatch.engine").setLevel(logging.ERROR)  # the error below says it
     collector = EngineCollector(
-        EngineScraper(metrics_url(url), timeout=engine_timeout, max_bytes=max_page_bytes),
+        EngineScraper(metrics_url(url), timeout_s=engine_timeout, max_bytes=max_page_bytes),
         {},
         engine=None if engine == "auto" else engine,
         limits=Limits(max_series_per_family, max_label_length),

@@ -15,8 +15,8 @@ import httpx
 from prometheus_client.core import Metric
 
 from inferwatch import catalog
-from inferwatch.exporters.engine_scrape import ScrapeFailure, read_bounded
 from inferwatch.exporters.engines import llamacpp, mapping, sglang, tgi, triton, vllm
+from inferwatch.exporters.page_fetch import ScrapeFailure, read_bounded
 from inferwatch.exporters.textformat import Exposition
 
 #: the most a version document may hold (they are a few hundred bytes)

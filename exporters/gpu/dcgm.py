@@ -28,6 +28,7 @@ from inferwatch.exporters.gpu.base import BackendDown, GpuTelemetry
 from inferwatch.exporters.gpu.families import CLOCK_EVENT_BITS, FamilySet, add_clock_events
 from inferwatch.exporters.gpu.scope import GpuScope
 from inferwatch.exporters.gpu.xid import XidLog
+from inferwatch.exporters.page_fetch import DEFAULT_MAX_BYTES, ScrapeFailure, fetch_with_requests
 from inferwatch.exporters.textformat import Sample, parse
 from inferwatch.logs import log_event
 
@@ -85,7 +86,8 @@ def _field_table() -> dict[str, _Field]:
 
 
 class DcgmTelemetry(GpuTelemetry):
-    """Scrapes one dcgm-exporter ``/metrics`` URL with ``requests``."""
+    """Scrapes one dcgm-exporter ``/metrics`` URL with ``requests``, under the page-fetch
+    rules every scrape of someone else's page keeps (``page_fetch``)."""
 
     backend = "dcgm"
 
@@ -94,7 +96,7 @@ class DcgmTelemetry(GpuTelemetry):
         url: str,
         *,
         http_timeout_s: float = 1.5,
-        max_bytes: int = 16 * 1024 * 1024,
+        max_bytes: int = DEFAULT_MAX_BYTES,
         session: requests.Session | None = None,
         scope: GpuScope | None = None,
         timeout_s: float = 2.0,
@@ -153,25 +155,15 @@ class DcgmTelemetry(GpuTelemetry):
 
     def _fetch(self) -> dict[str, Any]:
         try:
-            with self._session.get(
+            body = fetch_with_requests(
+                self._session,
                 self.url,
-                timeout=self.http_timeout_s,
-                headers={"Accept": "text/plain;version=0.0.4"},
-                stream=True,
-            ) as response:
-                if response.status_code != 200:
-                    raise BackendDown("http_status", f"{self.url}: HTTP {response.status_code}")
-                body = b""
-                for chunk in response.iter_content(64 * 1024):
-                    body += chunk
-                    if len(body) > self.max_bytes:
-                        raise BackendDown("too_large", f"{self.url}: over {self.max_bytes} bytes")
-        except requests.Timeout as error:
-            raise BackendDown("timeout", f"{self.url}: {error}") from None
-        except requests.ConnectionError as error:
-            raise BackendDown("connect", f"{self.url}: {error}") from None
-        except requests.RequestException as error:
-            raise BackendDown("http_error", f"{self.url}: {error}") from None
+                accept="text/plain;version=0.0.4",
+                timeout_s=self.http_timeout_s,
+                max_bytes=self.max_bytes,
+            )
+        except ScrapeFailure as failure:
+            raise BackendDown(failure.reason, f"{self.url}: {failure.detail}") from None
         try:
             families = parse(body).families
         except ValueError as error:
