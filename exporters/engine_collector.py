@@ -33,7 +33,7 @@ from inferwatch.identity import KEYS as KNOWABLE
 from inferwatch.identity import UNKNOWN, or_unknown
 from inferwatch.logs import log_event
 
-log = logging.getLogger("inferwatch.engine")
+logger = logging.getLogger("inferwatch.engine")
 
 #: identity labels the engine itself can tell us (read from its version endpoint)
 DISCOVERABLE = ("engine_version", "model")
@@ -41,7 +41,7 @@ VERSION_RETRY_SECONDS = 60.0
 
 
 class EngineCollector:
-    """Collector and readiness source for one engine behind one /metrics URL."""
+    """The metric source and readiness source for one engine behind one /metrics URL."""
 
     name = "engine"
 
@@ -119,7 +119,7 @@ class EngineCollector:
             self._record_failure(scrape, failure)
             raise
         except Exception as exc:  # a page that trips a bug in an adapter must not take us down
-            log.exception("engine page could not be mapped")
+            logger.exception("engine page could not be mapped")
             internal = ScrapeFailure("internal", f"{type(exc).__name__}: {exc}")
             self._record_failure(scrape, internal)
             raise internal from exc
@@ -195,7 +195,7 @@ class EngineCollector:
             self.errors[failure.reason] += 1
         if self.up or failure.detail != self.last_error:
             log_event(
-                log,
+                logger,
                 logging.WARNING,
                 "engine scrape failed",
                 reason=failure.reason,
@@ -225,7 +225,7 @@ class EngineCollector:
             if key in DISCOVERABLE and value and len(value) <= limit:
                 self._discovered.setdefault(key, value)
         if found:
-            log_event(log, logging.INFO, "engine identified", engine=engine, **found)
+            log_event(logger, logging.INFO, "engine identified", engine=engine, **found)
 
     def status_families(self) -> list[Metric]:
         """Health of the engine scrape; emitted whether or not the last scrape succeeded."""

@@ -17,7 +17,7 @@ from prometheus_client.core import Metric
 from inferwatch.auth import TokenError, load_token
 from inferwatch.clikit import option_group, parse_listen
 from inferwatch.exporters import engines, gpu, page_fetch
-from inferwatch.exporters.collector import Collector, ReadinessSource
+from inferwatch.exporters.collector import MetricSource, ReadinessSource
 from inferwatch.exporters.engine_checks import Limits
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.gpu import GpuTelemetry, scope
@@ -30,7 +30,7 @@ from inferwatch.probes import golden
 from inferwatch.probes.client import Endpoint
 from inferwatch.probes.runner import ProbeRunner, Schedule, Target
 
-log = logging.getLogger("inferwatch.sidecar")
+logger = logging.getLogger("inferwatch.sidecar")
 
 ENGINE_CHOICES = click.Choice(["auto", *engines.ENGINES])
 
@@ -255,7 +255,7 @@ def sidecar(
         )
     gpus = _gpu_scope(gpu_scope, kubelet_socket, pod, namespace) if gpu != "none" else None
     gpu_backend = _gpu_backend(gpu, gpus)
-    collectors: list[Collector] = [gpu_backend]
+    collectors: list[MetricSource] = [gpu_backend]
     readiness: list[ReadinessSource] = [gpu_backend]
     background = []
     if probes and engine_collector is not None:  # probes without an engine: refused above
@@ -267,7 +267,7 @@ def sidecar(
         engine_collector, collectors, readiness, background=background, admin_token=admin_token
     ).app()
     log_event(
-        log,
+        logger,
         logging.INFO,
         "sidecar starting"
         if url

@@ -77,7 +77,7 @@ _comments: dict[bool, Memo[str, _Comment]] = {False: Memo(_MEMO_LIMIT), True: Me
 _line_starts: Memo[str, tuple[str, str]] = Memo(_MEMO_LIMIT)
 
 
-class Sample(NamedTuple):
+class PageSample(NamedTuple):
     """One sample line. ``timestamp`` is in seconds (0.0.4 milliseconds are converted).
 
     A named tuple: a scrape builds one per sample it keeps (straight from a tuple, without
@@ -99,7 +99,7 @@ class Family:
     type: str
     help: str = ""
     unit: str = ""
-    samples: list[Sample] = field(default_factory=list)
+    samples: list[PageSample] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -121,7 +121,7 @@ class _Malformed(ValueError):
     """A line that cannot be read; it is skipped and counted."""
 
 
-def _discard(sample: Sample) -> None:
+def _discard(sample: PageSample) -> None:
     """Where samples of families the caller did not ask for go."""
 
 
@@ -183,7 +183,7 @@ class _Page:
         # Sample name -> the append of its family's sample list, or _discard when unwanted.
         # A family's own name always routes to it; suffixed names only when nothing else
         # claimed them, so an exact declaration beats a grouping suffix.
-        self.route: dict[str, Callable[[Sample], object]] = {}
+        self.route: dict[str, Callable[[PageSample], object]] = {}
 
     def read(self, lines: Iterator[str], openmetrics: bool) -> int:
         """Consume the lines (up to ``# EOF`` in OpenMetrics); returns the malformed count."""
@@ -193,7 +193,7 @@ class _Page:
         comments = _comments[openmetrics]
         declared = self.declared
         discard = _discard
-        new_sample = tuple.__new__  # Sample without its Python-level __new__
+        new_sample = tuple.__new__  # a PageSample without its Python-level __new__
         # How the lines of sample names known to be dropped begin: those of the last sample
         # dropped, or of an unwanted family just declared. Only a comment line can change
         # where an existing sample name goes, so until the next one, a line that begins so is
@@ -235,7 +235,7 @@ class _Page:
                 dropping = _line_starts.get(name) or _learn_line_starts(name)
                 continue
             try:
-                add(new_sample(Sample, (name, labels.copy(), float(value), None)))
+                add(new_sample(PageSample, (name, labels.copy(), float(value), None)))
             except ValueError:
                 malformed += self.careful(line, openmetrics)
         for line in lines:  # only left over after # EOF
@@ -258,7 +258,7 @@ class _Page:
         self.declared[name] = family
         return family
 
-    def untyped(self, sample_name: str) -> Callable[[Sample], object]:
+    def untyped(self, sample_name: str) -> Callable[[PageSample], object]:
         """Route for a sample that no declaration covers: a family of its own."""
         self.family(sample_name)
         return self.route[sample_name]
@@ -298,7 +298,7 @@ class _Page:
         except _Malformed:
             return 1
         add = self.route.get(name) or self.untyped(name)
-        add(Sample(name, labels, value, timestamp))
+        add(PageSample(name, labels, value, timestamp))
         return 0
 
 

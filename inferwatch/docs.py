@@ -63,8 +63,8 @@ def porting_table(cat: catalog.Catalog) -> str:
         return "{" + ",".join(f'{k}="{v}"' for k, v in fixed.items()) + "}" if fixed else ""
 
     for source in PORTED:
-        adapter = engines.derivations(source) if source in engines.ENGINES else {}
-        derived = {key: _derivation(how) for key, how in adapter.items()}
+        declared = engines.derivations(source) if source in engines.ENGINES else {}
+        derived = {key: _derivation(how) for key, how in declared.items()}
         for spec in cat.values():
             semconv = f"`{spec.semconv}`" if spec.semconv else "-"
             rows = [(_alias(alias), ours(alias)) for alias in spec.sources.get(source, ())]
@@ -90,13 +90,13 @@ def _alias(alias: catalog.Alias) -> str:
 
 def _derivation(derivation: Any) -> str:
     """How an adapter computes a signal, in a few words."""
-    from inferwatch.exporters.engines import mapping
+    from inferwatch.exporters.engines import adapter
 
     if isinstance(derivation, tuple):
         return ", else ".join(_derivation(one) for one in derivation)
-    if isinstance(derivation, mapping.LabelValue):
+    if isinstance(derivation, adapter.LabelValue):
         return f"label `{derivation.label}` of `{derivation.metric}`"
-    if isinstance(derivation, mapping.Total):
+    if isinstance(derivation, adapter.Total):
         parts = [*derivation.required, *derivation.optional]
         return " + ".join(_alias(alias) for alias in parts)
     sums = " + ".join(_alias(alias) for alias in derivation.sum)

@@ -23,7 +23,7 @@ from inferwatch.runbooks.dedup import SeenSet
 from inferwatch.runbooks.dispatch import Dispatcher
 from inferwatch.runbooks.server import MAX_BODY_BYTES, Receiver
 
-log = logging.getLogger("inferwatch.runbooks")
+logger = logging.getLogger("inferwatch.runbooks")
 
 TOKEN_ENV = "INFERWATCH_RUNBOOKS_TOKEN"
 DEFAULT_CONFIG = "actions.yaml (shipped)"
@@ -141,7 +141,7 @@ def serve(
         breaker=CircuitBreaker(config.breaker, state_dir / "breaker.json" if state_dir else None),
     )
     log_event(
-        log,
+        logger,
         logging.INFO,
         "runbook receiver starting",
         listen=f"{host}:{port}",

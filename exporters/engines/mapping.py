@@ -28,8 +28,9 @@ from typing import Protocol, cast
 from prometheus_client.core import Metric
 
 from inferwatch.catalog import Alias, Catalog, MetricSpec
+from inferwatch.exporters.engines.adapter import Adapter, Derivation, LabelValue, Total
 from inferwatch.exporters.fastpath import Memo, OutputSample, add_histogram, format_boundary
-from inferwatch.exporters.textformat import Exposition, Family, Sample
+from inferwatch.exporters.textformat import Exposition, Family, PageSample
 
 #: output label values a sample determines; None where the sample lacks the source label
 Key = tuple[str | None, ...]
@@ -300,7 +301,7 @@ def read_histograms(page: Page, how: Reading) -> dict[Key, _Histogram]:
     return groups
 
 
-def _common_boundaries(samples: list[Sample], how: Reading, key: Key) -> frozenset[str]:
+def _common_boundaries(samples: list[PageSample], how: Reading, key: Key) -> frozenset[str]:
     """Boundaries every source series of ``key`` has (ranks with differing buckets)."""
     per_series: dict[tuple[tuple[str, str], ...], set[str]] = {}
     for sample in samples:
@@ -404,72 +405,6 @@ def to_base_unit(value: float, scale: float) -> float:
         if inverse * scale == 1.0:
             return value / inverse
     return value * scale
-
-
-# --------------------------------------------------------------------------------------------
-# Derivations an engine module may declare
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LabelValue:
-    """The value sits in a label of an info-style gauge (``cache_config_info{block_size}``)."""
-
-    metric: str
-    label: str
-
-
-@dataclass(frozen=True)
-class Total:
-    """A counter or gauge that is the sum of several source series.
-
-    Every ``required`` series must be on the page; ``optional`` ones are added where present.
-    """
-
-    required: tuple[Alias, ...]
-    optional: tuple[Alias, ...] = ()
-
-
-@dataclass(frozen=True)
-class SumCount:
-    """A histogram known only by its sum and count, written with a single ``+Inf`` bucket.
-
-    ``sum`` series (all required) add up to the histogram's sum; ``count`` is its count.
-    The result has no distribution, but rate(sum)/rate(count) gives the mean.
-    """
-
-    sum: tuple[Alias, ...]
-    count: Alias
-
-
-Derivation = LabelValue | Total | SumCount
-
-
-@dataclass(frozen=True)
-class VersionEndpoint:
-    """A JSON endpoint that tells the engine's version or model: our key -> its fields."""
-
-    path: str
-    fields: Mapping[str, tuple[str, ...]]
-
-
-@dataclass(frozen=True)
-class Adapter:
-    """What is particular to one engine; everything it names is plain data."""
-
-    name: str
-    #: our identity label -> the engine's label carrying it (model -> model_name)
-    identity_labels: Mapping[str, str] = field(default_factory=dict)
-    #: labels whose values are replicas of the same work (collapsed by max, not summed)
-    replica_labels: frozenset[str] = frozenset()
-    #: a family every page has whose model label names the one model the server serves;
-    #: series without a model label (vLLM's cache_config_info) are given that model
-    served_model_family: str | None = None
-    #: catalogue key -> how the signal is computed where the catalogue has no alias for it;
-    #: several derivations are tried in order, the first with data wins (as aliases do)
-    derived: Mapping[str, Derivation | tuple[Derivation, ...]] = field(default_factory=dict)
-    #: tried in order by read_version
-    version_endpoints: tuple[VersionEndpoint, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ class BackendDown(Exception):
 
 
 class GpuTelemetry(abc.ABC):
-    """A GPU telemetry backend: a sidecar ``Collector`` and ``ReadinessSource``."""
+    """A GPU telemetry backend: a sidecar ``MetricSource`` and ``ReadinessSource``."""
 
     #: value of the ``collector`` label on the sidecar's collector self-metrics
     name = "gpu"

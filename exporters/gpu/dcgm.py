@@ -29,7 +29,7 @@ from inferwatch.exporters.gpu.families import CLOCK_EVENT_BITS, FamilySet, add_c
 from inferwatch.exporters.gpu.scope import GpuScope
 from inferwatch.exporters.gpu.xid import XidLog
 from inferwatch.exporters.page_fetch import DEFAULT_MAX_BYTES, ScrapeFailure, fetch_with_requests
-from inferwatch.exporters.textformat import Sample, parse
+from inferwatch.exporters.textformat import PageSample, parse
 from inferwatch.logs import log_event
 
 logger = logging.getLogger("inferwatch.gpu.dcgm")
@@ -132,7 +132,7 @@ class DcgmTelemetry(GpuTelemetry):
         self.faults.fill(families, self._seen)
         return families.families()
 
-    def _scoped(self, samples: list[Sample]) -> set[str]:
+    def _scoped(self, samples: list[PageSample]) -> set[str]:
         """UUIDs on the page that the scope covers.
 
         A dcgm-exporter page carries every GPU of the node, keyed by ``UUID`` and ``gpu``
@@ -172,7 +172,7 @@ class DcgmTelemetry(GpuTelemetry):
             raise BackendDown("not_metrics", f"{self.url}: no DCGM fields in the response")
         return families
 
-    def _map(self, samples: list[Sample], out: FamilySet) -> set[str]:
+    def _map(self, samples: list[PageSample], out: FamilySet) -> set[str]:
         """Fill ``out``; return the UUIDs present."""
         present: set[str] = set()
         memory: dict[tuple[str, str], dict[str, float]] = {}

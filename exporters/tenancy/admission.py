@@ -122,9 +122,9 @@ class BudgetLedger:
 class ConcurrencyGate:
     """Slots to the engine: a global cap with a priority queue, and per-tenant caps."""
 
-    def __init__(self, capacity: int, queue_timeout: float) -> None:
+    def __init__(self, capacity: int, queue_timeout_s: float) -> None:
         self.capacity = capacity  # 0: unlimited
-        self.queue_timeout = queue_timeout
+        self.queue_timeout_s = queue_timeout_s
         self.in_flight = 0
         self.per_tenant: dict[str, int] = {}
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
@@ -159,7 +159,7 @@ class ConcurrencyGate:
             entry = (priority, next(self._sequence), future)
             heapq.heappush(self._waiters, entry)
             try:
-                async with asyncio.timeout(self.queue_timeout):
+                async with asyncio.timeout(self.queue_timeout_s):
                     await future
             except TimeoutError:
                 if future.done() and not future.cancelled():
@@ -167,7 +167,7 @@ class ConcurrencyGate:
                 return Refusal(
                     503,
                     "rejected_queue_timeout",
-                    f"engine is at its concurrency limit; waited {self.queue_timeout:g}s",
+                    f"engine is at its concurrency limit; waited {self.queue_timeout_s:g}s",
                     1,
                 )
             except asyncio.CancelledError:

@@ -120,12 +120,12 @@ def _error_body(message: str, kind: str, code: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
 
 
-async def _read_body(receive: Receive, limit: int, timeout: float) -> bytes | Refusal:
-    """The request body, or the refusal for one over ``limit`` bytes or ``timeout`` seconds."""
+async def _read_body(receive: Receive, limit: int, timeout_s: float) -> bytes | Refusal:
+    """The request body, or the refusal for one over ``limit`` bytes or ``timeout_s`` seconds."""
     chunks: list[bytes] = []
     size = 0
     try:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(timeout_s):
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
@@ -141,7 +141,7 @@ async def _read_body(receive: Receive, limit: int, timeout: float) -> bytes | Re
                     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     except TimeoutError:
         return Refusal(
-            408, "rejected_bad_request", f"request body not received within {timeout:g}s"
+            408, "rejected_bad_request", f"request body not received within {timeout_s:g}s"
         )
 
 
@@ -165,7 +165,7 @@ class ProxyApp:
         self.config = config
         self.access_log = AccessLog(access_log)
         self.pool = UpstreamPool(
-            config.upstream_url, Timeouts(config.connect_timeout, config.read_timeout)
+            config.upstream_url, Timeouts(config.connect_timeout_s, config.read_timeout_s)
         )
         self.resolver = TenantResolver(config)
         self.router = Router(config.passthrough)
@@ -193,7 +193,7 @@ class ProxyApp:
         self.draining = False
         self._handlers: set[asyncio.Task[Any]] = set()
         self.ledger = BudgetLedger()
-        self.gate = ConcurrencyGate(config.max_concurrency, config.queue_timeout)
+        self.gate = ConcurrencyGate(config.max_concurrency, config.queue_timeout_s)
         self.reconciler = Reconciler()
         self.direct_traffic = DirectTraffic(config.probe_metrics_urls)
         self.sampler = DegeneracySampler(config.quality_sample_rate)
@@ -449,7 +449,7 @@ class ProxyApp:
             self._label(exchange, scope["headers"])
             return refusal, {}, b"", False
         config = self.config
-        raw = await _read_body(receive, config.max_body_bytes, config.body_timeout)
+        raw = await _read_body(receive, config.max_body_bytes, config.body_timeout_s)
         body: Any = None
         if isinstance(raw, Refusal):
             refusal = raw
@@ -717,7 +717,7 @@ class ProxyApp:
         self._label(exchange, scope["headers"])
         if refusal is not None:
             return await self._refuse(exchange, send, refusal)
-        raw = await _read_body(receive, self.config.max_body_bytes, self.config.body_timeout)
+        raw = await _read_body(receive, self.config.max_body_bytes, self.config.body_timeout_s)
         if isinstance(raw, Refusal):
             return await self._refuse(exchange, send, raw)
         exchange.watcher = watcher = _DisconnectWatcher(receive)

@@ -98,8 +98,8 @@ class Versions:
 @dataclass(frozen=True)
 class ProxyConfig:
     upstream_url: str = "http://127.0.0.1:8000"
-    connect_timeout: float = 5.0
-    read_timeout: float = 300.0
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 300.0
     #: ask the engine for cumulative usage on every chunk (vLLM ``continuous_usage_stats``)
     continuous_usage: bool = False
     upstream_health_path: str = "/health"
@@ -126,16 +126,16 @@ class ProxyConfig:
     default_max_tokens: int = 4096
     over_budget: OverBudget = "clamp"
     #: longest wait for a request's headers, and for its whole body
-    header_timeout: float = 10.0
-    body_timeout: float = 30.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
     #: an idle keep-alive connection is closed after this long
-    keep_alive_timeout: float = 5.0
+    keep_alive_timeout_s: float = 5.0
     max_header_bytes: int = 64 << 10
     passthrough: tuple[str, ...] = routes.DEFAULT_PASSTHROUGH
     max_body_bytes: int = 8 << 20
     max_response_bytes: int = 64 << 20
     max_concurrency: int = 0  # 0: no global cap
-    queue_timeout: float = 10.0
+    queue_timeout_s: float = 10.0
     #: share of chat/completion responses screened for degenerate output (0: none)
     quality_sample_rate: float = 0.01
 
@@ -391,8 +391,8 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
     sampling.check_keys({"rate"})
     return ProxyConfig(
         upstream_url=url.rstrip("/"),
-        connect_timeout=upstream.duration("connect_timeout", _DEFAULT.connect_timeout),
-        read_timeout=upstream.duration("read_timeout", _DEFAULT.read_timeout),
+        connect_timeout_s=upstream.duration("connect_timeout", _DEFAULT.connect_timeout_s),
+        read_timeout_s=upstream.duration("read_timeout", _DEFAULT.read_timeout_s),
         continuous_usage=upstream.flag("continuous_usage", _DEFAULT.continuous_usage),
         upstream_health_path=upstream.text("health_path", _DEFAULT.upstream_health_path),
         upstream_metrics_path=upstream.text("metrics_path", _DEFAULT.upstream_metrics_path),
@@ -430,15 +430,15 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             "max_response_bytes", _DEFAULT.max_response_bytes, minimum=1024
         ),
         max_concurrency=limits.integer("max_concurrency", _DEFAULT.max_concurrency),
-        queue_timeout=limits.duration("queue_timeout", _DEFAULT.queue_timeout),
+        queue_timeout_s=limits.duration("queue_timeout", _DEFAULT.queue_timeout_s),
         tokenizer=limits.text("tokenizer", _DEFAULT.tokenizer),
         default_max_tokens=limits.integer(
             "default_max_tokens", _DEFAULT.default_max_tokens, minimum=1
         ),
         over_budget="reject" if over_budget == "reject" else "clamp",
-        header_timeout=limits.duration("header_timeout", _DEFAULT.header_timeout),
-        body_timeout=limits.duration("body_timeout", _DEFAULT.body_timeout),
-        keep_alive_timeout=limits.duration("keep_alive_timeout", _DEFAULT.keep_alive_timeout),
+        header_timeout_s=limits.duration("header_timeout", _DEFAULT.header_timeout_s),
+        body_timeout_s=limits.duration("body_timeout", _DEFAULT.body_timeout_s),
+        keep_alive_timeout_s=limits.duration("keep_alive_timeout", _DEFAULT.keep_alive_timeout_s),
         max_header_bytes=limits.integer(
             "max_header_bytes", _DEFAULT.max_header_bytes, minimum=1024
         ),
