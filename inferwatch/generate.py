@@ -183,3 +183,29 @@ def k8s(kit: Path, check: bool) -> None:
     except kit_files.SiteError as exc:
         raise click.ClickException(str(exc)) from None
     _write_or_check(kit, files, check, kit_files.stale, kit_files.write)
+
+
+@generate.command()
+@_config_option(
+    "canary", "Alert config whose source selectors the queries use, read on top of the defaults."
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("deploy/canary"),
+    show_envvar=True,
+    help="Directory for the templates.",
+)
+@check_option("a file")
+def canary(config_path: Path | None, out: Path, check: bool) -> None:
+    """Write the canary analysis as an Argo Rollouts AnalysisTemplate and Flagger
+    MetricTemplates (the checks of `inferwatch canary`)."""
+    from inferwatch.alerts import config
+    from inferwatch.alerts.writer import stale, write
+    from inferwatch.canary import templates
+
+    try:
+        files = templates.render(config.load(config_path))
+    except config.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    _write_or_check(out, files, check, stale, write)

@@ -1,8 +1,8 @@
 """``inferwatch generate k8s``: the kustomize overlays and components of ``deploy/kubernetes``.
 
 The kit's base (``deploy/kubernetes/base``) is written by hand. What differs by site (the
-namespace, the kube-prometheus-stack release and namespace, the gateway, the canary's weight,
-the cluster label and the central store to remote-write to) lives in one file per site,
+namespace, the kube-prometheus-stack release and namespace, the gateway, the canary's weight
+and users, the cluster label and the central store to remote-write to) lives in one file per site,
 ``deploy/kubernetes/sites/NAME.yaml``; this module renders ``overlays/NAME/`` from it. The
 components carry the generated PrometheusRule and dashboard ConfigMaps into the kit, copied
 from the packages that generate them, so that ``kubectl kustomize`` needs no access outside
@@ -54,6 +54,8 @@ class Site:
     gateway_class: str
     hostname: str
     canary_weight: int
+    #: users whose requests (x-inferwatch-user) always go to the canary
+    canary_users: tuple[str, ...] = ()
 
 
 FIELDS: dict[str, tuple[re.Pattern[str], str]] = {
@@ -77,7 +79,10 @@ DEFAULTS: dict[str, Any] = {
     "gateway.class": "example",
     "gateway.hostname": "llm.example.com",
     "gateway.canary_weight": 5,
+    "gateway.canary_users": [],
 }
+#: a Gateway API rule holds at most 64 matches, one per user
+MAX_CANARY_USERS = 64
 
 
 def load_site(path: Path) -> Site:
@@ -107,6 +112,16 @@ def load_site(path: Path) -> Site:
     weight = merged["gateway.canary_weight"]
     if isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= 100:
         raise SiteError(f"{path}: gateway.canary_weight must be an integer 0..100, not {weight!r}")
+    users = merged["gateway.canary_users"]
+    if (
+        not isinstance(users, list)
+        or len(users) > MAX_CANARY_USERS
+        or not all(isinstance(u, str) and LABEL_VALUE.match(u) and u for u in users)
+    ):
+        raise SiteError(
+            f"{path}: gateway.canary_users must be a list of at most {MAX_CANARY_USERS} "
+            f"user ids (letters, digits, - _ .), not {users!r}"
+        )
     # only the cluster label and the remote write may be empty (one cluster, no central store)
     for key in sorted(FIELDS.keys() - {"cluster", "monitoring.remote_write"}):
         if not merged[key]:
@@ -130,6 +145,7 @@ def load_site(path: Path) -> Site:
         gateway_class=merged["gateway.class"],
         hostname=merged["gateway.hostname"],
         canary_weight=weight,
+        canary_users=tuple(users),
     )
 
 
@@ -224,12 +240,16 @@ def render_overlay(site: Site) -> dict[str, str]:
         f"gateway_class={site.gateway_class}",
         f"hostname={site.hostname}",
     ]
-    weights = [
+    route_patch = [
         {"op": "replace", "path": "/spec/rules/1/backendRefs/0/weight",
          "value": 100 - site.canary_weight},
         {"op": "replace", "path": "/spec/rules/1/backendRefs/1/weight",
          "value": site.canary_weight},
     ]  # fmt: skip
+    if site.canary_users:
+        route_patch.append(
+            {"op": "add", "path": "/spec/rules/-", "value": user_rule(site.canary_users)}
+        )
     kustomization: dict[str, Any] = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
@@ -251,7 +271,7 @@ def render_overlay(site: Site) -> dict[str, str]:
         "patches": [
             {
                 "target": {"kind": "HTTPRoute", "name": "llama-8b"},
-                "patch": json.dumps(weights),
+                "patch": json.dumps(route_patch),
             }
         ],
     }
@@ -270,6 +290,30 @@ def render_overlay(site: Site) -> dict[str, str]:
             + _dump(prometheus_values(site))
         )
     return files
+
+
+def user_rule(users: tuple[str, ...]) -> dict[str, Any]:
+    """The HTTPRoute rule that sends ``users`` to the canary, marked as the user split."""
+    from inferwatch.canary import splits
+
+    return {
+        "matches": [
+            {
+                "path": {"type": "PathPrefix", "value": "/v1"},
+                "headers": [{"type": "Exact", "name": splits.USER_HEADER, "value": user}],
+            }
+            for user in users
+        ],
+        "filters": [
+            {
+                "type": "RequestHeaderModifier",
+                "requestHeaderModifier": {
+                    "set": [{"name": splits.SPLIT_HEADER, "value": splits.USER}]
+                },
+            }
+        ],
+        "backendRefs": [{"name": "llama-8b-canary", "port": 80, "weight": 1}],
+    }
 
 
 def prometheus_values(site: Site) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from inferwatch import catalog, k8s
+from inferwatch.canary.splits import HEADER, USER, WEIGHT
 from inferwatch.runbooks.actions.kubernetes_api import RBAC_RULES
 from tests.conftest import REPO, _tool, shared_path
 
@@ -30,6 +31,7 @@ KIT = REPO / "deploy" / "kubernetes"
 OVERLAYS = sorted(p.parent.name for p in (KIT / "overlays").glob("*/kustomization.yaml"))
 #: oldest Kubernetes the kit supports, and the newest schema kubernetes-validate ships
 KUBERNETES_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
+SPLITS = (HEADER, WEIGHT, USER)  # the order of the route's rules
 CRD_GROUPS = ("monitoring.coreos.com", "gateway.networking.k8s.io")
 
 
@@ -368,9 +370,20 @@ def test_the_canary_route_weighs_and_matches(
     assert route["spec"]["parentRefs"][0]["name"] == gateway["metadata"]["name"]
     assert route["spec"]["hostnames"] == [site.hostname]
     assert gateway["spec"]["gatewayClassName"] == site.gateway_class
-    header_rule, weighted = route["spec"]["rules"]
+    header_rule, weighted, *by_user = route["spec"]["rules"]
     assert header_rule["matches"][0]["headers"][0]["name"] == "x-inferwatch-canary"
     assert [b["name"] for b in header_rule["backendRefs"]] == ["llama-8b-canary"]
+    # each rule tells the proxy its split, replacing a client's value
+    for rule, split in zip((header_rule, weighted, *by_user), SPLITS, strict=False):
+        (modifier,) = [f["requestHeaderModifier"] for f in rule["filters"]]
+        assert modifier == {"set": [{"name": "x-inferwatch-split", "value": split}]}
+    if site.canary_users:
+        (user_rule,) = by_user
+        users = [m["headers"][0]["value"] for m in user_rule["matches"]]
+        assert users == list(site.canary_users)
+        assert [b["name"] for b in user_rule["backendRefs"]] == ["llama-8b-canary"]
+    else:
+        assert by_user == []
     weights = {b["name"]: b["weight"] for b in weighted["backendRefs"]}
     assert weights == {"llama-8b": 100 - site.canary_weight, "llama-8b-canary": site.canary_weight}
     services = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Service"}

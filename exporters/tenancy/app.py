@@ -40,7 +40,7 @@ from inferwatch.exporters.tenancy.admission import (
 )
 from inferwatch.exporters.tenancy.config import ProxyConfig, Tenant
 from inferwatch.exporters.tenancy.counting import PromptCounter, byte_bound, load_tokenizer
-from inferwatch.exporters.tenancy.labels import OTHER, BoundedLabels
+from inferwatch.exporters.tenancy.labels import OTHER, BoundedLabels, split_label
 from inferwatch.exporters.tenancy.metrics import IDENTITY_LABELS, Identity, ProxyMetrics
 from inferwatch.exporters.tenancy.reconcile import (
     DirectTraffic,
@@ -80,7 +80,7 @@ _DROPPED_RESPONSE_HEADERS = frozenset(
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _JSON = [(b"content-type", b"application/json")]
 _PLAIN = [(b"content-type", b"text/plain")]
-VALUE_LABELS = IDENTITY_LABELS[1:]
+VALUE_LABELS = IDENTITY_LABELS[1:-1]  # split has a fixed handful of values
 
 logger = logging.getLogger("inferwatch.proxy")
 
@@ -99,7 +99,7 @@ class Exchange:
     via: str = ""
     model: str = ""
     versions: tuple[str, str, str] = ("", "", "")
-    identity: Identity = (UNKNOWN, *(UNKNOWN_VALUE,) * 4)
+    identity: Identity = (UNKNOWN, *(UNKNOWN_VALUE,) * 5)
     stream: bool = False
     status: int = 0
     outcome: str = ""
@@ -344,6 +344,7 @@ class ProxyApp:
             mv_l.label(or_unknown(versions[0])),
             ev_l.label(or_unknown(versions[1])),
             pv_l.label(or_unknown(versions[2])),
+            split_label(headers),
         )
 
     def _forward_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -786,7 +787,7 @@ class ProxyApp:
             and exchange.accounting == "complete"
             and not exchange.extra.get("no_done_marker")
         ):
-            _, model, model_version, _, _ = exchange.identity  # bounded label values
+            _, model, model_version, *_ = exchange.identity  # bounded label values
             self.sampler.observe(
                 model, model_version, prompt, completion, has_tool_call=has_tool_call
             )
