@@ -4,41 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-import scripted_engine as se
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from proxy_stack import CHAT, KEYS, Engine, Stack, auth, samples, stacks
+from proxy_stack import CHAT, KEYS, Engine, Stack, auth, samples
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from inferwatch.exporters.tenancy.admission import BudgetLedger
 from inferwatch.exporters.tenancy.tenants import hash_key
 
 MakeStack = Callable[..., Stack]
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[se.LoopThread]:
-    thread = se.LoopThread()
-    yield thread
-    thread.close()
-
-
-@pytest.fixture(scope="module")
-def engine(loop: se.LoopThread) -> Iterator[Engine]:
-    engine = Engine(loop)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def stack(loop: se.LoopThread, engine: Engine) -> Iterator[MakeStack]:
-    yield from stacks(loop, engine)
 
 
 def tokens_of(page: str, tenant: str) -> float:
