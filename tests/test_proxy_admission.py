@@ -85,7 +85,7 @@ def test_concurrent_requests_never_overspend_the_budget(
     assert tenant.budget is not None
     limit = dataclasses.replace(tenant.budget, tokens=budget)
     app.config.tenants["acme"] = dataclasses.replace(tenant, budget=limit)  # type: ignore[index]
-    app.ledger = BudgetLedger()
+    app.ledger = app.accounting.ledger = BudgetLedger()  # admission and settlement share it
     before = tokens_of(budgeted.metrics(), "acme")
 
     def send(item: tuple[str, int | None, bool, str]) -> int:
@@ -158,7 +158,7 @@ def test_choices_multiply_the_reservation(stack: MakeStack, engine: Engine) -> N
     )
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30}
     assert proxy.client.post(CHAT, json=body, headers=auth("acme")).status_code == 200
-    proxy.app.ledger = BudgetLedger()
+    proxy.app.ledger = proxy.app.accounting.ledger = BudgetLedger()
     many = proxy.client.post(CHAT, json={**body, "n": 4}, headers=auth("acme"))
     assert many.status_code == 429  # 4 choices of 30 tokens cannot fit in 100
 
