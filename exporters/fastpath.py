@@ -1,8 +1,8 @@
 """The shortcuts the scrape path takes for speed, kept in one place.
 
-Two kinds: ``Memo``, the one bounded cache every memo of names and label sets uses (they are
-pure functions of their keys, learned from pages: a hostile page of ever-new keys must not
-grow memory, and relearning after a clear costs one slower scrape); and prometheus_client
+Two kinds: ``remember``, the one bounded-cache rule every memo of names and label sets keeps
+(they are pure functions of their keys, learned from pages: a hostile page of ever-new keys
+must not grow memory, and relearning after a clear costs one slower scrape); and prometheus_client
 output samples built straight from tuples, which is what ``add_metric`` would build, several
 times faster, for the histograms the engine adapters write on every scrape (counters and
 gauges get their ``OutputSample`` made directly, as ``add_metric`` would).
@@ -17,30 +17,22 @@ from prometheus_client.core import Metric
 from prometheus_client.samples import Sample as OutputSample
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["Memo", "OutputSample", "add_histogram", "format_boundary"]
+__all__ = ["OutputSample", "add_histogram", "format_boundary", "remember"]
 
 K = TypeVar("K")
 V = TypeVar("V")
 
 
-class Memo(dict[K, V]):
-    """A dict that forgets everything once it holds ``limit`` entries.
+def remember(memo: dict[K, V], key: K, value: V, limit: int) -> V:
+    """Store ``value`` in ``memo``, first forgetting everything if it holds ``limit`` entries.
 
-    Lookups are plain ``dict`` lookups (``get``, ``in``, ``[]``), as fast as a dict's; only
-    ``remember`` checks the bound.
+    Memos stay plain dicts, so lookups keep the speed of exact-dict subscripts and ``get``
+    (a dict subclass would slow every ``memo[key]`` down); only storing checks the bound.
     """
-
-    __slots__ = ("limit",)
-
-    def __init__(self, limit: int) -> None:
-        super().__init__()
-        self.limit = limit
-
-    def remember(self, key: K, value: V) -> V:
-        if len(self) >= self.limit:
-            self.clear()
-        self[key] = value
-        return value
+    if len(memo) >= limit:
+        memo.clear()
+    memo[key] = value
+    return value
 
 
 #: how prometheus_client writes ``le`` (1.0, 2.5, +Inf); it is untyped, hence the annotation
@@ -52,8 +44,8 @@ _new_tuple = tuple.__new__
 _SAMPLE_DEFAULTS = tuple(OutputSample._field_defaults[name] for name in OutputSample._fields[3:])
 
 _SeriesNames = tuple[str, str, str, tuple[dict[str, str], ...], dict[str, str]]
-_HISTOGRAM_SERIES: Memo[tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]], _SeriesNames]
-_HISTOGRAM_SERIES = Memo(10_000)
+_HISTOGRAM_SERIES: dict[tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]], _SeriesNames] = {}
+HISTOGRAM_SERIES_LIMIT = 10_000
 
 
 def add_histogram(
@@ -87,5 +79,5 @@ def _histogram_series(name: str, labels: dict[str, str], les: tuple[str, ...]) -
     if series is None:
         bucket_labels = tuple({**labels, "le": le} for le in les)
         series = (name + "_bucket", name + "_count", name + "_sum", bucket_labels, labels)
-        _HISTOGRAM_SERIES.remember(key, series)
+        remember(_HISTOGRAM_SERIES, key, series, HISTOGRAM_SERIES_LIMIT)
     return series

@@ -27,7 +27,7 @@ from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from inferwatch.exporters.fastpath import Memo
+from inferwatch.exporters.fastpath import remember
 
 Wanted = Callable[[str], bool] | Container[str]
 """Family-name filter: a predicate, or a container of the family names to keep."""
@@ -68,13 +68,13 @@ _UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 
 # Memos shared by all calls; pure functions of their keys, cleared when they reach the limit.
 _MEMO_LIMIT = 1 << 15
-_series: Memo[str, tuple[str, dict[str, str]]] = Memo(_MEMO_LIMIT)
-_label_pieces: Memo[str, tuple[str, bool] | None] = Memo(_MEMO_LIMIT)
-_legacy_names: Memo[str, bool] = Memo(_MEMO_LIMIT)
+_series: dict[str, tuple[str, dict[str, str]]] = {}
+_label_pieces: dict[str, tuple[str, bool] | None] = {}
+_legacy_names: dict[str, bool] = {}
 #: (keyword, family name, text, grouped sample names, their line starts): see _learn_comment
 _Comment = tuple[str, str, str, tuple[str, ...], tuple[str, ...]]
-_comments: dict[bool, Memo[str, _Comment]] = {False: Memo(_MEMO_LIMIT), True: Memo(_MEMO_LIMIT)}
-_line_starts: Memo[str, tuple[str, str]] = Memo(_MEMO_LIMIT)
+_comments: dict[bool, dict[str, _Comment]] = {False: {}, True: {}}
+_line_starts: dict[str, tuple[str, str]] = {}
 
 
 class PageSample(NamedTuple):
@@ -309,7 +309,7 @@ def _starts(sample_name: str) -> tuple[str, str]:
 
 
 def _learn_line_starts(sample_name: str) -> tuple[str, str]:
-    return _line_starts.remember(sample_name, _starts(sample_name))
+    return remember(_line_starts, sample_name, _starts(sample_name), _MEMO_LIMIT)
 
 
 def _learn_comment(line: str, openmetrics: bool) -> _Comment:
@@ -355,7 +355,7 @@ def _learn_comment(line: str, openmetrics: bool) -> _Comment:
         grouped = tuple(sys.intern(name + suffix) for suffix in _GROUPED_SUFFIXES.get(text, ()))
         starts = tuple(start for sample_name in (name, *grouped) for start in _starts(sample_name))
     comment = (keyword, name, text, grouped, starts)
-    return _comments[openmetrics].remember(line, comment)
+    return remember(_comments[openmetrics], line, comment, _MEMO_LIMIT)
 
 
 def _help_text(text: str, openmetrics: bool) -> str:
@@ -370,7 +370,7 @@ def _is_legacy_name(name: str) -> bool:
         return True
     if _LEGACY_NAME.fullmatch(name) is None:
         return False
-    return _legacy_names.remember(name, True)
+    return remember(_legacy_names, name, True, _MEMO_LIMIT)
 
 
 def _learn_series(head: str) -> tuple[str, dict[str, str]] | None:
@@ -386,7 +386,7 @@ def _learn_series(head: str) -> tuple[str, dict[str, str]] | None:
     # Interned names and values are shared by many series, so a scrape touches less memory.
     series = None if labels is None or not _is_legacy_name(name) else (sys.intern(name), labels)
     if series is not None:
-        _series.remember(head, series)
+        remember(_series, head, series, _MEMO_LIMIT)
     return series
 
 
@@ -416,7 +416,7 @@ def _fast_labels(text: str) -> dict[str, str] | None:
 def _learn_label_piece(piece: str) -> tuple[str, bool] | None:
     match = _LABEL_PIECE.fullmatch(piece)
     known = None if match is None else (sys.intern(match[2]), bool(match[1]))
-    _label_pieces.remember(piece, known)
+    remember(_label_pieces, piece, known, _MEMO_LIMIT)
     return known
 
 

@@ -29,7 +29,7 @@ from prometheus_client.core import Metric
 
 from inferwatch.catalog import Alias, Catalog, MetricSpec
 from inferwatch.exporters.engines.adapter import Adapter, Derivation, LabelValue, Total
-from inferwatch.exporters.fastpath import Memo, OutputSample, add_histogram, format_boundary
+from inferwatch.exporters.fastpath import OutputSample, add_histogram, format_boundary, remember
 from inferwatch.exporters.textformat import Exposition, Family, PageSample
 
 #: output label values a sample determines; None where the sample lacks the source label
@@ -49,10 +49,12 @@ def fold(name: str) -> str:
     folded = name.replace(":", "_")
     if folded.endswith("_total"):
         folded = folded[:-6]
-    return _FOLDED.remember(name, folded)
+    return remember(_FOLDED, name, folded, FOLDED_LIMIT)
 
 
-_FOLDED: Memo[str, str] = Memo(100_000)
+_FOLDED: dict[str, str] = {}
+#: names recur every scrape; a hostile page must not grow memory
+FOLDED_LIMIT = 100_000
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,7 +358,8 @@ class _Layout:
     infinite: int | None  # the listed position of +Inf, if listed
 
 
-_LAYOUTS: Memo[tuple[tuple[str, ...], float], _Layout] = Memo(10_000)
+_LAYOUTS: dict[tuple[tuple[str, ...], float], _Layout] = {}
+_LAYOUTS_LIMIT = 10_000
 
 
 def _layout(boundaries: tuple[str, ...], scale: float) -> _Layout:
@@ -383,7 +386,7 @@ def _layout(boundaries: tuple[str, ...], scale: float) -> _Layout:
     if order == tuple(range(len(boundaries) - 1)) and infinite == len(boundaries) - 1:
         order = None
     layout = _Layout(les, order, infinite)
-    return _LAYOUTS.remember((boundaries, scale), layout)
+    return remember(_LAYOUTS, (boundaries, scale), layout, _LAYOUTS_LIMIT)
 
 
 def _number(text: str | None) -> float | None:

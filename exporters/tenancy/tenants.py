@@ -16,7 +16,7 @@ import hashlib
 import ipaddress
 from dataclasses import dataclass
 
-from inferwatch.exporters.fastpath import Memo
+from inferwatch.exporters.fastpath import remember
 from inferwatch.exporters.tenancy.config import (
     HEADER_RESERVED_TENANTS,
     TENANT_PATTERN,
@@ -46,13 +46,13 @@ class TenantResolver:
         self._header = config.tenant_header.encode()
         self._trusted = config.trusted_sources
         self._attribute_unknown = config.unknown_policy == "attribute"
-        self._trusted_memo: Memo[str, bool] = Memo(1024)
+        self._trusted_memo: dict[str, bool] = {}
 
     def is_trusted(self, host: str) -> bool:
         """Whether a peer address is a trusted source (memoised: peers repeat)."""
         known = self._trusted_memo.get(host)
         if known is None:
-            known = self._trusted_memo.remember(host, self._is_trusted(host))
+            known = remember(self._trusted_memo, host, self._is_trusted(host), 1024)
         return known
 
     def _is_trusted(self, host: str) -> bool:
