@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
+from inferwatch import yamlfile
 from inferwatch.exporters.tenancy import routes
 from inferwatch.probes.client import PROBE_TENANT, TENANT_HEADER
 
@@ -451,16 +450,4 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
 
 def load(path: str | Path) -> ProxyConfig:
     """Read and validate a config file."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "(parse)"
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{source}: {where}: invalid YAML: {problem}") from None
-    return parse(document, source)
+    return parse(yamlfile.load(path, ConfigError), str(path))
