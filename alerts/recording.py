@@ -5,6 +5,10 @@ series (only ``reason`` is summed away), ``model_version`` keeps cluster, model 
 model_version, ``tenant`` keeps cluster, tenant, model and model_version. The rate window is
 part of the name (``rate5m``), so a config with another window yields other names.
 
+Gauges get no rule: an aggregation over one gauge sample per replica is about as cheap as
+reading a recorded series (docs/scaling.md measures it), so such a rule would cost an
+evaluation every interval and add lag for no faster panel.
+
 A request is one the engine finished (any reason but error) or failed: vLLM reports errors
 both as a finish reason and as errors, other engines only as errors, so the total is
 finished-without-error plus errors.
@@ -57,14 +61,6 @@ def slo_error_ratio(config: Config, slo: str, window: str) -> str:
         "inferwatch_engine_requests" if slo == "availability" else catalog_name(LATENCY[slo])
     )
     return f"model_version:{metric_name}:slo_error_ratio_rate{window}"
-
-
-def kv_usage() -> str:
-    return "model_version:inferwatch_engine_kv_cache_usage_ratio:max"
-
-
-def waiting() -> str:
-    return "model_version:inferwatch_engine_requests_waiting:sum"
 
 
 def tenant_tokens(config: Config) -> str:
@@ -134,10 +130,6 @@ def _rate_group(config: Config) -> Group:
                     {"quantile": promql.number(q)},
                 )
             )
-    rules += [
-        Recording(kv_usage(), f"max {mv} ({metric(config, 'engine_kv_cache_usage')})"),
-        Recording(waiting(), f"sum {mv} ({metric(config, 'engine_requests_waiting')})"),
-    ]
     tenant_by = by(config, ("tenant", *MODEL_VERSION))
     rules += [
         Recording(
