@@ -22,10 +22,12 @@ import time
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
-import requests
-import urllib3
+
+if TYPE_CHECKING:  # imported when used: only the dcgm backend reads pages with requests
+    import requests
 
 # Ask for the classic text format first: every engine serves it, and it is what our parser is
 # tuned for. OpenMetrics is accepted too (vLLM's make_asgi_app negotiates it).
@@ -146,6 +148,9 @@ def fetch_with_requests(
     """GET ``url`` with ``requests`` under the rules above: status and content type checked,
     the body capped as sent and as inflated, and the whole answer within ``timeout_s`` (a
     server trickling bytes under requests' per-read timeout is cut off too)."""
+    import requests
+    import urllib3
+
     deadline = time.monotonic() + timeout_s
     headers = {"Accept": accept, "Accept-Encoding": "gzip", "User-Agent": "inferwatch"}
     try:
