@@ -15,7 +15,7 @@ from inferwatch.sim.faults import FaultError
 from inferwatch.sim.server import serve_forever
 from inferwatch.sim.simulator import SimConfig
 
-log = logging.getLogger("inferwatch.sim")
+logger = logging.getLogger("inferwatch.sim")
 
 
 def _faults(path: Path | None) -> object:
@@ -178,7 +178,9 @@ def sim(
         port=port,
         gpu_port=gpu_port,
     )
-    log_event(log, logging.INFO, "simulator starting", model=model, gpu=gpu, host=host, port=port)
+    log_event(
+        logger, logging.INFO, "simulator starting", model=model, gpu=gpu, host=host, port=port
+    )
     try:
         serve_forever(config, ready_file)
     except (cap.CapacityError, FaultError, OSError) as exc:

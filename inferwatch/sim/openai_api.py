@@ -25,7 +25,7 @@ from inferwatch.sim.engine import Finished
 from inferwatch.sim.faults import FaultError
 from inferwatch.sim.simulator import VLLM_VERSION, ApiError, Job, Simulator
 
-log = logging.getLogger("inferwatch.sim")
+logger = logging.getLogger("inferwatch.sim")
 
 
 def _sim(request: Request) -> Simulator:
@@ -278,8 +278,8 @@ async def admin_faults(request: Request) -> Response:
             sim.apply_faults(document)
         except FaultError as exc:
             return error_response(413 if "bytes" in str(exc) else 400, str(exc))
-        log_event(log, logging.WARNING, "faults injected", faults=json.dumps(document))
+        log_event(logger, logging.WARNING, "faults injected", faults=json.dumps(document))
     elif request.method == "DELETE":
         sim.clear_faults()
-        log_event(log, logging.INFO, "faults cleared")
+        log_event(logger, logging.INFO, "faults cleared")
     return JSONResponse(sim.faults_state())
