@@ -45,7 +45,7 @@ from prometheus_client.core import Metric
 from inferwatch import catalog
 from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.engine_scrape import ScrapeFailure
+from inferwatch.exporters.page_fetch import ScrapeFailure
 from inferwatch.exporters.warmup import Warmup
 from inferwatch.logs import log_event
 
@@ -80,7 +80,7 @@ def successful_requests(families: Iterable[Metric]) -> float | None:
 
 
 class StartupTracker:
-    """Collector and readiness source for the phases; ``run`` is its background job."""
+    """Metric and readiness source for the phases; ``run`` is its background job."""
 
     name = "startup"
 
@@ -194,7 +194,7 @@ class StartupTracker:
         """The status of the engine's health endpoint (its body unread), or GONE (connection
         refused: nothing listens) or NO_ANSWER (any other failure within the timeout)."""
         path = HEALTH_PATHS.get(self.engine.fixed_engine or self.engine.engine or "", "/health")
-        timeout = self.engine.scraper.timeout
+        timeout = self.engine.scraper.timeout_s
         try:
             async with asyncio.timeout(timeout):
                 async with self.http.stream(

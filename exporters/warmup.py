@@ -33,7 +33,7 @@ from prometheus_client.core import Metric
 
 from inferwatch import catalog
 from inferwatch.exporters.collector import Condition
-from inferwatch.exporters.engine_scrape import ScrapeFailure, read_bounded
+from inferwatch.exporters.page_fetch import ScrapeFailure, read_bounded
 from inferwatch.logs import log_event
 
 log = logging.getLogger("inferwatch.warmup")

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferwatch.cli import main
 from inferwatch.exporters import warmup as warmup_module
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.engine_scrape import EngineScraper
+from inferwatch.exporters.page_fetch import EngineScraper
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.exporters.startup import PHASES, StartupTracker
 from inferwatch.exporters.tenancy.reconcile import direct_tokens, engine_token_counters
@@ -154,7 +154,7 @@ def fast_sim() -> Iterator[SimHandle]:
 
 
 def tracker_for(sim: SimHandle, plan: WarmupPlan | None) -> StartupTracker:
-    engine = EngineCollector(EngineScraper(f"{sim.url}/metrics", timeout=5.0), {"pod": "r0"})
+    engine = EngineCollector(EngineScraper(f"{sim.url}/metrics", timeout_s=5.0), {"pod": "r0"})
     warm = Warmup(plan, sim.url, MODEL) if plan else None
     return StartupTracker(engine, warm, poll_s=0.05)
 
@@ -420,7 +420,7 @@ def test_a_hostile_health_endpoint_holds_the_phases_back_within_bounds(
     async def scenario() -> None:
         servers = hostile_server(handler)
         url = await anext(servers)
-        engine = EngineCollector(EngineScraper(f"{url}/metrics", timeout=0.3), {})
+        engine = EngineCollector(EngineScraper(f"{url}/metrics", timeout_s=0.3), {})
         tracker = StartupTracker(engine, None, poll_s=0.05)
         task = asyncio.create_task(tracker.run())
         try:
@@ -536,7 +536,7 @@ def test_an_engine_restarted_inside_the_pod_is_warmed_up_again() -> None:
 
     async def scenario() -> None:
         sim = run_in_thread(config)
-        engine = EngineCollector(EngineScraper(f"{sim.url}/metrics", timeout=5.0), {})
+        engine = EngineCollector(EngineScraper(f"{sim.url}/metrics", timeout_s=5.0), {})
         warm = Warmup(WarmupPlan((1, 2), (16,)), sim.url, MODEL)
         tracker = StartupTracker(engine, warm, poll_s=0.05, watch_s=0.05)
         task = asyncio.create_task(tracker.run())
@@ -628,7 +628,7 @@ def test_quality_probes_wait_for_the_first_warmup(fast_sim: SimHandle) -> None:
         servers = hostile_server(server_error)  # an engine that never turns healthy
         url = await anext(servers)
         loading = StartupTracker(
-            EngineCollector(EngineScraper(f"{url}/metrics", timeout=0.3), {}), poll_s=0.05
+            EngineCollector(EngineScraper(f"{url}/metrics", timeout_s=0.3), {}), poll_s=0.05
         )
         tracker = tracker_for(fast_sim, WarmupPlan((1,), (16,)))
         started: list[str] = []
