@@ -1,0 +1,187 @@
+"""``inferwatch canary`` against the live demo: the real stack, its real Prometheus.
+
+One ``inferwatch demo`` plays the shipped ``canary-regression`` scenario: the fp8 canary
+primary-v2 is healthy, then its engine steps run three times as long. The real canary CLI is
+asked three questions about the demo's Prometheus, each with ``--at`` at the end of a window
+placed by the scenario's events as the demo printed them: the last 30 s before the slowdown
+promote, 30 s of slowdown roll back on TTFT and TPOT, and 10 s of the same healthy canary are
+too little traffic to judge (inconclusive). Before each question the test polls Prometheus
+until every target has been scraped past the window's end and both sides hold the minimum
+sample, each wait with a deadline.
+
+The demo's traffic is small (the canary takes a third of the primary model's share of
+:data:`RATE` requests per second, plus its probes), so the minimum samples are lowered to
+what 30 s of it holds; the defaults are sized for production windows of tens of minutes.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from inferwatch.alerts import config as alert_config
+from inferwatch.canary import checks, selector
+from inferwatch.demo import scenario, topology
+from tests.test_alerts_e2e import running_demo
+
+pytestmark = pytest.mark.e2e
+
+SCENARIO = "canary-regression"
+#: the load generator's requests per second: twice the demo's default, so that the canary's
+#: customer traffic (the degeneracy and cost checks' sample) fills a 30 s window
+RATE = 6
+BASELINE = f'model="{topology.PRIMARY_MODEL}",model_version="v1"'  # the fallback is a v1 too
+CANDIDATE = f'model="{topology.PRIMARY_MODEL}",model_version="v2-fp8"'
+WINDOW_S = 30
+#: a window this short holds too little of the canary's traffic for any minimum below
+SHORT_WINDOW_S = 10
+#: seconds after the slowdown is announced before its window starts: the injection lands and
+#: requests that began before it finish
+SETTLE_S = 3
+MIN_REQUESTS = 60  # 30 s of the canary: ~125 engine requests (probes included), 10 s: ~40
+MIN_SCREENED = 10  # 30 s of the canary: ~20 screened customer outputs (half are screened)
+THRESHOLDS = [
+    f"--min-requests={MIN_REQUESTS}",
+    f"--min-screened={MIN_SCREENED}",
+    # cost per 1k tokens is a token-weighted mix of tenants whose prices per 1k differ about
+    # twofold (globex's long prompts, acme's long completions): over 30 s the canary's share
+    # of each moves it by up to 20 % against v1's, and the check has no test to tell that
+    # noise from a regression (counters give totals only), so its tolerance is widened here
+    "--cost-tolerance=0.5",
+]  # --min-probes (30) and --min-tokens (10000) fit 30 s of the demo as they are
+#: how long a window may take to be scraped and filled on a busy 2-core machine
+DATA_DEADLINE = 60.0
+
+
+def wall(monotonic: float) -> float:
+    """Unix time of a ``time.monotonic()`` reading (the demo's lines are stamped with it)."""
+    return time.time() - (time.monotonic() - monotonic)
+
+
+def query(prometheus: str, expr: str, at: float | None = None) -> float | None:
+    data = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+    reply = httpx.post(f"{prometheus}/api/v1/query", data=data, timeout=10)
+    reply.raise_for_status()
+    result = reply.json()["data"]["result"]
+    return float(result[0]["value"][1]) if result else None
+
+
+def samples(prometheus: str, end: float, window_s: int) -> dict[str, float]:
+    """What each side holds over the window: engine requests and screened customer outputs,
+    through the canary's own queries."""
+    config, window = alert_config.load(), f"{window_s}s"
+    (ttft,) = [c for c in checks.CHECKS if c.name == "ttft_p99"]
+    (degeneracy,) = [c for c in checks.CHECKS if c.name == "degeneracy"]
+    counts = {}
+    for side, text in (("baseline", BASELINE), ("candidate", CANDIDATE)):
+        promql = selector.parse(text).promql()
+        requests = query(prometheus, checks.observed(config, ttft, promql, window), end)
+        _, screened = checks.events_and_total(config, degeneracy, promql, window)
+        counts[f"{side} requests"] = requests or 0.0
+        counts[f"{side} screened"] = query(prometheus, screened, end) or 0.0
+    return counts
+
+
+def wait_for_window(prometheus: str, end: float, window_s: int) -> dict[str, float]:
+    """Poll until every target was scraped after ``end`` and both sides hold the minimums."""
+    deadline = time.monotonic() + DATA_DEADLINE
+    counts: dict[str, float] = {}
+    scraped: float | None = None
+    while time.monotonic() < deadline:
+        scraped = query(prometheus, "min(timestamp(up))")
+        if scraped is not None and scraped > end:
+            counts = samples(prometheus, end, window_s)
+            if all(
+                count >= (MIN_REQUESTS if what.endswith("requests") else MIN_SCREENED)
+                for what, count in counts.items()
+            ):
+                return counts
+        time.sleep(0.5)
+    pytest.fail(f"the window ending at {end:.0f} never filled: scraped to {scraped}, {counts}")
+
+
+def canary(prometheus: str, end: float, window_s: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-P", "-m", "inferwatch", "canary", f"--prometheus={prometheus}",
+         f"--baseline={BASELINE}", f"--candidate={CANDIDATE}", f"--window={window_s}s",
+         f"--at={end:.3f}", *THRESHOLDS],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def rows(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    """Each check's row of the verdict table, by its title."""
+    titles = [c.title for c in checks.CHECKS]
+    table = {}
+    for line in result.stdout.splitlines():
+        for title in titles:
+            if line.lstrip("│ ").startswith(title):
+                table[title] = line
+    assert set(table) == set(titles), result.stdout + result.stderr
+    return table
+
+
+def outcome(row: str) -> str:
+    match = re.search(r"│ (pass|fail|no data|n/a) +│", row)
+    assert match, row
+    return match[1]
+
+
+def test_the_canary_promotes_a_healthy_v2_rolls_back_a_slow_one_and_waits_on_a_trickle(
+    tmp_path: Path, prometheus_bin: str, haproxy_bin: str
+) -> None:
+    timeline = scenario.load(SCENARIO, [r.name for r in topology.REPLICAS])
+    slowdown = timeline.steps[0]
+    assert slowdown.replicas == ("primary-v2",) and slowdown.faults == {"slow_factor": 3}
+    # the demo's default probe cycle (the alert test's 3 s would triple the probes' CPU);
+    # no Alertmanager: the canary reads Prometheus only
+    args = ["--scenario", SCENARIO, "--rate", str(RATE), "--probe-cycle", "10",
+            "--no-alertmanager"]  # fmt: skip
+    with running_demo(tmp_path, *args) as demo:
+        prometheus = demo.url("prometheus")
+        started = time.monotonic()
+        fault = demo.wait_line(
+            rf"^\[\s*[\d.]+s\] scenario: {re.escape(slowdown.describe())}$",
+            slowdown.at + DATA_DEADLINE,
+        )[0]
+        healthy_end = wall(fault) - 1  # the injection is sent after the line is printed
+        assert healthy_end - WINDOW_S > wall(demo.up_at), "the healthy period is too short"
+        report("healthy", wait_for_window(prometheus, healthy_end, WINDOW_S))
+        healthy = canary(prometheus, healthy_end, WINDOW_S)
+        print(healthy.stdout)
+        assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+        assert "verdict: promote" in healthy.stdout
+        assert {outcome(row) for row in rows(healthy).values()} == {"pass"}
+
+        short = canary(prometheus, healthy_end, SHORT_WINDOW_S)
+        print(short.stdout)
+        assert short.returncode == 2, short.stdout + short.stderr
+        assert "verdict: inconclusive" in short.stdout
+        ttft = rows(short)["TTFT p99"]
+        assert outcome(ttft) == "no data", ttft
+        few = re.search(r"(\d+) and (\d+) requests, (\d+) needed", ttft)
+        assert few and int(few[2]) < MIN_REQUESTS, ttft  # the canary's own count is too small
+        assert "fail" not in {outcome(row) for row in rows(short).values()}
+
+        slow_end = wall(fault) + SETTLE_S + WINDOW_S
+        report("slow", wait_for_window(prometheus, slow_end, WINDOW_S))
+        slow = canary(prometheus, slow_end, WINDOW_S)
+        print(slow.stdout)
+        assert slow.returncode == 1, slow.stdout + slow.stderr
+        assert "verdict: roll back" in slow.stdout
+        table = rows(slow)
+        assert outcome(table["TTFT p99"]) == "fail" and outcome(table["TPOT p99"]) == "fail"
+        # slower, not wrong: the checks that do not measure time still pass
+        for title in ("error ratio", "probe pass rate", "live degeneracy rate"):
+            assert outcome(table[title]) == "pass", table[title]
+        print(f"demo up to last verdict: {time.monotonic() - started:.0f}s")
+
+
+def report(what: str, counts: dict[str, float]) -> None:
+    print(f"\n{what} window: " + ", ".join(f"{k} {v:.0f}" for k, v in counts.items()))
