@@ -39,7 +39,7 @@ RATE = 6
 BASELINE = f'model="{topology.PRIMARY_MODEL}",model_version="v1"'  # the fallback is a v1 too
 CANDIDATE = f'model="{topology.PRIMARY_MODEL}",model_version="v2-fp8"'
 WINDOW_S = 30
-#: a window this short holds too little of the canary's traffic for any minimum below
+#: a window this short holds less of the canary's traffic than the minimums below ask for
 SHORT_WINDOW_S = 10
 #: seconds after the slowdown is announced before its window starts: the injection lands and
 #: requests that began before it finish
@@ -148,7 +148,7 @@ def outcome(row: str) -> str:
     return match[1]
 
 
-def test_the_canary_promotes_a_healthy_v2_rolls_back_a_slow_one_and_waits_on_a_trickle(
+def test_the_canary_promotes_healthy_v2_rolls_back_slow_v2_and_finds_10s_too_little(
     tmp_path: Path, prometheus_bin: str, haproxy_bin: str
 ) -> None:
     timeline = scenario.load(SCENARIO, [r.name for r in topology.REPLICAS])
