@@ -271,6 +271,13 @@ BAD_CONFIGS = [
     ("cluster_label: 'my cluster'\n", "cluster_label", "label name"),
     ("- just\n- a list\n", "top level", "mapping"),
     ("alerts: {InferwatchTTFTHigh: [\n", "line", ""),
+    ("autoscaling: {targets: {queue_per_replica: 0}}\n", "autoscaling.targets.queue_per_replica",
+     "above 0"),
+    ("autoscaling: {targets: {kv_cache_usage: 1.5}}\n", "autoscaling.targets.kv_cache_usage",
+     "at most 1"),
+    ("autoscaling: {targets: {queue_wait: fast}}\n", "autoscaling.targets.queue_wait", "number"),
+    ("autoscaling: {targets: {cpu: 0.8}}\n", "autoscaling.targets.cpu", "unknown field"),
+    ("autoscaling: {queue_wait_quantile: 1}\n", "autoscaling.queue_wait_quantile", "between 0"),
 ]
 
 
