@@ -92,13 +92,14 @@ def queue_wait(config: Config) -> str:
     return f"model_version:{name}:histogram_quantile_rate{_w(config)}"
 
 
-def autoscaling_signals(config: Config) -> dict[str, str]:
-    """``autoscaling.targets`` key -> the series (name and matchers) an autoscaler reads."""
+def autoscaling_signals(config: Config) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """``autoscaling.targets`` key -> (recorded name, matchers) of the series an autoscaler
+    reads."""
     q = promql.number(float(config.autoscaling["queue_wait_quantile"]))
     return {
-        "queue_per_replica": queue_per_replica(),
-        "kv_cache_usage": kv_usage_ready(),
-        "queue_wait": f'{queue_wait(config)}{{quantile="{q}"}}',
+        "queue_per_replica": (queue_per_replica(), ()),
+        "kv_cache_usage": (kv_usage_ready(), ()),
+        "queue_wait": (queue_wait(config), (f"quantile={promql.quoted(q)}",)),
     }
 
 

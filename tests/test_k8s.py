@@ -30,7 +30,7 @@ KIT = REPO / "deploy" / "kubernetes"
 OVERLAYS = sorted(p.parent.name for p in (KIT / "overlays").glob("*/kustomization.yaml"))
 #: oldest Kubernetes the kit supports, and the newest schema kubernetes-validate ships
 KUBERNETES_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
-CRD_GROUPS = ("monitoring.coreos.com", "gateway.networking.k8s.io")
+CRD_GROUPS = ("monitoring.coreos.com", "gateway.networking.k8s.io", "keda.sh")
 
 
 class _CrdLoader(yaml.SafeLoader):
