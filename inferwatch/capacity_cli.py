@@ -79,7 +79,8 @@ def _at(estimate: sizing.Estimate, slo: sizing.SLO) -> str:
         return f"overloaded: {estimate.overloaded}"
     text = (
         f"TTFT {_ms(estimate.ttft)}, TPOT {_ms(estimate.tpot)}, "
-        f"{estimate.running:,} sequences decoding ({estimate.rate_per_replica:,.3g} requests/s each)"
+        f"{estimate.running:,} sequences decoding "
+        f"({estimate.rate_per_replica:,.3g} requests/s each)"
     )
     missed = [
         name

@@ -127,9 +127,8 @@ def test_one_replica_that_cannot_hold_the_load_is_overloaded_with_the_reason() -
 
 
 def test_a_request_longer_than_the_model_allows_is_refused() -> None:
-    short = cap.compute(
-        cap.model_preset("llama-3.1-8b"), cap.gpu_preset("H100"), cap.ServingSpec(max_model_len=4096)
-    )
+    serving = cap.ServingSpec(max_model_len=4096)
+    short = cap.compute(cap.model_preset("llama-3.1-8b"), cap.gpu_preset("H100"), serving)
     with pytest.raises(cap.CapacityError, match="longer than max-model-len 4096"):
         sizing.estimate(short, sizing.Workload(1, 4000, 200), 1)
 
@@ -240,3 +239,29 @@ def test_cli_sizing_errors_are_one_line(args: list[str], message: str) -> None:
     assert result.exit_code == 1
     assert result.output.startswith("Error: ") and message in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rate=st.floats(min_value=0, max_value=1e12),
+    prompt=st.integers(min_value=1, max_value=10**7),
+    completion=st.integers(min_value=1, max_value=10**7),
+    ttft=st.one_of(st.none(), st.floats(min_value=1e-6, max_value=1e6)),
+    tpot=st.one_of(st.none(), st.floats(min_value=1e-6, max_value=1e6)),
+)
+def test_any_sizing_flags_give_an_answer_or_one_line(
+    rate: float, prompt: int, completion: int, ttft: float | None, tpot: float | None
+) -> None:
+    args = ["capacity", "--max-model-len", "32768", "--rate", repr(rate),
+            "--prompt-tokens", str(prompt), "--completion-tokens", str(completion)]  # fmt: skip
+    for flag, value in (("--ttft-slo", ttft), ("--tpot-slo", tpot)):
+        if value is not None:
+            args += [flag, repr(value)]
+    result = CliRunner().invoke(main, args)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    if result.exit_code == 0:
+        assert "replicas needed" in result.output
+    else:
+        assert result.exit_code == 1
+        assert result.output.startswith("Error: ")
+        assert len(result.output.strip().splitlines()) == 1

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from inferwatch.capacity import Capacity, CapacityError
 from inferwatch.sim.roofline import Roofline
 
+#: the largest fleet rate sized, requests/s (far beyond any fleet; keeps the arithmetic finite)
+MAX_RATE = 1e9
 #: bound on the fixed-point iteration; each round adds at least one sequence or token, so a
 #: replica's limits (at most a few thousand of each) end it long before
 MAX_ROUNDS = 100_000
@@ -79,8 +81,10 @@ class Estimate:
 
 def check(capacity: Capacity, workload: Workload) -> None:
     """Raise CapacityError for a workload no replica of this configuration can serve."""
-    if workload.rate < 0 or not math.isfinite(workload.rate):
-        raise CapacityError(f"the request rate must be a finite number >= 0, not {workload.rate}")
+    if not 0 <= workload.rate <= MAX_RATE:
+        raise CapacityError(
+            f"the request rate must be between 0 and {MAX_RATE:g} requests/s, not {workload.rate}"
+        )
     if workload.prompt_tokens < 1 or workload.completion_tokens < 1:
         raise CapacityError("prompt and completion lengths are at least 1 token each")
     length = workload.prompt_tokens + workload.completion_tokens
@@ -103,19 +107,17 @@ def estimate(capacity: Capacity, workload: Workload, replicas: int) -> Estimate:
     slots = min(capacity.max_num_seqs, capacity.max_sequences(prompt + completion))
     budget = capacity.max_num_batched_tokens
 
-    def lumps(count: int, size: int) -> list[tuple[int, int]]:
-        return [(size, prompt)] * count
-
     def step(running: int, prefill: float) -> float:
         """The mean step: prompts arrive whole (in chunks of what the budget leaves), so
         a share of the steps carries one more chunk than the rest."""
-        size = min(prompt, budget - running)
+        size = max(1, min(prompt, budget - running))
         chunks = prefill / size
         fewer, share = math.floor(chunks), chunks - math.floor(chunks)
         decodes = [(1, context)] * running
-        cost = roofline.step(decodes + lumps(fewer, size)).seconds
+        cost = roofline.step(decodes + [(size, prompt)] * fewer).seconds
         if share:
-            cost += share * (roofline.step(decodes + lumps(fewer + 1, size)).seconds - cost)
+            more = roofline.step(decodes + [(size, prompt)] * (fewer + 1)).seconds
+            cost += share * (more - cost)
         return cost
 
     def overloaded(running: int, prefill: float, why: str) -> Estimate:
@@ -127,21 +129,20 @@ def estimate(capacity: Capacity, workload: Workload, replicas: int) -> Estimate:
         prefill = rate * prompt * seconds
         if running > slots:
             limit = "max-num-seqs" if slots == capacity.max_num_seqs else "the KV cache"
-            return overloaded(running, prefill, f"{running} sequences at once; {limit} holds {slots}")
+            why = f"{running} sequences at once; {limit} holds {slots}"
+            return overloaded(running, prefill, why)
         if running + prefill > budget:
             return overloaded(
                 running, prefill, f"{math.ceil(running + prefill)} tokens a step; "
                 f"max-num-batched-tokens is {budget}",
             )
-        longer = step(running, prefill)
-        if longer - seconds <= SETTLED * seconds:
-            seconds = longer
+        seconds, before = step(running, prefill), seconds
+        if seconds - before <= SETTLED * before:
             break
-        seconds = longer
     else:
         return overloaded(running, prefill, "its queue does not settle at this rate")
     ttft = seconds / 2
-    chunk, done = budget - running, 0
+    chunk, done = max(1, budget - running), 0
     while done < prompt:
         size = min(chunk, prompt - done)
         done += size
