@@ -496,6 +496,12 @@ SERIES_PER_VERSION = {
     "model_version:inferwatch_engine_request_duration_seconds:histogram_quantile_rate5m": 3,
     "model_version:inferwatch_engine_kv_cache_usage_ratio:max": 1,
     "model_version:inferwatch_engine_requests_waiting:sum": 1,
+    # the autoscaling group (readiness comes from the sidecar, not the engine's page)
+    "pod:inferwatch_replica_ready:min": 1,
+    "model_version:inferwatch_replica_ready:sum": 1,
+    "model_version:inferwatch_engine_requests_waiting:per_ready_replica": 1,
+    "model_version:inferwatch_engine_kv_cache_usage_ratio:avg_ready": 1,
+    "model_version:inferwatch_engine_request_queue_duration_seconds:histogram_quantile_rate5m": 1,
     **{
         f"model_version:{metric}:slo_error_ratio_rate{window}": 1
         for metric in (
@@ -521,6 +527,9 @@ def test_recording_rules_keep_a_known_number_of_series_per_replica(
             series.append(
                 {"series": f"{sample.name}{{{selector}}}", "values": f"{sample.value}+{growth}x10"}
             )
+            if sample.name == "inferwatch_engine_requests_waiting":  # the replica is ready
+                ready = f'inferwatch_replica_ready{{{selector},condition="engine"}}'
+                series.append({"series": ready, "values": "1x10"})
     writer.write(tmp_path, writer.render(config.load()))
     test = {
         "rule_files": [str(tmp_path / "recording.yaml")],
