@@ -5,6 +5,10 @@ series (only ``reason`` is summed away), ``model_version`` keeps cluster, model 
 model_version, ``tenant`` keeps cluster, tenant, model and model_version. The rate window is
 part of the name (``rate5m``), so a config with another window yields other names.
 
+Gauges get no rule: an aggregation over one gauge sample per replica is about as cheap as
+reading a recorded series (docs/scaling.md measures it), so such a rule would cost an
+evaluation every interval and add lag for no faster panel.
+
 A request is one the engine finished (any reason but error) or failed: vLLM reports errors
 both as a finish reason and as errors, other engines only as errors, so the total is
 finished-without-error plus errors.
@@ -61,14 +65,6 @@ def slo_error_ratio(config: Config, slo: str, window: str) -> str:
         "inferwatch_engine_requests" if slo == "availability" else catalog_name(LATENCY[slo])
     )
     return f"model_version:{metric_name}:slo_error_ratio_rate{window}"
-
-
-def kv_usage() -> str:
-    return "model_version:inferwatch_engine_kv_cache_usage_ratio:max"
-
-
-def waiting() -> str:
-    return "model_version:inferwatch_engine_requests_waiting:sum"
 
 
 def ready_replica() -> str:
@@ -170,10 +166,6 @@ def _rate_group(config: Config) -> Group:
                     {"quantile": promql.number(q)},
                 )
             )
-    rules += [
-        Recording(kv_usage(), f"max {mv} ({metric(config, 'engine_kv_cache_usage')})"),
-        Recording(waiting(), f"sum {mv} ({metric(config, 'engine_requests_waiting')})"),
-    ]
     tenant_by = by(config, ("tenant", *MODEL_VERSION))
     rules += [
         Recording(
@@ -237,11 +229,12 @@ def _autoscaling_group(config: Config) -> Group:
     le_by = by(config, (*MODEL_VERSION, "le"))
     buckets = f"rate({metric(config, 'engine_request_queue_duration', suffix='_bucket')}[{w}])"
     on_mv = promql.on(config, MODEL_VERSION)
+    waiting = f"sum {mv} ({metric(config, 'engine_requests_waiting')})"
     rules = (
         Recording(ready_replica(), f"min without (condition) ({metric(config, 'replica_ready')})"),
         Recording(ready_replicas(), f"sum {mv} ({ready_replica()})"),
         Recording(
-            queue_per_replica(), f"{waiting()} / {on_mv} clamp_min({ready_replicas()}, 1)"
+            queue_per_replica(), f"{waiting} / {on_mv} clamp_min({ready_replicas()}, 1)"
         ),
         Recording(
             kv_usage_ready(),
@@ -249,7 +242,7 @@ def _autoscaling_group(config: Config) -> Group:
         ),
         Recording(
             queue_wait(config),
-            f"(histogram_quantile({q}, sum {le_by} ({buckets})) >= 0) or {on_mv} ({waiting()} * 0)",
+            f"(histogram_quantile({q}, sum {le_by} ({buckets})) >= 0) or {on_mv} ({waiting} * 0)",
             {"quantile": q},
         ),
     )

@@ -21,36 +21,46 @@ than 2 h blocks, so this is an upper bound), each rule group's evaluation time (
 own ``evaluationTime``, median of three evaluations), and each fleet-overview panel's query
 time (Prometheus' ``stats=all`` execution time of an instant query, median of five) as the
 dashboard has it and with every recorded series replaced by the raw expression its rule
-records (recursively). Panels on series the fleet does not have (``up``, ``ALERTS``) are
-left out.
+records (recursively), below the floor: the execution time of ``vector(1)``, a query
+that reads no series. Then the same pairs as range queries over the backfilled span (from
+where a 5m window is full, one step per scrape interval: what a time-series panel sends),
+the recorded series backfilled for that span by ``promtool tsdb create-blocks-from rules``.
+Panels on series the fleet does not have (``up``, ``ALERTS``) are left out.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import math
 import os
 import platform
 import random
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
+from localfleet import (
+    CLUSTERS,
+    INFERWATCH,
+    MODELS,
+    RULE_FILES,
+    free_port,
+    panel_queries,
+    panels_by_cluster,
+    process,
+    sidecar,
+    static_pages,
+    two_clusters,
+    wait_for,
+)
 
 from inferwatch.exporters import textformat
 
@@ -58,59 +68,9 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "fixtures"
 ENGINE_CAPTURE = SHARED / "engines" / "vllm-generated-0.33.0-1engine.prom"
 DCGM_CAPTURE = SHARED / "gpu" / "dcgm" / "dcgm-rtx4000ada-k8s-pod.prom"
-INFERWATCH = REPO / ".venv" / "bin" / "inferwatch"
-RULE_FILES = sorted((REPO / "alerts" / "generated").glob("*.yaml"))
-MODELS = ("llama-8b", "llama-70b", "qwen-32b", "mixtral-8x7b")
 STEP = 15
 RECORDED = re.compile(r"\b([a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]+)(\{[^}]*\})?")
 MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, deadline_s: float = 60.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(0.3)
-    raise SystemExit(f"{url} did not answer within {deadline_s:.0f} s")
-
-
-@contextlib.contextmanager
-def process(args: list[str], ready: str) -> Iterator[None]:
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_http(ready)
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@contextlib.contextmanager
-def static_pages(folder: Path) -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=str(folder)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-
-
-class _QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 def series(page: str) -> int:
@@ -118,14 +78,9 @@ def series(page: str) -> int:
 
 
 def sidecar_page(engine_url: str, dcgm_url: str) -> str:
-    port = free_port()
-    args = [
-        str(INFERWATCH), "sidecar", f"--engine-url={engine_url}", f"--listen=127.0.0.1:{port}",
-        f"--gpu=dcgm={dcgm_url}", "--gpu-scope=all", "--pod-labels=omit",
-    ]  # fmt: skip
-    with process(args, f"http://127.0.0.1:{port}/healthz"):
-        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)  # first scrape fills state
-        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    with sidecar(engine_url, dcgm_url) as url:
+        httpx.get(f"{url}/metrics", timeout=10)  # first scrape fills state
+        return httpx.get(f"{url}/metrics", timeout=10).text
 
 
 def per_replica() -> tuple[list[tuple[str, int, int, int, int]], str]:
@@ -217,6 +172,72 @@ def recording_rules() -> dict[str, list[tuple[dict[str, str], str]]]:
     return rules
 
 
+def recording_levels() -> list[list[dict[str, Any]]]:
+    """The generated recording rules in dependency order: level 0 reads only scraped series,
+    level N reads series of level N-1 or below."""
+    found = [
+        rule
+        for path in RULE_FILES
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    ]
+    depth: dict[str, int] = {}
+    while len(depth) < len({r["record"] for r in found}):
+        for rule in found:
+            reads = {name for name, _ in RECORDED.findall(rule["expr"])}
+            if reads <= set(depth):
+                level = 1 + max((depth[name] for name in reads), default=-1)
+                depth[rule["record"]] = max(depth.get(rule["record"], 0), level)
+    levels: list[list[dict[str, Any]]] = [[] for _ in range(max(depth.values()) + 1)]
+    for rule in found:
+        levels[depth[rule["record"]]].append(rule)
+    return levels
+
+
+def backfill_recordings(data: Path, work: Path, start: float, end: float) -> float:
+    """Write the recording rules' output over ``[start, end]`` into ``data`` with ``promtool
+    tsdb create-blocks-from rules``, one level at a time: promtool evaluates each rule
+    against a running Prometheus, which must already hold what the rule reads. Returns the
+    seconds it took."""
+    started = time.monotonic()
+    config = work / "no-rules.yml"
+    config.write_text(yaml.safe_dump({"global": {}}))
+    for index, level in enumerate(recording_levels()):
+        rules = work / f"level-{index}.yaml"
+        rules.write_text(yaml.safe_dump({"groups": [{"name": f"level-{index}", "rules": level}]}))
+        out = work / f"level-{index}"
+        port = free_port()
+        api = f"http://127.0.0.1:{port}"
+        args = [
+            "prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d",
+        ]  # fmt: skip
+        with process(args, f"{api}/-/ready"):
+            subprocess.run(
+                ["promtool", "tsdb", "create-blocks-from", "rules", f"--start={int(start)}",
+                 f"--end={int(end)}", f"--url={api}", f"--output-dir={out}",
+                 f"--eval-interval={STEP}s", str(rules)],
+                check=True, capture_output=True,
+            )  # fmt: skip
+        for block in out.iterdir():
+            block.rename(data / block.name)
+    return time.monotonic() - started
+
+
+def range_seconds(api: str, expr: str, start: float, end: float, rounds: int = 3) -> float:
+    """Median execution time of ``expr`` as a time-series panel asks for it: a range query,
+    one step per scrape interval."""
+    times = []
+    for _ in range(rounds):
+        params = {"query": expr, "start": start, "end": end, "step": STEP, "stats": "all"}
+        body = httpx.get(f"{api}/api/v1/query_range", params=params, timeout=300).json()
+        if body.get("status") != "success":
+            raise SystemExit(f"range query failed: {expr}\n{body.get('error')}")
+        times.append(body["data"]["stats"]["timings"]["execTotalTime"])
+    return statistics.median(times)
+
+
 def expand(expr: str, rules: dict[str, list[tuple[dict[str, str], str]]]) -> str:
     """``expr`` with every recorded series replaced by the expression its rule records."""
 
@@ -232,20 +253,6 @@ def expand(expr: str, rules: dict[str, list[tuple[dict[str, str], str]]]) -> str
         return f"({inner})"
 
     return RECORDED.sub(replace, expr)
-
-
-def panel_queries(dashboard: Path) -> list[tuple[str, str]]:
-    board = json.loads(dashboard.read_text())
-    found = []
-    for panel in board.get("panels", []):
-        for index, target in enumerate(panel.get("targets", [])):
-            expr = target.get("expr", "")
-            if not expr or re.search(r"\b(up|ALERTS)\{", expr):
-                continue
-            expr = re.sub(r"\$__rate_interval", "1m", expr)
-            expr = re.sub(r"\$\w+", ".*", expr)
-            found.append((f"{panel['title']} [{index}]", expr))
-    return found
 
 
 def query_seconds(api: str, expr: str, rounds: int = 5) -> float:
@@ -294,6 +301,9 @@ def measure_fleet(
     backfill_s = time.monotonic() - started
     source.unlink()
     block_bytes = du(data)
+    # the recorded series over the same span, so that a range query finds both forms
+    start = end - minutes * 60 + 5 * 60  # from where a 5m rate window is full
+    rules_backfill_s = backfill_recordings(data, work, start, end)
     config = work / f"prometheus-{replicas}.yml"
     config.write_text(yaml.safe_dump({
         "global": {"evaluation_interval": f"{STEP}s", "external_labels": {}},
@@ -310,12 +320,18 @@ def measure_fleet(
         counted = httpx.get(
             f"{api}/api/v1/query", params={"query": 'count({__name__=~"inferwatch_.+"})'}
         ).json()["data"]["result"]
+        # the execution time of a query that reads nothing: no panel can answer faster
+        floor = query_seconds(api, "vector(1)")
         panels = []
+        ranges: list[tuple[float, float | None]] = []
         for title, expr in queries:
             raw = expand(expr, rules)
+            drawn_range = range_seconds(api, expr, start, end)
             if raw == expr:
+                ranges.append((drawn_range, None))
                 panels.append((title, query_seconds(api, expr), None, True))
                 continue
+            ranges.append((drawn_range, range_seconds(api, raw, start, end)))
             at = _evaluated_at(api, expr)
             drawn_values, raw_values = _values(api, expr, at), _values(api, raw, at)
             same = len(drawn_values) == len(raw_values) and all(
@@ -332,7 +348,11 @@ def measure_fleet(
         "bytes_per_replica_hour": block_bytes / (replicas * minutes / 60),
         "backfill_s": backfill_s,
         "groups": groups,
+        "floor": floor,
         "panels": panels,
+        "ranges": ranges,
+        "range_minutes": (end - start) / 60,
+        "rules_backfill_s": rules_backfill_s,
     }
 
 
@@ -356,111 +376,12 @@ def rule_group_times(api: str, evaluations: int = 3, deadline_s: float = 300) ->
     raise SystemExit(f"rule groups did not evaluate {evaluations} times within {deadline_s} s")
 
 
-class _FleetPages(ThreadingHTTPServer):
-    """``/CLUSTER/INDEX`` serves replica INDEX of a cluster: the template with its own pod,
-    node and model labels (as ``--pod-labels emit`` writes them), counters growing with time."""
-
-    def __init__(self, template: str) -> None:
-        super().__init__(("127.0.0.1", 0), _FleetHandler)
-        self.template = template
-        self.started = time.monotonic()
-
-
-class _FleetHandler(SimpleHTTPRequestHandler):
-    server: _FleetPages
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        _, cluster, index = self.path.split("/")
-        i = int(index)
-        growth = 1 + (time.monotonic() - self.server.started) / 60
-        identity = (
-            f'namespace="inference",pod="{cluster}-{MODELS[i % 4]}-{i}",node="{cluster}-node-{i}",'
-            f'instance="{cluster}-{i}:9400",'
-        )
-        lines = []
-        for line in self.server.template.splitlines():
-            if not line or line.startswith("#"):
-                lines.append(line)
-                continue
-            series, _, value = line.rpartition(" ")
-            name, brace, rest = series.partition("{")
-            labels = rest[:-1] if brace else ""
-            labels = re.sub(r'\b(pod|namespace|node|instance)="[^"]*",?', "", labels)
-            labels = re.sub(r'model="[^"]*"', f'model="{MODELS[i % 4]}"', labels)
-            labels = re.sub(r'gpu_uuid="([^"]*)"', rf'gpu_uuid="{cluster}-{i}-\1"', labels)
-            grows = name.endswith(("_total", "_bucket", "_sum", "_count"))
-            number = float(value) * (growth if grows else 1)
-            lines.append(f"{name}{{{identity}{labels}}} {number:.6g}")
-        body = "\n".join(lines).encode() + b"\n"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-
 def multi_cluster(
     template: str, queries: list[tuple[str, str]], replicas: int, work: Path
-) -> list[tuple[str, str, dict[str, int]]]:
-    """Two Prometheus servers, each with the cluster label and remote write of the kit's
-    multi-cluster overlay (overlays/multi-cluster-east/prometheus-values.yaml, its URL pointed
-    at a local store), scrape their cluster's replicas; a third, with the remote-write
-    receiver, evaluates the generated rules. Returns, per panel, the series each cluster
-    contributes to it with ``$cluster`` set to both and to each one alone."""
-    values = yaml.safe_load(
-        (REPO / "deploy/kubernetes/overlays/multi-cluster-east/prometheus-values.yaml").read_text()
-    )["prometheus"]["prometheusSpec"]
-    central_port = free_port()
-    central = f"http://127.0.0.1:{central_port}"
-    pages = _FleetPages(template)
-    threading.Thread(target=pages.serve_forever, daemon=True).start()
-    page_port = pages.server_address[1]
-    clusters = ("east", "west")
-    with contextlib.ExitStack() as stack:
-        config = work / "central.yml"
-        config.write_text(yaml.safe_dump({
-            "global": {"evaluation_interval": "5s"},
-            "rule_files": [str(p) for p in RULE_FILES],
-        }))  # fmt: skip
-        stack.enter_context(process([
-            "prometheus", f"--config.file={config}", f"--storage.tsdb.path={work / 'central'}",
-            f"--web.listen-address=127.0.0.1:{central_port}", "--web.enable-remote-write-receiver",
-        ], f"{central}/-/ready"))  # fmt: skip
-        for cluster in clusters:
-            port = free_port()
-            remote = {**values["remoteWrite"][0], "url": f"{central}/api/v1/write"}
-            queue = remote.pop("queueConfig")
-            config = work / f"{cluster}.yml"
-            config.write_text(yaml.safe_dump({
-                "global": {
-                    "scrape_interval": "5s",
-                    "external_labels": {**values["externalLabels"], "cluster": cluster},
-                },
-                "remote_write": [{
-                    "url": remote["url"],
-                    "queue_config": {
-                        "capacity": queue["capacity"], "max_shards": queue["maxShards"],
-                        "max_samples_per_send": queue["maxSamplesPerSend"],
-                        "batch_send_deadline": "1s",
-                    },
-                }],
-                "scrape_configs": [{
-                    "job_name": "inference/llama-inferwatch",
-                    "honor_labels": True,
-                    "static_configs": [
-                        {"targets": [f"127.0.0.1:{page_port}"],
-                         "labels": {"__metrics_path__": f"/{cluster}/{i}"}}
-                        for i in range(replicas)
-                    ],
-                }],
-            }))  # fmt: skip
-            stack.enter_context(process([
-                "prometheus", f"--config.file={config}", f"--storage.tsdb.path={work / cluster}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ], f"http://127.0.0.1:{port}/-/ready"))  # fmt: skip
+) -> list[tuple[str, dict[str, dict[str, int]]]]:
+    """Two clusters in one central store (``localfleet.two_clusters``); per panel, the
+    series each cluster contributes with ``$cluster`` set to both and to each alone."""
+    with two_clusters(template, replicas, work) as central:
         # rate()[5m] needs two samples of each series in the store, recording rules one run
         wait_for(
             central,
@@ -468,36 +389,7 @@ def multi_cluster(
             2,
         )
         rule_group_times(central, evaluations=2)
-        rows = []
-        for title, expr in queries:
-            both = expr.replace('cluster=~".*"', 'cluster=~"east|west"')
-            counts = {"both": _clusters(central, both)}
-            for cluster in clusters:
-                alone = _clusters(central, expr.replace('cluster=~".*"', f'cluster="{cluster}"'))
-                counts[cluster] = alone.get(cluster, 0) if set(alone) <= {cluster} else -1
-            rows.append((title, both, counts))
-    pages.shutdown()
-    return rows
-
-
-def _clusters(api: str, expr: str) -> dict[str, int]:
-    result = httpx.get(f"{api}/api/v1/query", params={"query": expr}, timeout=60).json()
-    counts: dict[str, int] = {}
-    for item in result["data"]["result"]:
-        cluster = item["metric"].get("cluster", "")
-        counts[cluster] = counts.get(cluster, 0) + 1
-    return counts
-
-
-def wait_for(api: str, expr: str, value: float, deadline_s: float = 240) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        result = httpx.get(f"{api}/api/v1/query", params={"query": expr}, timeout=30).json()
-        found = result["data"]["result"]
-        if found and float(found[0]["value"][1]) >= value:
-            return
-        time.sleep(2)
-    raise SystemExit(f"{expr} did not reach {value} within {deadline_s} s")
+        return panels_by_cluster(central, queries)
 
 
 def main() -> None:
@@ -528,16 +420,19 @@ def main() -> None:
         print(f"| {name} | {rs} | {rb} | {ss} | {sb} | {ss / rs:.2f} |")
     queries = panel_queries(options.dashboard) if options.dashboard.is_file() else []
     if options.multi_cluster:
+        # the clusters' own `up` is remote-written too; ALERTS depends on what fires
+        every = panel_queries(options.dashboard, absent=("ALERTS",))
         with tempfile.TemporaryDirectory() as tmp:
-            rows_mc = multi_cluster(template, queries, options.multi_cluster, Path(tmp))
+            rows_mc = multi_cluster(template, every, options.multi_cluster, Path(tmp))
         print(f"\n## Two clusters of {options.multi_cluster} replicas in one central store\n")
         print("Series of each panel by cluster: `$cluster` = east|west, and each alone")
         print("(-1: a cluster's query returned another cluster's series).\n")
         print("| panel | east+west | east alone | west alone |")
         print("|---|---|---:|---:|")
-        for title, _, counts in rows_mc:
+        for title, counts in rows_mc:
             both = ", ".join(f"{k or '(none)'}: {v}" for k, v in sorted(counts["both"].items()))
-            print(f"| {title} | {both or 'none'} | {counts['east']} | {counts['west']} |")
+            alone = [str(counts[c].get(c, 0)) if set(counts[c]) <= {c} else "-1" for c in CLUSTERS]
+            print(f"| {title} | {both or 'none'} | " + " | ".join(alone) + " |")
     if options.skip_fleet:
         return
     if not queries:
@@ -575,6 +470,9 @@ def main() -> None:
     print("(!=: the raw expression's values differ from the recorded ones)\n")
     print(f"| panel | {sizes} |")
     print("|---" * (len(results) + 1) + "|")
+    print(
+        "| floor: `vector(1)` | " + " | ".join(f"{r['floor'] * 1000:.2f}" for r in results) + " |"
+    )
     for index, (title, _) in enumerate(queries):
         cells = []
         for r in results:
@@ -584,6 +482,26 @@ def main() -> None:
                 if raw is None
                 else f"{drawn * 1000:.2f} / {raw * 1000:.2f} ({raw / max(drawn, 1e-9):.0f}x)"
                 + ("" if same else " !=")
+            )
+        print(f"| {title} | " + " | ".join(cells) + " |")
+    span = results[0]["range_minutes"]
+    print(f"\n## The same panels as range queries over {span:.0f} min at {STEP} s steps, in ms")
+    print("(as a time-series panel asks; recorded series backfilled by promtool)\n")
+    print(f"| panel | {sizes} |")
+    print("|---" * (len(results) + 1) + "|")
+    print(
+        "| promtool rules backfill (s) | "
+        + " | ".join(f"{r['rules_backfill_s']:.1f}" for r in results)
+        + " |"
+    )
+    for index, (title, _) in enumerate(queries):
+        cells = []
+        for r in results:
+            drawn, raw = r["ranges"][index]
+            cells.append(
+                f"{drawn * 1000:.2f}"
+                if raw is None
+                else f"{drawn * 1000:.2f} / {raw * 1000:.2f} ({raw / max(drawn, 1e-9):.0f}x)"
             )
         print(f"| {title} | " + " | ".join(cells) + " |")
 

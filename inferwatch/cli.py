@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "scrape": ("inferwatch.exporters.sidecar_cli", "scrape"),
     "generate": ("inferwatch.generate", "generate"),
     "capacity": ("inferwatch.capacity_cli", "capacity"),
+    "canary": ("inferwatch.canary.cli", "canary"),
     "sim": ("inferwatch.sim.cli", "sim"),
     "demo": ("inferwatch.demo", "demo"),
     "proxy": ("inferwatch.exporters.tenancy.cli", "proxy"),

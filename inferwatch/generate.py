@@ -208,3 +208,43 @@ def k8s(kit: Path, check: bool) -> None:
         return
     changed = kit_files.write(kit, files)
     click.echo(f"{kit}: {len(changed)} of {len(files)} files updated")
+
+
+@generate.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="INFERWATCH_GENERATE_CANARY_CONFIG",
+    show_envvar=True,
+    help="Alert config whose source selectors the queries use, read on top of the defaults.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("deploy/canary"),
+    show_envvar=True,
+    help="Directory for the templates.",
+)
+@click.option(
+    "--check", is_flag=True, show_envvar=True, help="Fail instead of writing when a file is stale."
+)
+def canary(config_path: Path | None, out: Path, check: bool) -> None:
+    """Write the canary analysis as an Argo Rollouts AnalysisTemplate and Flagger
+    MetricTemplates (the checks of `inferwatch canary`)."""
+    from inferwatch.alerts import config
+    from inferwatch.alerts.writer import stale, write
+    from inferwatch.canary import templates
+
+    try:
+        files = templates.render(config.load(config_path))
+    except config.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    if check:
+        outdated = stale(out, files)
+        if outdated:
+            raise click.ClickException(f"stale under {out}: {', '.join(outdated)}")
+        return
+    changed = write(out, files)
+    click.echo(f"{out}: {len(changed)} of {len(files)} files updated")

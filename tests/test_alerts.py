@@ -494,8 +494,6 @@ SERIES_PER_VERSION = {
     "model_version:inferwatch_engine_time_to_first_token_seconds:histogram_quantile_rate5m": 3,
     "model_version:inferwatch_engine_time_per_output_token_seconds:histogram_quantile_rate5m": 3,
     "model_version:inferwatch_engine_request_duration_seconds:histogram_quantile_rate5m": 3,
-    "model_version:inferwatch_engine_kv_cache_usage_ratio:max": 1,
-    "model_version:inferwatch_engine_requests_waiting:sum": 1,
     # the autoscaling group (readiness comes from the sidecar, not the engine's page)
     "pod:inferwatch_replica_ready:min": 1,
     "model_version:inferwatch_replica_ready:sum": 1,

@@ -41,7 +41,7 @@ def test_proxy_series_say_unknown_for_missing_versions_and_model() -> None:
     app = ProxyApp(proxy_config.parse({}), access_log=False)
     unlabelled = Exchange(start=0.0, path="/v1/completions")
     app._label(unlabelled, [])
-    assert unlabelled.identity[1:] == (UNKNOWN,) * 4
+    assert unlabelled.identity[1:] == (UNKNOWN,) * 5  # versions, model and split (no gateway)
     labelled = Exchange(start=0.0, path="/v1/completions", model="m")
     app._label(labelled, [(b"x-model-version", b"2024-07-23")])
     assert labelled.identity[1:3] == ("m", "2024-07-23")

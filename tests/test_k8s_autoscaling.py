@@ -244,7 +244,7 @@ BAD_SITES = {
     "zero": ("autoscaling: {min_replicas: 0}\n", "min_replicas must be an integer 1..1000"),
     "bool": ("autoscaling: {max_replicas: true}\n", "max_replicas must be an integer 1..1000"),
     "string": ("autoscaling: {max_replicas: '8'}\n", "max_replicas must be an integer 1..1000"),
-    "unknown": ("autoscaling: {target_cpu: 80}\n", "unknown key 'autoscaling.target_cpu'"),
+    "unknown": ("autoscaling: {target_cpu: 80}\n", "unknown key 'target_cpu' in autoscaling"),
 }
 
 

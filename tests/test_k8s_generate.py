@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferwatch import k8s
+from inferwatch import k8s, k8s_autoscaling
 from inferwatch.cli import main
 from tests.conftest import REPO, _tool
 
@@ -62,7 +63,8 @@ def test_a_changed_or_left_over_file_is_stale_until_regenerated(kit: Path) -> No
 def test_a_new_site_file_becomes_an_overlay_that_renders(kit: Path) -> None:
     kubectl = _tool("kubectl")
     (kit / "sites" / "west.yaml").write_text(
-        "namespace: llm\ncluster: west\nmonitoring: {remote_write: http://central:9090/api/v1/write}\n"
+        "namespace: llm\ncluster: west\n"
+        "monitoring: {remote_write: {url: http://central:9090/api/v1/write, max_shards: 8}}\n"
         "gateway: {canary_weight: 0}\n"
     )
     assert generate("--dir", str(kit)).exit_code == 0
@@ -78,6 +80,8 @@ def test_a_new_site_file_becomes_an_overlay_that_renders(kit: Path) -> None:
     spec = values["prometheus"]["prometheusSpec"]
     assert spec["externalLabels"] == {"cluster": "west"}
     assert spec["remoteWrite"][0]["url"] == "http://central:9090/api/v1/write"
+    assert spec["remoteWrite"][0]["queueConfig"]["maxShards"] == 8
+    assert spec["remoteWrite"][0]["queueConfig"]["capacity"] == 10000  # Prometheus' default
 
 
 def test_generated_dashboards_join_the_kit_once_they_exist(kit: Path, tmp_path: Path) -> None:
@@ -112,17 +116,56 @@ def test_generated_dashboards_join_the_kit_once_they_exist(kit: Path, tmp_path: 
 BAD_SITES = {
     "not-yaml": ("namespace: [unclosed\n", "not YAML"),
     "not-a-mapping": ("- a\n- b\n", "must be a mapping"),
-    "unknown-key": ("namespce: x\n", "unknown key 'namespce'"),
-    "bad-namespace": ("namespace: Inference_1\n", "namespace must be a DNS label"),
+    "unknown-key": ("namespce: x\n", "unknown key 'namespce' (known: namespace, cluster"),
+    "unknown-inner-key": ("monitoring: {relase: x}\n", "unknown key 'relase' in monitoring"),
+    "bad-namespace": ("namespace: Inference_1\n", "namespace must be a DNS label, not 'Inf"),
+    "newline": ('namespace: "inference\\n"\n', "namespace must be a DNS label"),
     "empty-namespace": ("namespace: ''\n", "namespace must not be empty"),
     "empty-release": ("monitoring: {release: ''}\n", "monitoring.release must not be empty"),
-    "weight-range": ("gateway: {canary_weight: 101}\n", "canary_weight must be an integer"),
+    "null-section": ("gateway: null\n", "gateway must be a mapping, not None"),
+    "weight-range": ("gateway: {canary_weight: 101}\n", "canary_weight must be an integer 0..100"),
     "weight-type": ("gateway: {canary_weight: '5'}\n", "canary_weight must be an integer"),
     "weight-bool": ("gateway: {canary_weight: true}\n", "canary_weight must be an integer"),
-    "url": ("cluster: a\nmonitoring: {remote_write: 'ftp://x'}\n", "must be an http(s) URL"),
+    "weight-fraction": ("gateway: {canary_weight: 2.5}\n", "canary_weight must be an integer"),
+    "url": (
+        "cluster: a\nmonitoring: {remote_write: {url: 'ftp://x'}}\n",
+        "monitoring.remote_write.url must be an http(s) URL",
+    ),
+    "url-with-password": (
+        "cluster: a\nmonitoring: {remote_write: {url: 'https://u:p@x/api/v1/push'}}\n",
+        "monitoring.remote_write.url must be an http(s) URL without user:password@",
+    ),
+    "remote-write-as-string": (
+        "cluster: a\nmonitoring: {remote_write: 'https://x/api/v1/push'}\n",
+        "monitoring.remote_write must be a mapping",
+    ),
+    "remote-write-without-url": (
+        "cluster: a\nmonitoring: {remote_write: {max_shards: 4}}\n",
+        "monitoring.remote_write needs 'url'",
+    ),
+    "shards": (
+        "cluster: a\nmonitoring: {remote_write: {url: 'https://x', max_shards: 0}}\n",
+        "monitoring.remote_write.max_shards must be an integer 1..10000, not 0",
+    ),
+    "deadline": (
+        "cluster: a\nmonitoring: {remote_write: {url: 'https://x', batch_send_deadline: 5}}\n",
+        "monitoring.remote_write.batch_send_deadline must be a duration such as 5s, not 5",
+    ),
     "remote-write-without-cluster": (
-        "monitoring: {remote_write: 'https://x/api/v1/push'}\n",
+        "monitoring: {remote_write: {url: 'https://x/api/v1/push'}}\n",
         "needs cluster",
+    ),
+    "users-not-a-list": (
+        "gateway: {canary_users: qa}\n",
+        "gateway.canary_users must be a list of at most 64 user ids, not 'qa'",
+    ),
+    "user-id": (
+        "gateway: {canary_users: [qa, 'a b']}\n",
+        "gateway.canary_users[1] must be a user id (letters, digits, - _ .), not 'a b'",
+    ),
+    "too-many-users": (
+        f"gateway: {{canary_users: [{', '.join(f'u{i}' for i in range(65))}]}}\n",
+        "gateway.canary_users must be a list of at most 64 user ids",
     ),
     "oversized": ("namespace: x\n" + "#" * (k8s.MAX_SITE_BYTES + 1), "larger than"),
     "not-utf8": (b"namespace: \xff\n", "not YAML"),
@@ -143,6 +186,112 @@ def test_a_bad_site_file_is_one_clear_line(kit: Path, text: str | bytes, message
     assert line.startswith("Error: ") and message in line, line
 
 
+def leaves(node: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    """(path, schema) of every value a site file can set."""
+    found = []
+    for key, sub in node["properties"].items():
+        if sub["type"] == "object":
+            found += leaves(sub, (*prefix, key))
+        else:
+            found.append(((*prefix, key), sub))
+    return found
+
+
+LEAVES = leaves(k8s.SITE_SCHEMA)
+#: a site that sets every value (a remote write needs a cluster)
+FULL_SITE = {
+    **yaml.safe_load((KIT / "sites" / "multi-cluster-east.yaml").read_text()),
+    "gateway": {
+        **yaml.safe_load((KIT / "sites" / "multi-cluster-east.yaml").read_text())["gateway"],
+        "canary_users": ["release-qa"],
+    },
+}
+
+
+def with_value(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    document = copy.deepcopy(FULL_SITE)
+    node = document
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return document
+
+
+def test_the_full_site_sets_every_value_the_schema_knows_and_loads(tmp_path: Path) -> None:
+    """So that the bad-value property below starts from a site where only one value is bad."""
+    for path, _ in LEAVES:
+        assert _get(FULL_SITE, path) is not None, path
+    path = tmp_path / "full.yaml"
+    path.write_text(yaml.safe_dump(FULL_SITE))
+    site = k8s.load_site(path)
+    assert site.remote_write is not None and site.remote_write.batch_send_deadline == "5s"
+    assert site.canary_users == ("release-qa",)
+
+
+NOT_TEXT = st.one_of(
+    st.integers(), st.booleans(), st.none(), st.floats(allow_nan=False),
+    st.lists(st.text(max_size=3), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+)  # fmt: skip
+NOT_INTEGER = st.one_of(
+    st.text(max_size=8), st.booleans(), st.none(),
+    st.integers().map(lambda i: i + 0.5), st.lists(st.integers(), max_size=2),
+)  # fmt: skip
+
+
+@st.composite
+def bad_value(draw: st.DrawFn) -> tuple[tuple[str, ...], Any]:
+    """A value at one key that its schema refuses: the wrong type, a string with a blank
+    in it (no site value allows one) or too long, an integer out of its range."""
+    path, node = draw(st.sampled_from(LEAVES))
+    if node["type"] == "string":
+        valid = str(_get(FULL_SITE, path))
+        at = draw(st.integers(0, len(valid)))
+        blank = draw(st.sampled_from([" ", "\n", "\t", "\r\n"]))
+        value = draw(st.one_of(
+            NOT_TEXT,
+            st.just(valid[:at] + blank + valid[at:]),
+            st.just(valid + "a" * (node["maxLength"] + 1 - len(valid))),
+        ))  # fmt: skip
+    elif node["type"] == "array":
+        value = draw(st.one_of(
+            NOT_TEXT.filter(lambda v: not isinstance(v, list)),
+            st.lists(st.just("qa"), min_size=node["maxItems"] + 1, max_size=node["maxItems"] + 3),
+            st.lists(NOT_TEXT, min_size=1, max_size=3),
+        ))  # fmt: skip
+    else:
+        value = draw(st.one_of(
+            NOT_INTEGER,
+            st.integers(max_value=node["minimum"] - 1),
+            st.integers(min_value=node["maximum"] + 1),
+        ))  # fmt: skip
+    return path, value
+
+
+def _get(document: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        document = document[key]
+    return document
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(case=bad_value())
+def test_a_bad_value_at_any_key_is_one_line_naming_the_key(
+    tmp_path: Path, case: tuple[tuple[str, ...], Any]
+) -> None:
+    path, value = case
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump(with_value(path, value)))
+    with pytest.raises(k8s.SiteError) as raised:
+        k8s.load_site(site)
+    message = str(raised.value)
+    assert "\n" not in message
+    dotted = ".".join(path)
+    assert f": {dotted} must " in message or f": {dotted}[" in message, message
+
+
 VALUES = st.one_of(
     st.text(max_size=80),
     st.integers(min_value=-(10**6), max_value=10**6),
@@ -156,21 +305,50 @@ VALUES = st.one_of(
 @settings(
     max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(key=st.sampled_from(sorted(k8s.DEFAULTS)), value=VALUES)
+@given(leaf=st.sampled_from(LEAVES), value=VALUES)
 def test_any_value_at_any_key_is_refused_in_one_line_or_renders(
-    tmp_path: Path, key: str, value: Any
+    tmp_path: Path, leaf: tuple[tuple[str, ...], Any], value: Any
 ) -> None:
-    outer, _, inner = key.partition(".")
-    document = {outer: {inner: value}} if inner else {outer: value}
     path = tmp_path / "site.yaml"
-    path.write_text(yaml.safe_dump(document))
+    path.write_text(yaml.safe_dump(with_value(leaf[0], value)))
     try:
         site = k8s.load_site(path)
     except k8s.SiteError as exc:
         assert "\n" not in str(exc)
         return
-    files = k8s.render_overlay(site)
+    files = k8s.render_overlay(site, k8s_autoscaling.scaled_model(KIT))
     kustomization = yaml.safe_load(files["site/kustomization.yaml"])
     assert kustomization["namespace"] == site.namespace
     for literal in kustomization["configMapGenerator"][0]["literals"]:
         assert "\n" not in literal
+    if site.remote_write:
+        values = yaml.safe_load(files["site/prometheus-values.yaml"])
+        (remote,) = values["prometheus"]["prometheusSpec"]["remoteWrite"]
+        assert remote["url"] == site.remote_write.url
+
+
+#: keys the schema knows, at any depth, so that documents reach its inner sections
+KNOWN_KEYS = st.sampled_from(
+    ["gateway", "monitoring", "remote_write", "url", "canary_users", "namespace", "cluster"]
+)
+DOCUMENTS = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=12)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.one_of(KNOWN_KEYS, st.text(max_size=6)), inner, max_size=4),
+    ),
+    max_leaves=12,
+)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(document=DOCUMENTS)
+def test_any_document_loads_or_is_refused_in_one_line(tmp_path: Path, document: Any) -> None:
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(document))
+    try:
+        k8s.load_site(path)
+    except k8s.SiteError as exc:
+        assert "\n" not in str(exc)

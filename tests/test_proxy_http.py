@@ -560,3 +560,34 @@ def test_a_client_that_hangs_up_at_done_completed_its_request(
         samples(text, "inferwatch_tenancy_tokens_total", tenant="acme", token_type="completion")
         == 2
     )
+
+
+def test_the_gateways_split_labels_requests_tokens_and_cost(stack: Callable[..., Stack]) -> None:
+    """x-inferwatch-split becomes the split label, bounded: the gateway's values as they are,
+    anything else as other, none (traffic that bypassed the gateway) as unknown."""
+    proxy = stack()
+    sent = {"weight": 3, "header": 2, "user": 1, "bogus": 2, "x" * 5000: 1, None: 2}
+    for value, count in sent.items():
+        headers = auth("acme") if value is None else auth("acme", **{"x-inferwatch-split": value})
+        for _ in range(count):
+            assert proxy.client.post(CHAT, json=chat(), headers=headers).status_code == 200
+    text = proxy.metrics()
+    requests = {
+        split: samples(text, "inferwatch_tenancy_requests_total", tenant="acme", split=split)
+        for split in ("weight", "header", "user", "other", "unknown")
+    }
+    assert requests == {"weight": 3, "header": 2, "user": 1, "other": 3, "unknown": 2}
+    splits_seen = {
+        family_sample.labels["split"]
+        for family in text_string_to_metric_families(text)
+        for family_sample in family.samples
+        if family_sample.name.startswith("inferwatch_tenancy_") and "split" in family_sample.labels
+    }
+    assert splits_seen == set(requests)
+    for split, count in requests.items():
+        tokens = samples(text, "inferwatch_tenancy_tokens_total", split=split, token_type="prompt")
+        cost = samples(text, "inferwatch_tenancy_cost_total", split=split)
+        assert tokens > 0 and cost > 0, split
+        assert (
+            samples(text, "inferwatch_tenancy_request_duration_seconds_count", split=split) == count
+        )

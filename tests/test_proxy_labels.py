@@ -5,14 +5,18 @@ from __future__ import annotations
 import random
 import string
 
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
+from inferwatch.canary.splits import SPLITS
 from inferwatch.exporters.tenancy import config as proxy_config
 from inferwatch.exporters.tenancy.app import ProxyApp
-from inferwatch.exporters.tenancy.labels import OTHER, BoundedLabels
+from inferwatch.exporters.tenancy.labels import OTHER, BoundedLabels, split_label
 from inferwatch.exporters.tenancy.metrics import ProxyMetrics
 from inferwatch.exporters.tenancy.tenants import TenantResolver, hash_key
 from inferwatch.exporters.tenancy.usage import Usage
+from inferwatch.identity import UNKNOWN
 
 
 class Clock:
@@ -39,10 +43,10 @@ def test_100k_distinct_tenants_from_a_trusted_header_keep_the_bound() -> None:
         tenant_id = "".join(rng.choices(string.ascii_lowercase, k=12)) + str(index)
         resolution = resolver.resolve([(b"x-inferwatch-tenant", tenant_id.encode())], "10.1.2.3")
         assert resolution.tenant == tenant_id
-        identity = (app.tenant_labels.label(tenant_id), "m", "", "", "")
+        identity = (app.tenant_labels.label(tenant_id), "m", "", "", "", "")
         app.metrics.charge(identity, Usage(prompt=3, completion=2), "reported", "complete", 0.0)
         charged += 5
-    app.metrics.charge(("acme", "m", "", "", ""), Usage(prompt=1), "reported", "complete", 0.0)
+    app.metrics.charge(("acme", "m", "", "", "", ""), Usage(prompt=1), "reported", "complete", 0.0)
     tenants = {identity[0] for identity, *_ in app.metrics.tokens}
     assert len(tenants) == 50 + 2  # the 50 slots, the allow-listed tenant, and `other`
     assert {"acme", OTHER} <= tenants
@@ -61,7 +65,7 @@ def test_idle_tenants_are_evicted_into_other_without_losing_tokens() -> None:
     metrics = ProxyMetrics()
 
     def charge(tenant: str, tokens: int) -> None:
-        identity = (labels.label(tenant), "m", "v1", "e1", "p1")
+        identity = (labels.label(tenant), "m", "v1", "e1", "p1", "weight")
         metrics.charge(identity, Usage(prompt=tokens), "reported", "complete", tokens / 10)
         metrics.request(identity, "ok")
         metrics.timing(identity, 0.1, 0.5)
@@ -81,8 +85,20 @@ def test_idle_tenants_are_evicted_into_other_without_losing_tokens() -> None:
     for (identity, _, _), value in metrics.tokens.items():
         by_tenant[identity[0]] = by_tenant.get(identity[0], 0) + value
     assert by_tenant == {"b": 25, OTHER: 50, "vip": 1}
-    assert metrics.requests[(("other", "m", "v1", "e1", "p1"), "ok")] == 2
-    assert metrics.duration[(("other", "m", "v1", "e1", "p1"),)].counts[6] == 2
+    assert metrics.requests[(("other", "m", "v1", "e1", "p1", "weight"), "ok")] == 2
+    assert metrics.duration[(("other", "m", "v1", "e1", "p1", "weight"),)].counts[6] == 2
     assert sum(metrics.cost.values()) == 7.6
     charge("d", 1)  # the freed slot is usable again
     assert labels.label("d") == "d"
+
+
+@given(st.lists(st.tuples(st.binary(max_size=40), st.binary(max_size=200)), max_size=8))
+def test_any_headers_give_one_of_the_few_split_values(headers: list[tuple[bytes, bytes]]) -> None:
+    assert split_label(headers) in {*SPLITS, OTHER, UNKNOWN}
+
+
+def test_the_split_label_reads_the_gateways_header() -> None:
+    assert split_label([(b"x-inferwatch-split", b"header")]) == "header"
+    assert split_label([(b"x-inferwatch-split", b" User ")]) == "user"
+    assert split_label([(b"x-inferwatch-split", b"canary-9")]) == OTHER
+    assert split_label([(b"x-other", b"weight")]) == UNKNOWN

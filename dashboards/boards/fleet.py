@@ -1,6 +1,10 @@
 """Fleet overview: is the fleet serving, how fast, how full, and what is firing.
 
 Panels 1-6 are the ones the availability alerts link to (their ``dashboard_url``).
+Rates and quantiles read recording rules; the gauge panels (running and waiting requests,
+KV-cache usage) aggregate the replicas' gauges directly: one sample per replica is already
+about as cheap as reading a recorded series, and is never an evaluation interval stale
+(docs/scaling.md has the measurements).
 """
 
 from __future__ import annotations
@@ -183,7 +187,10 @@ def board(ctx: Ctx) -> Board:
                         f"sum {mv} ({ctx.m('engine_requests_running', E)})",
                         "running {{model_version}}",
                     ),
-                    Q(ctx.r(recording.waiting()), "waiting {{model_version}}"),
+                    Q(
+                        f"sum {mv} ({ctx.m('engine_requests_waiting', E)})",
+                        "waiting {{model_version}}",
+                    ),
                 ],
             ),
         )
@@ -207,7 +214,12 @@ def board(ctx: Ctx) -> Board:
                 f"{kv:g} with requests waiting the engine preempts and queues "
                 "(InferwatchKVCacheSaturated); shorten max_tokens or add replicas.",
                 "percentunit",
-                [Q(ctx.r(recording.kv_usage()), "{{model}} {{model_version}}")],
+                [
+                    Q(
+                        f"max {mv} ({ctx.m('engine_kv_cache_usage', E)})",
+                        "{{model}} {{model_version}}",
+                    )
+                ],
                 thresholds=above(None, kv),
                 max=1,
             ),

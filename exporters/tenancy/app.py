@@ -38,7 +38,7 @@ from inferwatch.exporters.tenancy.admission import (
 )
 from inferwatch.exporters.tenancy.config import ProxyConfig, Tenant
 from inferwatch.exporters.tenancy.counting import PromptCounter, byte_bound, load_tokenizer
-from inferwatch.exporters.tenancy.labels import OTHER, BoundedLabels
+from inferwatch.exporters.tenancy.labels import OTHER, BoundedLabels, split_label
 from inferwatch.exporters.tenancy.metrics import IDENTITY_LABELS, Identity, ProxyMetrics
 from inferwatch.exporters.tenancy.reconcile import (
     DirectTraffic,
@@ -78,7 +78,7 @@ _DROPPED_RESPONSE_HEADERS = frozenset(
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _JSON = [(b"content-type", b"application/json")]
 _TEXT_FORMAT = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
-VALUE_LABELS = IDENTITY_LABELS[1:]
+VALUE_LABELS = IDENTITY_LABELS[1:-1]  # split has a fixed handful of values
 
 logger = logging.getLogger("inferwatch.proxy")
 
@@ -97,7 +97,7 @@ class Exchange:
     via: str = ""
     model: str = ""
     versions: tuple[str, str, str] = ("", "", "")
-    identity: Identity = (UNKNOWN, *(UNKNOWN_VALUE,) * 4)
+    identity: Identity = (UNKNOWN, *(UNKNOWN_VALUE,) * 5)
     stream: bool = False
     status: int = 0
     outcome: str = ""
@@ -342,6 +342,7 @@ class ProxyApp:
             mv_l.label(or_unknown(versions[0])),
             ev_l.label(or_unknown(versions[1])),
             pv_l.label(or_unknown(versions[2])),
+            split_label(headers),
         )
 
     def _forward_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -784,7 +785,7 @@ class ProxyApp:
             and exchange.accounting == "complete"
             and not exchange.extra.get("no_done_marker")
         ):
-            _, model, model_version, _, _ = exchange.identity  # bounded label values
+            _, model, model_version, *_ = exchange.identity  # bounded label values
             self.sampler.observe(
                 model, model_version, prompt, completion, has_tool_call=has_tool_call
             )

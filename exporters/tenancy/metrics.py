@@ -17,12 +17,13 @@ from inferwatch.exporters.histogram import DURATION_BUCKETS, TTFT_BUCKETS_LONG, 
 from inferwatch.exporters.tenancy.labels import OTHER
 from inferwatch.exporters.tenancy.usage import Usage
 
-#: (tenant, model, model_version, engine_version, prompt_version), catalogue identity `tenant`
-Identity = tuple[str, str, str, str, str]
+#: (tenant, model, model_version, engine_version, prompt_version, split), catalogue identity
+#: `tenant`
+Identity = tuple[str, str, str, str, str, str]
 
 
 #: identity positions, for folding one label's released values
-IDENTITY_LABELS = ("tenant", "model", "model_version", "engine_version", "prompt_version")
+IDENTITY_LABELS = ("tenant", "model", "model_version", "engine_version", "prompt_version", "split")
 
 
 def _fold(series: MutableMapping[Any, Any], position: int, values: set[str], merge: Any) -> None:

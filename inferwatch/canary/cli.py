@@ -1,0 +1,187 @@
+"""``inferwatch canary``: the verdict table, and the exit code a pipeline gates on.
+
+Exit codes: 0 promote, 1 roll back, 2 inconclusive, 3 the analysis could not run (bad
+option, bad selector or window, Prometheus unreachable or refusing a query).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from inferwatch.alerts import config as alert_config
+from inferwatch.canary import analysis, selector
+from inferwatch.canary.analysis import EXIT_CODES, Analysis, Result, Thresholds
+from inferwatch.canary.prometheus import Prometheus, PrometheusError
+
+BAD_INPUT = 3
+_WINDOW = re.compile(r"^(?:\d+(?:s|m|h|d))+$")
+#: a window shorter than a few scrapes has no increase to speak of; longer than a week
+#: outlives most retention
+MIN_WINDOW_S, MAX_WINDOW_S = 60, 7 * 86400
+_COLOURS = {"pass": "green", "fail": "red", "no data": "yellow", "n/a": "dim"}
+
+
+class _BadUsage(click.UsageError):
+    exit_code = BAD_INPUT
+
+
+class _Command(click.Command):
+    """Usage errors exit with :data:`BAD_INPUT`, not click's 2 (which means inconclusive)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise _BadUsage(exc.format_message(), exc.ctx) from None
+
+
+def _window(value: str) -> str:
+    if not _WINDOW.match(value):
+        raise click.BadParameter(f"--window: {value!r} is not a duration such as 30m or 1h")
+    length = alert_config.seconds(value)
+    if not MIN_WINDOW_S <= length <= MAX_WINDOW_S:
+        raise click.BadParameter(f"--window: {value} is outside 1m..7d")
+    return value
+
+
+def _threshold_options() -> list[Any]:
+    options = []
+    for field in dataclasses.fields(Thresholds):
+        kind: click.ParamType[Any] = click.IntRange(1)
+        if field.name == "alpha":
+            kind = click.FloatRange(0, 1, min_open=True)
+        elif field.name.endswith("_margin"):
+            kind = click.FloatRange(0, 1)
+        elif field.name.endswith("_tolerance"):
+            kind = click.FloatRange(0)
+        options.append(
+            click.option(
+                f"--{field.name.replace('_', '-')}",
+                field.name,
+                type=kind,
+                default=field.default,
+                show_envvar=True,
+                help=_HELP[field.name],
+            )
+        )
+    return options
+
+
+_HELP = {
+    "alpha": "Significance level of each test.",
+    "min_requests": "Requests per side before latency and error ratio are judged.",
+    "min_probes": "Probe runs per side before the probe pass rate is judged.",
+    "min_screened": "Screened live outputs per side before the degeneracy rate is judged.",
+    "min_tokens": "Billed tokens per side before cost per 1k tokens is judged.",
+    "latency_tolerance": "Relative p99 increase (TTFT, TPOT) that is a regression.",
+    "error_margin": "Absolute error-ratio increase that is a regression.",
+    "probe_margin": "Absolute probe pass-rate drop that is a regression.",
+    "degeneracy_margin": "Absolute increase of the degenerate share that is a regression.",
+    "cost_tolerance": "Relative increase of cost per 1k tokens that is a regression.",
+}
+
+
+def _with_thresholds(command: Any) -> Any:
+    for option in reversed(_threshold_options()):
+        command = option(command)
+    return command
+
+
+@click.command(cls=_Command)
+@click.option(
+    "--prometheus", required=True, show_envvar=True, help="Prometheus base URL (http://host:9090)."
+)
+@click.option(
+    "--baseline",
+    required=True,
+    show_envvar=True,
+    help='Label matchers of the baseline, e.g. model_version="2024-07-23".',
+)
+@click.option(
+    "--candidate",
+    required=True,
+    show_envvar=True,
+    help='Label matchers of the candidate, e.g. model_version="2024-09-25".',
+)
+@click.option(
+    "--window",
+    default="30m",
+    show_envvar=True,
+    help="How far back both sides are compared (1m..7d).",
+)
+@click.option(
+    "--at",
+    "at",
+    type=float,
+    default=None,
+    show_envvar=True,
+    help="End of the window, unix seconds [default: now].",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="INFERWATCH_CANARY_CONFIG",
+    show_envvar=True,
+    help="Alert config whose source selectors (job labels) the queries use.",
+)
+@_with_thresholds
+def canary(
+    prometheus: str,
+    baseline: str,
+    candidate: str,
+    window: str,
+    at: float | None,
+    config_path: Path | None,
+    **limits: Any,
+) -> None:
+    """Compare a candidate version with its baseline: exit 0 promote, 1 roll back,
+    2 inconclusive, 3 bad input or Prometheus unreachable."""
+    try:
+        sides = selector.parse(baseline, "--baseline"), selector.parse(candidate, "--candidate")
+        if sides[0] == sides[1]:
+            raise selector.SelectorError("--baseline and --candidate select the same series")
+        window = _window(window)
+        config = alert_config.load(config_path)
+        run = Analysis(
+            Prometheus(prometheus), config, *sides, window, at or time.time(), Thresholds(**limits)
+        )
+        results = run.run()
+    except (
+        selector.SelectorError,
+        click.BadParameter,
+        PrometheusError,
+        alert_config.ConfigError,
+    ) as exc:
+        click.echo(
+            f"Error: {exc.message if isinstance(exc, click.BadParameter) else exc}", err=True
+        )
+        raise SystemExit(BAD_INPUT) from None
+    decided = analysis.verdict(results)
+    _print(results, decided, sides, window)
+    raise SystemExit(EXIT_CODES[decided])
+
+
+def _print(results: list[Result], decided: analysis.Verdict, sides: Any, window: str) -> None:
+    table = Table(title=f"canary over {window}: {sides[1]} against {sides[0]}")
+    for column in ("check", "baseline", "candidate", "p-value", "verdict", "detail"):
+        table.add_column(column)
+    for r in results:
+        p = "" if r.p_value is None else f"{r.p_value:.3g}"
+        colour = _COLOURS[r.outcome]
+        table.add_row(
+            r.check.title, r.baseline, r.candidate, p, f"[{colour}]{r.outcome}[/]", r.detail
+        )
+    console = Console(width=160)
+    console.print(table)
+    colour = {"promote": "green", "roll back": "red", "inconclusive": "yellow"}[decided]
+    console.print(f"verdict: [bold {colour}]{decided}[/]")

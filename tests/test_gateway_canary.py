@@ -1,0 +1,189 @@
+"""Canary splits through a real haproxy: by weight, by header and by user, each request
+carrying the split it came through to the proxy, whatever the client sent.
+
+Replicas are loopback HTTP servers that answer with their name and the split header they
+received; sidecars answer ``/readyz`` as the test sets them.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from inferwatch import gateway
+from inferwatch.canary import splits
+from inferwatch.demo.topology import free_ports
+
+MODEL = "org/big"
+DEADLINE = 20.0
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        if length:
+            self.rfile.read(length)
+        server: _Stub = self.server  # type: ignore[assignment]
+        if server.sidecar:
+            status, body = (200 if server.ready else 503), b"{}"
+        else:
+            split = self.headers.get_all(splits.SPLIT_HEADER) or []
+            status, body = 200, json.dumps({"replica": server.name, "split": split}).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+
+class _Stub(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, port: int, name: str, sidecar: bool) -> None:
+        super().__init__(("127.0.0.1", port), _Handler)
+        self.name, self.sidecar, self.ready = name, sidecar, True
+
+
+@pytest.fixture
+def fleet(haproxy_bin: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, _Stub]]]:
+    """A stable v1 (weight 90) and a canary v2 (weight 10) for alice and the header."""
+    listen, *ports = free_ports(5)
+    stubs, sidecars, replicas = [], {}, []
+    for (name, version, weight), (port, check) in zip(
+        (("stable-1", "v1", 90), ("canary-1", "v2", 10)), (ports[:2], ports[2:]), strict=True
+    ):
+        stubs.append(_Stub(port, name, sidecar=False))
+        sidecars[name] = _Stub(check, name, sidecar=True)
+        stubs.append(sidecars[name])
+        replicas.append({"name": name, "version": version, "address": f"127.0.0.1:{port}",
+                         "check_port": check, "weight": weight})  # fmt: skip
+    for stub in stubs:
+        threading.Thread(target=stub.serve_forever, args=(0.05,), daemon=True).start()
+    topology = gateway.parse(
+        {
+            "listen": f"127.0.0.1:{listen}",
+            "runtime": str(tmp_path / "admin.sock"),
+            "models": {
+                MODEL: {"replicas": replicas, "canary": {"version": "v2", "users": ["alice"]}}
+            },
+        }
+    )
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(gateway.render(topology))
+    log = (tmp_path / "haproxy.log").open("wb")
+    process = subprocess.Popen(
+        [haproxy_bin, "-db", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
+    )
+    url = f"http://127.0.0.1:{listen}"
+    try:
+        _until(lambda: _ask(url, 1) == _ask(url, 1), "haproxy answering")
+        yield url, sidecars
+    finally:
+        process.terminate()
+        process.wait(10)
+        log.close()
+        for stub in stubs:
+            stub.shutdown()
+            stub.server_close()
+
+
+def _until(check: Any, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _ask(url: str, count: int, **headers: str) -> collections.Counter[tuple[str, str]]:
+    """(replica, split header it received) of ``count`` requests, by count."""
+    seen: collections.Counter[tuple[str, str]] = collections.Counter()
+    with httpx.Client(timeout=10) as client:
+        for _ in range(count):
+            reply = client.post(
+                f"{url}/v1/chat/completions", json={"model": MODEL, "messages": []}, headers=headers
+            ).json()
+            seen[(reply["replica"], ",".join(reply["split"]))] += 1
+    return seen
+
+
+def test_weighted_traffic_is_marked_weight_on_both_versions(fleet: Any) -> None:
+    url, _ = fleet
+    seen = _ask(url, 200)
+    assert set(seen) == {("stable-1", "weight"), ("canary-1", "weight")}, seen
+    assert 0.03 <= seen[("canary-1", "weight")] / 200 <= 0.2, seen
+
+
+def test_the_canary_header_and_a_listed_user_reach_the_canary_only(fleet: Any) -> None:
+    url, _ = fleet
+    assert _ask(url, 20, **{splits.CANARY_HEADER: "true"}) == {("canary-1", "header"): 20}
+    assert _ask(url, 20, **{splits.USER_HEADER: "alice"}) == {("canary-1", "user"): 20}
+    assert {split for _, split in _ask(url, 40, **{splits.USER_HEADER: "mallory"})} == {"weight"}
+
+
+def test_a_client_cannot_claim_a_split(fleet: Any) -> None:
+    url, _ = fleet
+    seen = _ask(url, 40, **{splits.SPLIT_HEADER: "header"})
+    assert {split for _, split in seen} == {"weight"}, seen
+    assert seen[("stable-1", "weight")] > 0  # and it is not routed as a header split either
+
+
+def test_an_unready_canary_sends_its_header_traffic_to_the_stable_version(fleet: Any) -> None:
+    url, sidecars = fleet
+    sidecars["canary-1"].ready = False
+    _until(lambda: set(_ask(url, 5, **{splits.CANARY_HEADER: "true"})) == {("stable-1", "weight")},
+           "the header split to fall back")  # fmt: skip
+    sidecars["canary-1"].ready = True
+    _until(lambda: set(_ask(url, 5, **{splits.CANARY_HEADER: "true"})) == {("canary-1", "header")},
+           "the header split to return")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("canary", "reason"),
+    [
+        ({"version": "v9"}, "has no replica"),
+        ({"version": "v1", "users": ["a b"]}, "users is a list of ids"),
+        ({"version": "v1", "header": "yes"}, "header is true or false"),
+        ({"version": "v1", "weight": 5}, "canary is a mapping"),
+        ("v1", "canary is a mapping"),
+    ],
+)
+def test_bad_canary_specs_are_refused(canary: Any, reason: str) -> None:
+    replica = {"name": "r1", "version": "v1", "address": "127.0.0.1:1", "check_port": 2}
+    with pytest.raises(gateway.TopologyError, match=reason):
+        gateway.parse({"listen": "127.0.0.1:3", "runtime": "/tmp/s", "models": {
+            MODEL: {"replicas": [replica], "canary": canary}}})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "users",
+    ["release-qa", ["a b"], [""], [7], ["u"] * 65, ["x" * 64]],
+)
+def test_bad_canary_users_of_a_site_are_refused(users: Any, tmp_path: Path) -> None:
+    from inferwatch import k8s
+
+    site = tmp_path / "site.yaml"
+    site.write_text(json.dumps({"gateway": {"canary_users": users}}))
+    with pytest.raises(k8s.SiteError, match=r"gateway\.canary_users"):
+        k8s.load_site(site)
