@@ -85,7 +85,7 @@ def test_the_scaling_signals_cross_their_targets_before_the_ttft_slo_burns(
                 now = {s: _query(url, expr) for s, (expr, _) in signals.items()}
                 pytest.fail(f"the TTFT SLO never burned; signals now {now}\n{demo.output}")
             time.sleep(1)
-        end = time.time()
+        end = time.time() + 2  # a step past the sample just seen, so the range includes it
         burned = _first_above(_series(url, burn, up_unix, end), budget)
         assert burned is not None
         crossed: dict[str, float] = {}
