@@ -7,7 +7,8 @@ autoscaler) lives in one file per site, ``deploy/kubernetes/sites/NAME.yaml``; t
 renders ``overlays/NAME/`` from it. The components carry the generated PrometheusRule and
 dashboard ConfigMaps into the kit, copied from the packages that generate them, so that
 ``kubectl kustomize`` needs no access outside the kit's folder, and the autoscalers
-(``inferwatch/k8s_autoscaling.py``)."""
+(``inferwatch/k8s_autoscaling.py``).
+"""
 
 from __future__ import annotations
 
@@ -512,7 +513,11 @@ def render(kit: Path) -> dict[str, str]:
     from inferwatch.alerts import config as alert_config
 
     files: dict[str, str] = {"base/receiver/rbac.yaml": receiver_rbac()}
-    scaled = autoscaling.scaled_model(kit)
+    try:
+        scaled = autoscaling.scaled_model(kit)
+    except (OSError, yaml.YAMLError, KeyError, ValueError, TypeError) as exc:
+        where = kit / autoscaling.DEPLOYMENT_FILE
+        raise SiteError(f"{where}: no model Deployment to scale ({exc!r})") from None
     for path in sites:
         for name, text in render_overlay(load_site(path), scaled).items():
             files[f"overlays/{name}"] = text

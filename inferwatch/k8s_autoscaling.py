@@ -82,15 +82,11 @@ def metric_name(scaled: Scaled, signal: str) -> str:
     return f"inferwatch-{scaled.deployment}-{signal.replace('_', '-')}"
 
 
-def _signals(config: Config) -> dict[str, tuple[str, tuple[str, ...]]]:
-    return recording.autoscaling_signals(config)
-
-
 def query(config: Config, scaled: Scaled, signal: str, matchers: str) -> str:
     """PromQL for one signal of one model; ``matchers`` are added inside the braces (the
     adapter's ``<<.LabelMatchers>>``, or the version for KEDA). The largest over clusters:
     a Prometheus that sees several scales on the one under most pressure."""
-    name, own = _signals(config)[signal]
+    name, own = recording.autoscaling_signals(config)[signal]
     parts = [f"model={promql.quoted(scaled.model)}", *own, matchers]
     return f"max({name}{{{','.join(p for p in parts if p)}}})"
 
@@ -176,7 +172,7 @@ def adapter_rules(config: Config, scaled: Scaled) -> list[dict[str, Any]]:
     namespace for the adapter to match the HPA's against."""
     rules = []
     for signal in _targets(config):
-        name, own = _signals(config)[signal]
+        name, own = recording.autoscaling_signals(config)[signal]
         selector = ",".join((f"model={promql.quoted(scaled.model)}", *own))
         rules.append(
             {
