@@ -51,6 +51,7 @@ GPU_FAULTS = (
 )
 REPLICA_SYMPTOMS = (
     "InferwatchEngineDown",
+    "InferwatchEngineStalled",
     "InferwatchReplicaNotReady",
     "InferwatchErrorRatioHigh",
     "InferwatchTTFTHigh",

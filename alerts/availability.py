@@ -10,12 +10,13 @@ from __future__ import annotations
 from inferwatch.alerts import promql, recording
 from inferwatch.alerts.config import Config
 from inferwatch.alerts.model import Alert, Panel
-from inferwatch.alerts.promql import MODEL, by, metric, on
+from inferwatch.alerts.promql import MODEL, MODEL_VERSION, by, metric, on
 
 
 def alerts(config: Config) -> list[Alert]:
     return [
         *_down(config),
+        *_stalled(config),
         *_scrape_errors(config),
         *_error_ratio(config),
         *_readiness(config),
@@ -53,6 +54,35 @@ def _down(config: Config) -> list[Alert]:
             ),
             panel=Panel("fleet", 2),
         ),
+    ]
+
+
+def _stalled(config: Config) -> list[Alert]:
+    """Requests held but no token made: a hung engine, which still answers its scrapes (and
+    /readyz), so neither EngineDown nor readiness sees it."""
+    settings = config.alert("InferwatchEngineStalled")
+    window = config.rate_window
+    replica = by(config, (*MODEL_VERSION, "instance", "pod"))
+    held = (
+        f"sum {replica} ({metric(config, 'engine_requests_running')})\n"
+        f"+ sum {replica} ({metric(config, 'engine_requests_waiting')})"
+    )
+    tokens = f"sum {replica} (rate({metric(config, 'engine_generation_tokens')}[{window}]))"
+    same = on(config, (*MODEL_VERSION, "instance", "pod"))
+    return [
+        Alert(
+            name="InferwatchEngineStalled",
+            severity="critical",
+            expr=f"({held}) > 0\nand {same} {tokens} == 0",
+            for_=settings.for_,
+            summary="An inference engine holds requests but generates nothing.",
+            description=(
+                "The engine of {{ $labels.model }} {{ $labels.model_version }} on pod "
+                "{{ $labels.pod }} ({{ $labels.instance }}) holds {{ $value }} requests and "
+                f"generated no token over {window}: it hangs, and its /readyz still passes."
+            ),
+            panel=Panel("fleet", 1),
+        )
     ]
 
 

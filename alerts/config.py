@@ -38,7 +38,13 @@ _MATCHERS = re.compile(rf"^{_MATCHER}(?:,{_MATCHER})*,?$")
 
 
 class ConfigError(ValueError):
-    """A user's alert config is wrong; the message is one line: file: field: reason."""
+    """A user's alert config is wrong; the message is one line: file: field: reason.
+
+    Keys and values come from the user's file, so characters that would break the line
+    (a newline in a key) are shown escaped."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in message))
 
 
 def seconds(duration: str) -> float:

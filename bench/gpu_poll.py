@@ -92,8 +92,10 @@ def main() -> int:
     parser.add_argument("--replay", action="store_true", help="replay even if a GPU is present")
     args = parser.parse_args()
 
+    from inferwatch.exporters.gpu.call_costs import recorded_costs
+    from inferwatch.exporters.gpu.fake_nvml import FakeNvml
     from inferwatch.exporters.gpu.nvml import NvmlTelemetry
-    from inferwatch.exporters.gpu.replay import FakeNvml, Recording, recorded_costs
+    from inferwatch.exporters.gpu.recording import Recording
 
     nvml = None if args.replay else real_nvml()
     if nvml is None:

@@ -37,7 +37,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.engine_scrape import EngineScraper
+from inferwatch.exporters.page_fetch import EngineScraper
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks.actions.isolate_replica import IsolateReplica
@@ -129,7 +129,7 @@ async def run(count: int) -> list[tuple[str, list[float]]]:
         return Response(b'{"accepted": 1}\n', media_type="application/json")
 
     sidecar = Sidecar(
-        EngineCollector(EngineScraper("http://127.0.0.1:9/metrics", timeout=0.5), {"model": "m"}),
+        EngineCollector(EngineScraper("http://127.0.0.1:9/metrics", timeout_s=0.5), {"model": "m"}),
         admin_token=SIDECAR_TOKEN,
     )
     servers = [await serve(Starlette(routes=[Route("/webhook", floor, methods=["POST"])]))]

@@ -1,7 +1,8 @@
 """The two small interfaces every sidecar component implements.
 
-A ``Collector`` turns one source (the engine's /metrics, NVML, a dcgm-exporter) into
-catalogue families; the sidecar times it, bounds it, and reports its success. A
+A ``MetricSource`` (named apart from prometheus_client's ``Collector``, which it is not) turns
+one source (the engine's /metrics, NVML, a dcgm-exporter, the probe runner) into catalogue
+families; the sidecar times it, bounds it, and reports its success. A
 ``ReadinessSource`` contributes conditions to ``/readyz`` so that a replica with a dead
 engine, a broken GPU or failing quality probes drops out of every router by itself.
 """
@@ -16,7 +17,7 @@ from prometheus_client.core import Metric
 
 
 @runtime_checkable
-class Collector(Protocol):
+class MetricSource(Protocol):
     #: value of the ``collector`` label on ``inferwatch_collector_*`` self-metrics
     name: str
 
@@ -46,7 +47,7 @@ class ReadinessSource(Protocol):
 
 
 @runtime_checkable
-class SelfTimedCollector(Protocol):
+class SelfTimedSource(Protocol):
     """A collector that keeps the scrape deadline itself and records its own failures.
 
     The engine collector is one: running out of time must be recorded as a scrape failure

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from inferwatch.exporters.engine_checks import SeriesKey as Labels
-from inferwatch.exporters.textformat import Exposition, Family, Sample
+from inferwatch.exporters.textformat import Exposition, Family, PageSample
 
 #: the cumulative samples of each family type (a counter's: all but ``_created``)
 _SUFFIXES = {
@@ -55,7 +55,7 @@ class ResetCompensation:
         self._families.clear()
 
     def apply(
-        self, exposition: Exposition, series: Mapping[str, dict[Labels, list[Sample]]]
+        self, exposition: Exposition, series: Mapping[str, dict[Labels, list[PageSample]]]
     ) -> None:
         """Rewrite, in place, the cumulative samples of the families in ``series`` (each
         family's samples by series, as ``engine_checks.series_of`` groups them)."""
@@ -66,11 +66,14 @@ class ResetCompensation:
                 self._family(family, groups, self._families.setdefault(name, {}))
 
     def _family(
-        self, family: Family, groups: dict[Labels, list[Sample]], known: dict[SeriesKey, _Series]
+        self,
+        family: Family,
+        groups: dict[Labels, list[PageSample]],
+        known: dict[SeriesKey, _Series],
     ) -> None:
         suffixes = _SUFFIXES[family.type]
         present: dict[SeriesKey, _Series] = {}
-        samples: list[Sample] = []
+        samples: list[PageSample] = []
         for labels_key, group in groups.items():
             for sample in group:
                 name, labels, value, timestamp = sample
@@ -86,12 +89,12 @@ class ResetCompensation:
                 series.last, series.seen = value, self._scrapes
                 present[key] = series
                 if series.offset:
-                    sample = Sample(name, labels, value + series.offset, timestamp)
+                    sample = PageSample(name, labels, value + series.offset, timestamp)
                 samples.append(sample)
         # Left in ``known``: series not on this page, held at their last value.
         held = sorted(known.items(), key=lambda item: item[1].seen, reverse=True)
         for key, series in held[: max(len(present), HELD_FLOOR)]:
-            samples.append(Sample(series.name, series.labels, series.last + series.offset))
+            samples.append(PageSample(series.name, series.labels, series.last + series.offset))
             present[key] = series
         family.samples = samples
         known.clear()

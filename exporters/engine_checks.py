@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from inferwatch.exporters.textformat import Exposition, Family, Sample
+from inferwatch.exporters.textformat import Exposition, Family, PageSample
 from inferwatch.logs import log_event
 
-log = logging.getLogger("inferwatch.engine")
+logger = logging.getLogger("inferwatch.engine")
 
 #: ``reason`` label values of ``inferwatch_engine_scrape_dropped_series_total``
 MALFORMED, LABEL_TOO_LONG, SERIES_LIMIT = "malformed", "label_too_long", "series_limit"
@@ -51,7 +51,7 @@ class PageChecks:
 
     def apply(
         self, exposition: Exposition, wanted: Callable[[str], bool]
-    ) -> dict[str, dict[SeriesKey, list[Sample]]]:
+    ) -> dict[str, dict[SeriesKey, list[PageSample]]]:
         """Drop, in place, what the families named by ``wanted`` must not pass on; returns the
         series of each family kept, as ``series_of`` groups them (for the next stage)."""
         kept = {}
@@ -84,7 +84,7 @@ class PageChecks:
             return
         self._logged.add((reason, family.name))
         log_event(
-            log,
+            logger,
             logging.WARNING,
             "engine series dropped (logged once per family and reason)",
             reason=reason,
@@ -97,7 +97,7 @@ class PageChecks:
 class Series(NamedTuple):
     """A family's samples by series, and the series left out by the bounds."""
 
-    groups: dict[SeriesKey, list[Sample]]  # label set without ``le``, sorted -> samples
+    groups: dict[SeriesKey, list[PageSample]]  # label set without ``le``, sorted -> samples
     too_long: int  # series with a label value over the length cap
     over: int  # series past the per-family cap
 
@@ -110,7 +110,7 @@ def series_of(family: Family, limits: Limits) -> Series:
     checked once per new series, series left out cost one set entry each, and only kept
     groups are put in canonical order, so the same series listed with its labels in another
     order still lands in one group."""
-    listed: dict[SeriesKey, list[Sample]] = {}
+    listed: dict[SeriesKey, list[PageSample]] = {}
     left_out: set[SeriesKey] = set()
     too_long = 0
     cap, length = limits.series_per_family, limits.label_length
@@ -131,7 +131,7 @@ def series_of(family: Family, limits: Limits) -> Series:
                 listed[items] = [sample]
             else:
                 left_out.add(items)
-    groups: dict[SeriesKey, list[Sample]] = {}
+    groups: dict[SeriesKey, list[PageSample]] = {}
     for items, samples in listed.items():
         key = tuple(sorted(items))
         if key in groups:
@@ -141,7 +141,7 @@ def series_of(family: Family, limits: Limits) -> Series:
     return Series(groups, too_long, len(left_out) - too_long)
 
 
-def malformed(family: Family, groups: dict[SeriesKey, list[Sample]]) -> str | None:
+def malformed(family: Family, groups: dict[SeriesKey, list[PageSample]]) -> str | None:
     """What makes the family wrong as data, or None when it is sound."""
     names = _series_names(family)
     for key, samples in groups.items():
@@ -174,7 +174,7 @@ def _series_names(family: Family) -> _Names | None:
     return None
 
 
-def _count_problem(names: _Names, samples: list[Sample]) -> str | None:
+def _count_problem(names: _Names, samples: list[PageSample]) -> str | None:
     buckets: list[tuple[float, float]] = []
     count = None
     for name, labels, value, _ in samples:

@@ -28,12 +28,12 @@ from inferwatch.exporters import engines, textformat
 from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.counter_resets import ResetCompensation
 from inferwatch.exporters.engine_checks import Limits, PageChecks
-from inferwatch.exporters.engine_scrape import EngineScraper, Page, ScrapeFailure
+from inferwatch.exporters.page_fetch import EngineScraper, FetchedPage, ScrapeFailure
 from inferwatch.identity import KEYS as KNOWABLE
 from inferwatch.identity import UNKNOWN, or_unknown
 from inferwatch.logs import log_event
 
-log = logging.getLogger("inferwatch.engine")
+logger = logging.getLogger("inferwatch.engine")
 
 #: identity labels the engine itself can tell us (read from its version endpoint)
 DISCOVERABLE = ("engine_version", "model")
@@ -41,7 +41,7 @@ VERSION_RETRY_SECONDS = 60.0
 
 
 class EngineCollector:
-    """Collector and readiness source for one engine behind one /metrics URL."""
+    """The metric source and readiness source for one engine behind one /metrics URL."""
 
     name = "engine"
 
@@ -100,7 +100,7 @@ class EngineCollector:
             scrape = self._in_flight = asyncio.create_task(self._scrape())
             # Every waiter may have given up by the time it ends: mark its outcome as seen.
             scrape.add_done_callback(_consume_outcome)
-        timeout = self.scraper.timeout
+        timeout = self.scraper.timeout_s
         wait = timeout if deadline is None else min(deadline, timeout)
         try:
             return await asyncio.wait_for(asyncio.shield(scrape), wait)
@@ -119,7 +119,7 @@ class EngineCollector:
             self._record_failure(scrape, failure)
             raise
         except Exception as exc:  # a page that trips a bug in an adapter must not take us down
-            log.exception("engine page could not be mapped")
+            logger.exception("engine page could not be mapped")
             internal = ScrapeFailure("internal", f"{type(exc).__name__}: {exc}")
             self._record_failure(scrape, internal)
             raise internal from exc
@@ -129,7 +129,7 @@ class EngineCollector:
         self.last_outcome_at = time.monotonic()
         return families
 
-    def _map(self, page: Page) -> list[Metric]:
+    def _map(self, page: FetchedPage) -> list[Metric]:
         """Parse, check and map one page (in a worker thread; one at a time)."""
         self.page_size = len(page.body)
         exposition, engine = self._read(page.body)
@@ -195,7 +195,7 @@ class EngineCollector:
             self.errors[failure.reason] += 1
         if self.up or failure.detail != self.last_error:
             log_event(
-                log,
+                logger,
                 logging.WARNING,
                 "engine scrape failed",
                 reason=failure.reason,
@@ -225,7 +225,7 @@ class EngineCollector:
             if key in DISCOVERABLE and value and len(value) <= limit:
                 self._discovered.setdefault(key, value)
         if found:
-            log_event(log, logging.INFO, "engine identified", engine=engine, **found)
+            log_event(logger, logging.INFO, "engine identified", engine=engine, **found)
 
     def status_families(self) -> list[Metric]:
         """Health of the engine scrape; emitted whether or not the last scrape succeeded."""

@@ -32,18 +32,18 @@ from starlette.routing import Route
 
 from inferwatch import __version__, catalog
 from inferwatch.exporters.collector import (
-    Collector,
     Condition,
+    MetricSource,
     ReadinessSource,
-    SelfTimedCollector,
+    SelfTimedSource,
 )
 from inferwatch.exporters.endpoints import healthz, metrics_response, readiness_response
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.engine_scrape import ScrapeFailure
 from inferwatch.exporters.isolation import Isolation
+from inferwatch.exporters.page_fetch import ScrapeFailure
 from inferwatch.logs import log_event
 
-log = logging.getLogger("inferwatch.sidecar")
+logger = logging.getLogger("inferwatch.sidecar")
 
 #: time kept back from Prometheus' scrape timeout for rendering and the network
 SCRAPE_TIMEOUT_MARGIN = 0.5
@@ -65,7 +65,7 @@ class Sidecar:
     def __init__(
         self,
         engine: EngineCollector | None,
-        collectors: Sequence[Collector] = (),
+        collectors: Sequence[MetricSource] = (),
         readiness: Sequence[ReadinessSource] = (),
         *,
         background: Sequence[Job] = (),
@@ -80,10 +80,10 @@ class Sidecar:
         engines = [] if engine is None else [engine]
         self.engine = engine
         self.isolation = Isolation(admin_token)
-        self.collectors: list[Collector] = [*engines, *collectors]
+        self.collectors: list[MetricSource] = [*engines, *collectors]
         self.readiness_sources: list[ReadinessSource] = [*engines, *readiness, self.isolation]
         self.background: list[Job] = [*(partial(first_look, e) for e in engines), *background]
-        self.scrape_timeout = engine.scraper.timeout if engine else GPU_ONLY_SCRAPE_TIMEOUT
+        self.scrape_timeout_s = engine.scraper.timeout_s if engine else GPU_ONLY_SCRAPE_TIMEOUT
         self.readiness_max_age = readiness_max_age
         self._failing: set[str] = set()
 
@@ -100,8 +100,8 @@ class Sidecar:
             families.append(self._readiness_family(self.engine.identity))
         return families
 
-    def _self_timed(self) -> list[SelfTimedCollector]:
-        return [c for c in self.collectors if isinstance(c, SelfTimedCollector)]
+    def _self_timed(self) -> list[SelfTimedSource]:
+        return [c for c in self.collectors if isinstance(c, SelfTimedSource)]
 
     def _readiness_family(self, replica: Mapping[str, str]) -> Metric:
         """/readyz as metrics, one series per condition, so alerts see what routers see."""
@@ -115,13 +115,13 @@ class Sidecar:
             ready.add_metric([*identity, name], int(ok))  # type: ignore[attr-defined]
         return ready
 
-    async def _run(self, collector: Collector, deadline: float) -> CollectorRun:
+    async def _run(self, collector: MetricSource, deadline: float) -> CollectorRun:
         started = time.perf_counter()
         # A self-timed collector (the engine's) gets the deadline itself and keeps it, so that
         # running out of time is recorded as a scrape failure (engine_up 0). No second timer
         # around it: when a busy process wakes the loop late, both would be due at once, and
         # the outer one would cancel the inner one before it records anything.
-        if isinstance(collector, SelfTimedCollector):
+        if isinstance(collector, SelfTimedSource):
             run, limit = collector.collect(deadline), None
         else:
             run, limit = collector.collect(), deadline + 0.05
@@ -132,21 +132,21 @@ class Sidecar:
             return CollectorRun((), False, time.perf_counter() - started)
         if collector.name in self._failing:
             self._failing.discard(collector.name)
-            log_event(log, logging.INFO, "collector recovered", collector=collector.name)
+            log_event(logger, logging.INFO, "collector recovered", collector=collector.name)
         return CollectorRun(families, True, time.perf_counter() - started)
 
-    def _note_failure(self, collector: Collector, exc: BaseException) -> None:
+    def _note_failure(self, collector: MetricSource, exc: BaseException) -> None:
         name = collector.name
         if name in self._failing:
             return  # logged when it started failing; the metric carries it from here
         self._failing.add(name)
         # A self-timed collector logs its own failures with their reason.
-        if not isinstance(collector, SelfTimedCollector):
+        if not isinstance(collector, SelfTimedSource):
             reason = "timeout" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
-            log_event(log, logging.WARNING, "collector failed", collector=name, error=reason)
+            log_event(logger, logging.WARNING, "collector failed", collector=name, error=reason)
 
     @staticmethod
-    def _self_families(runs: Iterable[tuple[Collector, CollectorRun]]) -> list[Metric]:
+    def _self_families(runs: Iterable[tuple[MetricSource, CollectorRun]]) -> list[Metric]:
         cat = catalog.load()
         build = cat.family("exporter_build_info")
         build.add_metric([__version__, platform.python_version()], 1)
@@ -163,7 +163,7 @@ class Sidecar:
     # ---- HTTP ------------------------------------------------------------------------------
 
     async def metrics(self, request: Request) -> Response:
-        deadline = self.scrape_timeout
+        deadline = self.scrape_timeout_s
         prometheus_timeout = request.headers.get("x-prometheus-scrape-timeout-seconds")
         if prometheus_timeout:
             with suppress(ValueError):
@@ -210,11 +210,11 @@ async def first_look(engine: EngineCollector) -> None:
         await engine.collect()
     except ScrapeFailure:
         log_event(
-            log,
+            logger,
             logging.WARNING,
             "engine not answering yet; serving inferwatch_engine_up 0 and /readyz 503 "
             "until it does",
             url=engine.scraper.url,
         )
     else:
-        log_event(log, logging.INFO, "engine answering", engine=engine.engine)
+        log_event(logger, logging.INFO, "engine answering", engine=engine.engine)

@@ -15,22 +15,22 @@ import uvicorn
 from prometheus_client.core import Metric
 
 from inferwatch.auth import TokenError, load_token
-from inferwatch.cli import option_group
-from inferwatch.exporters import engines, gpu
-from inferwatch.exporters.collector import Collector, ReadinessSource
+from inferwatch.clikit import option_group, parse_listen
+from inferwatch.exporters import engines, gpu, page_fetch
+from inferwatch.exporters.collector import MetricSource, ReadinessSource
 from inferwatch.exporters.engine_checks import Limits
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.engine_scrape import EngineScraper, ScrapeFailure
 from inferwatch.exporters.gpu import GpuTelemetry, scope
 from inferwatch.exporters.gpu.scope import GpuScope
 from inferwatch.exporters.histogram import histogram_quantile
+from inferwatch.exporters.page_fetch import EngineScraper, ScrapeFailure
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.logs import log_event
 from inferwatch.probes import golden
 from inferwatch.probes.client import Endpoint
 from inferwatch.probes.runner import ProbeRunner, Schedule, Target
 
-log = logging.getLogger("inferwatch.sidecar")
+logger = logging.getLogger("inferwatch.sidecar")
 
 ENGINE_CHOICES = click.Choice(["auto", *engines.ENGINES])
 
@@ -41,14 +41,6 @@ def metrics_url(url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise click.BadParameter(f"{url!r} is not an http(s) URL", param_hint="--engine-url")
     return url if parts.path not in ("", "/") else url.rstrip("/") + "/metrics"
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """``:9400``, ``0.0.0.0:9400``, ``[::1]:9400`` -> (host, port)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise click.BadParameter(f"{value!r} is not HOST:PORT", param_hint="--listen")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 #: Options of every command that scrapes an engine.
@@ -63,14 +55,14 @@ engine_options = option_group(
     click.option(
         "--engine-timeout",
         type=click.FloatRange(min=0.1),
-        default=5.0,
+        default=page_fetch.DEFAULT_TIMEOUT_S,
         show_envvar=True,
         help="Seconds allowed for one engine scrape (lowered to fit Prometheus' timeout).",
     ),
     click.option(
         "--max-page-bytes",
         type=click.IntRange(min=1024),
-        default=16 * 1024 * 1024,
+        default=page_fetch.DEFAULT_MAX_BYTES,
         show_envvar=True,
         help="Engine pages larger than this are refused (counted as they are inflated, "
         "whatever the Content-Encoding).",
@@ -256,14 +248,14 @@ def sidecar(
     engine_collector = None
     if url is not None:
         engine_collector = EngineCollector(
-            EngineScraper(url, timeout=engine_timeout, max_bytes=max_page_bytes),
+            EngineScraper(url, timeout_s=engine_timeout, max_bytes=max_page_bytes),
             identity,
             engine=None if engine == "auto" else engine,
             limits=Limits(max_series_per_family, max_label_length),
         )
     gpus = _gpu_scope(gpu_scope, kubelet_socket, pod, namespace) if gpu != "none" else None
     gpu_backend = _gpu_backend(gpu, gpus)
-    collectors: list[Collector] = [gpu_backend]
+    collectors: list[MetricSource] = [gpu_backend]
     readiness: list[ReadinessSource] = [gpu_backend]
     background = []
     if probes and engine_collector is not None:  # probes without an engine: refused above
@@ -275,7 +267,7 @@ def sidecar(
         engine_collector, collectors, readiness, background=background, admin_token=admin_token
     ).app()
     log_event(
-        log,
+        logger,
         logging.INFO,
         "sidecar starting"
         if url
@@ -368,7 +360,7 @@ def scrape(
     """Print the canonical view of one scrape of the engine at URL, as a table."""
     logging.getLogger("inferwatch.engine").setLevel(logging.ERROR)  # the error below says it
     collector = EngineCollector(
-        EngineScraper(metrics_url(url), timeout=engine_timeout, max_bytes=max_page_bytes),
+        EngineScraper(metrics_url(url), timeout_s=engine_timeout, max_bytes=max_page_bytes),
         {},
         engine=None if engine == "auto" else engine,
         limits=Limits(max_series_per_family, max_label_length),

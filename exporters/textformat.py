@@ -27,6 +27,8 @@ from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from inferwatch.exporters.fastpath import remember
+
 Wanted = Callable[[str], bool] | Container[str]
 """Family-name filter: a predicate, or a container of the family names to keep."""
 
@@ -68,14 +70,14 @@ _UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 _MEMO_LIMIT = 1 << 15
 _series: dict[str, tuple[str, dict[str, str]]] = {}
 _label_pieces: dict[str, tuple[str, bool] | None] = {}
-_legacy_names: set[str] = set()
+_legacy_names: dict[str, bool] = {}
 #: (keyword, family name, text, grouped sample names, their line starts): see _learn_comment
 _Comment = tuple[str, str, str, tuple[str, ...], tuple[str, ...]]
 _comments: dict[bool, dict[str, _Comment]] = {False: {}, True: {}}
 _line_starts: dict[str, tuple[str, str]] = {}
 
 
-class Sample(NamedTuple):
+class PageSample(NamedTuple):
     """One sample line. ``timestamp`` is in seconds (0.0.4 milliseconds are converted).
 
     A named tuple: a scrape builds one per sample it keeps (straight from a tuple, without
@@ -97,7 +99,7 @@ class Family:
     type: str
     help: str = ""
     unit: str = ""
-    samples: list[Sample] = field(default_factory=list)
+    samples: list[PageSample] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -119,7 +121,7 @@ class _Malformed(ValueError):
     """A line that cannot be read; it is skipped and counted."""
 
 
-def _discard(sample: Sample) -> None:
+def _discard(sample: PageSample) -> None:
     """Where samples of families the caller did not ask for go."""
 
 
@@ -181,7 +183,7 @@ class _Page:
         # Sample name -> the append of its family's sample list, or _discard when unwanted.
         # A family's own name always routes to it; suffixed names only when nothing else
         # claimed them, so an exact declaration beats a grouping suffix.
-        self.route: dict[str, Callable[[Sample], object]] = {}
+        self.route: dict[str, Callable[[PageSample], object]] = {}
 
     def read(self, lines: Iterator[str], openmetrics: bool) -> int:
         """Consume the lines (up to ``# EOF`` in OpenMetrics); returns the malformed count."""
@@ -191,7 +193,7 @@ class _Page:
         comments = _comments[openmetrics]
         declared = self.declared
         discard = _discard
-        new_sample = tuple.__new__  # Sample without its Python-level __new__
+        new_sample = tuple.__new__  # a PageSample without its Python-level __new__
         # How the lines of sample names known to be dropped begin: those of the last sample
         # dropped, or of an unwanted family just declared. Only a comment line can change
         # where an existing sample name goes, so until the next one, a line that begins so is
@@ -233,7 +235,7 @@ class _Page:
                 dropping = _line_starts.get(name) or _learn_line_starts(name)
                 continue
             try:
-                add(new_sample(Sample, (name, labels.copy(), float(value), None)))
+                add(new_sample(PageSample, (name, labels.copy(), float(value), None)))
             except ValueError:
                 malformed += self.careful(line, openmetrics)
         for line in lines:  # only left over after # EOF
@@ -256,7 +258,7 @@ class _Page:
         self.declared[name] = family
         return family
 
-    def untyped(self, sample_name: str) -> Callable[[Sample], object]:
+    def untyped(self, sample_name: str) -> Callable[[PageSample], object]:
         """Route for a sample that no declaration covers: a family of its own."""
         self.family(sample_name)
         return self.route[sample_name]
@@ -296,7 +298,7 @@ class _Page:
         except _Malformed:
             return 1
         add = self.route.get(name) or self.untyped(name)
-        add(Sample(name, labels, value, timestamp))
+        add(PageSample(name, labels, value, timestamp))
         return 0
 
 
@@ -307,11 +309,7 @@ def _starts(sample_name: str) -> tuple[str, str]:
 
 
 def _learn_line_starts(sample_name: str) -> tuple[str, str]:
-    starts = _starts(sample_name)
-    if len(_line_starts) >= _MEMO_LIMIT:
-        _line_starts.clear()
-    _line_starts[sample_name] = starts
-    return starts
+    return remember(_line_starts, sample_name, _starts(sample_name), _MEMO_LIMIT)
 
 
 def _learn_comment(line: str, openmetrics: bool) -> _Comment:
@@ -357,11 +355,7 @@ def _learn_comment(line: str, openmetrics: bool) -> _Comment:
         grouped = tuple(sys.intern(name + suffix) for suffix in _GROUPED_SUFFIXES.get(text, ()))
         starts = tuple(start for sample_name in (name, *grouped) for start in _starts(sample_name))
     comment = (keyword, name, text, grouped, starts)
-    memo = _comments[openmetrics]
-    if len(memo) >= _MEMO_LIMIT:
-        memo.clear()
-    memo[line] = comment
-    return comment
+    return remember(_comments[openmetrics], line, comment, _MEMO_LIMIT)
 
 
 def _help_text(text: str, openmetrics: bool) -> str:
@@ -376,10 +370,7 @@ def _is_legacy_name(name: str) -> bool:
         return True
     if _LEGACY_NAME.fullmatch(name) is None:
         return False
-    if len(_legacy_names) >= _MEMO_LIMIT:
-        _legacy_names.clear()
-    _legacy_names.add(name)
-    return True
+    return remember(_legacy_names, name, True, _MEMO_LIMIT)
 
 
 def _learn_series(head: str) -> tuple[str, dict[str, str]] | None:
@@ -395,9 +386,7 @@ def _learn_series(head: str) -> tuple[str, dict[str, str]] | None:
     # Interned names and values are shared by many series, so a scrape touches less memory.
     series = None if labels is None or not _is_legacy_name(name) else (sys.intern(name), labels)
     if series is not None:
-        if len(_series) >= _MEMO_LIMIT:
-            _series.clear()
-        _series[head] = series
+        remember(_series, head, series, _MEMO_LIMIT)
     return series
 
 
@@ -427,9 +416,7 @@ def _fast_labels(text: str) -> dict[str, str] | None:
 def _learn_label_piece(piece: str) -> tuple[str, bool] | None:
     match = _LABEL_PIECE.fullmatch(piece)
     known = None if match is None else (sys.intern(match[2]), bool(match[1]))
-    if len(_label_pieces) >= _MEMO_LIMIT:
-        _label_pieces.clear()
-    _label_pieces[piece] = known
+    remember(_label_pieces, piece, known, _MEMO_LIMIT)
     return known
 
 

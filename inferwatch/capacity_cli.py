@@ -10,7 +10,7 @@ from dataclasses import replace
 import click
 
 from inferwatch import capacity as cap
-from inferwatch.cli import option_group
+from inferwatch.clikit import option_group
 from inferwatch.sim import sizing
 
 

@@ -25,6 +25,10 @@ from prometheus_client.core import (
 
 MetricType = Literal["counter", "gauge", "histogram"]
 Aggregation = Literal["sum", "max"]
+Conversion = Literal["value", "flag", "count", "enabled", "field_value"]
+Cadence = Literal["once", "scrape", "slow"]
+_CONVERSIONS = ("value", "flag", "count", "enabled", "field_value")
+_CADENCES = ("once", "scrape", "slow")
 
 NAME_PATTERN = re.compile(r"^inferwatch_[a-z0-9_]+$")
 KEY_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -45,13 +49,29 @@ class Alias:
     ``metric`` is the source's family name as written in its documentation; the ``:``/``_``
     and ``_total`` variants are matched by the engine adapters, not listed here. ``match``
     selects samples by label value, ``scale`` converts to base units (0.001 for ms), and
-    ``labels`` maps our label names to the source's (``reason: finished_reason``).
+    ``labels`` maps our label names to the source's (``reason: finished_reason``). ``set``
+    gives the fixed label values the source series stands for (``DCGM_FI_DEV_SM_CLOCK`` is
+    ``clock: sm``).
+
+    For NVML, ``metric`` is the pynvml call and the rest says how to make it and read its
+    answer: ``args`` (pynvml constant names or numbers), ``part`` (the attribute, or the
+    index, of the result to read; empty for the result itself), ``convert`` (``value``,
+    ``flag`` for 1 when true, ``count`` for a list's length, ``enabled`` for 1 when it equals
+    ``NVML_FEATURE_ENABLED``, ``field_value`` for an ``nvmlDeviceGetFieldValues`` answer),
+    ``omit`` (an answer meaning "unknown", left out) and ``cadence`` (``once`` at discovery,
+    ``scrape``, or ``slow`` for calls too costly for every scrape).
     """
 
     metric: str
     match: Mapping[str, str] = field(default_factory=dict)
     scale: float = 1.0
     labels: Mapping[str, str] = field(default_factory=dict)
+    set: Mapping[str, str] = field(default_factory=dict)
+    args: tuple[Any, ...] = ()
+    part: str = ""
+    convert: Conversion = "value"
+    omit: float | None = None
+    cadence: Cadence = "scrape"
 
 
 @dataclass(frozen=True)
@@ -136,15 +156,42 @@ def _parse_alias(raw: Any, where: str) -> Alias:
         return Alias(metric=raw)
     if not isinstance(raw, dict) or "metric" not in raw:
         raise _fail(where, "an alias is a metric name or a mapping with 'metric'")
-    unknown = set(raw) - {"metric", "match", "scale", "labels"}
+    unknown = set(raw) - _ALIAS_FIELDS
     if unknown:
         raise _fail(where, f"unknown alias fields {sorted(unknown)}")
+    convert = raw.get("convert", "value")
+    if convert not in _CONVERSIONS:
+        raise _fail(where, f"convert {convert!r} is not one of {_CONVERSIONS}")
+    cadence = raw.get("cadence", "scrape")
+    if cadence not in _CADENCES:
+        raise _fail(where, f"cadence {cadence!r} is not one of {_CADENCES}")
+    args = raw.get("args") or ()
     return Alias(
         metric=str(raw["metric"]),
         match={str(k): str(v) for k, v in (raw.get("match") or {}).items()},
         scale=float(raw.get("scale", 1.0)),
         labels={str(k): str(v) for k, v in (raw.get("labels") or {}).items()},
+        set={str(k): str(v) for k, v in (raw.get("set") or {}).items()},
+        args=tuple(tuple(a) if isinstance(a, list) else a for a in args),
+        part=str(raw.get("part", "")),
+        convert=convert,
+        omit=float(raw["omit"]) if raw.get("omit") is not None else None,
+        cadence=cadence,
     )
+
+
+_ALIAS_FIELDS = {
+    "metric",
+    "match",
+    "scale",
+    "labels",
+    "set",
+    "args",
+    "part",
+    "convert",
+    "omit",
+    "cadence",
+}
 
 
 _ENTRY_FIELDS = {
@@ -184,6 +231,12 @@ def _parse_entry(raw: Any, index: int, identities: Mapping[str, tuple[str, ...]]
         sources[str(source)] = tuple(
             _parse_alias(alias, f"{where} sources.{source}") for alias in aliases
         )
+    own_labels = tuple(str(label) for label in raw.get("labels") or ())
+    for source, aliases in sources.items():
+        for alias in aliases:
+            fixed = set(alias.set) - set(own_labels)
+            if fixed:
+                raise _fail(where, f"sources.{source} sets labels {sorted(fixed)} it lacks")
     metric_type = raw["type"]
     if metric_type not in ("counter", "gauge", "histogram"):
         raise _fail(where, f"type {metric_type!r} is not counter, gauge or histogram")
@@ -198,7 +251,7 @@ def _parse_entry(raw: Any, index: int, identities: Mapping[str, tuple[str, ...]]
         help=" ".join(str(raw["help"]).split()),
         collector=str(raw["collector"]),
         identity=identities[identity_name] if identity_name else (),
-        labels=tuple(str(label) for label in raw.get("labels") or ()),
+        labels=own_labels,
         sources=sources,
         aggregate=aggregate,
         semconv=raw.get("semconv"),

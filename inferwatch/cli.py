@@ -8,8 +8,6 @@ environment twin, ``INFERWATCH_<SUBCOMMAND>_<OPTION>`` (shown in each ``--help``
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 import click
 
@@ -24,26 +22,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "canary": ("inferwatch.canary.cli", "canary"),
     "sim": ("inferwatch.sim.cli", "sim"),
     "demo": ("inferwatch.demo", "demo"),
+    "drill": ("inferwatch.drill", "drill"),
     "proxy": ("inferwatch.exporters.tenancy.cli", "proxy"),
     "probe": ("inferwatch.probes.cli", "probe"),
     "gate": ("inferwatch.probes.cli", "gate"),
     "runbooks": ("inferwatch.runbooks.cli", "runbooks"),
     "snapshot": ("inferwatch.dashboards.snapshot", "snapshot"),
 }
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def option_group(*options: Callable[[F], F]) -> Callable[[F], F]:
-    """Several click options as one decorator, for options that commands share."""
-
-    def apply(command: F) -> F:
-        for option in reversed(options):
-            command = option(command)
-        return command
-
-    return apply
 
 
 class LazyGroup(click.Group):

@@ -56,19 +56,18 @@ def porting_table(cat: catalog.Catalog) -> str:
         "| source | source metric | inferwatch metric | OpenTelemetry GenAI |",
         "|---|---|---|---|",
     ]
-    from inferwatch.exporters.gpu.dcgm import FIELD_LABELS
 
-    def ours(metric: str) -> str:
+    def ours(alias: catalog.Alias) -> str:
         """The label values one of several source metrics stands for (DCGM fields)."""
-        labels = FIELD_LABELS.get(metric, {})
-        return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
+        fixed = alias.set
+        return "{" + ",".join(f'{k}="{v}"' for k, v in fixed.items()) + "}" if fixed else ""
 
     for source in PORTED:
-        adapter = engines.derivations(source) if source in engines.ENGINES else {}
-        derived = {key: _derivation(how) for key, how in adapter.items()}
+        declared = engines.derivations(source) if source in engines.ENGINES else {}
+        derived = {key: _derivation(how) for key, how in declared.items()}
         for spec in cat.values():
             semconv = f"`{spec.semconv}`" if spec.semconv else "-"
-            rows = [(_alias(alias), ours(alias.metric)) for alias in spec.sources.get(source, ())]
+            rows = [(_alias(alias), ours(alias)) for alias in spec.sources.get(source, ())]
             if spec.key in derived:
                 rows.append((derived[spec.key], ""))
             for spelling, selector in rows:
@@ -91,13 +90,13 @@ def _alias(alias: catalog.Alias) -> str:
 
 def _derivation(derivation: Any) -> str:
     """How an adapter computes a signal, in a few words."""
-    from inferwatch.exporters.engines import mapping
+    from inferwatch.exporters.engines import adapter
 
     if isinstance(derivation, tuple):
         return ", else ".join(_derivation(one) for one in derivation)
-    if isinstance(derivation, mapping.LabelValue):
+    if isinstance(derivation, adapter.LabelValue):
         return f"label `{derivation.label}` of `{derivation.metric}`"
-    if isinstance(derivation, mapping.Total):
+    if isinstance(derivation, adapter.Total):
         parts = [*derivation.required, *derivation.optional]
         return " + ".join(_alias(alias) for alias in parts)
     sums = " + ".join(_alias(alias) for alias in derivation.sum)

@@ -2,11 +2,52 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import click
 
 from inferwatch import catalog, docs
+from inferwatch.clikit import F, check_option
+
+
+def _config_option(command: str, help: str) -> Callable[[F], F]:
+    return click.option(
+        "--config",
+        "config_path",
+        envvar=f"INFERWATCH_GENERATE_{command.upper()}_CONFIG",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        show_envvar=True,
+        help=help,
+    )
+
+
+def _out_dir_option(what: str, default: str) -> Callable[[F], F]:
+    return click.option(
+        "--out",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        show_envvar=True,
+        help=f"Directory for the {what} [default: {default} of this checkout].",
+    )
+
+
+def _write_or_check(
+    target: Path,
+    files: Mapping[str, str],
+    check: bool,
+    stale: Callable[[Path, Mapping[str, str]], list[str]],
+    write: Callable[[Path, Mapping[str, str]], list[str]],
+) -> None:
+    """Write the files that changed, or with ``--check`` fail naming the stale ones."""
+    if check:
+        outdated = stale(target, files)
+        if outdated:
+            raise click.ClickException(f"stale under {target}: {', '.join(outdated)}")
+        return
+    changed = write(target, files)
+    click.echo(f"{target}: {len(changed)} of {len(files)} files updated")
 
 
 @click.group()
@@ -22,12 +63,7 @@ def generate() -> None:
     show_envvar=True,
     help="The README whose generated metric table is rewritten.",
 )
-@click.option(
-    "--check",
-    is_flag=True,
-    show_envvar=True,
-    help="Fail instead of writing when the table is stale.",
-)
+@check_option("the table")
 def readme(path: Path, check: bool) -> None:
     """Rewrite the metric and porting tables in README.md."""
     if check:
@@ -47,28 +83,9 @@ def readme(path: Path, check: bool) -> None:
 
 
 @generate.command()
-@click.option(
-    "--config",
-    "config_path",
-    envvar="INFERWATCH_GENERATE_ALERTS_CONFIG",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    show_envvar=True,
-    help="Alert config read on top of the shipped defaults (alerts/config.yaml).",
-)
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    show_envvar=True,
-    help="Directory for the rule files [default: alerts/generated of this checkout].",
-)
-@click.option(
-    "--check",
-    is_flag=True,
-    show_envvar=True,
-    help="Fail instead of writing when a file is stale.",
-)
+@_config_option("alerts", "Alert config read on top of the shipped defaults (alerts/config.yaml).")
+@_out_dir_option("rule files", "alerts/generated")
+@check_option("a file")
 def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
     """Write the Prometheus rule files (one per layer, recording rules), a PrometheusRule and
     the recommended Alertmanager config."""
@@ -79,35 +96,16 @@ def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
     except config.ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     target = out if out is not None else writer.default_out()
-    if check:
-        stale = writer.stale(target, files)
-        if stale:
-            raise click.ClickException(f"stale under {target}: {', '.join(stale)}")
-        return
-    changed = writer.write(target, files)
-    click.echo(f"{target}: {len(changed)} of {len(files)} files updated")
+    _write_or_check(target, files, check, writer.stale, writer.write)
 
 
 @generate.command()
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    envvar="INFERWATCH_GENERATE_DASHBOARDS_CONFIG",
-    show_envvar=True,
-    help="Alert config (thresholds, selectors, cluster label) read on top of the defaults.",
+@_config_option(
+    "dashboards",
+    "Alert config (thresholds, selectors, cluster label) read on top of the defaults.",
 )
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    show_envvar=True,
-    help="Directory for the dashboards [default: dashboards/generated of this checkout].",
-)
-@click.option(
-    "--check", is_flag=True, show_envvar=True, help="Fail instead of writing when a file is stale."
-)
+@_out_dir_option("dashboards", "dashboards/generated")
+@check_option("a file")
 def dashboards(config_path: Path | None, out: Path | None, check: bool) -> None:
     """Write the Grafana dashboards (JSON), a ConfigMap per board and a provisioning file."""
     from inferwatch.alerts import config
@@ -118,14 +116,7 @@ def dashboards(config_path: Path | None, out: Path | None, check: bool) -> None:
         files = writer.render(config.load(config_path))
     except config.ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    target = out if out is not None else writer.default_out()
-    if check:
-        outdated = stale(target, files)
-        if outdated:
-            raise click.ClickException(f"stale under {target}: {', '.join(outdated)}")
-        return
-    changed = write(target, files)
-    click.echo(f"{target}: {len(changed)} of {len(files)} files updated")
+    _write_or_check(writer.default_out() if out is None else out, files, check, stale, write)
 
 
 @generate.command()
@@ -146,12 +137,7 @@ def dashboards(config_path: Path | None, out: Path | None, check: bool) -> None:
     show_envvar=True,
     help="Where to write haproxy.cfg [default: standard output].",
 )
-@click.option(
-    "--check",
-    is_flag=True,
-    show_envvar=True,
-    help="Fail instead of writing when --out is stale.",
-)
+@check_option("--out")
 def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
     """Write the HAProxy gateway config (routes, health checks, weights, fallbacks)."""
     from inferwatch import gateway as gw
@@ -187,12 +173,7 @@ def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
     help="The kit's folder: overlays/ are rendered from its sites/*.yaml, components/ from "
     "the generated rules and dashboards.",
 )
-@click.option(
-    "--check",
-    is_flag=True,
-    show_envvar=True,
-    help="Fail instead of writing when a generated file is stale.",
-)
+@check_option("a generated file")
 def k8s(kit: Path, check: bool) -> None:
     """Write the kustomize overlays (one per site file) and the rules/dashboards components."""
     from inferwatch import k8s as kit_files
@@ -201,24 +182,12 @@ def k8s(kit: Path, check: bool) -> None:
         files = kit_files.render(kit)
     except kit_files.SiteError as exc:
         raise click.ClickException(str(exc)) from None
-    if check:
-        stale = kit_files.stale(kit, files)
-        if stale:
-            raise click.ClickException(f"stale under {kit}: {', '.join(stale)}")
-        return
-    changed = kit_files.write(kit, files)
-    click.echo(f"{kit}: {len(changed)} of {len(files)} files updated")
+    _write_or_check(kit, files, check, kit_files.stale, kit_files.write)
 
 
 @generate.command()
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    envvar="INFERWATCH_GENERATE_CANARY_CONFIG",
-    show_envvar=True,
-    help="Alert config whose source selectors the queries use, read on top of the defaults.",
+@_config_option(
+    "canary", "Alert config whose source selectors the queries use, read on top of the defaults."
 )
 @click.option(
     "--out",
@@ -227,9 +196,7 @@ def k8s(kit: Path, check: bool) -> None:
     show_envvar=True,
     help="Directory for the templates.",
 )
-@click.option(
-    "--check", is_flag=True, show_envvar=True, help="Fail instead of writing when a file is stale."
-)
+@check_option("a file")
 def canary(config_path: Path | None, out: Path, check: bool) -> None:
     """Write the canary analysis as an Argo Rollouts AnalysisTemplate and Flagger
     MetricTemplates (the checks of `inferwatch canary`)."""
@@ -241,10 +208,4 @@ def canary(config_path: Path | None, out: Path, check: bool) -> None:
         files = templates.render(config.load(config_path))
     except config.ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    if check:
-        outdated = stale(out, files)
-        if outdated:
-            raise click.ClickException(f"stale under {out}: {', '.join(outdated)}")
-        return
-    changed = write(out, files)
-    click.echo(f"{out}: {len(changed)} of {len(files)} files updated")
+    _write_or_check(out, files, check, stale, write)

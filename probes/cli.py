@@ -14,7 +14,7 @@ import click
 import httpx
 import uvicorn
 
-from inferwatch.exporters.sidecar_cli import parse_listen
+from inferwatch.clikit import parse_listen
 from inferwatch.logs import log_event
 from inferwatch.probes import client, golden
 from inferwatch.probes import gate as gating

@@ -1,7 +1,7 @@
 """The probe runner's counters and histograms, rendered as catalogue families.
 
 Kept as plain numbers (not a prometheus_client registry) so the runner can be embedded in
-the sidecar as a ``Collector`` and served standalone with the same output.
+the sidecar as a ``MetricSource`` and served standalone with the same output.
 """
 
 from __future__ import annotations

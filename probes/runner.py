@@ -5,7 +5,7 @@ own loop, so there is never more than one probe in flight per target. One *cycle
 pass over the golden set, spread over ``cycle_s`` seconds with jitter so that probes from
 many runners never line up. Results feed :class:`~inferwatch.probes.verdict.Verdicts`.
 
-The runner is both a sidecar ``Collector`` (its metrics) and a ``ReadinessSource`` (the
+The runner is both a sidecar ``MetricSource`` (its metrics) and a ``ReadinessSource`` (the
 ``quality`` condition: failing when a directly probed target's verdict is ``fail``).
 """
 

@@ -12,6 +12,7 @@ import httpx
 import uvicorn
 
 from inferwatch.auth import TokenError, load_token
+from inferwatch.clikit import parse_listen
 from inferwatch.logs import log_event
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks import registry
@@ -22,17 +23,10 @@ from inferwatch.runbooks.dedup import SeenSet
 from inferwatch.runbooks.dispatch import Dispatcher
 from inferwatch.runbooks.server import MAX_BODY_BYTES, Receiver
 
-log = logging.getLogger("inferwatch.runbooks")
+logger = logging.getLogger("inferwatch.runbooks")
 
 TOKEN_ENV = "INFERWATCH_RUNBOOKS_TOKEN"
 DEFAULT_CONFIG = "actions.yaml (shipped)"
-
-
-def _host_port(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise click.BadParameter(f"{value!r} is not HOST:PORT", param_hint="--listen")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def _token(path: Path | None) -> str:
@@ -122,7 +116,7 @@ def serve(
     max_body_bytes: int,
 ) -> None:
     """Receive Alertmanager webhooks (v4) and run the mapped actions, dry-run by default."""
-    host, port = _host_port(listen)
+    host, port = parse_listen(listen)
     config = _config(config_path)
     token = _token(token_file)
     acting = config.execute if execute is None else execute
@@ -147,7 +141,7 @@ def serve(
         breaker=CircuitBreaker(config.breaker, state_dir / "breaker.json" if state_dir else None),
     )
     log_event(
-        log,
+        logger,
         logging.INFO,
         "runbook receiver starting",
         listen=f"{host}:{port}",

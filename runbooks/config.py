@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from inferwatch import yamlfile
 from inferwatch.runbooks import registry
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
@@ -218,15 +217,4 @@ def parse(document: Any, source: str = "<config>") -> Config:
 
 
 def load(path: str | Path) -> Config:
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f"line {mark.line + 1}: " if mark is not None else ""
-        raise ConfigError(f"{source}: {line}not valid YAML") from None
-    return parse(document, source)
+    return parse(yamlfile.load(path, ConfigError), str(path))

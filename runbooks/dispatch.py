@@ -27,7 +27,7 @@ from inferwatch.runbooks.dedup import SeenSet
 from inferwatch.runbooks.metrics import RunbookMetrics
 from inferwatch.runbooks.payload import Notification
 
-log = logging.getLogger("inferwatch.runbooks")
+logger = logging.getLogger("inferwatch.runbooks")
 
 QUEUE_SIZE = 1000
 
@@ -77,7 +77,7 @@ class Dispatcher:
                 for alert in notification.alerts:
                     await self.handle(alert, meta)
             except Exception:  # a bug must cost this notification, never the worker
-                log.exception("notification handling failed")
+                logger.exception("notification handling failed")
             finally:
                 self.queue.task_done()
 
@@ -282,7 +282,7 @@ class Dispatcher:
         await self.audit.write(line)
         level = logging.WARNING if decision == "failed" else logging.INFO
         log_event(
-            log,
+            logger,
             level,
             f"runbook {decision}",
             action=action,

@@ -26,6 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 #: (fixtures/) and research notes (reference/), read in place and never copied into the project
 SHARED = REPO.parent / "shared"
 BARE_NAMES = ("exporters", "probes", "dashboards", "alerts", "runbooks")
+#: the proxy tests' module-scoped loop / engine / stack / proxy fixtures (a module that defines
+#: its own fixture of one of these names uses its own)
+pytest_plugins = ["proxy_stack"]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -18,7 +18,7 @@ import httpx
 import uvicorn
 
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.engine_scrape import EngineScraper
+from inferwatch.exporters.page_fetch import EngineScraper
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks.actions.isolate_replica import IsolateReplica
@@ -134,7 +134,7 @@ class ReceiverUnderTest:
 class SidecarUnderTest:
     def __init__(self, loop: Loop, engine_url: str, model: str = "llama") -> None:
         async def build() -> Sidecar:
-            scraper = EngineScraper(engine_url, timeout=2.0, max_bytes=1 << 22)
+            scraper = EngineScraper(engine_url, timeout_s=2.0, max_bytes=1 << 22)
             return Sidecar(EngineCollector(scraper, {"model": model}), admin_token=SIDECAR_TOKEN)
 
         self.sidecar: Sidecar = loop.run(build)

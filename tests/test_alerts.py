@@ -269,6 +269,7 @@ BAD_CONFIGS = [
     ("links: {dashboard_url: 'https://g/d/{board}'}\n", "links.dashboard_url", "'panel'"),
     ("links: {runbook_url: https://x/runbooks}\n", "links.runbook_url", "{alertname}"),
     ("cluster_label: 'my cluster'\n", "cluster_label", "label name"),
+    ('selectors: {"\\n": job}\n', "selectors.\\n", "unknown"),
     ("- just\n- a list\n", "top level", "mapping"),
     ("alerts: {InferwatchTTFTHigh: [\n", "line", ""),
     ("autoscaling: {targets: {queue_per_replica: 0}}\n", "autoscaling.targets.queue_per_replica",

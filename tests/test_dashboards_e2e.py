@@ -58,7 +58,7 @@ def free_base() -> int:
     """A --base-port whose every demo port (and the test's Prometheus port) is free now."""
     for base in range(21000 + os.getpid() % 2000 * 10, 60000, 97):
         ports = topology.Ports.assign(base)
-        wanted = [ports.prometheus]
+        wanted = [ports.prometheus, ports.gateway, ports.gateway_metrics]  # the demo runs HAProxy
         for field in dataclasses.fields(ports):
             value = getattr(ports, field.name)
             wanted += value.values() if isinstance(value, Mapping) else []

@@ -31,7 +31,7 @@ import yaml
 from click.testing import CliRunner
 
 from inferwatch.cli import main
-from inferwatch.demo import alerting, automation, scenario, topology
+from inferwatch.demo import alerting, automation, routing, scenario, topology
 from inferwatch.demo.observer import AuditTail, Observer, ReplicaState
 from inferwatch.demo.signals import History, Scrape, quantiles, rate
 from inferwatch.demo.view import decisions_summary
@@ -43,6 +43,7 @@ from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.breaker import CircuitBreaker
 from inferwatch.runbooks.config import Config
 from inferwatch.runbooks.dispatch import Dispatcher
+from inferwatch.runbooks.haproxy_runtime import ServerState
 
 DEMO = [sys.executable, "-P", "-m", "inferwatch", "demo"]
 REPLICAS = [r.name for r in topology.REPLICAS]
@@ -386,7 +387,8 @@ def xid_alert(replica: str, sidecar_port: int) -> Alert:
 
 def demo_mapping(workdir: Path, execute: bool = False) -> Config:
     automation.write_tokens(workdir)
-    automation.component(workdir, 9405, execute)  # writes the config it starts the receiver on
+    # writes the config it starts the receiver on
+    automation.component(workdir, 9405, execute, workdir / routing.RUNTIME)
     return runbook_config.load(workdir / automation.CONFIG)
 
 
@@ -469,3 +471,58 @@ def test_the_demo_alertmanager_sends_only_the_automation_to_the_receiver(
     token.write_text("x" * 24)
     checked = subprocess.run([amtool, "check-config", str(config)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_routing_reads_where_haproxy_sends_each_model_from_its_server_states() -> None:
+    primary, fallback = topology.PRIMARY_MODEL, topology.FALLBACK_MODEL
+
+    def state(backend: str, name: str, op: int, weight: int, initial: int) -> ServerState:
+        return ServerState(backend, name, op, weight, initial)
+
+    states = {
+        primary: [state("p", "v1:primary-v1", 2, 67, 67),
+                  state("p", "v2-fp8:primary-v2", 2, 33, 33),
+                  state("p", "fallback:fallback", 2, 0, 0)],
+        fallback: [state("f", "v1:fallback", 2, 100, 100),
+                   state("f", "fallback:primary-v1", 2, 0, 0)],
+    }  # fmt: skip
+    assert routing.describe(routing.serving(states, primary)) == "primary-v1 67%, primary-v2 33%"
+    states[primary][1] = state("p", "v2-fp8:primary-v2", 2, 0, 33)  # shifted off by the receiver
+    states[primary][0] = state("p", "v1:primary-v1", 0, 67, 67)  # and v1 failing its checks
+    # nothing of its own is usable: the frontend sends the model to its fallback's backend
+    assert routing.serving(states, primary) == {"fallback": 100}
+    states[fallback][0] = state("f", "v1:fallback", 0, 100, 100)
+    assert routing.describe(routing.serving(states, primary)) == "nothing (503)"
+
+
+def test_the_drill_mapping_isolates_a_stalled_engine_by_pod_and_shifts_a_degenerate_version(
+    tmp_path: Path,
+) -> None:
+    automation.write_tokens(tmp_path)
+    document = automation.document(
+        tmp_path / automation.SIDECAR_TOKEN, True, tmp_path / routing.RUNTIME,
+        kube_host="http://127.0.0.1:9", cooldown="5s",
+    )  # fmt: skip
+    mapping = runbook_config.parse(document, "drill mapping")
+    # the stalled-engine alert is summed per pod: no replica label, the pod names the replica
+    stalled = {"alertname": "InferwatchEngineStalled", "severity": "critical",
+               "pod": "primary-v2", "instance": "127.0.0.1:9402", "namespace": topology.NAMESPACE}
+    (rule,) = mapping.rules_for(stalled)
+    assert (rule.action, rule.params["group"], rule.cooldown) == (
+        "isolate_replica", topology.PRIMARY_MODEL, 5.0)  # fmt: skip
+    degenerate = {"alertname": "InferwatchDegenerateOutputRising", "severity": "warning",
+                  "model": topology.PRIMARY_MODEL, "model_version": "v2-fp8"}  # fmt: skip
+    (shift,) = mapping.rules_for(degenerate)
+    assert shift.action == "shift_traffic" and shift.rollback_after == 10.0
+    assert mapping.action_settings["shift_traffic"]["runtime"] == str(tmp_path / routing.RUNTIME)
+    xid = {"alertname": "InferwatchGPUXidErrors", "severity": "critical", "replica": "fallback",
+           "action": "reset_gpu"}  # fmt: skip
+    assert [r.action for r in mapping.rules_for(xid)] == [
+        "isolate_replica", "kubernetes_xid_remediation"]  # fmt: skip
+    assert mapping.breaker.populations[automation.GPUS] == len(topology.REPLICAS)
+    # the demo (no Kubernetes API) has no reset rule and no GPU population
+    demo = runbook_config.parse(
+        automation.document(tmp_path / automation.SIDECAR_TOKEN, False, tmp_path / "s"), "demo"
+    )
+    assert [r.action for r in demo.rules_for(xid)] == ["isolate_replica"]
+    assert automation.GPUS not in demo.breaker.populations

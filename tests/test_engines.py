@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferwatch import catalog
 from inferwatch.catalog import Alias
 from inferwatch.exporters import engines, textformat
-from inferwatch.exporters.engines import mapping
+from inferwatch.exporters.engines import adapter, mapping
 from tests.conftest import shared_path
 
 HERE = Path(__file__).resolve().parent
@@ -778,12 +778,12 @@ def test_page_of_another_engine_yields_nothing() -> None:
 
 
 def test_a_derivation_may_not_shadow_a_catalogue_alias() -> None:
-    clash = mapping.Adapter(
-        "vllm", derived={"engine_requests_running": mapping.LabelValue("x", "y")}
+    clash = adapter.Adapter(
+        "vllm", derived={"engine_requests_running": adapter.LabelValue("x", "y")}
     )
     with pytest.raises(ValueError, match="engine_requests_running: vllm has both"):
         mapping.plan(CAT, clash)
-    unknown = mapping.Adapter("vllm", derived={"engine_nonsense": mapping.Total((Alias("x"),))})
+    unknown = adapter.Adapter("vllm", derived={"engine_nonsense": adapter.Total((Alias("x"),))})
     with pytest.raises(KeyError, match="engine_nonsense"):
         mapping.plan(CAT, unknown)
 

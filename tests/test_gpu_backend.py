@@ -1,4 +1,4 @@
-"""--gpu specs through open_backend, and the Collector / ReadinessSource contracts."""
+"""--gpu specs through open_backend, and the MetricSource / ReadinessSource contracts."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from inferwatch.exporters.collector import Collector, ReadinessSource
+from inferwatch.exporters.collector import MetricSource, ReadinessSource
 from inferwatch.exporters.gpu import GpuTelemetry, open_backend
 from inferwatch.exporters.gpu.dcgm import DcgmTelemetry
 from inferwatch.exporters.gpu.replay import ReplayTelemetry
@@ -47,7 +47,7 @@ def test_specs_give_the_named_backend() -> None:
         assert isinstance(replay, ReplayTelemetry) and isinstance(dcgm, DcgmTelemetry)
         for backend in (replay, dcgm, none, auto):
             assert isinstance(backend, GpuTelemetry)
-            assert isinstance(backend, Collector) and isinstance(backend, ReadinessSource)
+            assert isinstance(backend, MetricSource) and isinstance(backend, ReadinessSource)
         health = {
             s.name: (s.labels, s.value) for f in asyncio.run(none.collect()) for s in f.samples
         }

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.core import Metric
 
-from inferwatch.exporters.gpu.dcgm import FIELD_LABELS, DcgmTelemetry, is_blank
-from inferwatch.exporters.gpu.families import exposition
-from inferwatch.exporters.gpu.replay import FakeNvml, Recording, ReplayTelemetry
+from inferwatch.exporters.endpoints import text as exposition
+from inferwatch.exporters.gpu.dcgm import DcgmTelemetry, is_blank
+from inferwatch.exporters.gpu.fake_nvml import FakeNvml
+from inferwatch.exporters.gpu.recording import Recording
+from inferwatch.exporters.gpu.replay import ReplayTelemetry
 from tests.conftest import shared_path
 
 FIXTURES = shared_path("fixtures/gpu")
@@ -33,6 +35,8 @@ class Exporter:
         self.status = 200
         self.delay = threading.Event()  # set: hold the response until `release`
         self.release = threading.Event()
+        self.encoding = ""  # a Content-Encoding to declare for `body`
+        self.trickle_s = 0.0  # > 0: send the body in 1 KiB pieces this far apart
         exporter = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -42,8 +46,17 @@ class Exporter:
                 self.send_response(exporter.status)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(exporter.body)))
+                if exporter.encoding:
+                    self.send_header("Content-Encoding", exporter.encoding)
                 self.end_headers()
-                self.wfile.write(exporter.body)
+                if not exporter.trickle_s:
+                    self.wfile.write(exporter.body)
+                    return
+                for start in range(0, len(exporter.body), 1024):
+                    if exporter.release.wait(exporter.trickle_s):
+                        return
+                    self.wfile.write(exporter.body[start : start + 1024])
+                    self.wfile.flush()
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -330,11 +343,47 @@ def test_nvml_and_dcgm_carry_shared_facts_under_the_same_names(dcgm: DcgmTelemet
 def test_field_labels_match_catalogue_entries() -> None:
     from inferwatch import catalog
 
-    by_field = {
-        alias.metric: spec
+    fixed = {
+        alias.metric: (alias.set, spec)
         for spec in catalog.load().with_source("dcgm")
         for alias in spec.sources["dcgm"]
+        if alias.set
     }
-    for field, labels in FIELD_LABELS.items():
-        assert field in by_field, field
-        assert set(labels) <= set(by_field[field].labels), field
+    assert "DCGM_FI_DEV_SM_CLOCK" in fixed
+    for field, (labels, spec) in fixed.items():
+        assert set(labels) <= set(spec.labels), field
+    broken = catalog.load()["gpu_clock"]
+    text = f"""
+identity: {{gpu: [gpu_uuid]}}
+metrics:
+  - {{key: k, name: inferwatch_k, type: gauge, help: h, collector: gpu, labels: [clock],
+     sources: {{dcgm: [{{metric: {broken.sources["dcgm"][0].metric}, set: {{sensor: x}}}}]}}}}
+"""
+    with pytest.raises(catalog.CatalogError, match="sets labels"):
+        catalog.parse(text)
+
+
+def test_the_exporter_page_is_read_under_the_page_fetch_rules(exporter: Exporter) -> None:
+    """The same rules as for engine pages: gzip is undone with the size cap holding for the
+    inflated body, an encoding that cannot be undone is named, and the whole answer has a
+    deadline even when every read arrives within requests' per-read timeout."""
+    import gzip
+
+    capped = DcgmTelemetry(exporter.url, http_timeout_s=1.0, max_bytes=len(RTX) + 1024)
+    try:
+        exporter.body, exporter.encoding = gzip.compress(RTX.encode()), "gzip"
+        assert one(collect(capped), "inferwatch_gpu_backend_up", backend="dcgm") == 1
+        exporter.body = gzip.compress(RTX.encode() * 4)  # small as sent, over the cap inflated
+        assert one(collect(capped), "inferwatch_gpu_backend_error_info", reason="too_large") == 1
+        exporter.encoding = "br"
+        assert one(collect(capped), "inferwatch_gpu_backend_error_info", reason="encoding") == 1
+    finally:
+        capped.close()
+    slow = DcgmTelemetry(exporter.url, http_timeout_s=0.5, timeout_s=30.0)
+    try:
+        exporter.body, exporter.encoding, exporter.trickle_s = RTX.encode(), "", 0.2
+        families = collect(slow)  # ~2 s to send in full; each piece within the read timeout
+        assert one(families, "inferwatch_gpu_backend_error_info", reason="timeout") == 1
+    finally:
+        exporter.release.set()
+        slow.close()

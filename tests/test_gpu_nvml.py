@@ -12,10 +12,12 @@ import pynvml
 import pytest
 from prometheus_client.core import Metric
 
+from inferwatch.exporters.endpoints import text as exposition
 from inferwatch.exporters.gpu import open_backend
-from inferwatch.exporters.gpu.families import exposition
+from inferwatch.exporters.gpu.fake_nvml import FakeNvml
 from inferwatch.exporters.gpu.nvml import NvmlTelemetry, error_name
-from inferwatch.exporters.gpu.replay import FakeNvml, Recording, ReplayTelemetry
+from inferwatch.exporters.gpu.recording import Recording
+from inferwatch.exporters.gpu.replay import ReplayTelemetry
 from tests.conftest import shared_path
 
 RECORDING = shared_path("fixtures/gpu/nvml-h200")
@@ -412,3 +414,40 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.005)
+
+
+def test_a_gpu_field_is_read_from_its_catalogue_entry_alone(recording: Recording) -> None:
+    """Retired pages (pre-Ampere; NotSupported on the H200) are named by no collector code:
+    their calls, arguments, conversion and labels come from the catalogue's nvml sources."""
+    older_gpu = Recording(
+        recording.system,
+        {
+            **recording.device,
+            "retired_pages_sbe": {"value": [0x1000, 0x2000]},
+            "retired_pages_dbe": {"value": [0x3000]},
+            "retired_pages_pending": {"value": 1},
+        },
+        recording.readings,
+        recording.hz,
+    )
+    telemetry = NvmlTelemetry(FakeNvml(older_gpu), proc_root=None, watch_xids=False)
+    try:
+        families = collect(telemetry)
+    finally:
+        telemetry.close()
+    assert value(families, "inferwatch_gpu_retired_pages", cause="sbe") == 2
+    assert value(families, "inferwatch_gpu_retired_pages", cause="dbe") == 1
+    assert value(families, "inferwatch_gpu_retired_pages_pending") == 1
+
+
+def test_every_nvml_source_in_the_catalogue_is_read() -> None:
+    from inferwatch import catalog
+    from inferwatch.exporters.gpu.nvml import DECODED_HERE, call_table
+
+    table = call_table(pynvml)
+    driven = [(key, alias) for calls in table.values() for c in calls for key, alias in c.fields]
+    for spec in catalog.load().with_source("nvml"):
+        for alias in spec.sources["nvml"]:
+            assert alias.metric in DECODED_HERE or (spec.key, alias) in driven, spec.key
+    named = {a.metric for s in catalog.load().with_source("nvml") for a in s.sources["nvml"]}
+    assert named >= DECODED_HERE  # no decoder for a call the catalogue does not list

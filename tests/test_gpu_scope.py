@@ -22,10 +22,11 @@ from prometheus_client.core import Metric
 
 from inferwatch.cli import main
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.engine_scrape import EngineScraper
 from inferwatch.exporters.gpu.base import GpuTelemetry
 from inferwatch.exporters.gpu.dcgm import DcgmTelemetry
-from inferwatch.exporters.gpu.replay import FakeNvml, Recording, ReplayTelemetry
+from inferwatch.exporters.gpu.fake_nvml import FakeNvml
+from inferwatch.exporters.gpu.recording import Recording
+from inferwatch.exporters.gpu.replay import ReplayTelemetry
 from inferwatch.exporters.gpu.scope import (
     FixedScope,
     GpuScope,
@@ -35,6 +36,7 @@ from inferwatch.exporters.gpu.scope import (
     parse_devices,
     resolve,
 )
+from inferwatch.exporters.page_fetch import EngineScraper
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.exporters.sidecar_cli import emits_pod_labels
 from tests.conftest import shared_path
@@ -370,7 +372,9 @@ def test_readyz_of_the_replica_on_the_lost_gpu_fails_and_no_other(
         backend = ReplayTelemetry(
             RECORDING, fake=fake, scope=FixedScope(parse_devices(str(index))), watch_xids=False
         )
-        engine = EngineCollector(EngineScraper(f"{page_server.url}/page/metrics", timeout=2.0), {})
+        engine = EngineCollector(
+            EngineScraper(f"{page_server.url}/page/metrics", timeout_s=2.0), {}
+        )
         sidecars[index] = Sidecar(engine, [backend], [backend])
 
     async def node() -> tuple[str, httpx.Response, httpx.Response]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from inferwatch.exporters.gpu.base import FaultBook
 from inferwatch.exporters.gpu.families import FamilySet
+from inferwatch.exporters.gpu.faults import FaultBook
 from inferwatch.exporters.gpu.xid import ACTIONS, XidLog, catalogue, classify
 
 # Every row of the reference table (GPU reference notes, section 3): XID -> (NVIDIA's

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.engine_scrape import EngineScraper
+from inferwatch.exporters.page_fetch import EngineScraper
 from inferwatch.exporters.tenancy import config as proxy_config
 from inferwatch.exporters.tenancy.app import Exchange, ProxyApp
 from inferwatch.identity import UNKNOWN
@@ -20,7 +20,7 @@ TGI_PAGE = (
 def test_sidecar_series_say_unknown_for_what_no_flag_or_engine_told(page_server: Any) -> None:
     page_server.page = TGI_PAGE
     engine = EngineCollector(
-        EngineScraper(f"{page_server.url}/page/metrics", timeout=2.0), {"prompt_version": "v3"}
+        EngineScraper(f"{page_server.url}/page/metrics", timeout_s=2.0), {"prompt_version": "v3"}
     )
 
     async def scrape() -> list[Any]:

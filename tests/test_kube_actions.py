@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from kubernetes import client
 
 from inferwatch.exporters.gpu.xid import catalogue
+from inferwatch.kubefake import FakeKube, httproute_validator
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome
 from inferwatch.runbooks.actions.gpu_reset_request import PREFIX, REQUESTED, GpuResetRequest
 from inferwatch.runbooks.actions.httproute import HTTPRouteShift
@@ -22,7 +23,6 @@ from inferwatch.runbooks.actions.kubernetes_xid import REMEDIATION, XidRemediati
 from inferwatch.runbooks.actions.node_isolation import ISOLATION, TAINT_KEY, NodeIsolation
 from inferwatch.runbooks.actions.pod_restart import PodRestart
 from tests.conftest import shared_path
-from tests.fake_kube import FakeKube, httproute_validator
 
 CRD = shared_path("fixtures/crds/gateway.networking.k8s.io_httproutes.yaml")
 GPU = "GPU-5fa1c0de-1234-5678-9abc-def012345678"
@@ -509,6 +509,26 @@ def test_fake_validates_httproutes_against_the_crd(fake, api) -> None:
     )
     assert patched["spec"]["rules"][0]["backendRefs"][0]["weight"] == 5
     assert patched["metadata"]["generation"] == 2
+
+
+def test_without_a_crd_the_fake_keeps_routes_as_written_and_still_conflicts() -> None:
+    # the drill runs the fake where the CRD file may be absent: no schema, same semantics
+    fake = FakeKube()
+    fake.add_httproute("inference", "llama", ROUTE)
+    args = ("gateway.networking.k8s.io", "v1", "inference", "httproutes", "llama")
+    odd = {"spec": {"rules": [{"backendRefs": [{"name": "llama-v2", "weight": -1}]}]}}
+    with fake.serve() as host, connect(host) as api:
+        custom = client.CustomObjectsApi(api)
+        patched = custom.patch_namespaced_custom_object(
+            *args, odd, _content_type="application/merge-patch+json"
+        )
+        stale = {"metadata": {"resourceVersion": "1"}, "spec": ROUTE}
+        with pytest.raises(client.ApiException) as conflict:
+            custom.patch_namespaced_custom_object(
+                *args, stale, _content_type="application/merge-patch+json"
+            )
+    assert patched["spec"]["rules"][0]["backendRefs"][0]["weight"] == -1
+    assert conflict.value.status == 409
 
 
 def test_fake_applies_strategic_merge_to_nodes(fake, api) -> None:

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from inferwatch.exporters.collector import Collector, ReadinessSource
+from inferwatch.exporters.collector import MetricSource, ReadinessSource
 from inferwatch.probes import client, golden
 from inferwatch.probes.runner import ProbeRunner, Schedule, Target
 from inferwatch.probes.server import ProbeServer
@@ -137,7 +137,7 @@ async def _cycles(runner: ProbeRunner, target: Target, n: int) -> None:
 
 def test_runner_is_a_sidecar_collector_and_readiness_source() -> None:
     runner = _runner({"a": FakeEngine()})
-    assert isinstance(runner, Collector) and isinstance(runner, ReadinessSource)
+    assert isinstance(runner, MetricSource) and isinstance(runner, ReadinessSource)
 
 
 async def test_healthy_replica_passes_and_marks_probe_traffic() -> None:

@@ -102,7 +102,7 @@ def probe_page(families: Callable[[], list[Metric]]) -> Starlette:
 def pod(probe_metrics: bool) -> Iterator[tuple[Any, Any, Any, ProbeRunner]]:
     """Simulator, a proxy in front of it, and a runner probing the engine directly (as the
     sidecar does) and through the proxy (as a router probe would, as tenant ``_probe``)."""
-    sim = run_in_thread(SimConfig(port=0, speed=50, served_model_name=MODEL))
+    sim = run_in_thread(SimConfig(port=0, speed=50, served_model_names=(MODEL,)))
     loop = harness.LoopThread()
     runners: list[ProbeRunner] = []
     probes = harness.AppServer(loop, probe_page(lambda: runners[0].families()))
@@ -206,7 +206,7 @@ def test_drift_settles_at_zero_when_the_proxy_reads_the_direct_probes(
 
 
 def test_an_unreadable_probe_page_is_a_counted_error_not_a_wrong_drift(unused_port: int) -> None:
-    sim = run_in_thread(SimConfig(port=0, speed=50, served_model_name=MODEL))
+    sim = run_in_thread(SimConfig(port=0, speed=50, served_model_names=(MODEL,)))
     loop = harness.LoopThread()
     config = proxy_config.parse(
         {

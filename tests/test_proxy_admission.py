@@ -4,41 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-import scripted_engine as se
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from proxy_stack import CHAT, KEYS, Engine, Stack, auth, samples, stacks
+from proxy_stack import CHAT, KEYS, Engine, Stack, auth, samples
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from inferwatch.exporters.tenancy.admission import BudgetLedger
 from inferwatch.exporters.tenancy.tenants import hash_key
 
 MakeStack = Callable[..., Stack]
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[se.LoopThread]:
-    thread = se.LoopThread()
-    yield thread
-    thread.close()
-
-
-@pytest.fixture(scope="module")
-def engine(loop: se.LoopThread) -> Iterator[Engine]:
-    engine = Engine(loop)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def stack(loop: se.LoopThread, engine: Engine) -> Iterator[MakeStack]:
-    yield from stacks(loop, engine)
 
 
 def tokens_of(page: str, tenant: str) -> float:
@@ -105,7 +85,7 @@ def test_concurrent_requests_never_overspend_the_budget(
     assert tenant.budget is not None
     limit = dataclasses.replace(tenant.budget, tokens=budget)
     app.config.tenants["acme"] = dataclasses.replace(tenant, budget=limit)  # type: ignore[index]
-    app.ledger = BudgetLedger()
+    app.ledger = app.accounting.ledger = BudgetLedger()  # admission and settlement share it
     before = tokens_of(budgeted.metrics(), "acme")
 
     def send(item: tuple[str, int | None, bool, str]) -> int:
@@ -178,7 +158,7 @@ def test_choices_multiply_the_reservation(stack: MakeStack, engine: Engine) -> N
     )
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30}
     assert proxy.client.post(CHAT, json=body, headers=auth("acme")).status_code == 200
-    proxy.app.ledger = BudgetLedger()
+    proxy.app.ledger = proxy.app.accounting.ledger = BudgetLedger()
     many = proxy.client.post(CHAT, json={**body, "n": 4}, headers=auth("acme"))
     assert many.status_code == 429  # 4 choices of 30 tokens cannot fit in 100
 

@@ -40,7 +40,7 @@ def test_a_full_config_loads(tmp_path: Path) -> None:
     path = tmp_path / "proxy.yaml"
     path.write_text(FULL)
     config = load(path)
-    assert config.read_timeout == 120
+    assert config.read_timeout_s == 120
     assert config.tenant_header == "x-team"
     assert config.key_index == {hash_key("sk-acme"): "acme"}
     acme = config.tenants["acme"]

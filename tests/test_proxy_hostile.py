@@ -7,7 +7,7 @@ import json
 import math
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -15,7 +15,7 @@ import pytest
 import scripted_engine as se
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from proxy_stack import CHAT, Engine, Stack, auth, samples, stacks
+from proxy_stack import CHAT, Engine, Stack, auth, samples
 
 MakeStack = Callable[..., Stack]
 SLOW = settings(
@@ -23,30 +23,6 @@ SLOW = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[se.LoopThread]:
-    thread = se.LoopThread()
-    yield thread
-    thread.close()
-
-
-@pytest.fixture(scope="module")
-def engine(loop: se.LoopThread) -> Iterator[Engine]:
-    engine = Engine(loop)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def stack(loop: se.LoopThread, engine: Engine) -> Iterator[MakeStack]:
-    yield from stacks(loop, engine)
-
-
-@pytest.fixture(scope="module")
-def proxy(stack: MakeStack) -> Stack:
-    return stack()
 
 
 def settle(proxy: Stack) -> None:

@@ -591,3 +591,33 @@ def test_the_gateways_split_labels_requests_tokens_and_cost(stack: Callable[...,
         assert (
             samples(text, "inferwatch_tenancy_request_duration_seconds_count", split=split) == count
         )
+
+
+def test_proxy_serves_metrics_and_readiness_like_every_component(
+    stack: Callable[..., Stack],
+) -> None:
+    """The proxy's listeners answer through the shared exposition module: OpenMetrics and
+    gzip by negotiation, /readyz as the same JSON of conditions the sidecar serves."""
+    proxy = stack()
+    assert proxy.client.post(CHAT, json=chat(), headers=auth("acme")).status_code == 200
+    metrics_url = proxy.server.metrics_url + "/metrics"
+    plain = httpx.get(metrics_url, timeout=10)
+    assert plain.headers["content-type"].startswith("text/plain; version=0.0.4")
+    negotiated = httpx.get(
+        metrics_url,
+        headers={
+            "Accept": "application/openmetrics-text; version=1.0.0",
+            "Accept-Encoding": "gzip",
+        },
+        timeout=10,
+    )
+    assert negotiated.headers["content-type"].startswith("application/openmetrics-text")
+    assert negotiated.headers["content-encoding"] == "gzip"
+    assert negotiated.text.rstrip().endswith("# EOF")
+    assert "inferwatch_tenancy_requests_total" in negotiated.text
+    ready = proxy.client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {
+        "ready": True,
+        "conditions": [{"name": "engine", "ok": True, "reason": ""}],
+    }

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
-import scripted_engine as se
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from proxy_stack import CHAT, KEYS, Engine, Stack, auth, samples, stacks
+from proxy_stack import CHAT, KEYS, Engine, Stack, auth, samples
 
 from inferwatch.exporters.tenancy import config as proxy_config
 from inferwatch.exporters.tenancy import routes
@@ -20,30 +19,6 @@ from inferwatch.exporters.tenancy.tenants import hash_key
 
 MakeStack = Callable[..., Stack]
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[se.LoopThread]:
-    thread = se.LoopThread()
-    yield thread
-    thread.close()
-
-
-@pytest.fixture(scope="module")
-def engine(loop: se.LoopThread) -> Iterator[Engine]:
-    engine = Engine(loop)
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def stack(loop: se.LoopThread, engine: Engine) -> Iterator[MakeStack]:
-    yield from stacks(loop, engine)
-
-
-@pytest.fixture(scope="module")
-def proxy(stack: MakeStack) -> Stack:
-    return stack()
 
 
 def raw_request(url: str, head: bytes, body: bytes = b"") -> tuple[int, bytes]:

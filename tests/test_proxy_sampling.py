@@ -106,7 +106,9 @@ class Stack:
 
 @contextlib.contextmanager
 def _stacks() -> Iterator[dict[float, Stack]]:
-    sim = run_in_thread(SimConfig(port=0, speed=200, served_model_name=MODEL, admin_token=ADMIN))
+    sim = run_in_thread(
+        SimConfig(port=0, speed=200, served_model_names=(MODEL,), admin_token=ADMIN)
+    )
     loop = harness.LoopThread()
     stacks = {rate: Stack(sim, loop, rate) for rate in (1.0, 0.0)}
     try:

@@ -38,7 +38,7 @@ def samples(text: str, name: str, **labels: str) -> float:
 
 @contextlib.contextmanager
 def _stack(speed: float) -> Iterator[tuple[Any, Any, Any]]:
-    sim = run_in_thread(SimConfig(port=0, speed=speed, served_model_name=MODEL))
+    sim = run_in_thread(SimConfig(port=0, speed=speed, served_model_names=(MODEL,)))
     loop = harness.LoopThread()
     config = proxy_config.parse(
         {

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferwatch.exporters import gpu
 from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.engine_scrape import EngineScraper
+from inferwatch.exporters.page_fetch import EngineScraper
 from inferwatch.exporters.sidecar import Sidecar
 from tests.conftest import shared_path
 
@@ -25,7 +25,7 @@ VLLM_PAGE = "fixture/vllm-generated-0.33.0-1engine/metrics"
 def make_sidecar(
     url: str, *, timeout: float = 1.0, max_bytes: int = 1 << 20, **kwargs: Any
 ) -> Sidecar:
-    scraper = EngineScraper(url, timeout=timeout, max_bytes=max_bytes)
+    scraper = EngineScraper(url, timeout_s=timeout, max_bytes=max_bytes)
     return Sidecar(EngineCollector(scraper, {"model": "m", "pod": "p-0"}), **kwargs)
 
 
@@ -238,7 +238,7 @@ def test_gpu_telemetry_joins_metrics_and_readiness(page_server: Any) -> None:
 
 
 def test_a_fixed_engine_that_the_page_does_not_match_is_counted(page_server: Any) -> None:
-    scraper = EngineScraper(f"{page_server.url}/{VLLM_PAGE}", timeout=1.0)
+    scraper = EngineScraper(f"{page_server.url}/{VLLM_PAGE}", timeout_s=1.0)
     sidecar = Sidecar(EngineCollector(scraper, {}, engine="tgi"))
     text = get(sidecar, "/metrics").text
     assert value(text, "inferwatch_engine_up", engine="tgi") == 0

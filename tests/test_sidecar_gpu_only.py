@@ -23,7 +23,9 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.cli import main
-from inferwatch.exporters.gpu.replay import FakeNvml, Recording, ReplayTelemetry
+from inferwatch.exporters.gpu.fake_nvml import FakeNvml
+from inferwatch.exporters.gpu.recording import Recording
+from inferwatch.exporters.gpu.replay import ReplayTelemetry
 from inferwatch.exporters.gpu.scope import resolve
 from inferwatch.exporters.sidecar import Sidecar
 from tests.conftest import shared_path

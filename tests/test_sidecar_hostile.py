@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.exporters.engine_checks import Limits
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.engine_scrape import (
+from inferwatch.exporters.page_fetch import (
     INFLATE_STEP,
     EngineScraper,
     Inflater,
@@ -159,7 +159,7 @@ def test_a_small_page_that_inflates_past_the_cap_is_refused_within_a_small_multi
     body, header = bomb(chain, 64 * MiB)
     assert len(body) < MiB // 8, "the bomb is small on the wire"
     engine.answer = (200, {"Content-Encoding": header}, body)
-    scraper = EngineScraper(engine.url, timeout=10, max_bytes=MiB)
+    scraper = EngineScraper(engine.url, timeout_s=10, max_bytes=MiB)
 
     async def scrape() -> ScrapeFailure:
         try:
@@ -220,7 +220,7 @@ def test_encodings_that_cannot_be_undone_are_counted(
     engine: _Engine, header: str, body: bytes
 ) -> None:
     engine.answer = (200, {"Content-Encoding": header}, body)
-    sidecar = Sidecar(EngineCollector(EngineScraper(engine.url, timeout=2), {}))
+    sidecar = Sidecar(EngineCollector(EngineScraper(engine.url, timeout_s=2), {}))
     text = asyncio.run(get(sidecar, "/metrics")).text
     assert value(text, "inferwatch_engine_up") == 0
     assert value(text, "inferwatch_engine_scrape_errors_total", reason="encoding") == 1
@@ -242,7 +242,7 @@ def test_healthz_keeps_answering_while_a_bad_scrape_runs(engine: _Engine, page: 
         engine.answer = (200, {"Content-Encoding": header}, body)
     else:
         engine.answer = (200, {}, cardinality_page(100_000))
-    sidecar = Sidecar(EngineCollector(EngineScraper(engine.url, timeout=60, max_bytes=cap), {}))
+    sidecar = Sidecar(EngineCollector(EngineScraper(engine.url, timeout_s=60, max_bytes=cap), {}))
     with serving(sidecar) as url:
         scrape: list[float] = []
         # A new httpx client costs tens of milliseconds of CPU (its SSL context): both are made
@@ -304,7 +304,7 @@ def collector_for(pages: Iterator[bytes] | Callable[[], bytes], **kwargs: Any) -
         return httpx.Response(200, content=next_page(), headers={"Content-Type": "text/plain"})
 
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    scraper = EngineScraper("http://engine:8000/metrics", timeout=5, client=client)
+    scraper = EngineScraper("http://engine:8000/metrics", timeout_s=5, client=client)
     return EngineCollector(scraper, {"pod": "p-0"}, engine="vllm", **kwargs)
 
 
@@ -543,7 +543,7 @@ def test_one_failed_fetch_shared_by_many_scrapers_counts_once(
 ) -> None:
     engine.answer = (status, {}, b"")
     engine.delay = 0.3
-    sidecar = Sidecar(EngineCollector(EngineScraper(engine.url, timeout=5), {}))
+    sidecar = Sidecar(EngineCollector(EngineScraper(engine.url, timeout_s=5), {}))
 
     async def run() -> list[str]:
         transport = httpx.ASGITransport(app=sidecar.app())
@@ -560,7 +560,7 @@ def test_one_failed_fetch_shared_by_many_scrapers_counts_once(
 def test_scrapers_giving_up_on_one_hung_fetch_count_one_timeout(engine: _Engine) -> None:
     engine.answer = (200, {}, cardinality_page(1))
     engine.delay = 1.5
-    collector = EngineCollector(EngineScraper(engine.url, timeout=1.0), {})
+    collector = EngineCollector(EngineScraper(engine.url, timeout_s=1.0), {})
 
     async def run() -> None:
         waiters = [collector.collect(deadline=0.2) for _ in range(4)]

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.exporters import gpu
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.engine_scrape import EngineScraper
+from inferwatch.exporters.page_fetch import EngineScraper
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.probes import golden
 from inferwatch.probes.client import Endpoint
@@ -54,7 +54,7 @@ class Replica:
             schedule=Schedule(cycle_s=0.01, jitter=0.0, timeout_s=5.0),
             policy=Policy(window_cycles=2, baseline_cycles=2),
         )
-        engine = EngineCollector(EngineScraper(f"{sim.url}/metrics", timeout=2.0), {"pod": "r0"})
+        engine = EngineCollector(EngineScraper(f"{sim.url}/metrics", timeout_s=2.0), {"pod": "r0"})
         self.sidecar = Sidecar(
             engine, [self.gpu, self.probes], [self.gpu, self.probes], readiness_max_age=0
         )

@@ -208,6 +208,22 @@ def test_models_health_and_version(client: openai.OpenAI, sim: SimHandle) -> Non
     assert httpx.get(sim.url + "/version").json() == {"version": "0.33.0"}
 
 
+def test_several_served_names_are_answered_and_the_first_is_reported() -> None:
+    # as vLLM's --served-model-name a b: a fallback replica answers the name clients ask for
+    names = ("Qwen/Qwen2.5-7B-Instruct", MODEL)
+    with (
+        run_in_thread(SimConfig(port=0, speed=50, served_model_names=names)) as handle,
+        openai.OpenAI(base_url=handle.url + "/v1", api_key="x", max_retries=0) as c,
+    ):
+        replies = [c.completions.create(model=name, prompt="hi", max_tokens=2) for name in names]
+        assert [m.id for m in c.models.list().data] == list(names)
+        with pytest.raises(openai.NotFoundError):
+            c.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
+        metrics = httpx.get(handle.url + "/metrics").text
+    assert [reply.model for reply in replies] == [names[0], names[0]]
+    assert f'model_name="{names[0]}"' in metrics and f'model_name="{MODEL}"' not in metrics
+
+
 def test_subprocess_serves_and_stops() -> None:
     with start_subprocess(["--speed", "50", "--served-model-name", "tiny"]) as proc:
         reply = httpx.post(

@@ -15,8 +15,9 @@ import httpx
 from prometheus_client.core import Metric
 
 from inferwatch import catalog
-from inferwatch.exporters.engine_scrape import ScrapeFailure, read_bounded
 from inferwatch.exporters.engines import llamacpp, mapping, sglang, tgi, triton, vllm
+from inferwatch.exporters.engines.adapter import Adapter, Derivation
+from inferwatch.exporters.page_fetch import ScrapeFailure, read_bounded
 from inferwatch.exporters.textformat import Exposition
 
 #: the most a version document may hold (they are a few hundred bytes)
@@ -24,7 +25,7 @@ VERSION_MAX_BYTES = 64 * 1024
 
 ENGINES: tuple[str, ...] = ("vllm", "sglang", "tgi", "llamacpp", "triton")
 
-_ADAPTERS: dict[str, mapping.Adapter] = {
+_ADAPTERS: dict[str, Adapter] = {
     adapter.name: adapter
     for adapter in (
         vllm.ADAPTER,
@@ -76,7 +77,7 @@ def wanted(engine: str) -> Callable[[str], bool]:
     return _plan(engine).family_filter()
 
 
-def derivations(engine: str) -> Mapping[str, mapping.Derivation | tuple[mapping.Derivation, ...]]:
+def derivations(engine: str) -> Mapping[str, Derivation | tuple[Derivation, ...]]:
     """The signals this engine yields only through arithmetic, by catalogue key (for docs)."""
     return _adapter(engine).derived
 
@@ -91,7 +92,7 @@ def _plan(engine: str) -> mapping.Plan:
     return mapping.plan(catalog.load(), _adapter(engine))
 
 
-def _adapter(engine: str) -> mapping.Adapter:
+def _adapter(engine: str) -> Adapter:
     try:
         return _ADAPTERS[engine]
     except KeyError:

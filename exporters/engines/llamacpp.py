@@ -13,7 +13,7 @@ time-to-first-token, end-to-end latency, KV-cache gauge (removed in 2025) or err
 from __future__ import annotations
 
 from inferwatch.catalog import Alias
-from inferwatch.exporters.engines.mapping import Adapter, SumCount, Total, VersionEndpoint
+from inferwatch.exporters.engines.adapter import Adapter, SumCount, Total, VersionEndpoint
 
 _COMPUTED = Alias("llamacpp:prompt_tokens")
 _CACHED = Alias("llamacpp:prompt_tokens_cached")

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
 from prometheus_client.core import Metric
-from prometheus_client.samples import Sample as OutputSample
-from prometheus_client.utils import floatToGoString
 
 from inferwatch.catalog import Alias, Catalog, MetricSpec
-from inferwatch.exporters.textformat import Exposition, Family, Sample
+from inferwatch.exporters.engines.adapter import Adapter, Derivation, LabelValue, Total
+from inferwatch.exporters.fastpath import OutputSample, add_histogram, format_boundary, remember
+from inferwatch.exporters.textformat import Exposition, Family, PageSample
 
 #: output label values a sample determines; None where the sample lacks the source label
 Key = tuple[str | None, ...]
@@ -49,14 +49,12 @@ def fold(name: str) -> str:
     folded = name.replace(":", "_")
     if folded.endswith("_total"):
         folded = folded[:-6]
-    if len(_FOLDED) < 100_000:  # names recur every scrape; a hostile page must not grow memory
-        _FOLDED[name] = folded
-    return folded
+    return remember(_FOLDED, name, folded, FOLDED_LIMIT)
 
 
 _FOLDED: dict[str, str] = {}
-#: how prometheus_client writes ``le`` (1.0, 2.5, +Inf); it is untyped, hence the annotation
-_format_boundary: Callable[[float], str] = floatToGoString
+#: names recur every scrape; a hostile page must not grow memory
+FOLDED_LIMIT = 100_000
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,7 +303,7 @@ def read_histograms(page: Page, how: Reading) -> dict[Key, _Histogram]:
     return groups
 
 
-def _common_boundaries(samples: list[Sample], how: Reading, key: Key) -> frozenset[str]:
+def _common_boundaries(samples: list[PageSample], how: Reading, key: Key) -> frozenset[str]:
     """Boundaries every source series of ``key`` has (ranks with differing buckets)."""
     per_series: dict[tuple[tuple[str, str], ...], set[str]] = {}
     for sample in samples:
@@ -361,6 +359,7 @@ class _Layout:
 
 
 _LAYOUTS: dict[tuple[tuple[str, ...], float], _Layout] = {}
+_LAYOUTS_LIMIT = 10_000
 
 
 def _layout(boundaries: tuple[str, ...], scale: float) -> _Layout:
@@ -380,16 +379,14 @@ def _layout(boundaries: tuple[str, ...], scale: float) -> _Layout:
         if number == math.inf:
             infinite = position
         else:
-            finite.append((number, _format_boundary(number), position))
+            finite.append((number, format_boundary(number), position))
     finite.sort()
     les = (*(text for _, text, _ in finite), "+Inf")
     order: tuple[int, ...] | None = tuple(position for _, _, position in finite)
     if order == tuple(range(len(boundaries) - 1)) and infinite == len(boundaries) - 1:
         order = None
     layout = _Layout(les, order, infinite)
-    if len(_LAYOUTS) < 10_000:  # a page with ever-new boundaries must not grow memory
-        _LAYOUTS[boundaries, scale] = layout
-    return layout
+    return remember(_LAYOUTS, (boundaries, scale), layout, _LAYOUTS_LIMIT)
 
 
 def _number(text: str | None) -> float | None:
@@ -411,72 +408,6 @@ def to_base_unit(value: float, scale: float) -> float:
         if inverse * scale == 1.0:
             return value / inverse
     return value * scale
-
-
-# --------------------------------------------------------------------------------------------
-# Derivations an engine module may declare
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LabelValue:
-    """The value sits in a label of an info-style gauge (``cache_config_info{block_size}``)."""
-
-    metric: str
-    label: str
-
-
-@dataclass(frozen=True)
-class Total:
-    """A counter or gauge that is the sum of several source series.
-
-    Every ``required`` series must be on the page; ``optional`` ones are added where present.
-    """
-
-    required: tuple[Alias, ...]
-    optional: tuple[Alias, ...] = ()
-
-
-@dataclass(frozen=True)
-class SumCount:
-    """A histogram known only by its sum and count, written with a single ``+Inf`` bucket.
-
-    ``sum`` series (all required) add up to the histogram's sum; ``count`` is its count.
-    The result has no distribution, but rate(sum)/rate(count) gives the mean.
-    """
-
-    sum: tuple[Alias, ...]
-    count: Alias
-
-
-Derivation = LabelValue | Total | SumCount
-
-
-@dataclass(frozen=True)
-class VersionEndpoint:
-    """A JSON endpoint that tells the engine's version or model: our key -> its fields."""
-
-    path: str
-    fields: Mapping[str, tuple[str, ...]]
-
-
-@dataclass(frozen=True)
-class Adapter:
-    """What is particular to one engine; everything it names is plain data."""
-
-    name: str
-    #: our identity label -> the engine's label carrying it (model -> model_name)
-    identity_labels: Mapping[str, str] = field(default_factory=dict)
-    #: labels whose values are replicas of the same work (collapsed by max, not summed)
-    replica_labels: frozenset[str] = frozenset()
-    #: a family every page has whose model label names the one model the server serves;
-    #: series without a model label (vLLM's cache_config_info) are given that model
-    served_model_family: str | None = None
-    #: catalogue key -> how the signal is computed where the catalogue has no alias for it;
-    #: several derivations are tried in order, the first with data wins (as aliases do)
-    derived: Mapping[str, Derivation | tuple[Derivation, ...]] = field(default_factory=dict)
-    #: tried in order by read_version
-    version_endpoints: tuple[VersionEndpoint, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------
@@ -546,53 +477,6 @@ def _series_labels(base: dict[str, str], how: Reading, key: Key) -> dict[str, st
     return labels
 
 
-def _add_histogram(
-    family: Metric,
-    labels: dict[str, str],
-    les: tuple[str, ...],
-    counts: Sequence[float],
-    total: float,
-) -> None:
-    """The samples ``HistogramMetricFamily.add_metric`` would add, built several times faster
-    (it runs for every bucket of every histogram on every scrape): samples are made straight
-    from tuples, skipping the namedtuple's Python-level constructor, and their names and
-    label sets come from ``_histogram_series``."""
-    bucket, count, sum_, bucket_labels, labels = _histogram_series(family.name, labels, les)
-    new, defaults = _new_tuple, _SAMPLE_DEFAULTS
-    family.samples += [
-        new(OutputSample, (bucket, le_labels, n) + defaults)  # noqa: RUF005
-        for le_labels, n in zip(bucket_labels, counts, strict=True)
-    ]
-    family.samples.append(new(OutputSample, (count, labels, counts[-1]) + defaults))  # noqa: RUF005
-    family.samples.append(new(OutputSample, (sum_, labels, total) + defaults))  # noqa: RUF005
-
-
-_SeriesNames = tuple[str, str, str, tuple[dict[str, str], ...], dict[str, str]]
-_HISTOGRAM_SERIES: dict[tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]], _SeriesNames] = {}
-
-
-def _histogram_series(name: str, labels: dict[str, str], les: tuple[str, ...]) -> _SeriesNames:
-    """The sample names of one output histogram series (bucket, count, sum), the label set of
-    each bucket and that of count and sum. Cached across scrapes, since the same series come
-    back every time: the label dicts are shared by the families of successive pages, which
-    is why the families ``normalize`` returns must be treated as read-only."""
-    key = (name, tuple(labels.items()), les)
-    series = _HISTOGRAM_SERIES.get(key)
-    if series is None:
-        bucket_labels = tuple({**labels, "le": le} for le in les)
-        series = (name + "_bucket", name + "_count", name + "_sum", bucket_labels, labels)
-        if len(_HISTOGRAM_SERIES) >= 10_000:  # label values that never repeat must not grow memory
-            _HISTOGRAM_SERIES.clear()
-        _HISTOGRAM_SERIES[key] = series
-    return series
-
-
-_new_tuple = tuple.__new__
-#: what an ``OutputSample`` holds after its value (timestamp, exemplar, ...: the fields vary
-#: between prometheus_client releases)
-_SAMPLE_DEFAULTS = tuple(OutputSample._field_defaults[name] for name in OutputSample._fields[3:])
-
-
 def _ordered(keys: Collection[Key]) -> Iterable[Key]:
     """Output keys in label-value order (None as ""), the order the series are written in."""
     return sorted(keys, key=_sort_key) if len(keys) > 1 else keys
@@ -646,7 +530,7 @@ class AliasStep:
                 buckets = histogram_buckets(group, scale)
                 if buckets is not None and group.sum is not None:
                     labels = _series_labels(base, how, key)
-                    _add_histogram(family, labels, *buckets, to_base_unit(group.sum, scale))
+                    add_histogram(family, labels, *buckets, to_base_unit(group.sum, scale))
             if family.samples:
                 return family
         return None
@@ -699,7 +583,7 @@ class SumCountStep:
         base = output.base(self.spec)
         for key in _ordered(totals):
             labels = _series_labels(base, self.count, key)
-            _add_histogram(family, labels, ("+Inf",), (counts[key],), totals[key])
+            add_histogram(family, labels, ("+Inf",), (counts[key],), totals[key])
         return family
 
 

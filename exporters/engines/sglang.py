@@ -11,7 +11,7 @@ ranks and request partitions are summed. The KV-cache geometry is published as l
 
 from __future__ import annotations
 
-from inferwatch.exporters.engines.mapping import Adapter, LabelValue, VersionEndpoint
+from inferwatch.exporters.engines.adapter import Adapter, LabelValue, VersionEndpoint
 
 ADAPTER = Adapter(
     name="sglang",

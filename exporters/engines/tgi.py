@@ -26,7 +26,7 @@ honest; mean-based panels and alerts work.
 from __future__ import annotations
 
 from inferwatch.catalog import Alias
-from inferwatch.exporters.engines.mapping import Adapter, SumCount, VersionEndpoint
+from inferwatch.exporters.engines.adapter import Adapter, SumCount, VersionEndpoint
 
 ADAPTER = Adapter(
     name="tgi",

@@ -14,7 +14,7 @@ other series name.
 
 from __future__ import annotations
 
-from inferwatch.exporters.engines.mapping import Adapter, LabelValue, VersionEndpoint
+from inferwatch.exporters.engines.adapter import Adapter, LabelValue, VersionEndpoint
 
 ADAPTER = Adapter(
     name="vllm",

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -25,6 +25,7 @@ from prometheus_client.core import Metric
 
 from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.gpu.families import FamilySet
+from inferwatch.exporters.gpu.faults import FaultBook, fault_in
 from inferwatch.exporters.gpu.scope import GpuScope, ScopeUnknown, Selection, covered
 from inferwatch.logs import log_event
 
@@ -40,63 +41,8 @@ class BackendDown(Exception):
         self.detail = detail or reason
 
 
-#: Why a GPU is out of service: one ``inferwatch_gpu_fault_active`` series each, always
-#: present, so that a fault flips a value and never starts a new series.
-FAULT_REASONS = ("xid", "ecc_uncorrected", "row_remap_failed", "lost")
-
-
-class FaultBook:
-    """GPU faults that take a GPU out of service, latched until the process restarts.
-
-    A GPU that needed a reset or a node reboot stays unready after the symptom fades (the
-    volatile ECC count does not drop, an XID is an event): only the repair, which restarts
-    the pods on the node, clears it. Written from poll and event threads, read by /readyz.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._faults: dict[str, dict[str, str]] = {}
-
-    def mark(self, gpu_uuid: str, reason: str, detail: str) -> bool:
-        """Record a fault; True when it is new (so the caller logs it once)."""
-        if reason not in FAULT_REASONS:
-            raise ValueError(f"fault reason {reason!r} is not one of {FAULT_REASONS}")
-        with self._lock:
-            reasons = self._faults.setdefault(gpu_uuid, {})
-            if reason in reasons:
-                return False
-            reasons[reason] = detail
-            return True
-
-    def faults(self) -> dict[str, dict[str, str]]:
-        with self._lock:
-            return {uuid: dict(reasons) for uuid, reasons in self._faults.items()}
-
-    def fill(self, families: FamilySet, gpu_uuids: Iterable[str]) -> None:
-        """``inferwatch_gpu_healthy`` and the per-reason fault series for ``gpu_uuids``."""
-        faults = self.faults()
-        for uuid in sorted(set(gpu_uuids)):
-            reasons = faults.get(uuid, {})
-            families.add("gpu_healthy", 0 if reasons else 1, {"gpu_uuid": uuid})
-            for reason in FAULT_REASONS:
-                labels = {"gpu_uuid": uuid, "reason": reason}
-                families.add("gpu_fault", int(reason in reasons), labels)
-
-    def condition(self, in_scope: Callable[[str], bool] = lambda uuid: True) -> Condition:
-        """Not ok while a GPU in scope has a fault."""
-        faults = {uuid: r for uuid, r in self.faults().items() if in_scope(uuid)}
-        if not faults:
-            return Condition(name="gpu", ok=True)
-        reason = "; ".join(
-            f"{uuid}: {detail}"
-            for uuid, reasons in sorted(faults.items())
-            for _, detail in sorted(reasons.items())
-        )
-        return Condition(name="gpu", ok=False, reason=reason)
-
-
 class GpuTelemetry(abc.ABC):
-    """A GPU telemetry backend: a sidecar ``Collector`` and ``ReadinessSource``."""
+    """A GPU telemetry backend: a sidecar ``MetricSource`` and ``ReadinessSource``."""
 
     #: value of the ``collector`` label on the sidecar's collector self-metrics
     name = "gpu"
@@ -148,6 +94,26 @@ class GpuTelemetry(abc.ABC):
                 lambda u: u in found or selection.covers(u, indices.get(u), parents)
             )
         ]
+
+    def check_faults(
+        self, gpu_uuid: str, key: str, labels: Mapping[str, str], value: float
+    ) -> None:
+        """Apply the GPU fault rules (``faults.fault_in``) to a value just read."""
+        fault = fault_in(key, labels, value)
+        if fault is not None:
+            self.mark_fault(gpu_uuid, *fault)
+
+    def mark_fault(self, gpu_uuid: str, reason: str, detail: str) -> None:
+        """Latch a fault, logged once when it is new."""
+        if self.faults.mark(gpu_uuid, reason, detail):
+            log_event(
+                logger,
+                logging.ERROR,
+                "gpu out of service",
+                gpu_uuid=gpu_uuid,
+                reason=reason,
+                detail=detail,
+            )
 
     def scope_known(self) -> bool:
         try:

@@ -1,8 +1,8 @@
 """GPU telemetry from a running dcgm-exporter, mapped onto the same metrics as NVML.
 
-Which DCGM field feeds which catalogue entry, and its scale to base units, comes from the
-catalogue's ``dcgm`` sources; this module adds only the fixed label each field stands for
-(``DCGM_FI_DEV_SM_CLOCK`` is ``clock="sm"``). It tolerates what real exporters do:
+Which DCGM field feeds which catalogue entry, its scale to base units and the fixed labels it
+stands for (``DCGM_FI_DEV_SM_CLOCK`` is ``clock="sm"``) come from the catalogue's ``dcgm``
+sources. It tolerates what real exporters do:
 
 - label spellings across versions and scrape setups: ``UUID``/``uuid``, ``Hostname``/
   ``hostname``, ``pod``/``pod_name``/``exported_pod`` (and the same for namespace, container);
@@ -28,42 +28,12 @@ from inferwatch.exporters.gpu.base import BackendDown, GpuTelemetry
 from inferwatch.exporters.gpu.families import CLOCK_EVENT_BITS, FamilySet, add_clock_events
 from inferwatch.exporters.gpu.scope import GpuScope
 from inferwatch.exporters.gpu.xid import XidLog
-from inferwatch.exporters.textformat import Sample, parse
+from inferwatch.exporters.page_fetch import DEFAULT_MAX_BYTES, ScrapeFailure, fetch_with_requests
+from inferwatch.exporters.textformat import PageSample, parse
 from inferwatch.logs import log_event
 
 logger = logging.getLogger("inferwatch.gpu.dcgm")
 
-#: The label each field stands for, where one catalogue entry has several DCGM fields.
-FIELD_LABELS: Mapping[str, Mapping[str, str]] = {
-    "DCGM_FI_DEV_GPU_TEMP": {"sensor": "gpu"},
-    "DCGM_FI_DEV_MEMORY_TEMP": {"sensor": "memory"},
-    "DCGM_FI_DEV_SLOWDOWN_TEMP": {"threshold": "slowdown"},
-    "DCGM_FI_DEV_SHUTDOWN_TEMP": {"threshold": "shutdown"},
-    "DCGM_FI_DEV_SM_CLOCK": {"clock": "sm"},
-    "DCGM_FI_DEV_MEM_CLOCK": {"clock": "memory"},
-    "DCGM_FI_DEV_MAX_SM_CLOCK": {"clock": "sm"},
-    "DCGM_FI_DEV_MAX_MEM_CLOCK": {"clock": "memory"},
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": {"error": "corrected", "scope": "volatile"},
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": {"error": "uncorrected", "scope": "volatile"},
-    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": {"error": "corrected", "scope": "aggregate"},
-    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": {"error": "uncorrected", "scope": "aggregate"},
-    "DCGM_FI_DEV_RETIRED_SBE": {"cause": "sbe"},
-    "DCGM_FI_DEV_RETIRED_DBE": {"cause": "dbe"},
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": {"error": "corrected"},
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": {"error": "uncorrected"},
-    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": {"link": "all", "error": "replay"},
-    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": {"link": "all", "error": "recovery"},
-    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": {"link": "all", "error": "crc_flit"},
-    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": {"link": "all", "error": "crc_data"},
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": {"activity": "graphics_engine"},
-    "DCGM_FI_PROF_SM_ACTIVE": {"activity": "sm"},
-    "DCGM_FI_PROF_SM_OCCUPANCY": {"activity": "sm_occupancy"},
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": {"activity": "tensor"},
-    "DCGM_FI_PROF_DRAM_ACTIVE": {"activity": "dram"},
-    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": {"activity": "fp64"},
-    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": {"activity": "fp32"},
-    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": {"activity": "fp16"},
-}
 #: Fields decoded here rather than copied: a bitmask and the two XID forms.
 CLOCK_REASON_FIELDS = ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS")
 XID_LAST = "DCGM_FI_DEV_XID_ERRORS"
@@ -109,15 +79,15 @@ def _field_table() -> dict[str, _Field]:
         for alias in spec.sources["dcgm"]:
             if alias.metric in CLOCK_REASON_FIELDS or alias.metric in (XID_LAST, XID_WINDOW):
                 continue
-            labels = FIELD_LABELS.get(alias.metric, {})
             table[alias.metric] = _Field(
-                spec.key, alias.scale, labels, "mig_instance" in spec.labels
+                spec.key, alias.scale, alias.set, "mig_instance" in spec.labels
             )
     return table
 
 
 class DcgmTelemetry(GpuTelemetry):
-    """Scrapes one dcgm-exporter ``/metrics`` URL with ``requests``."""
+    """Scrapes one dcgm-exporter ``/metrics`` URL with ``requests``, under the page-fetch
+    rules every scrape of someone else's page keeps (``page_fetch``)."""
 
     backend = "dcgm"
 
@@ -126,7 +96,7 @@ class DcgmTelemetry(GpuTelemetry):
         url: str,
         *,
         http_timeout_s: float = 1.5,
-        max_bytes: int = 16 * 1024 * 1024,
+        max_bytes: int = DEFAULT_MAX_BYTES,
         session: requests.Session | None = None,
         scope: GpuScope | None = None,
         timeout_s: float = 2.0,
@@ -162,7 +132,7 @@ class DcgmTelemetry(GpuTelemetry):
         self.faults.fill(families, self._seen)
         return families.families()
 
-    def _scoped(self, samples: list[Sample]) -> set[str]:
+    def _scoped(self, samples: list[PageSample]) -> set[str]:
         """UUIDs on the page that the scope covers.
 
         A dcgm-exporter page carries every GPU of the node, keyed by ``UUID`` and ``gpu``
@@ -185,25 +155,15 @@ class DcgmTelemetry(GpuTelemetry):
 
     def _fetch(self) -> dict[str, Any]:
         try:
-            with self._session.get(
+            body = fetch_with_requests(
+                self._session,
                 self.url,
-                timeout=self.http_timeout_s,
-                headers={"Accept": "text/plain;version=0.0.4"},
-                stream=True,
-            ) as response:
-                if response.status_code != 200:
-                    raise BackendDown("http_status", f"{self.url}: HTTP {response.status_code}")
-                body = b""
-                for chunk in response.iter_content(64 * 1024):
-                    body += chunk
-                    if len(body) > self.max_bytes:
-                        raise BackendDown("too_large", f"{self.url}: over {self.max_bytes} bytes")
-        except requests.Timeout as error:
-            raise BackendDown("timeout", f"{self.url}: {error}") from None
-        except requests.ConnectionError as error:
-            raise BackendDown("connect", f"{self.url}: {error}") from None
-        except requests.RequestException as error:
-            raise BackendDown("http_error", f"{self.url}: {error}") from None
+                accept="text/plain;version=0.0.4",
+                timeout_s=self.http_timeout_s,
+                max_bytes=self.max_bytes,
+            )
+        except ScrapeFailure as failure:
+            raise BackendDown(failure.reason, f"{self.url}: {failure.detail}") from None
         try:
             families = parse(body).families
         except ValueError as error:
@@ -212,7 +172,7 @@ class DcgmTelemetry(GpuTelemetry):
             raise BackendDown("not_metrics", f"{self.url}: no DCGM fields in the response")
         return families
 
-    def _map(self, samples: list[Sample], out: FamilySet) -> set[str]:
+    def _map(self, samples: list[PageSample], out: FamilySet) -> set[str]:
         """Fill ``out``; return the UUIDs present."""
         present: set[str] = set()
         memory: dict[tuple[str, str], dict[str, float]] = {}
@@ -243,7 +203,7 @@ class DcgmTelemetry(GpuTelemetry):
                 if field.key.startswith("gpu_memory_"):
                     memory.setdefault((uuid, instance), {})[field.key] = value
             out.add(field.key, value, {"gpu_uuid": uuid, **extra})
-            self._check_faults(uuid, sample.name, sample.value)
+            self.check_faults(uuid, field.key, extra, value)
         for (uuid, instance), parts in memory.items():
             keys = ("gpu_memory_used", "gpu_memory_free", "gpu_memory_reserved")
             if "gpu_memory_total" not in parts and all(k in parts for k in keys):
@@ -279,27 +239,6 @@ class DcgmTelemetry(GpuTelemetry):
                     "namespace": _first(labels, _NAMESPACE),
                     "container": _first(labels, _CONTAINER),
                 },
-            )
-
-    def _check_faults(self, uuid: str, field: str, value: float) -> None:
-        if field == "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" and value > 0:
-            self._fault(
-                uuid,
-                "ecc_uncorrected",
-                f"{value:.0f} uncorrectable ECC errors since the driver loaded",
-            )
-        elif field == "DCGM_FI_DEV_ROW_REMAP_FAILURE" and value > 0:
-            self._fault(uuid, "row_remap_failed", "row remapping failed")
-
-    def _fault(self, uuid: str, reason: str, detail: str) -> None:
-        if self.faults.mark(uuid, reason, detail):
-            log_event(
-                logger,
-                logging.ERROR,
-                "gpu out of service",
-                gpu_uuid=uuid,
-                reason=reason,
-                detail=detail,
             )
 
     def _xid_last(self, uuid: str, xid: int) -> None:

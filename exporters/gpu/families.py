@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 
 from inferwatch import catalog
 
@@ -61,15 +59,3 @@ def add_clock_events(families: FamilySet, gpu_uuid: str, mask: int, supported: i
         if supported & bit:
             labels = {"gpu_uuid": gpu_uuid, "reason": reason}
             families.add("gpu_clock_event", 1 if mask & bit else 0, labels)
-
-
-def exposition(families: list[Metric]) -> str:
-    """Families in the Prometheus text format (for goldens, the benchmark and the GPU check)."""
-
-    class _Fixed(Collector):
-        def collect(self) -> list[Metric]:
-            return families
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Fixed())
-    return generate_latest(registry).decode()

@@ -28,9 +28,11 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
+from inferwatch import catalog
 from inferwatch.exporters.gpu.base import BackendDown, GpuTelemetry
 from inferwatch.exporters.gpu.cgroup import ProcessAttribution
 from inferwatch.exporters.gpu.families import FamilySet, add_clock_events
+from inferwatch.exporters.gpu.nvml_api import Nvml
 from inferwatch.exporters.gpu.scope import GpuScope, ScopeUnknown
 from inferwatch.exporters.gpu.xid import XidLog
 from inferwatch.logs import log_event
@@ -38,9 +40,8 @@ from inferwatch.logs import log_event
 logger = logging.getLogger("inferwatch.gpu.nvml")
 
 Labels = dict[str, str]
-Sample = tuple[str, float, Labels]
-
-_PSTATE_UNKNOWN = 32
+#: A catalogue key, a value and its labels, kept between reads of a slow or static call.
+KeyedValue = tuple[str, float, Labels]
 
 
 def error_name(error: BaseException) -> str:
@@ -49,6 +50,63 @@ def error_name(error: BaseException) -> str:
     if name == "NVMLError":
         return f"nvml_error_{getattr(error, 'value', 'unknown')}"
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+#: nvml sources decoded by code of their own below rather than by the catalogue-driven
+#: calls: identity and versions (read at discovery), memory (the v2 struct with a v1
+#: fallback), the clock-event bitmask, per-process memory, per-link NVLink counters (the
+#: links are found at discovery) and XIDs (an event thread).
+DECODED_HERE = frozenset(
+    {
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetIndex",
+        "nvmlDeviceGetPciInfo",
+        "nvmlDeviceGetName",
+        "nvmlSystemGetDriverVersion",
+        "nvmlSystemGetCudaDriverVersion",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetComputeRunningProcesses",
+        "nvmlDeviceGetNvLinkErrorCounter",
+        "nvmlEventSetWait",
+    }
+)
+
+
+@dataclass(frozen=True)
+class NvmlCall:
+    """One NVML call per GPU and the catalogue entries read off its answer."""
+
+    call: str
+    args: tuple[Any, ...]
+    fields: tuple[tuple[str, catalog.Alias], ...]
+
+
+def call_table(nvml: Nvml) -> dict[catalog.Cadence, list[NvmlCall]]:
+    """The catalogue's ``nvml`` sources as calls, by cadence (constants looked up in ``nvml``).
+
+    Sources that share a call and its arguments share one call (utilisation gives both the
+    GPU and the memory ratio).
+    """
+    grouped: dict[tuple[catalog.Cadence, str, tuple[Any, ...]], list[tuple[str, catalog.Alias]]]
+    grouped = {}
+    for spec in catalog.load().with_source("nvml"):
+        for alias in spec.sources["nvml"]:
+            if alias.metric in DECODED_HERE:
+                continue
+            args = tuple(_constant(nvml, arg) for arg in alias.args)
+            grouped.setdefault((alias.cadence, alias.metric, args), []).append((spec.key, alias))
+    table: dict[catalog.Cadence, list[NvmlCall]] = {"once": [], "scrape": [], "slow": []}
+    for (cadence, call, args), fields in grouped.items():
+        table[cadence].append(NvmlCall(call, args, tuple(fields)))
+    return table
+
+
+def _constant(nvml: Nvml, arg: Any) -> Any:
+    """A catalogue argument: a pynvml constant's name, a number, or a list of them."""
+    if isinstance(arg, tuple):
+        return tuple(_constant(nvml, one) for one in arg)
+    return getattr(nvml, arg) if isinstance(arg, str) else arg
 
 
 class _GpuLost(Exception):
@@ -64,8 +122,8 @@ class _Device:
     name: str = ""
     supported_reasons: int = 0
     nvlinks: list[int] = field(default_factory=list)
-    static: list[Sample] = field(default_factory=list)
-    slow: list[Sample] = field(default_factory=list)
+    static: list[KeyedValue] = field(default_factory=list)
+    slow: list[KeyedValue] = field(default_factory=list)
     slow_due: float = 0.0
     unsupported: set[tuple[str, tuple[Any, ...]]] = field(default_factory=set)
     lost: bool = False
@@ -84,7 +142,7 @@ class XidWatch:
 
     def __init__(
         self,
-        nvml: Any,
+        nvml: Nvml,
         handles: Mapping[str, Any],
         on_xid: Callable[[str, int], object],
         wait_ms: int = 1000,
@@ -159,15 +217,17 @@ class XidWatch:
 class NvmlTelemetry(GpuTelemetry):
     """The GPUs NVML can see that the scope covers, keyed by UUID.
 
-    ``nvml`` is ``pynvml`` or a module shaped like it. Every GPU is discovered (indices and
-    UUIDs are needed to match the scope), but only those in scope are read each scrape.
+    ``nvml`` is ``pynvml`` or a module shaped like it (``nvml_api.Nvml``). Every GPU is
+    discovered (indices and UUIDs are needed to match the scope), but only those in scope are
+    read each scrape. Which calls are made, and how their answers become catalogue values,
+    comes from the catalogue's ``nvml`` sources (``call_table``).
     """
 
     backend = "nvml"
 
     def __init__(
         self,
-        nvml: Any,
+        nvml: Nvml,
         *,
         slow_interval_s: float = 60.0,
         retry_init_s: float = 60.0,
@@ -181,6 +241,13 @@ class NvmlTelemetry(GpuTelemetry):
     ) -> None:
         super().__init__(scope=scope, timeout_s=timeout_s, stale_s=stale_s)
         self.nvml = nvml
+        self._calls = call_table(nvml)
+        self._memory_parts = [
+            (spec.key, alias.part)
+            for spec in catalog.load().with_source("nvml")
+            for alias in spec.sources["nvml"]
+            if alias.metric == "nvmlDeviceGetMemoryInfo"
+        ]
         self.slow_interval_s = slow_interval_s
         self.retry_init_s = retry_init_s
         self.watch_xids = watch_xids
@@ -373,21 +440,7 @@ class NvmlTelemetry(GpuTelemetry):
         pci = call(device, "nvmlDeviceGetPciInfo")
         device.pci_bus_id = _text(pci.busId) if pci is not None else ""
         device.supported_reasons = call(device, "nvmlDeviceGetSupportedClocksEventReasons") or 0
-        static: list[Sample] = []
-        for clock, nvml_clock in (("sm", nvml.NVML_CLOCK_SM), ("memory", nvml.NVML_CLOCK_MEM)):
-            mhz = call(device, "nvmlDeviceGetMaxClockInfo", nvml_clock)
-            if mhz is not None:
-                static.append(("gpu_clock_max", mhz * 1e6, device.labels(clock=clock)))
-        for threshold, sensor in (
-            ("slowdown", nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
-            ("shutdown", nvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
-        ):
-            celsius = call(device, "nvmlDeviceGetTemperatureThreshold", sensor)
-            if celsius is not None:
-                static.append(
-                    ("gpu_temperature_threshold", celsius, device.labels(threshold=threshold))
-                )
-        device.static = static
+        device.static = self._read_calls(device, "once")
         for link in range(nvml.NVML_NVLINK_MAX_LINKS):
             state = call(device, "nvmlDeviceGetNvLinkState", link)
             if state is None:
@@ -395,84 +448,41 @@ class NvmlTelemetry(GpuTelemetry):
             if state == nvml.NVML_FEATURE_ENABLED:
                 device.nvlinks.append(link)
 
+    def _read_calls(self, device: _Device, cadence: catalog.Cadence) -> list[KeyedValue]:
+        """The catalogue-driven reads of one cadence, with the GPU fault rules applied."""
+        read: list[KeyedValue] = []
+        for nvml_call in self._calls[cadence]:
+            answer = self._call(device, nvml_call.call, *nvml_call.args)
+            if answer is None:
+                continue
+            for key, alias in nvml_call.fields:
+                value = _convert(self.nvml, alias, answer)
+                if value is None:
+                    continue
+                labels = device.labels(**alias.set)
+                read.append((key, value, labels))
+                self.check_faults(device.uuid, key, labels, value)
+        return read
+
     def _read_cheap(self, device: _Device, out: FamilySet) -> None:
-        nvml, call, labels = self.nvml, self._call, device.labels
-        util = call(device, "nvmlDeviceGetUtilizationRates")
-        if util is not None:
-            out.add("gpu_utilization", util.gpu / 100, labels())
-            out.add("gpu_memory_utilization", util.memory / 100, labels())
+        for key, value, labels in self._read_calls(device, "scrape"):
+            out.add(key, value, labels)
         self._read_memory(device, out)
-        power = call(device, "nvmlDeviceGetPowerUsage")
-        if power is not None:
-            out.add("gpu_power", power / 1000, labels())
-        limit = call(device, "nvmlDeviceGetEnforcedPowerLimit")
-        if limit is not None:
-            out.add("gpu_power_limit", limit / 1000, labels())
-        temp = call(device, "nvmlDeviceGetTemperature", nvml.NVML_TEMPERATURE_GPU)
-        if temp is not None:
-            out.add("gpu_temperature", temp, labels(sensor="gpu"))
-        for clock, nvml_clock in (("sm", nvml.NVML_CLOCK_SM), ("memory", nvml.NVML_CLOCK_MEM)):
-            mhz = call(device, "nvmlDeviceGetClockInfo", nvml_clock)
-            if mhz is not None:
-                out.add("gpu_clock", mhz * 1e6, labels(clock=clock))
-        reasons = call(device, "nvmlDeviceGetCurrentClocksEventReasons")
+        reasons = self._call(device, "nvmlDeviceGetCurrentClocksEventReasons")
         if reasons is not None:
             add_clock_events(out, device.uuid, reasons, device.supported_reasons)
-        pstate = call(device, "nvmlDeviceGetPerformanceState")
-        if pstate is not None and pstate != _PSTATE_UNKNOWN:
-            out.add("gpu_performance_state", pstate, labels())
-        persistence = call(device, "nvmlDeviceGetPersistenceMode")
-        if persistence is not None:
-            out.add(
-                "gpu_persistence_enabled", int(persistence == nvml.NVML_FEATURE_ENABLED), labels()
-            )
-        self._read_ecc(device, out)
-        self._read_row_remapping(device, out)
         self._read_processes(device, out)
 
     def _read_memory(self, device: _Device, out: FamilySet) -> None:
+        """The v2 struct (reserved apart from used); before it, v1, whose used includes reserved."""
         memory = self._call(device, "nvmlDeviceGetMemoryInfo", self.nvml.nvmlMemory_v2)
-        fields: tuple[str, ...] = ("total", "used", "reserved", "free")
-        if memory is None:  # drivers before the v2 struct: `used` includes reserved memory
+        if memory is None:
             memory = self._call(device, "nvmlDeviceGetMemoryInfo")
-            fields = ("total", "used", "free")
         if memory is None:
             return
-        for name in fields:
-            out.add(f"gpu_memory_{name}", getattr(memory, name), device.labels())
-
-    def _read_ecc(self, device: _Device, out: FamilySet) -> None:
-        nvml = self.nvml
-        for error, error_type in (
-            ("corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-            ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
-        ):
-            for scope, counter in (
-                ("volatile", nvml.NVML_VOLATILE_ECC),
-                ("aggregate", nvml.NVML_AGGREGATE_ECC),
-            ):
-                count = self._call(device, "nvmlDeviceGetTotalEccErrors", error_type, counter)
-                if count is None:
-                    continue
-                out.add("gpu_ecc_errors", count, device.labels(error=error, scope=scope))
-                if error == "uncorrected" and scope == "volatile" and count > 0:
-                    self._fault(
-                        device,
-                        "ecc_uncorrected",
-                        f"{count} uncorrectable ECC errors since the driver loaded",
-                    )
-
-    def _read_row_remapping(self, device: _Device, out: FamilySet) -> None:
-        rows = self._call(device, "nvmlDeviceGetRemappedRows")
-        if rows is None:
-            return
-        corrected, uncorrected, pending, failure = rows
-        out.add("gpu_remapped_rows", corrected, device.labels(error="corrected"))
-        out.add("gpu_remapped_rows", uncorrected, device.labels(error="uncorrected"))
-        out.add("gpu_row_remap_pending", int(bool(pending)), device.labels())
-        out.add("gpu_row_remap_failed", int(bool(failure)), device.labels())
-        if failure:
-            self._fault(device, "row_remap_failed", "row remapping failed")
+        for key, part in self._memory_parts:
+            if hasattr(memory, part):
+                out.add(key, getattr(memory, part), device.labels())
 
     def _read_processes(self, device: _Device, out: FamilySet) -> None:
         processes = self._call(device, "nvmlDeviceGetComputeRunningProcesses")
@@ -490,40 +500,9 @@ class NvmlTelemetry(GpuTelemetry):
             out.add("gpu_process_memory", process.usedGpuMemory, labels)
         self._seen_pids |= pids
 
-    def _read_slow(self, device: _Device) -> list[Sample]:
-        nvml, call, labels = self.nvml, self._call, device.labels
-        slow: list[Sample] = []
-        energy = call(device, "nvmlDeviceGetTotalEnergyConsumption")
-        if energy is not None:
-            slow.append(("gpu_energy", energy / 1000, labels()))
-        replays = call(device, "nvmlDeviceGetPcieReplayCounter")
-        if replays is not None:
-            slow.append(("gpu_pcie_replays", replays, labels()))
-        generation = call(device, "nvmlDeviceGetCurrPcieLinkGeneration")
-        if generation is not None:
-            slow.append(("gpu_pcie_link_generation", generation, labels()))
-        width = call(device, "nvmlDeviceGetCurrPcieLinkWidth")
-        if width is not None:
-            slow.append(("gpu_pcie_link_width", width, labels()))
-        fields = call(device, "nvmlDeviceGetFieldValues", (nvml.NVML_FI_DEV_MEMORY_TEMP,))
-        if fields is not None and fields[0].nvmlReturn == nvml.NVML_SUCCESS:
-            slow.append(("gpu_temperature", _field_value(nvml, fields[0]), labels(sensor="memory")))
-        ecc = call(device, "nvmlDeviceGetEccMode")
-        if ecc is not None:
-            slow.append(("gpu_ecc_enabled", int(ecc[0] == nvml.NVML_FEATURE_ENABLED), labels()))
-        mig = call(device, "nvmlDeviceGetMigMode")
-        if mig is not None:
-            slow.append(("gpu_mig_enabled", int(mig[0] == nvml.NVML_DEVICE_MIG_ENABLE), labels()))
-        for cause, nvml_cause in (
-            ("sbe", nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
-            ("dbe", nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
-        ):
-            pages = call(device, "nvmlDeviceGetRetiredPages", nvml_cause)
-            if pages is not None:
-                slow.append(("gpu_retired_pages", len(pages), labels(cause=cause)))
-        pending = call(device, "nvmlDeviceGetRetiredPagesPendingStatus")
-        if pending is not None:
-            slow.append(("gpu_retired_pages_pending", int(bool(pending)), labels()))
+    def _read_slow(self, device: _Device) -> list[KeyedValue]:
+        nvml, labels = self.nvml, device.labels
+        slow = self._read_calls(device, "slow")
         for link in device.nvlinks:
             for error, counter in (
                 ("replay", nvml.NVML_NVLINK_ERROR_DL_REPLAY),
@@ -531,21 +510,10 @@ class NvmlTelemetry(GpuTelemetry):
                 ("crc_flit", nvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
                 ("crc_data", nvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
             ):
-                count = call(device, "nvmlDeviceGetNvLinkErrorCounter", link, counter)
+                count = self._call(device, "nvmlDeviceGetNvLinkErrorCounter", link, counter)
                 if count is not None:
                     slow.append(("gpu_nvlink_errors", count, labels(link=str(link), error=error)))
         return slow
-
-    def _fault(self, device: _Device, reason: str, detail: str) -> None:
-        if self.faults.mark(device.uuid, reason, detail):
-            log_event(
-                logger,
-                logging.ERROR,
-                "gpu out of service",
-                gpu_uuid=device.uuid,
-                reason=reason,
-                detail=detail,
-            )
 
 
 def _text(value: str | bytes) -> str:
@@ -557,15 +525,41 @@ def _cuda_version(driver_version: int) -> str:
     return f"{driver_version // 1000}.{driver_version % 1000 // 10}"
 
 
-def _field_value(nvml: Any, field_value: Any) -> float:
-    value = field_value.value
+def _field_value(nvml: Nvml, field_value: Any) -> float | None:
+    """The value of one ``nvmlFieldValue_t``, by its value type; None when it failed."""
+    if field_value.nvmlReturn != nvml.NVML_SUCCESS:
+        return None
     by_type = {
-        nvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-        nvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-        nvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-        nvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-        nvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-        nvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-        nvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+        getattr(nvml, f"NVML_VALUE_TYPE_{name}"): member
+        for name, member in (
+            ("DOUBLE", "dVal"),
+            ("UNSIGNED_INT", "uiVal"),
+            ("UNSIGNED_LONG", "ulVal"),
+            ("UNSIGNED_LONG_LONG", "ullVal"),
+            ("SIGNED_LONG_LONG", "sllVal"),
+            ("SIGNED_INT", "siVal"),
+            ("UNSIGNED_SHORT", "usVal"),
+        )
     }
-    return float(getattr(value, by_type.get(field_value.valueType, "ullVal")))
+    return float(getattr(field_value.value, by_type.get(field_value.valueType, "ullVal")))
+
+
+def _convert(nvml: Nvml, alias: catalog.Alias, answer: Any) -> float | None:
+    """The value an NVML answer gives for one catalogue source (see ``catalog.Alias``)."""
+    value = answer
+    if alias.part:
+        value = value[int(alias.part)] if alias.part.isdigit() else getattr(value, alias.part)
+    if alias.convert == "flag":
+        return float(bool(value))
+    if alias.convert == "count":
+        return float(len(value))
+    if alias.convert == "enabled":
+        return float(value == nvml.NVML_FEATURE_ENABLED)
+    if alias.convert == "field_value":
+        value = _field_value(nvml, value[0])
+        if value is None:
+            return None
+    if alias.omit is not None and value == alias.omit:
+        return None
+    # dividing by the inverse keeps 690123 mW at exactly 690.123 W
+    return float(value / (1 / alias.scale) if alias.scale < 1 else value * alias.scale)

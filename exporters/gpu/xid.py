@@ -19,8 +19,8 @@ from typing import Literal, get_args
 
 import yaml
 
-from inferwatch.exporters.gpu.base import FaultBook
 from inferwatch.exporters.gpu.families import FamilySet
+from inferwatch.exporters.gpu.faults import FaultBook
 from inferwatch.logs import log_event
 
 logger = logging.getLogger("inferwatch.gpu.xid")

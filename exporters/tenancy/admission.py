@@ -122,17 +122,29 @@ class BudgetLedger:
 class ConcurrencyGate:
     """Slots to the engine: a global cap with a priority queue, and per-tenant caps."""
 
-    def __init__(self, capacity: int, queue_timeout: float) -> None:
+    def __init__(self, capacity: int, queue_timeout_s: float) -> None:
         self.capacity = capacity  # 0: unlimited
-        self.queue_timeout = queue_timeout
-        self.in_flight = 0
+        self.queue_timeout_s = queue_timeout_s
+        self._in_flight = 0
         self.per_tenant: dict[str, int] = {}
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._sequence = itertools.count()
 
     @property
+    def in_flight(self) -> int:
+        """Requests holding a slot or counted in flight without one."""
+        return self._in_flight
+
+    @property
     def waiting(self) -> int:
         return sum(1 for *_, future in self._waiters if not future.done())
+
+    def enter_ungated(self) -> None:
+        """Count a request in flight that needs no slot (no cap applies to it)."""
+        self._in_flight += 1
+
+    def leave_ungated(self) -> None:
+        self._in_flight -= 1
 
     async def acquire(self, tenant: str, tenant_cap: int, priority: int) -> Refusal | None:
         held = self.per_tenant.get(tenant, 0)  # in flight or waiting for a slot
@@ -154,12 +166,12 @@ class ConcurrencyGate:
         return refusal
 
     async def _slot(self, priority: int) -> Refusal | None:
-        if self.capacity and (self.in_flight >= self.capacity or self.waiting):
+        if self.capacity and (self._in_flight >= self.capacity or self.waiting):
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             entry = (priority, next(self._sequence), future)
             heapq.heappush(self._waiters, entry)
             try:
-                async with asyncio.timeout(self.queue_timeout):
+                async with asyncio.timeout(self.queue_timeout_s):
                     await future
             except TimeoutError:
                 if future.done() and not future.cancelled():
@@ -167,7 +179,7 @@ class ConcurrencyGate:
                 return Refusal(
                     503,
                     "rejected_queue_timeout",
-                    f"engine is at its concurrency limit; waited {self.queue_timeout:g}s",
+                    f"engine is at its concurrency limit; waited {self.queue_timeout_s:g}s",
                     1,
                 )
             except asyncio.CancelledError:
@@ -175,7 +187,7 @@ class ConcurrencyGate:
                     self._release_slot()  # the slot was handed over as we were cancelled
                 raise
         else:
-            self.in_flight += 1
+            self._in_flight += 1
         return None
 
     def _drop(self, tenant: str) -> None:
@@ -195,4 +207,4 @@ class ConcurrencyGate:
             if not future.done():
                 future.set_result(None)  # the slot passes to the waiter; in_flight unchanged
                 return
-        self.in_flight -= 1
+        self._in_flight -= 1

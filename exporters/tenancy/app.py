@@ -11,7 +11,9 @@ request) and the tokens seen so far are still charged, marked ``client_cancelled
 the streams still running when a shutdown's grace period ends (``shutdown_cancelled``).
 
 Per-tenant metrics are served by :attr:`ProxyApp.metrics_app`, on its own listen address,
-never on the port clients call.
+never on the port clients call. The per-request record and its ASGI plumbing live in
+:mod:`exchange`, what a finished request leaves behind (charge, screening, access log) in
+:mod:`accounting`.
 """
 
 from __future__ import annotations
@@ -21,25 +23,35 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
+from inferwatch.exporters import endpoints
+from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.tenancy import jsoncodec
 from inferwatch.exporters.tenancy.accesslog import AccessLog
+from inferwatch.exporters.tenancy.accounting import Accounting
 from inferwatch.exporters.tenancy.admission import (
     BudgetLedger,
     ConcurrencyGate,
     Refusal,
-    Reservation,
 )
-from inferwatch.exporters.tenancy.config import ProxyConfig, Tenant
+from inferwatch.exporters.tenancy.config import ProxyConfig
 from inferwatch.exporters.tenancy.counting import PromptCounter, byte_bound, load_tokenizer
+from inferwatch.exporters.tenancy.exchange import (
+    ClientGone,
+    DisconnectWatcher,
+    Exchange,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+)
 from inferwatch.exporters.tenancy.labels import OTHER, BoundedLabels, split_label
-from inferwatch.exporters.tenancy.metrics import IDENTITY_LABELS, Identity, ProxyMetrics
+from inferwatch.exporters.tenancy.metrics import IDENTITY_LABELS, ProxyMetrics
 from inferwatch.exporters.tenancy.reconcile import (
     DirectTraffic,
     DirectTrafficError,
@@ -53,20 +65,13 @@ from inferwatch.exporters.tenancy.upstream import Timeouts, UpstreamError, Upstr
 from inferwatch.exporters.tenancy.usage import (
     EventStream,
     MalformedEvent,
-    Usage,
     UsageMeter,
     estimate_prompt_tokens,
 )
-from inferwatch.identity import UNKNOWN as UNKNOWN_VALUE
 from inferwatch.identity import or_unknown
 from inferwatch.logs import log_event
 from inferwatch.probes.client import PROBE_TENANT
 from inferwatch.probes.livesample import DegeneracySampler
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 #: the engine work a request may ask for is capped at this many choices (``n``, ``best_of``)
 MAX_CHOICES = 128
@@ -77,70 +82,14 @@ _DROPPED_RESPONSE_HEADERS = frozenset(
 )
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _JSON = [(b"content-type", b"application/json")]
-_TEXT_FORMAT = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+_PLAIN = [(b"content-type", b"text/plain")]
 VALUE_LABELS = IDENTITY_LABELS[1:-1]  # split has a fixed handful of values
 
 logger = logging.getLogger("inferwatch.proxy")
 
 
-class _ClientGone(Exception):
-    """The client disconnected before the response was complete."""
-
-
-@dataclass
-class Exchange:
-    """Everything known about one request, for metrics and the access log."""
-
-    start: float
-    path: str
-    tenant: str = UNKNOWN
-    via: str = ""
-    model: str = ""
-    versions: tuple[str, str, str] = ("", "", "")
-    identity: Identity = (UNKNOWN, *(UNKNOWN_VALUE,) * 5)
-    stream: bool = False
-    status: int = 0
-    outcome: str = ""
-    accounting: str = ""
-    meter: UsageMeter | None = None
-    usage: Usage | None = None
-    cost: float = 0.0
-    ttft: float | None = None
-    error: str = ""
-    watcher: _DisconnectWatcher | None = None
-    reservation: Reservation | None = None
-    slot: str = ""  # "gated": holds a concurrency slot; "counted": only counted in flight
-    response_started: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 def _error_body(message: str, kind: str, code: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
-
-
-async def _read_body(receive: Receive, limit: int, timeout: float) -> bytes | Refusal:
-    """The request body, or the refusal for one over ``limit`` bytes or ``timeout`` seconds."""
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise _ClientGone
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    return Refusal(
-                        413, "rejected_bad_request", f"request body exceeds {limit} bytes"
-                    )
-                chunks.append(chunk)
-                if not message.get("more_body"):
-                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    except TimeoutError:
-        return Refusal(
-            408, "rejected_bad_request", f"request body not received within {timeout:g}s"
-        )
 
 
 def _completion_cap(body: dict[str, Any], path: str) -> tuple[str, int | None, int]:
@@ -163,7 +112,7 @@ class ProxyApp:
         self.config = config
         self.access_log = AccessLog(access_log)
         self.pool = UpstreamPool(
-            config.upstream_url, Timeouts(config.connect_timeout, config.read_timeout)
+            config.upstream_url, Timeouts(config.connect_timeout_s, config.read_timeout_s)
         )
         self.resolver = TenantResolver(config)
         self.router = Router(config.passthrough)
@@ -191,10 +140,13 @@ class ProxyApp:
         self.draining = False
         self._handlers: set[asyncio.Task[Any]] = set()
         self.ledger = BudgetLedger()
-        self.gate = ConcurrencyGate(config.max_concurrency, config.queue_timeout)
+        self.gate = ConcurrencyGate(config.max_concurrency, config.queue_timeout_s)
         self.reconciler = Reconciler()
         self.direct_traffic = DirectTraffic(config.probe_metrics_urls)
         self.sampler = DegeneracySampler(config.quality_sample_rate)
+        self.accounting = Accounting(
+            config, self.metrics, self.ledger, self.sampler, self.access_log
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._ready: tuple[float, bool, str] = (0.0, False, "not checked yet")
         self._version_headers = (
@@ -223,7 +175,7 @@ class ProxyApp:
                 await self._guarded(self._passthrough, route, scope, receive, send)
             elif route.kind == "own":
                 if route.path == "/healthz":
-                    await self._respond(send, 200, b"ok\n", [(b"content-type", b"text/plain")])
+                    await self._respond(send, 200, endpoints.HEALTHZ_BODY, list(_PLAIN))
                 else:
                     await self._readyz(send)
             else:
@@ -307,12 +259,12 @@ class ProxyApp:
             self._handlers.add(task)
         try:
             await handler(exchange, route, scope, receive, send)
-        except _ClientGone:
+        except ClientGone:
             exchange.outcome = exchange.outcome or "client_cancelled"
         finally:
             if task is not None:
                 self._handlers.discard(task)
-            self._finish(exchange)
+            self.accounting.finish(exchange)
 
     def _resolve(self, exchange: Exchange, scope: Scope) -> Refusal | None:
         client = scope.get("client")
@@ -435,7 +387,7 @@ class ProxyApp:
                 return refusal, False
             exchange.slot = "gated"
         else:
-            self.gate.in_flight += 1
+            self.gate.enter_ungated()
             exchange.slot = "counted"
         return None, changed
 
@@ -448,7 +400,7 @@ class ProxyApp:
             self._label(exchange, scope["headers"])
             return refusal, {}, b"", False
         config = self.config
-        raw = await _read_body(receive, config.max_body_bytes, config.body_timeout)
+        raw = await read_body(receive, config.max_body_bytes, config.body_timeout_s)
         body: Any = None
         if isinstance(raw, Refusal):
             refusal = raw
@@ -483,10 +435,10 @@ class ProxyApp:
             if exchange.slot == "gated":
                 self.gate.release(exchange.tenant)
             elif exchange.slot == "counted":
-                self.gate.in_flight -= 1
-            self._charge(exchange)
+                self.gate.leave_ungated()
+            self.accounting.charge(exchange)
             if isinstance(exchange.meter, TranscribingMeter):
-                self._screen(exchange, exchange.meter)
+                self.accounting.screen(exchange, exchange.meter)
 
     async def _forward_metered(
         self,
@@ -520,7 +472,7 @@ class ProxyApp:
                 return await self._refuse(
                     exchange, send, Refusal(400, "rejected_bad_request", str(exc))
                 )
-        exchange.watcher = watcher = _DisconnectWatcher(receive)
+        exchange.watcher = watcher = DisconnectWatcher(receive)
         try:
             try:
                 response = await self.pool.request(
@@ -541,7 +493,7 @@ class ProxyApp:
         except asyncio.CancelledError:
             try:
                 watcher.claim()
-            except _ClientGone:
+            except ClientGone:
                 exchange.accounting = "client_cancelled"
                 exchange.outcome = "client_cancelled"
             except asyncio.CancelledError:
@@ -640,7 +592,7 @@ class ProxyApp:
         try:
             async for chunk in chunks:
                 out: list[bytes] = []
-                content_before = meter._content_events
+                content_before = meter.content_events
                 try:
                     for raw, payload in events.feed(chunk):
                         if isinstance(payload, dict):
@@ -661,7 +613,7 @@ class ProxyApp:
                         )
                     raise
                 if out:
-                    if exchange.ttft is None and meter._content_events > content_before:
+                    if exchange.ttft is None and meter.content_events > content_before:
                         exchange.ttft = time.perf_counter() - exchange.start
                     await send(
                         {"type": "http.response.body", "body": b"".join(out), "more_body": True}
@@ -703,7 +655,7 @@ class ProxyApp:
             exchange.outcome = "ok"
             exchange.accounting = "complete"
             if not done:
-                exchange.extra["no_done_marker"] = True
+                exchange.done_marker_missing = True
         if exchange.watcher is not None:
             exchange.watcher.stop()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -716,10 +668,10 @@ class ProxyApp:
         self._label(exchange, scope["headers"])
         if refusal is not None:
             return await self._refuse(exchange, send, refusal)
-        raw = await _read_body(receive, self.config.max_body_bytes, self.config.body_timeout)
+        raw = await read_body(receive, self.config.max_body_bytes, self.config.body_timeout_s)
         if isinstance(raw, Refusal):
             return await self._refuse(exchange, send, raw)
-        exchange.watcher = watcher = _DisconnectWatcher(receive)
+        exchange.watcher = watcher = DisconnectWatcher(receive)
         try:
             try:
                 response = await self.pool.request(
@@ -751,77 +703,10 @@ class ProxyApp:
         except asyncio.CancelledError:
             try:
                 watcher.claim()
-            except _ClientGone:
+            except ClientGone:
                 exchange.outcome = "client_cancelled"
         finally:
             watcher.stop()
-
-    # ------------------------------------------------------------------ accounting
-    def _charge(self, exchange: Exchange) -> None:
-        """Charge what the request used, and settle its budget reservation either way."""
-        meter = exchange.meter
-        spent = 0
-        if meter is not None and exchange.accounting:
-            usage = exchange.usage = meter.usage()
-            spent = usage.total
-            # Quality probes are the operator's own traffic: their tokens are counted (so that
-            # they reconcile with the engine's) but cost no tenant anything.
-            if exchange.tenant != PROBE_TENANT:
-                price = self.config.price(exchange.model)
-                exchange.cost = price.cost(usage.prompt, usage.cached_prompt, usage.completion)
-            self.metrics.charge(
-                exchange.identity, usage, meter.source, exchange.accounting, exchange.cost
-            )
-        reservation, exchange.reservation = exchange.reservation, None
-        tenant: Tenant | None = self.config.tenants.get(exchange.tenant)
-        if reservation is not None and tenant is not None and tenant.budget is not None:
-            self.ledger.settle(reservation, tenant.budget, spent)
-
-    def _screen(self, exchange: Exchange, meter: TranscribingMeter) -> None:
-        """Screen a sampled response that arrived whole; partial text would mislead."""
-        prompt, completion, has_tool_call = meter.take()
-        if (
-            exchange.outcome == "ok"
-            and exchange.accounting == "complete"
-            and not exchange.extra.get("no_done_marker")
-        ):
-            _, model, model_version, *_ = exchange.identity  # bounded label values
-            self.sampler.observe(
-                model, model_version, prompt, completion, has_tool_call=has_tool_call
-            )
-
-    def _finish(self, exchange: Exchange) -> None:
-        duration = time.perf_counter() - exchange.start
-        self.metrics.request(exchange.identity, exchange.outcome or "ok")
-        if exchange.outcome in ("ok", "client_cancelled", "upstream_error") and exchange.meter:
-            self.metrics.timing(exchange.identity, exchange.ttft, duration)
-        if not self.access_log.enabled:
-            return
-        usage = exchange.usage
-        self.access_log.write(
-            dict(
-                tenant=exchange.tenant,
-                tenant_via=exchange.via,
-                path=exchange.path,
-                model=exchange.model,
-                model_version=exchange.versions[0],
-                engine_version=exchange.versions[1],
-                prompt_version=exchange.versions[2],
-                stream=exchange.stream,
-                status=exchange.status,
-                outcome=exchange.outcome or "ok",
-                accounting=exchange.accounting or None,
-                usage_source=exchange.meter.source if usage and exchange.meter else None,
-                prompt_tokens=usage.prompt if usage else 0,
-                cached_prompt_tokens=usage.cached_prompt if usage else 0,
-                completion_tokens=usage.completion if usage else 0,
-                reasoning_tokens=usage.reasoning if usage else 0,
-                cost=round(exchange.cost, 9),
-                ttft_s=None if exchange.ttft is None else round(exchange.ttft, 6),
-                duration_s=round(duration, 6),
-                **({"error": exchange.error} if exchange.error else {}),
-            )
-        )
 
     # ------------------------------------------------------------------ plumbing
     async def _final(
@@ -866,9 +751,7 @@ class ProxyApp:
         ]
 
     def registry(self) -> CollectorRegistry:
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_FamiliesCollector(self.families))
-        return registry
+        return endpoints.Families(self.families).registry()
 
     async def _readyz(self, send: Send) -> None:
         checked, ok, reason = self._ready
@@ -884,8 +767,8 @@ class ProxyApp:
             except UpstreamError as exc:
                 ok, reason = False, f"engine unreachable: {exc.detail}"
             self._ready = (now, ok, reason)
-        body = json.dumps({"ready": ok, "reason": "" if ok else reason}).encode()
-        await self._respond(send, 200 if ok else 503, body, list(_JSON))
+        status, body = endpoints.readiness([Condition("engine", ok, "" if ok else reason)])
+        await self._respond(send, status, body, list(_JSON))
 
     async def _housekeeping_loop(self) -> None:
         """Flush the access log often; release idle label slots now and then."""
@@ -949,53 +832,18 @@ class MetricsApp:
         if method not in ("GET", "HEAD"):
             await ProxyApp._respond(send, 405, b"", [(b"allow", b"GET")])
         elif path == "/metrics":
-            await ProxyApp._respond(send, 200, generate_latest(self.proxy.registry()), _TEXT_FORMAT)
+            headers = dict(scope["headers"])
+            body, reply = endpoints.encode_metrics(
+                self.proxy.families(),
+                headers.get(b"accept", b"").decode("latin-1"),
+                headers.get(b"accept-encoding", b"").decode("latin-1"),
+            )
+            encoded = [(k.lower().encode(), v.encode()) for k, v in reply.items()]
+            await ProxyApp._respond(send, 200, body, encoded)
         elif path == "/healthz":
-            await ProxyApp._respond(send, 200, b"ok\n", [(b"content-type", b"text/plain")])
+            await ProxyApp._respond(send, 200, endpoints.HEALTHZ_BODY, list(_PLAIN))
         else:
             await ProxyApp._respond(send, 404, b"not found\n", [(b"content-type", b"text/plain")])
-
-
-class _FamiliesCollector:
-    def __init__(self, families: Callable[[], list[Metric]]) -> None:
-        self._families = families
-
-    def collect(self) -> list[Metric]:
-        return self._families()
-
-
-class _DisconnectWatcher:
-    """Cancels the request handler when the client goes away.
-
-    After the body is read, ASGI's ``receive()`` only returns when the client disconnects (or
-    the response is complete, hence ``stop()`` before the last send). A done-callback that
-    cancels the handler task costs nothing per streamed chunk, unlike racing every await.
-    """
-
-    def __init__(self, receive: Receive) -> None:
-        self.gone = False
-        self._task = asyncio.current_task()
-        self._receive: asyncio.Future[Message] = asyncio.ensure_future(receive())
-        self._receive.add_done_callback(self._on_receive)
-
-    def _on_receive(self, future: asyncio.Future[Message]) -> None:
-        if future.cancelled() or future.exception() is not None:
-            return
-        if future.result().get("type") == "http.disconnect" and self._task is not None:
-            self.gone = True
-            self._task.cancel()
-
-    def claim(self) -> None:
-        """Turn the cancellation this watcher caused into ``_ClientGone``; re-raise others."""
-        if not self.gone:
-            raise asyncio.CancelledError
-        if self._task is not None:
-            self._task.uncancel()
-        raise _ClientGone
-
-    def stop(self) -> None:
-        self._receive.remove_done_callback(self._on_receive)
-        self._receive.cancel()
 
 
 __all__ = ["OTHER", "MetricsApp", "ProxyApp"]

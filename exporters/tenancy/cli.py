@@ -13,17 +13,11 @@ from collections.abc import Callable
 
 import click
 
+from inferwatch.clikit import parse_listen
 from inferwatch.exporters.tenancy.config import HTTP_URL, ConfigError, ProxyConfig, load
 from inferwatch.logs import log_event
 
 logger = logging.getLogger("inferwatch.proxy")
-
-
-def _host_port(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    if not host or not port.isdigit():
-        raise click.BadParameter(f"expected HOST:PORT, got {value!r}")
-    return host.strip("[]"), int(port)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -100,8 +94,8 @@ def proxy(
     from inferwatch.exporters.tenancy.app import ProxyApp
     from inferwatch.exporters.tenancy.serving import serve
 
-    address = _host_port(listen)
-    metrics_address = _host_port(metrics_listen)
+    address = parse_listen(listen)
+    metrics_address = parse_listen(metrics_listen, "--metrics-listen")
     try:
         config = load(config_path) if config_path else ProxyConfig()
         if upstream:

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
+from inferwatch import yamlfile
 from inferwatch.exporters.tenancy import routes
 from inferwatch.probes.client import PROBE_TENANT, TENANT_HEADER
 
@@ -98,8 +97,8 @@ class Versions:
 @dataclass(frozen=True)
 class ProxyConfig:
     upstream_url: str = "http://127.0.0.1:8000"
-    connect_timeout: float = 5.0
-    read_timeout: float = 300.0
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 300.0
     #: ask the engine for cumulative usage on every chunk (vLLM ``continuous_usage_stats``)
     continuous_usage: bool = False
     upstream_health_path: str = "/health"
@@ -126,16 +125,16 @@ class ProxyConfig:
     default_max_tokens: int = 4096
     over_budget: OverBudget = "clamp"
     #: longest wait for a request's headers, and for its whole body
-    header_timeout: float = 10.0
-    body_timeout: float = 30.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
     #: an idle keep-alive connection is closed after this long
-    keep_alive_timeout: float = 5.0
+    keep_alive_timeout_s: float = 5.0
     max_header_bytes: int = 64 << 10
     passthrough: tuple[str, ...] = routes.DEFAULT_PASSTHROUGH
     max_body_bytes: int = 8 << 20
     max_response_bytes: int = 64 << 20
     max_concurrency: int = 0  # 0: no global cap
-    queue_timeout: float = 10.0
+    queue_timeout_s: float = 10.0
     #: share of chat/completion responses screened for degenerate output (0: none)
     quality_sample_rate: float = 0.01
 
@@ -219,11 +218,11 @@ class _Reader:
 
 def _price(reader: _Reader) -> Price:
     reader.check_keys({"prompt", "cached_prompt", "completion"})
-    prompt = reader.number("prompt", 0.0)
+    prompt = reader.number("prompt", Price.prompt)
     return Price(
         prompt=prompt,
         cached_prompt=reader.number("cached_prompt", prompt),
-        completion=reader.number("completion", 0.0),
+        completion=reader.number("completion", Price.completion),
     )
 
 
@@ -252,19 +251,23 @@ def _tenant(reader: _Reader, name: str) -> Tenant:
         budget = Budget(
             tokens=budget_reader.integer("tokens", 0, minimum=1),
             window_seconds=budget_reader.duration("window", "1h"),
-            tolerance=budget_reader.integer("tolerance", 0),
+            tolerance=budget_reader.integer("tolerance", Budget.tolerance),
         )
     return Tenant(
         name=name,
         key_hashes=tuple(hashes),
         priority=PRIORITIES[priority],
-        max_concurrency=reader.integer("max_concurrency", 0),
+        max_concurrency=reader.integer("max_concurrency", Tenant.max_concurrency),
         budget=budget,
     )
 
 
+#: Every default the parser falls back on is the dataclass's own.
+_DEFAULT = ProxyConfig()
+
+
 def parse(document: Any, source: str = "<config>") -> ProxyConfig:
-    """Build a config from a parsed YAML document."""
+    """Build a config from a parsed YAML document (absent fields take ``ProxyConfig``'s)."""
     top = _Reader(source, document, "")
     top.check_keys(
         {
@@ -293,7 +296,7 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             "probe_metrics",
         }
     )
-    url = upstream.text("url", ProxyConfig.upstream_url)
+    url = upstream.text("url", _DEFAULT.upstream_url)
     if not re.match(r"^http://[^/\s]+(/\S*)?$", url):
         raise upstream.error("url", f"expected http://host[:port][/prefix], got {url!r}")
     probe_metrics = upstream.raw.get("probe_metrics", [])
@@ -317,7 +320,7 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             raise identity.error(
                 f"trusted_sources[{index}]", f"{entry!r} is not an IP address or CIDR network"
             ) from None
-    unknown = identity.text("unknown", "reject")
+    unknown = identity.text("unknown", _DEFAULT.unknown_policy)
     if unknown not in ("reject", "attribute"):
         raise identity.error("unknown", f"expected reject or attribute, got {unknown!r}")
 
@@ -349,7 +352,6 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             "prompt_version_header",
         }
     )
-    defaults = Versions()
 
     prices = top.child("prices")
     prices.check_keys({"default", "models"})
@@ -372,12 +374,12 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             "max_header_bytes",
         }
     )
-    over_budget = limits.text("over_budget", "clamp")
+    over_budget = limits.text("over_budget", _DEFAULT.over_budget)
     if over_budget not in ("clamp", "reject"):
         raise limits.error("over_budget", f"expected clamp or reject, got {over_budget!r}")
     route_reader = top.child("routes")
     route_reader.check_keys({"passthrough"})
-    passthrough = route_reader.raw.get("passthrough", list(routes.DEFAULT_PASSTHROUGH))
+    passthrough = route_reader.raw.get("passthrough", list(_DEFAULT.passthrough))
     if not isinstance(passthrough, list) or not all(isinstance(e, str) for e in passthrough):
         raise route_reader.error("passthrough", "expected a list of 'METHOD /path' strings")
     try:
@@ -388,28 +390,30 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
     sampling.check_keys({"rate"})
     return ProxyConfig(
         upstream_url=url.rstrip("/"),
-        connect_timeout=upstream.duration("connect_timeout", 5.0),
-        read_timeout=upstream.duration("read_timeout", 300.0),
-        continuous_usage=upstream.flag("continuous_usage", False),
-        upstream_health_path=upstream.text("health_path", "/health"),
-        upstream_metrics_path=upstream.text("metrics_path", "/metrics"),
-        reconcile_interval=upstream.number("reconcile_interval", 15.0),
+        connect_timeout_s=upstream.duration("connect_timeout", _DEFAULT.connect_timeout_s),
+        read_timeout_s=upstream.duration("read_timeout", _DEFAULT.read_timeout_s),
+        continuous_usage=upstream.flag("continuous_usage", _DEFAULT.continuous_usage),
+        upstream_health_path=upstream.text("health_path", _DEFAULT.upstream_health_path),
+        upstream_metrics_path=upstream.text("metrics_path", _DEFAULT.upstream_metrics_path),
+        reconcile_interval=upstream.number("reconcile_interval", _DEFAULT.reconcile_interval),
         probe_metrics_urls=tuple(probe_metrics),
         tenants=tenants,
-        tenant_header=identity.text("tenant_header", TENANT_HEADER).lower(),
+        tenant_header=identity.text("tenant_header", _DEFAULT.tenant_header).lower(),
         trusted_sources=tuple(trusted),
         unknown_policy="attribute" if unknown == "attribute" else "reject",
-        max_tenant_labels=labels.integer("max_tenants", 100),
-        tenant_idle_seconds=labels.duration("tenant_idle", 600.0),
-        max_version_labels=labels.integer("max_version_values", 20, minimum=1),
-        value_idle_seconds=labels.duration("value_idle", 600.0),
+        max_tenant_labels=labels.integer("max_tenants", _DEFAULT.max_tenant_labels),
+        tenant_idle_seconds=labels.duration("tenant_idle", _DEFAULT.tenant_idle_seconds),
+        max_version_labels=labels.integer(
+            "max_version_values", _DEFAULT.max_version_labels, minimum=1
+        ),
+        value_idle_seconds=labels.duration("value_idle", _DEFAULT.value_idle_seconds),
         versions=Versions(
             **{
-                name: versions.text(name, getattr(defaults, name))
+                name: versions.text(name, getattr(_DEFAULT.versions, name))
                 for name in ("model_version", "engine_version", "prompt_version")
             },
             **{
-                name: versions.text(name, getattr(defaults, name)).lower()
+                name: versions.text(name, getattr(_DEFAULT.versions, name)).lower()
                 for name in (
                     "model_version_header",
                     "engine_version_header",
@@ -419,37 +423,31 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
         ),
         default_price=_price(prices.child("default")),
         prices={str(model): _price(models.child(str(model))) for model in models.raw},
-        max_input_tokens=limits.integer("max_input_tokens", 0),
-        max_body_bytes=limits.integer("max_body_bytes", 8 << 20, minimum=1024),
-        max_response_bytes=limits.integer("max_response_bytes", 64 << 20, minimum=1024),
-        max_concurrency=limits.integer("max_concurrency", 0),
-        queue_timeout=limits.duration("queue_timeout", 10.0),
-        tokenizer=limits.text("tokenizer", ""),
-        default_max_tokens=limits.integer("default_max_tokens", 4096, minimum=1),
+        max_input_tokens=limits.integer("max_input_tokens", _DEFAULT.max_input_tokens),
+        max_body_bytes=limits.integer("max_body_bytes", _DEFAULT.max_body_bytes, minimum=1024),
+        max_response_bytes=limits.integer(
+            "max_response_bytes", _DEFAULT.max_response_bytes, minimum=1024
+        ),
+        max_concurrency=limits.integer("max_concurrency", _DEFAULT.max_concurrency),
+        queue_timeout_s=limits.duration("queue_timeout", _DEFAULT.queue_timeout_s),
+        tokenizer=limits.text("tokenizer", _DEFAULT.tokenizer),
+        default_max_tokens=limits.integer(
+            "default_max_tokens", _DEFAULT.default_max_tokens, minimum=1
+        ),
         over_budget="reject" if over_budget == "reject" else "clamp",
-        header_timeout=limits.duration("header_timeout", 10.0),
-        body_timeout=limits.duration("body_timeout", 30.0),
-        keep_alive_timeout=limits.duration("keep_alive_timeout", 5.0),
-        max_header_bytes=limits.integer("max_header_bytes", 64 << 10, minimum=1024),
+        header_timeout_s=limits.duration("header_timeout", _DEFAULT.header_timeout_s),
+        body_timeout_s=limits.duration("body_timeout", _DEFAULT.body_timeout_s),
+        keep_alive_timeout_s=limits.duration("keep_alive_timeout", _DEFAULT.keep_alive_timeout_s),
+        max_header_bytes=limits.integer(
+            "max_header_bytes", _DEFAULT.max_header_bytes, minimum=1024
+        ),
         passthrough=tuple(passthrough),
         quality_sample_rate=sampling.number(
-            "rate", ProxyConfig.quality_sample_rate, minimum=0.0, maximum=1.0
+            "rate", _DEFAULT.quality_sample_rate, minimum=0.0, maximum=1.0
         ),
     )
 
 
 def load(path: str | Path) -> ProxyConfig:
     """Read and validate a config file."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "(parse)"
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{source}: {where}: invalid YAML: {problem}") from None
-    return parse(document, source)
+    return parse(yamlfile.load(path, ConfigError), str(path))

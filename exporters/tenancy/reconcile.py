@@ -81,10 +81,10 @@ class DirectTrafficError(Exception):
 class DirectTraffic:
     """Reads the probe runners whose probes reach this proxy's engine without passing it."""
 
-    def __init__(self, urls: Sequence[str], timeout: float = 5.0, max_bytes: int = 8 << 20):
+    def __init__(self, urls: Sequence[str], timeout_s: float = 5.0, max_bytes: int = 8 << 20):
         self.urls = tuple(urls)
         self.max_bytes = max_bytes
-        self._client = httpx.AsyncClient(timeout=timeout) if self.urls else None
+        self._client = httpx.AsyncClient(timeout=timeout_s) if self.urls else None
 
     async def read(self) -> dict[str, float]:
         """Direct probe tokens summed over the runners; raises DirectTrafficError."""

@@ -2,7 +2,7 @@
 
 uvicorn bounds idle keep-alive connections but not a client that trickles a request's head:
 :class:`BoundedHttpToolsProtocol` closes a connection whose request line and headers are not
-complete within ``header_timeout`` seconds or exceed ``max_header_bytes`` (the body has its
+complete within ``header_timeout_s`` seconds or exceed ``max_header_bytes`` (the body has its
 own deadline in the app). :class:`ProxyServer` marks the app as draining when shutdown
 begins, so that the streams still running when the grace period ends are cut short and
 charged rather than dropped (uvicorn cancels them then).
@@ -24,7 +24,7 @@ from inferwatch.exporters.tenancy.app import ProxyApp
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a deadline and a size cap on each request head."""
 
-    header_timeout = 10.0
+    header_timeout_s = 10.0
     max_header_bytes = 64 << 10
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -39,7 +39,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def _arm(self) -> None:
         self._disarm()
         self._head_bytes = 0
-        self._head_timer = self.loop.call_later(self.header_timeout, self._head_overdue)
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_overdue)
 
     def _disarm(self) -> None:
         if self._head_timer is not None:
@@ -98,7 +98,7 @@ def _protocol(app: ProxyApp) -> type[BoundedHttpToolsProtocol]:
     return type(
         "ProxyHttpProtocol",
         (BoundedHttpToolsProtocol,),
-        {"header_timeout": config.header_timeout, "max_header_bytes": config.max_header_bytes},
+        {"header_timeout_s": config.header_timeout_s, "max_header_bytes": config.max_header_bytes},
     )
 
 
@@ -116,7 +116,7 @@ def uvicorn_config(
         log_config=None,
         server_header=False,
         date_header=False,
-        timeout_keep_alive=max(1, round(app.config.keep_alive_timeout)),
+        timeout_keep_alive=max(1, round(app.config.keep_alive_timeout_s)),
         # whole seconds, rounded up (uvicorn's setting is an int)
         timeout_graceful_shutdown=None if drain_grace is None else math.ceil(drain_grace),
         # The tenant header is trusted by the address of the TCP peer. uvicorn would otherwise

@@ -12,11 +12,11 @@ to that tenant.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import ipaddress
 from dataclasses import dataclass
 
+from inferwatch.exporters.fastpath import remember
 from inferwatch.exporters.tenancy.config import (
     HEADER_RESERVED_TENANTS,
     TENANT_PATTERN,
@@ -46,7 +46,14 @@ class TenantResolver:
         self._header = config.tenant_header.encode()
         self._trusted = config.trusted_sources
         self._attribute_unknown = config.unknown_policy == "attribute"
-        self.is_trusted = functools.lru_cache(maxsize=1024)(self._is_trusted)
+        self._trusted_memo: dict[str, bool] = {}
+
+    def is_trusted(self, host: str) -> bool:
+        """Whether a peer address is a trusted source (memoised: peers repeat)."""
+        known = self._trusted_memo.get(host)
+        if known is None:
+            known = remember(self._trusted_memo, host, self._is_trusted(host), 1024)
+        return known
 
     def _is_trusted(self, host: str) -> bool:
         try:

@@ -73,7 +73,7 @@ class _Connection(asyncio.Protocol):
         # one timer per connection, pushed forward by each wait instead of re-armed per wait
         self._timer: asyncio.TimerHandle | None = None
         self._deadline = 0.0
-        self._wait_timeout = 0.0
+        self._wait_timeout_s = 0.0
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -115,7 +115,7 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     # used by the pool and the response
-    def start(self, request: bytes, timeout: float) -> asyncio.Future[None]:
+    def start(self, request: bytes, timeout_s: float) -> asyncio.Future[None]:
         """Send a request; the future resolves on the response headers, or fails."""
         assert self.transport is not None
         self._headers = []
@@ -125,15 +125,15 @@ class _Connection(asyncio.Protocol):
         self._error = None
         self._received_any = False
         self._head = asyncio.get_running_loop().create_future()
-        self._start_clock(timeout)
+        self._start_clock(timeout_s)
         self.transport.write(request)
         return self._head
 
-    def _start_clock(self, timeout: float) -> None:
-        """The wait that begins now fails with a timeout after ``timeout`` seconds."""
+    def _start_clock(self, timeout_s: float) -> None:
+        """The wait that begins now fails with a timeout after ``timeout_s`` seconds."""
         loop = asyncio.get_running_loop()
-        self._wait_timeout = timeout
-        self._deadline = loop.time() + timeout
+        self._wait_timeout_s = timeout_s
+        self._deadline = loop.time() + timeout_s
         if self._timer is not None and self._timer.when() > self._deadline:
             self._timer.cancel()  # a shorter timeout than the armed one
             self._timer = None
@@ -152,9 +152,9 @@ class _Connection(asyncio.Protocol):
             self._timer = loop.call_at(self._deadline, self._on_deadline)
             return
         if waiting_for_head:
-            message = f"no response headers from the engine in {self._wait_timeout:g}s"
+            message = f"no response headers from the engine in {self._wait_timeout_s:g}s"
         else:
-            message = f"no data from the engine for {self._wait_timeout:g}s"
+            message = f"no data from the engine for {self._wait_timeout_s:g}s"
         waiter.set_exception(UpstreamError("timeout", message))
 
     def _fail(self, error: UpstreamError) -> None:
@@ -168,7 +168,7 @@ class _Connection(asyncio.Protocol):
         if self._wakeup is not None and not self._wakeup.done():
             self._wakeup.set_result(None)
 
-    async def next_chunk(self, timeout: float) -> bytes | None:
+    async def next_chunk(self, timeout_s: float) -> bytes | None:
         """The body bytes received since the last call, or None at the end of the body."""
         while not self._chunks:
             if self._complete:
@@ -176,7 +176,7 @@ class _Connection(asyncio.Protocol):
             if self._error is not None:
                 raise self._error
             self._wakeup = asyncio.get_running_loop().create_future()
-            self._start_clock(timeout)
+            self._start_clock(timeout_s)
             try:
                 await self._wakeup
             finally:

@@ -175,6 +175,11 @@ class UsageMeter:
     def source(self) -> UsageSource:
         return "estimated" if self.reported is None else "reported"
 
+    @property
+    def content_events(self) -> int:
+        """Events (or bodies) so far that carried generated text: the first marks TTFT."""
+        return self._content_events
+
     def usage(self) -> Usage:
         """What to charge: the reported usage, else the estimate."""
         if self.reported is not None:

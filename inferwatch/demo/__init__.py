@@ -1,10 +1,11 @@
 """``inferwatch demo``: a small inference fleet on one machine, observed the way inferwatch does.
 
 Modules: ``topology`` (the replicas, tenants, prices and their config files), ``processes``
-(starting, checking and reaping the children), ``loadgen`` (tenants' traffic and readiness-aware
-routing), ``signals`` (rates and quantiles from /metrics deltas), ``observer`` (the fleet state
-read from the endpoints), ``scenario`` (fault timelines; shipped ones in ``scenarios/``),
-``view`` (the live table and the plain summary line), ``run`` (the demo's life) and ``cli``.
+(starting, checking and reaping the children), ``loadgen`` (tenants' traffic through the
+gateway), ``routing`` (HAProxy, the gateway, and where it sends each model), ``signals``
+(rates and quantiles from /metrics deltas), ``observer`` (the fleet state read from the
+endpoints), ``scenario`` (fault timelines; shipped ones in ``scenarios/``), ``view`` (the live
+table and the plain summary line), ``run`` (the demo's life) and ``cli``.
 """
 
 from inferwatch.demo.cli import demo

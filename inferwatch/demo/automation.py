@@ -5,8 +5,13 @@ isolation rules are kept, one copy per model narrowed to that model's replicas (
 alerts carry the Prometheus target's ``replica`` label but no ``model``), so that the
 circuit breaker counts each model's replicas as a population of its own: at most half of
 them may be taken out, so a second primary replica or the only fallback one is refused.
-Rules for actions the demo has no target for (a gateway) are left out. The namespace
-allow-list names the demo's namespace and ``""``, for the GPU alerts that carry none.
+Two rules are the demo's own: degenerate output of one model version shifts that version's
+traffic in HAProxy (``shift_traffic`` through its Runtime API, rolled back once the alert has
+been resolved a while), and an engine that is down or stalled (it holds requests and makes no
+token, while its /readyz still passes) is isolated like a broken GPU, until it is repaired. With a
+Kubernetes API (the drill's fake one), a reset-class XID also becomes a GPU reset request on
+the node. The namespace allow-list names the demo's namespace and ``""``, for the GPU alerts
+that carry none.
 
 Two tokens are written into the work directory: the one Alertmanager sends the receiver, and
 the sidecars' admin token, which the receiver's isolation action sends the sidecars.
@@ -33,8 +38,14 @@ CONFIG = "runbooks.yaml"
 TOKEN = "runbooks.token"
 SIDECAR_TOKEN = "sidecar-admin.token"
 AUDIT_LOG = "runbooks-audit.jsonl"
-#: the action the demo's rules keep (its sidecars are the only targets it has)
+#: the action the demo's isolation rules use
 ACTION = "isolate_replica"
+SHIFT = "shift_traffic"
+XID = "kubernetes_xid_remediation"
+#: the breaker's group of the fleet's GPUs (reset requests)
+GPUS = "gpus"
+#: how long a resolved degenerate-output alert waits before its traffic shift is undone
+ROLLBACK_AFTER = "10s"
 #: the share of a model's replicas the receiver may isolate within the breaker's window
 MAX_FRACTION = 0.5
 
@@ -47,37 +58,78 @@ def shipped() -> dict[str, Any]:
 
 
 def document(
-    sidecar_token: Path, execute: bool, replicas: Sequence[Replica] = topology.REPLICAS
+    sidecar_token: Path,
+    execute: bool,
+    runtime: Path,
+    replicas: Sequence[Replica] = topology.REPLICAS,
+    *,
+    kube_host: str | None = None,
+    cooldown: str = "30m",
 ) -> dict[str, Any]:
-    """The demo's mapping config: the shipped isolation rules, once per model."""
+    """The demo's mapping config (see the module docstring); ``runtime`` is HAProxy's socket."""
     base = shipped()
     models: dict[str, list[str]] = {}
     for replica in replicas:
         models.setdefault(replica.model, []).append(replica.name)
+    # (rule, the label that names the replica on its alert): GPU alerts carry the target's
+    # ``replica``; the stalled-engine alert, summed per pod, carries ``pod`` (the replica's name)
+    isolating = [(r, "replica") for r in base.get("rules") or [] if r["action"] == ACTION]
+    for name, alertname, label in (
+        ("isolate-replica-on-engine-down", "InferwatchEngineDown", "replica"),
+        ("isolate-replica-on-stalled-engine", "InferwatchEngineStalled", "pod"),
+    ):
+        params = {"admin_url": "http://{instance}/admin/isolation"}
+        isolating.append(({"name": name, "alertname": alertname, "action": ACTION,
+                           "params": params}, label))  # fmt: skip
     rules = []
-    for rule in base.get("rules") or []:
-        if rule["action"] != ACTION:
-            continue
+    for rule, label in isolating:
         for model, names in models.items():
-            on_model = f'replica=~"{"|".join(map(re.escape, names))}"'
+            on_model = f'{label}=~"{"|".join(map(re.escape, names))}"'
             rules.append(
                 {
                     **rule,
                     "name": f"{rule['name']}-{_slug(model)}",
                     "matchers": [*rule.get("matchers", []), on_model],
                     "params": {**rule.get("params", {}), "group": model},
+                    "cooldown": cooldown,
                 }
             )
-    settings = dict((base.get("actions") or {}).get(ACTION, {}))
+    rules.append(
+        {
+            "name": "shift-traffic-off-a-degenerate-version",
+            "alertname": "InferwatchDegenerateOutputRising",
+            "action": SHIFT,
+            "params": {"scope": "version", "steps": [0.5, 1.0], "step_interval": 1},
+            "cooldown": cooldown,
+            "rollback_after": ROLLBACK_AFTER,
+        }
+    )
+    settings: dict[str, Any] = {
+        ACTION: {
+            **(base.get("actions") or {}).get(ACTION, {}),
+            "token_file": str(sidecar_token),
+        },
+        SHIFT: {"runtime": str(runtime)},
+    }
+    populations = {model: len(names) for model, names in models.items()}
+    if kube_host is not None:
+        rules.append(
+            {
+                "name": "gpu-reset-request-on-reset-class-xid",
+                "alertname": "InferwatchGPUXidErrors",
+                "matchers": ['severity="critical"', 'action="reset_gpu"'],
+                "action": XID,
+                "params": {"group": GPUS},
+                "cooldown": cooldown,
+            }
+        )
+        settings[XID] = {"host": kube_host}
+        populations[GPUS] = len(replicas)  # one GPU per simulated replica
     return {
         "execute": execute,
         "namespaces": [topology.NAMESPACE, mapping.NO_NAMESPACE],
-        "breaker": {
-            **base["breaker"],
-            "max_fraction": MAX_FRACTION,
-            "populations": {model: len(names) for model, names in models.items()},
-        },
-        "actions": {ACTION: {**settings, "token_file": str(sidecar_token)}},
+        "breaker": {**base["breaker"], "max_fraction": MAX_FRACTION, "populations": populations},
+        "actions": settings,
         "rules": rules,
     }
 
@@ -95,10 +147,20 @@ def write_tokens(workdir: Path) -> None:
         path.write_text(secrets.token_urlsafe(24) + "\n", encoding="utf-8")
 
 
-def component(workdir: Path, port: int, execute: bool) -> Component:
+def component(
+    workdir: Path,
+    port: int,
+    execute: bool,
+    runtime: Path,
+    *,
+    kube_host: str | None = None,
+    cooldown: str = "30m",
+) -> Component:
     """``inferwatch runbooks serve`` on loopback, with a config written into ``workdir``."""
     config = workdir / CONFIG
-    chosen = document(workdir / SIDECAR_TOKEN, execute)
+    chosen = document(
+        workdir / SIDECAR_TOKEN, execute, runtime, kube_host=kube_host, cooldown=cooldown
+    )
     mapping.parse(chosen, "the demo's runbook mapping")  # a bug here is caught before start
     config.write_text(yaml.safe_dump(chosen, sort_keys=False), encoding="utf-8")
     argv = [

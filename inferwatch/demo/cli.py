@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from inferwatch.alerts.config import ConfigError
-from inferwatch.demo import alerting, topology
+from inferwatch.demo import alerting, routing, topology
 from inferwatch.demo import scenario as scenarios
 from inferwatch.demo.run import Demo, Options
 
@@ -49,7 +49,8 @@ from inferwatch.demo.run import Demo, Options
     type=click.IntRange(1024, 65536 - topology.Ports.count()),
     show_envvar=True,
     help="Use consecutive ports from here (sims, sidecars, proxies, proxies' tenant metrics, "
-    "Prometheus, Alertmanager, runbook receiver).  [default: free ports]",
+    "Prometheus, Alertmanager, runbook receiver, HAProxy, HAProxy's metrics).  "
+    "[default: free ports]",
 )
 @click.option(
     "--prometheus/--no-prometheus",
@@ -78,7 +79,8 @@ from inferwatch.demo.run import Demo, Options
     default=False,
     show_envvar=True,
     help="Let the runbook receiver (inferwatch runbooks serve, fed by Alertmanager) isolate "
-    "replicas through their sidecars; by default it only audits what it would do.",
+    "replicas through their sidecars and shift traffic in HAProxy; by default it only audits "
+    "what it would do.",
 )
 @click.option(
     "--probe-cycle",
@@ -112,7 +114,8 @@ def demo(
 
     Three replicas (the primary model at v1 and at an fp8 v2 canary, and a fallback model) each
     get a sidecar with quality probes and a tenancy proxy; a load generator sends three tenants'
-    traffic through the proxies, routing around replicas whose /readyz fails. The view shows
+    traffic through HAProxy (the config inferwatch generate gateway writes), which routes
+    around replicas whose /readyz fails. The view shows
     each replica's throughput, latency, queue, KV cache, GPU and probe verdict, and each tenant's
     tokens and cost, computed from the components' own /metrics, the alerts that reach
     Alertmanager from the generated rules, and what the runbook receiver Alertmanager feeds
@@ -138,6 +141,7 @@ def demo(
             f"{timeline.steps[0].at:g}s, then one fault and its repair ({steps}); "
             f"--scenario none for a quiet run"
         )
+    haproxy_bin = routing.binary()
     prometheus_bin = shutil.which("prometheus") if prometheus else None
     if prometheus and prometheus_bin is None:
         click.echo("prometheus is not on PATH; running without it (Debian package: prometheus)")
@@ -160,6 +164,7 @@ def demo(
         alerts=alerts,
         probe_cycle=probe_cycle,
         refresh=refresh,
+        haproxy=haproxy_bin,
         execute_runbooks=execute_runbooks,
     )
     error = asyncio.run(Demo(options, sys.stdout, live=sys.stdout.isatty()).run())

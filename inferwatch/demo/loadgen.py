@@ -1,23 +1,28 @@
-"""The multi-tenant load generator, and the readiness-aware routing a gateway would do.
+"""The multi-tenant load generator, sending every request through the gateway (HAProxy).
 
 Requests arrive as a Poisson process at ``rate`` per second; each belongs to a tenant (by share),
 asks for the tenant's model with a prompt and a completion length drawn from its profile, and
-streams its reply through the tenancy proxy of the replica the router picks, with the tenant's
-API key. The router honours the sidecars' ``/readyz`` as a Kubernetes Service does: a replica
-that is not ready gets no new requests, and when no replica of a model is ready its traffic
-moves to the other model (the fallback route), with the request's ``model`` rewritten.
+streams its reply through the gateway with the tenant's API key. Routing is the gateway's:
+it honours the sidecars' ``/readyz`` and the weights the runbook receiver sets, and sends a
+model whose replicas are all out to its fallback model's replicas, which answer its name.
+Each finished request is recorded with the server that answered it (HAProxy's
+``X-Served-By`` header), so that where traffic went is seen from the client side.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import httpx
 
-from inferwatch.demo.topology import Replica, Role, Tenant
+from inferwatch.demo.topology import Role, Tenant
+from inferwatch.gateway import SERVER_HEADER, parse_server_name
 
 _TEXT = (
     "latency throughput replica cache token batch schedule prompt answer request budget tenant "
@@ -41,48 +46,43 @@ class LoadStats:
     in_flight: int = 0
 
 
-class Router:
-    """Picks the replica for a request from the replicas' latest readiness."""
+Outcome = Literal["ok", "rejected", "failed"]
+#: finished requests kept for the drill's client-side view
+HISTORY = 20_000
 
-    def __init__(self, replicas: Sequence[Replica]) -> None:
-        self.replicas = tuple(replicas)
-        self.ready: dict[str, bool] = {r.name: True for r in replicas}
 
-    def serving(self, role: Role) -> list[Replica]:
-        """The replicas that take ``role``'s traffic now."""
-        own = [r for r in self.replicas if r.role == role]
-        ready = [r for r in own if self.ready[r.name]]
-        if ready:
-            return ready
-        others = [r for r in self.replicas if r.role != role and self.ready[r.name]]
-        return others or own  # nothing ready: keep trying its own (the errors show it)
+@dataclass(frozen=True)
+class Completion:
+    """One finished request as the client saw it."""
 
-    def pick(self, role: Role, rng: random.Random) -> Replica:
-        candidates = self.serving(role)
-        return rng.choices(candidates, weights=[r.weight for r in candidates])[0]
-
-    def describe(self, role: Role) -> str:
-        serving = self.serving(role)
-        total = sum(r.weight for r in serving)
-        return ", ".join(f"{r.name} {r.weight / total:.0%}" for r in serving)
+    started: float  # time.monotonic()
+    ended: float
+    tenant: str
+    role: Role
+    replica: str  # the replica that answered ("" when the gateway answered itself)
+    outcome: Outcome
 
 
 class LoadGenerator:
     def __init__(
         self,
         http: httpx.AsyncClient,
-        router: Router,
-        proxy_urls: Mapping[str, str],
+        gateway_url: str,
+        models: Mapping[Role, str],
         tenants: Sequence[Tenant],
         rate: float,
         seed: int = 0,
     ) -> None:
         self.http = http
-        self.router = router
-        self.proxy_urls = proxy_urls
+        self.url = gateway_url + "/v1/chat/completions"
+        self.models = dict(models)
         self.tenants = tuple(tenants)
         self.rate = rate
         self.stats = LoadStats()
+        self.history: deque[Completion] = deque(maxlen=HISTORY)
+        #: (when, role, replica) as each answer's headers arrive: where new requests go, also
+        #: while the replica stalls them
+        self.routed: deque[tuple[float, Role, str]] = deque(maxlen=HISTORY)
         self._rng = random.Random(seed)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -119,27 +119,32 @@ class LoadGenerator:
         }
 
     async def _one(self, tenant: Tenant) -> None:
-        replica = self.router.pick(tenant.role, self._rng)
-        url = self.proxy_urls[replica.name] + "/v1/chat/completions"
         headers = {"Authorization": f"Bearer {tenant.key}"}
+        body = self._body(tenant, self.models[tenant.role])
         self.stats.sent += 1
         self.stats.in_flight += 1
+        started, replica = time.monotonic(), ""
+        outcome: Outcome = "failed"
         try:
             async with self.http.stream(
-                "POST", url, json=self._body(tenant, replica.model), headers=headers, timeout=60
+                "POST", self.url, json=body, headers=headers, timeout=60
             ) as response:
+                replica = parse_server_name(response.headers.get(SERVER_HEADER, ""))[1]
+                self.routed.append((time.monotonic(), tenant.role, replica))
                 if response.status_code >= 500:
-                    self.stats.failed += 1
+                    outcome = "failed"
                 elif response.status_code >= 400:
-                    self.stats.rejected += 1
+                    outcome = "rejected"
                 elif await _stream_ok(response):
-                    self.stats.ok += 1
-                else:
-                    self.stats.failed += 1
+                    outcome = "ok"
         except httpx.HTTPError:
-            self.stats.failed += 1
+            pass
         finally:
             self.stats.in_flight -= 1
+            setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+            self.history.append(
+                Completion(started, time.monotonic(), tenant.name, tenant.role, replica, outcome)
+            )
 
 
 async def _stream_ok(response: httpx.Response) -> bool:

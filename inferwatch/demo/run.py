@@ -2,9 +2,10 @@
 
 Order of events: every process is started at once on ports chosen up front (the sidecars and
 proxies tolerate an engine that is not up yet), the demo waits until each answers its health
-endpoint, then the clock starts (t=0): load, scenario and view run until the duration ends, a
-signal arrives or a component dies. Teardown always runs: load stops first, then every child
-gets SIGTERM (SIGKILL after a grace period) and is reaped, and the work directory is removed.
+endpoint and HAProxy's checks find every replica up, then the clock starts (t=0): load (through
+HAProxy), scenario and view run until the duration ends, a signal arrives or a component
+dies. Teardown always runs: load stops first, then every child gets SIGTERM (SIGKILL after a
+grace period) and is reaped, and the work directory is removed.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ from rich.console import Console
 from rich.live import Live
 
 from inferwatch.alerts.config import Config
-from inferwatch.demo import alerting, automation, topology
-from inferwatch.demo.loadgen import LoadGenerator, Router
-from inferwatch.demo.observer import FleetState, Observer
+from inferwatch.demo import alerting, automation, routing, topology
+from inferwatch.demo.loadgen import LoadGenerator
+from inferwatch.demo.observer import Observer
 from inferwatch.demo.processes import INFERWATCH, Component, StartError, Supervisor
 from inferwatch.demo.scenario import Scenario, Step
-from inferwatch.demo.topology import Ports, Replica
+from inferwatch.demo.topology import Ports, Replica, Role
 from inferwatch.demo.view import Context, render, stamp, summary_line
+from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError
 
 START_TIMEOUT = 30.0
 
@@ -50,11 +52,13 @@ class Options:
     alerts: Config  # the alert config the rules and Alertmanager's routing are generated from
     probe_cycle: float
     refresh: float
+    haproxy: str  # path of the binary: the gateway the load goes through
     execute_runbooks: bool = False  # the runbook receiver acts; else it only audits its plans
 
 
 class Demo:
     supervisor: Supervisor  # set by run(), with the run's work directory
+    gateway: RuntimeApi  # HAProxy's Runtime API, in the same work directory
 
     def __init__(self, options: Options, out: TextIO, live: bool) -> None:
         self.options = options
@@ -66,6 +70,7 @@ class Demo:
         self.stop = asyncio.Event()
         self.stop_reason = ""
         self.t0 = 0.0
+        self.routes: dict[Role, str] = {}  # where HAProxy sends each role, as last read
         self.context = Context(
             speed=options.speed,
             prometheus_url=topology.url(self.ports.prometheus) if options.prometheus else None,
@@ -100,6 +105,7 @@ class Demo:
             loop.add_signal_handler(signum, self._on_signal, signum)
         workdir = Path(tempfile.mkdtemp(prefix="inferwatch-demo-"))
         supervisor = self.supervisor = Supervisor(workdir)
+        self.gateway = routing.runtime(workdir)
         try:
             async with httpx.AsyncClient(limits=httpx.Limits(max_connections=200)) as http:
                 return await self._serve(workdir, http)
@@ -127,15 +133,16 @@ class Demo:
         self._announce(supervisor, workdir)
         if not await self._until_stopped(supervisor.wait_ready(http, START_TIMEOUT)):
             return None
+        if not await self._until_stopped(routing.wait_all_up(self.gateway, START_TIMEOUT)):
+            return None
         self.t0 = time.monotonic()
         self.say(
             f"all {len(supervisor.components)} processes answering after {self.t0 - began:.1f}s"
         )
-        router = Router(self.replicas)
         load = LoadGenerator(
             http,
-            router,
-            {r.name: topology.url(self.ports.proxy[r.name]) for r in self.replicas},
+            topology.url(self.ports.gateway),
+            {r.role: r.model for r in self.replicas},
             topology.TENANTS,
             self.options.rate,
         )
@@ -153,7 +160,7 @@ class Demo:
         if self.options.scenario is not None:
             background.append(asyncio.create_task(self._play(self.options.scenario, http, load)))
         try:
-            return await self._watch(supervisor, observer, router, load)
+            return await self.session(supervisor, observer, load)
         finally:
             for task in background:
                 task.cancel()
@@ -173,8 +180,8 @@ class Demo:
             await task
         return False
 
-    async def _watch(
-        self, supervisor: Supervisor, observer: Observer, router: Router, load: LoadGenerator
+    async def session(
+        self, supervisor: Supervisor, observer: Observer, load: LoadGenerator
     ) -> str | None:
         """Refresh the view until the end; a child that dies ends the demo with an error."""
         duration = self.options.duration
@@ -192,9 +199,9 @@ class Demo:
                         f"(code {dead.process.returncode}): {reason}"
                     )
                 state = await observer.poll(tick - self.t0, load.stats, load.rate)
-                self._route(router, state)
                 for text in state.events:
                     self.event(text)
+                await self._route()
                 if live is not None:
                     live.update(render(state, self.context), refresh=True)
                 elif tick - printed >= self.options.refresh or printed == 0:
@@ -210,16 +217,18 @@ class Demo:
         self.say(f"{stamp(time.monotonic() - self.t0)} stopping ({self.stop_reason or 'done'})")
         return None
 
-    def _route(self, router: Router, state: FleetState) -> None:
-        """Feed readiness to the router and report where each model's traffic goes now."""
-        before = {role: router.describe(role) for role in ("primary", "fallback")}
-        for replica_state in state.replicas:
-            router.ready[replica_state.replica.name] = bool(replica_state.ready)
-        after = {role: router.describe(role) for role in ("primary", "fallback")}
+    async def _route(self) -> None:
+        """Report where each model's traffic goes now, as HAProxy says."""
+        try:
+            after = await routing.routes(self.gateway)
+        except RuntimeApiError as exc:
+            self.context.routing = f"haproxy: {exc}"
+            return
+        before, self.routes = self.routes, after
         self.context.routing = "   ".join(f"{role} -> {after[role]}" for role in after)
-        for role in after:
-            if after[role] != before[role]:
-                self.event(f"routing: {role} traffic now goes to {after[role]}")
+        for role, now in after.items():
+            if before and now != before.get(role):
+                self.event(f"routing: {role} traffic now goes to {now}")
 
     async def _play(self, scenario: Scenario, http: httpx.AsyncClient, load: LoadGenerator) -> None:
         """Run the scenario's steps at their times (seconds after t=0)."""
@@ -274,12 +283,19 @@ class Demo:
             components += self._replica_components(replica, index, workdir)
         if self.options.prometheus:
             components.append(self._prometheus(workdir))
+        components.append(routing.component(self.options.haproxy, self.ports, workdir))
         if self._alerting:
             components.append(self._alertmanager(workdir))
-            components.append(
-                automation.component(workdir, self.ports.runbooks, self.options.execute_runbooks)
-            )
+            components.append(self._runbooks(workdir))
         return components
+
+    def _runbooks(self, workdir: Path) -> Component:
+        return automation.component(
+            workdir,
+            self.ports.runbooks,
+            self.options.execute_runbooks,
+            workdir / routing.RUNTIME,
+        )
 
     def _prometheus(self, workdir: Path) -> Component:
         assert self.options.prometheus
@@ -324,6 +340,7 @@ class Demo:
             [*INFERWATCH, "sim", "--model", replica.model, "--gpu", replica.gpu,
              "--speed", f"{self.options.speed:g}", "--seed", str(index),
              "--hostname", replica.node, "--host", "127.0.0.1",
+             *(f"--served-model-name={name}" for name in topology.served_names(replica)),
              "--port", str(self.ports.sim[replica.name]), *replica.sim_flags],
             env={"INFERWATCH_SIM_ADMIN_TOKEN": self.admin_token},
         )  # fmt: skip
@@ -372,11 +389,13 @@ class Demo:
             "proxy": "OpenAI API per tenant (base URL {url}/v1); tenant /metrics on its own port",
             "prometheus": "web UI and API, /alerts",
             "alertmanager": "web UI, /api/v2/alerts",
+            "haproxy": "the gateway clients call: OpenAI API at {gateway}/v1, routed by model, "
+            "checks on each sidecar's /readyz; this URL is its /metrics",
             "runbooks": f"/webhook (Alertmanager's automation receiver) /metrics; audit log "
             f"{workdir / automation.AUDIT_LOG}",
         }
         for c in supervisor.components:
-            about = what[c.kind].format(url=c.url)
+            about = what[c.kind].format(url=c.url, gateway=topology.url(self.ports.gateway))
             self.say(f"  {c.kind:<12} {c.name:<11} {c.url:<24} pid {c.pid:<7} {about}")
         tenants = ", ".join(f"{t.name} ({t.key})" for t in topology.TENANTS)
         first = self.replicas[0]
@@ -386,7 +405,7 @@ class Demo:
             {"model": first.model, "messages": [{"role": "user", "content": question}]}
         )
         self.say(
-            f"  try: curl -s {topology.url(self.ports.proxy[first.name])}/v1/chat/completions "
+            f"  try: curl -s {topology.url(self.ports.gateway)}/v1/chat/completions "
             f"-H 'Authorization: Bearer {topology.TENANTS[0].key}' "
             f"-H 'Content-Type: application/json' -d '{body}'"
         )

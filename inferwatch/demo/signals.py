@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from inferwatch.exporters import textformat
 from inferwatch.exporters.histogram import histogram_quantile
-from inferwatch.exporters.textformat import Sample
+from inferwatch.exporters.textformat import PageSample
 
 Labels = Mapping[str, str]
 Where = Callable[[Labels], bool]
@@ -27,11 +27,11 @@ class Scrape:
     """The samples of one page, by sample name, and when it was read (monotonic seconds)."""
 
     at: float
-    samples: Mapping[str, Sequence[Sample]]
+    samples: Mapping[str, Sequence[PageSample]]
 
     @classmethod
     def parse(cls, at: float, text: str | bytes) -> Scrape:
-        by_name: dict[str, list[Sample]] = {}
+        by_name: dict[str, list[PageSample]] = {}
         for family in textformat.parse(text).families.values():
             for sample in family.samples:
                 by_name.setdefault(sample.name, []).append(sample)

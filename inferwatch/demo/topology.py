@@ -4,11 +4,13 @@ The fleet is fixed so that scenarios can name its parts: the primary model serve
 versions (``primary-v1`` on bf16 weights and the fp8 rollout ``primary-v2``, a canary taking a
 third of the primary traffic) and a smaller fallback model (``fallback``) that a batch tenant
 uses and that takes the primary traffic when no primary replica is ready. Every replica has
-its own sidecar and its own tenancy proxy in front of it, as in a pod.
+its own sidecar and its own tenancy proxy in front of it, as in a pod; HAProxy in front of the
+proxies is the gateway clients call.
 """
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
@@ -95,11 +97,13 @@ class Ports:
     prometheus: int
     alertmanager: int
     runbooks: int  # the runbook receiver (inferwatch runbooks serve)
+    gateway: int  # HAProxy's client port: the load goes through it
+    gateway_metrics: int  # HAProxy's own Prometheus page
 
     @classmethod
     def count(cls, replicas: Sequence[Replica] = REPLICAS) -> int:
         """How many ports the fleet uses."""
-        return 4 * len(replicas) + 3
+        return 4 * len(replicas) + 5
 
     @classmethod
     def assign(cls, base: int | None, replicas: Sequence[Replica] = REPLICAS) -> Ports:
@@ -116,7 +120,16 @@ class Ports:
             prometheus=ports[4 * n],
             alertmanager=ports[4 * n + 1],
             runbooks=ports[4 * n + 2],
+            gateway=ports[4 * n + 3],
+            gateway_metrics=ports[4 * n + 4],
         )
+
+
+def served_names(replica: Replica, replicas: Sequence[Replica] = REPLICAS) -> list[str]:
+    """The model names a replica's engine answers to: its own first (replies carry it), then
+    every other model of the fleet, whose traffic the gateway sends it as their fallback."""
+    others = sorted({r.model for r in replicas} - {replica.model})
+    return [replica.model, *others]
 
 
 def free_ports(count: int) -> list[int]:
@@ -158,8 +171,8 @@ def proxy_config(
         "versions": {"model_version": replica.version},
         "prices": {"models": {model: dict(price) for model, price in PRICES.items()}},
         "limits": {"max_input_tokens": 8192},
-        # demo traffic is light: screen a tenth of it so injected degeneracy shows in seconds
-        "quality_sampling": {"rate": 0.1},
+        # demo traffic is light: screen half of it so injected degeneracy shows in seconds
+        "quality_sampling": {"rate": 0.5},
     }
     return yaml.safe_dump(document, sort_keys=False)
 
@@ -186,7 +199,11 @@ def prometheus_config(
     document: dict[str, Any] = {
         "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
         "scrape_configs": [
-            {"job_name": "inferwatch-sidecar", "static_configs": targets(ports.sidecar)},
+            {
+                "job_name": "inferwatch-sidecar",
+                "static_configs": targets(ports.sidecar),
+                "metric_relabel_configs": gpu_nodes(),
+            },
             {"job_name": "inferwatch-proxy", "static_configs": targets(ports.proxy_metrics)},
         ],
     }
@@ -199,6 +216,21 @@ def prometheus_config(
             ]
         }
     return yaml.safe_dump(document, sort_keys=False)
+
+
+def gpu_nodes(replicas: Sequence[Replica] = REPLICAS) -> list[dict[str, Any]]:
+    """Relabelling that gives each replica's GPU series its ``node``, as Kubernetes service
+    discovery does from the pod's node (the sidecar puts it on its engine series only), so
+    that a GPU alert names the node a reset request or a cordon is for."""
+    return [
+        {
+            "source_labels": ["replica", "__name__"],
+            "regex": f"{re.escape(r.name)};inferwatch_gpu_.*",
+            "target_label": "node",
+            "replacement": r.node,
+        }
+        for r in replicas
+    ]
 
 
 def alertmanager_argv(binary: str, config: Path, storage: Path, port: int) -> list[str]:

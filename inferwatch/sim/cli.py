@@ -15,7 +15,7 @@ from inferwatch.sim.faults import FaultError
 from inferwatch.sim.server import serve_forever
 from inferwatch.sim.simulator import SimConfig
 
-log = logging.getLogger("inferwatch.sim")
+logger = logging.getLogger("inferwatch.sim")
 
 
 def _faults(path: Path | None) -> object:
@@ -29,7 +29,15 @@ def _faults(path: Path | None) -> object:
 
 @click.command()
 @serving_options
-@click.option("--served-model-name", show_envvar=True, help="Default: the model's name.")
+@click.option(
+    "--served-model-name",
+    "served_model_names",
+    multiple=True,
+    envvar="INFERWATCH_SIM_SERVED_MODEL_NAME",  # space-separated names
+    show_envvar=True,
+    help="A name the API answers to; repeat for more (vLLM takes them after one flag). "
+    "Replies and metrics carry the first.  [default: the model's name]",
+)
 @click.option(
     "--engine-ranks",
     type=click.IntRange(1, 64),
@@ -118,7 +126,7 @@ def _faults(path: Path | None) -> object:
 )
 def sim(
     model: str,
-    served_model_name: str | None,
+    served_model_names: tuple[str, ...],
     gpu: str,
     tensor_parallel: int,
     engine_ranks: int,
@@ -146,7 +154,7 @@ def sim(
     """Serve a simulated vLLM replica (OpenAI API, /metrics, DCGM, faults) on one port."""
     config = SimConfig(
         model=model,
-        served_model_name=served_model_name,
+        served_model_names=served_model_names,
         gpu=gpu,
         tensor_parallel=tensor_parallel,
         engine_ranks=engine_ranks,
@@ -170,7 +178,9 @@ def sim(
         port=port,
         gpu_port=gpu_port,
     )
-    log_event(log, logging.INFO, "simulator starting", model=model, gpu=gpu, host=host, port=port)
+    log_event(
+        logger, logging.INFO, "simulator starting", model=model, gpu=gpu, host=host, port=port
+    )
     try:
         serve_forever(config, ready_file)
     except (cap.CapacityError, FaultError, OSError) as exc:

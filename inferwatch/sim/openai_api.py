@@ -25,7 +25,7 @@ from inferwatch.sim.engine import Finished
 from inferwatch.sim.faults import FaultError
 from inferwatch.sim.simulator import VLLM_VERSION, ApiError, Job, Simulator
 
-log = logging.getLogger("inferwatch.sim")
+logger = logging.getLogger("inferwatch.sim")
 
 
 def _sim(request: Request) -> Simulator:
@@ -192,17 +192,22 @@ async def _stream(
 
 
 async def models(request: Request) -> Response:
+    """One card per served name, as vLLM lists them."""
     sim = _sim(request)
-    card = {
-        "id": sim.model_name,
-        "object": "model",
-        "created": int(time.time()),
-        "owned_by": "vllm",
-        "root": sim.capacity.model.name,
-        "parent": None,
-        "max_model_len": sim.capacity.max_model_len,
-    }
-    return JSONResponse({"object": "list", "data": [card]})
+    created = int(time.time())
+    cards = [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": sim.capacity.model.name,
+            "parent": None,
+            "max_model_len": sim.capacity.max_model_len,
+        }
+        for name in sim.served_names
+    ]
+    return JSONResponse({"object": "list", "data": cards})
 
 
 async def health(request: Request) -> Response:
@@ -273,8 +278,8 @@ async def admin_faults(request: Request) -> Response:
             sim.apply_faults(document)
         except FaultError as exc:
             return error_response(413 if "bytes" in str(exc) else 400, str(exc))
-        log_event(log, logging.WARNING, "faults injected", faults=json.dumps(document))
+        log_event(logger, logging.WARNING, "faults injected", faults=json.dumps(document))
     elif request.method == "DELETE":
         sim.clear_faults()
-        log_event(log, logging.INFO, "faults cleared")
+        log_event(logger, logging.INFO, "faults cleared")
     return JSONResponse(sim.faults_state())

@@ -32,7 +32,9 @@ class SimConfig:
     """Everything a simulated replica is made of; the CLI flags map one to one."""
 
     model: str = "meta-llama/Llama-3.1-8B-Instruct"
-    served_model_name: str | None = None  # default: the model's name
+    #: the names the API answers to, as vLLM's ``--served-model-name a b``: replies and metrics
+    #: carry the first; empty: the model's own name
+    served_model_names: tuple[str, ...] = ()
     gpu: str = "H100"
     tensor_parallel: int = 1
     engine_ranks: int = 1  # data-parallel engine cores (the `engine` label)
@@ -101,7 +103,8 @@ class Simulator:
         """Size the replica with the capacity model; raises CapacityError/FaultError."""
         self.config = config
         model = cap.model_preset(config.model)
-        self.model_name = config.served_model_name or model.name
+        self.served_names = config.served_model_names or (model.name,)
+        self.model_name = self.served_names[0]
         gpu = cap.gpu_preset(config.gpu)
         serving = cap.ServingSpec(
             tensor_parallel=config.tensor_parallel,
@@ -249,7 +252,7 @@ class Simulator:
         if not isinstance(body, Mapping):
             raise ApiError(400, "the request body must be a JSON object")
         model = body.get("model", self.model_name)
-        if model != self.model_name:
+        if model not in self.served_names:
             raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError")
         if body.get("n", 1) != 1:
             raise ApiError(400, "only n=1 is supported")

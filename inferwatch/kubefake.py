@@ -1,6 +1,7 @@
 """A Kubernetes API server for just the endpoints the runbook actions use, over real HTTP.
 
-No API server runs here, so the actions' tests drive the official client against this one.
+No API server runs here, so the actions' tests and the fault drill (``inferwatch drill``)
+drive the official client against this one.
 It keeps the semantics the actions depend on: a cluster-wide ``resourceVersion`` that every
 write increments (and a patch that changes nothing does not), a stale ``resourceVersion`` in
 a patch or a failed delete precondition is ``409 Conflict``, requests outside the configured
@@ -8,7 +9,9 @@ RBAC rules are ``403 Forbidden``, a missing object is ``404 NotFound``, all answ
 ``Status`` body the way kube-apiserver words them. Patches are applied by content type: JSON
 merge patch (RFC 7386), strategic merge patch (for the built-in kinds only; the fields the
 actions patch are plain maps and atomic lists, where it equals a merge patch) and JSON patch
-(RFC 6902). HTTPRoutes are validated against the Gateway API CRD's schema after each patch.
+(RFC 6902). HTTPRoutes are validated against the Gateway API CRD's schema after each patch
+when a CRD file is given (:func:`httproute_validator`; it needs ``jsonschema``), else only
+kept as written.
 Endpoints:
 
     GET/PATCH   /api/v1/nodes/{name}
@@ -31,7 +34,6 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import jsonschema
 import yaml
 
 #: kube-apiserver's limit on a request body
@@ -147,6 +149,9 @@ def json_patch(target: Any, operations: Any) -> Any:
 
 def httproute_validator(crd_path: str) -> Callable[[Mapping[str, Any]], None]:
     """Checks an HTTPRoute against the v1 schema of the Gateway API CRD file (read in place)."""
+    # only where a schema is checked: a test dependency, not the drill's
+    import jsonschema  # type: ignore[import-untyped, unused-ignore]
+
     with open(crd_path, encoding="utf-8") as handle:
         crd = yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
@@ -189,8 +194,10 @@ class FakeKube:
 
     USER = "system:serviceaccount:inferwatch:runbooks"
 
-    def __init__(self, validate_httproute: Callable[[Mapping[str, Any]], None]) -> None:
-        self._validate_httproute = validate_httproute
+    def __init__(
+        self, validate_httproute: Callable[[Mapping[str, Any]], None] | None = None
+    ) -> None:
+        self._validate_httproute = validate_httproute or (lambda obj: None)
         self._lock = threading.Lock()
         self._objects: dict[Key, dict[str, Any]] = {}
         self._version = 1000
@@ -246,7 +253,9 @@ class FakeKube:
         node = {"kind": "Node", "apiVersion": "v1", "metadata": meta, "spec": spec}
         return self._put(("nodes", "", name), node)
 
-    def add_pod(self, namespace: str, name: str, *, node: str = "", created: str = "") -> dict:
+    def add_pod(
+        self, namespace: str, name: str, *, node: str = "", created: str = ""
+    ) -> dict[str, Any]:
         pod: dict[str, Any] = {
             "kind": "Pod",
             "apiVersion": "v1",
@@ -256,7 +265,7 @@ class FakeKube:
         }
         return self._put(("pods", namespace, name), pod)
 
-    def add_httproute(self, namespace: str, name: str, spec: Mapping[str, Any]) -> dict:
+    def add_httproute(self, namespace: str, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         route = {
             "kind": "HTTPRoute",
             "apiVersion": f"{GATEWAY_GROUP}/v1",
@@ -359,7 +368,9 @@ class FakeKube:
         except ValueError:
             raise ApiError(400, "BadRequest", "the request body is not valid JSON") from None
 
-    def _patch(self, group: str, kind: str, key: Key, content_type: str, body: bytes) -> dict:
+    def _patch(
+        self, group: str, kind: str, key: Key, content_type: str, body: bytes
+    ) -> dict[str, Any]:
         media = content_type.split(";")[0].strip().lower()
         if media not in (MERGE, STRATEGIC, JSON_PATCH):
             raise ApiError(
@@ -379,12 +390,14 @@ class FakeKube:
             current = self._objects.get(key)
             if current is None:
                 raise self._not_found(group, key)
-            patched = (
+            patched: Any = (
                 json_patch(current, patch) if media == JSON_PATCH else merge_patch(current, patch)
             )
             if not isinstance(patched, dict):
                 raise ApiError(422, "Invalid", "the patched object is not an object")
-            meta = patched.get("metadata") if isinstance(patched.get("metadata"), dict) else {}
+            meta: dict[str, Any] = (
+                patched["metadata"] if isinstance(patched.get("metadata"), dict) else {}
+            )
             wanted = meta.get("resourceVersion")
             if wanted != current["metadata"]["resourceVersion"] and wanted is not None:
                 raise ApiError(
@@ -412,7 +425,7 @@ class FakeKube:
             self.written.append(copy.deepcopy(patched))
             return copy.deepcopy(patched)
 
-    def _delete(self, group: str, key: Key, body: bytes) -> dict:
+    def _delete(self, group: str, key: Key, body: bytes) -> dict[str, Any]:
         options = self._decode(body) or {}
         preconditions = options.get("preconditions") or {} if isinstance(options, dict) else {}
         with self._lock:

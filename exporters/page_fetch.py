@@ -1,15 +1,18 @@
-"""Fetching an engine's /metrics page safely.
+"""Fetching a /metrics page someone else serves, safely: engines' and dcgm-exporter's.
 
 Everything that can go wrong with an upstream page ends here as a ``ScrapeFailure`` with a
-short ``reason`` (the value of the ``reason`` label on ``inferwatch_engine_scrape_errors_total``)
-within the deadline: a refused connection, a hung or trickling server, an error status, an
-HTML error page, an empty or oversized body, an encoding we cannot undo.
+short ``reason`` (the value of the ``reason`` label on ``inferwatch_engine_scrape_errors_total``
+and ``inferwatch_gpu_backend_error_info``) within the deadline: a refused connection, a hung
+or trickling server, an error status, an HTML error page, an empty or oversized body, an
+encoding we cannot undo.
 
-The size cap holds for the body as inflated, not as sent: httpx would inflate each network
-chunk in one call (a few kilobytes of stacked gzip become gigabytes), so the raw bytes are
-read and inflated here, layer by layer, in steps of at most ``INFLATE_STEP`` bytes, and the
-read stops as soon as the cap is passed. Memory then stays within a small multiple of the
-cap, and the event loop gets a turn after every step.
+The size cap holds for the body as inflated, not as sent: httpx and requests would inflate
+each network chunk in one call (a few kilobytes of stacked gzip become gigabytes), so the raw
+bytes are read and inflated here (``BoundedBody``), layer by layer, in steps of at most
+``INFLATE_STEP`` bytes, and the read stops as soon as the cap is passed. Memory then stays
+within a small multiple of the cap. The engine is read with httpx on the event loop
+(``EngineScraper``, which gives the loop a turn after every step); dcgm-exporter with
+``requests`` on the GPU backend's thread (``fetch_with_requests``), under the same rules.
 """
 
 from __future__ import annotations
@@ -17,10 +20,14 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
+
+if TYPE_CHECKING:  # imported when used: only the dcgm backend reads pages with requests
+    import requests
 
 # Ask for the classic text format first: every engine serves it, and it is what our parser is
 # tuned for. OpenMetrics is accepted too (vLLM's make_asgi_app negotiates it).
@@ -47,12 +54,29 @@ class ScrapeFailure(Exception):
         self.detail = detail
 
 
+#: Defaults of the engine fetch (also the sidecar's --engine-timeout and --max-page-bytes).
+DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+#: Network chunks read at a time.
+READ_CHUNK = 64 * 1024
+
+
 @dataclass(frozen=True)
-class Page:
+class FetchedPage:
+    """A page as fetched: its bytes (inflated) and when and how fast they came."""
+
     body: bytes
     content_type: str
     fetched_at: float
     duration: float
+
+
+def check_headers(status: int, content_type: str) -> None:
+    """A response that cannot be a metrics page: an error status or an HTML/JSON error page."""
+    if status != 200:
+        raise ScrapeFailure("http_status", f"HTTP {status}")
+    if content_type.startswith(_NOT_METRICS_TYPES):
+        raise ScrapeFailure("not_metrics", f"content-type {content_type}")
 
 
 class EngineScraper:
@@ -62,28 +86,28 @@ class EngineScraper:
         self,
         url: str,
         *,
-        timeout: float = 5.0,
-        max_bytes: int = 16 * 1024 * 1024,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_bytes: int = DEFAULT_MAX_BYTES,
         client: httpx.AsyncClient | None = None,
     ):
         self.url = url
-        self.timeout = timeout
+        self.timeout_s = timeout_s
         self.max_bytes = max_bytes
         self.client = client or httpx.AsyncClient(
             headers={"Accept": ACCEPT, "Accept-Encoding": "gzip", "User-Agent": "inferwatch"},
-            timeout=httpx.Timeout(timeout),
+            timeout=httpx.Timeout(timeout_s),
             follow_redirects=False,
         )
 
-    async def fetch(self) -> Page:
+    async def fetch(self) -> FetchedPage:
         """The engine's page, within the timeout; raises ``ScrapeFailure``."""
         started = time.monotonic()
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(self.timeout_s):
                 body, content_type = await self._get()
         except TimeoutError:
             raise ScrapeFailure(
-                "timeout", f"no complete answer within {self.timeout:.1f}s"
+                "timeout", f"no complete answer within {self.timeout_s:.1f}s"
             ) from None
         except httpx.TimeoutException as exc:
             raise ScrapeFailure("timeout", type(exc).__name__) from None
@@ -91,18 +115,12 @@ class EngineScraper:
             raise ScrapeFailure("connect", f"{type(exc).__name__}: {exc}") from None
         if not body.strip():
             raise ScrapeFailure("empty", "the engine answered with an empty body")
-        return Page(body, content_type, time.time(), time.monotonic() - started)
+        return FetchedPage(body, content_type, time.time(), time.monotonic() - started)
 
     async def _get(self) -> tuple[bytes, str]:
         async with self.client.stream("GET", self.url) as response:
-            if response.status_code != 200:
-                raise ScrapeFailure("http_status", f"HTTP {response.status_code}")
             content_type = response.headers.get("content-type", "")
-            if content_type.startswith(_NOT_METRICS_TYPES):
-                raise ScrapeFailure("not_metrics", f"content-type {content_type}")
-            declared = int(response.headers.get("content-length") or 0)
-            if declared > self.max_bytes:  # what is sent is never smaller once inflated
-                raise ScrapeFailure("too_large", f"{declared} bytes > cap {self.max_bytes}")
+            check_headers(response.status_code, content_type)
             return await read_bounded(response, self.max_bytes), content_type
 
     async def aclose(self) -> None:
@@ -117,22 +135,73 @@ async def read_bounded(response: httpx.Response, max_bytes: int) -> bytes:
         if len(response.content) > max_bytes:
             raise ScrapeFailure("too_large", f"over the {max_bytes}-byte cap")
         return response.content
-    inflater = Inflater(response.headers.get("content-encoding", ""))
-    # One growing buffer rather than a list of pieces: a refused page is one allocation that
-    # goes back to the system at once, not hundreds of pieces that fragment the heap.
-    body = bytearray()
-    sent = 0
+    body = BoundedBody(max_bytes, response.headers)
     async for raw in response.aiter_raw():
-        sent += len(raw)
-        if sent > max_bytes:
-            raise ScrapeFailure("too_large", f"over the {max_bytes}-byte cap")
-        for chunk in inflater.feed(raw):
-            body += chunk
-            if len(body) > max_bytes:
-                del body[:]  # the failure's traceback keeps this frame, not the page
-                raise ScrapeFailure("too_large", f"over the {max_bytes}-byte cap once inflated")
+        for _ in body.feed(raw):
             await asyncio.sleep(0)  # one step at a time: /healthz keeps answering
-    return bytes(body)
+    return body.read()
+
+
+def fetch_with_requests(
+    session: requests.Session, url: str, *, accept: str, timeout_s: float, max_bytes: int
+) -> bytes:
+    """GET ``url`` with ``requests`` under the rules above: status and content type checked,
+    the body capped as sent and as inflated, and the whole answer within ``timeout_s`` (a
+    server trickling bytes under requests' per-read timeout is cut off too)."""
+    import requests
+    import urllib3
+
+    deadline = time.monotonic() + timeout_s
+    headers = {"Accept": accept, "Accept-Encoding": "gzip", "User-Agent": "inferwatch"}
+    try:
+        with session.get(url, timeout=timeout_s, headers=headers, stream=True) as response:
+            check_headers(response.status_code, response.headers.get("content-type", ""))
+            body = BoundedBody(max_bytes, response.headers)
+            for raw in response.raw.stream(READ_CHUNK, decode_content=False):
+                for _ in body.feed(raw):
+                    pass
+                if time.monotonic() > deadline:
+                    raise ScrapeFailure("timeout", f"no complete answer within {timeout_s:.1f}s")
+            return body.read()
+    except (requests.Timeout, urllib3.exceptions.TimeoutError) as error:
+        raise ScrapeFailure("timeout", str(error)) from None
+    except (requests.ConnectionError, urllib3.exceptions.ProtocolError) as error:
+        raise ScrapeFailure("connect", str(error)) from None
+    except (requests.RequestException, urllib3.exceptions.HTTPError) as error:
+        raise ScrapeFailure("http_error", str(error)) from None
+
+
+class BoundedBody:
+    """A response body as it arrives, inflated in bounded steps: ``ScrapeFailure("too_large")``
+    as soon as more than ``max_bytes`` are declared, sent or inflated."""
+
+    def __init__(self, max_bytes: int, headers: Mapping[str, str]):
+        declared = int(headers.get("content-length") or 0)
+        if declared > max_bytes:  # what is sent is never smaller once inflated
+            raise ScrapeFailure("too_large", f"{declared} bytes > cap {max_bytes}")
+        self.max_bytes = max_bytes
+        self._inflater = Inflater(headers.get("content-encoding", ""))
+        # One growing buffer rather than a list of pieces: a refused page is one allocation
+        # that goes back to the system at once, not hundreds of pieces that fragment the heap.
+        self._body = bytearray()
+        self._sent = 0
+
+    def feed(self, raw: bytes) -> Iterator[None]:
+        """Take one network chunk; yields after each inflated step."""
+        self._sent += len(raw)
+        if self._sent > self.max_bytes:
+            raise ScrapeFailure("too_large", f"over the {self.max_bytes}-byte cap")
+        for chunk in self._inflater.feed(raw):
+            self._body += chunk
+            if len(self._body) > self.max_bytes:
+                del self._body[:]  # the failure's traceback keeps this frame, not the page
+                raise ScrapeFailure(
+                    "too_large", f"over the {self.max_bytes}-byte cap once inflated"
+                )
+            yield
+
+    def read(self) -> bytes:
+        return bytes(self._body)
 
 
 class Inflater:

@@ -1,0 +1,75 @@
+"""What an engine module declares: its adapter, plain data the mapping engine (``mapping``)
+plans from.
+
+An engine is described, never coded: the labels that carry our identity, the labels whose
+values are replicas of one piece of work, how a signal the catalogue has no alias for is
+derived from the series it does have, and the JSON endpoints that tell its version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from inferwatch.catalog import Alias
+
+
+@dataclass(frozen=True)
+class LabelValue:
+    """The value sits in a label of an info-style gauge (``cache_config_info{block_size}``)."""
+
+    metric: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Total:
+    """A counter or gauge that is the sum of several source series.
+
+    Every ``required`` series must be on the page; ``optional`` ones are added where present.
+    """
+
+    required: tuple[Alias, ...]
+    optional: tuple[Alias, ...] = ()
+
+
+@dataclass(frozen=True)
+class SumCount:
+    """A histogram known only by its sum and count, written with a single ``+Inf`` bucket.
+
+    ``sum`` series (all required) add up to the histogram's sum; ``count`` is its count.
+    The result has no distribution, but rate(sum)/rate(count) gives the mean.
+    """
+
+    sum: tuple[Alias, ...]
+    count: Alias
+
+
+Derivation = LabelValue | Total | SumCount
+
+
+@dataclass(frozen=True)
+class VersionEndpoint:
+    """A JSON endpoint that tells the engine's version or model: our key -> its fields."""
+
+    path: str
+    fields: Mapping[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """What is particular to one engine; everything it names is plain data."""
+
+    name: str
+    #: our identity label -> the engine's label carrying it (model -> model_name)
+    identity_labels: Mapping[str, str] = field(default_factory=dict)
+    #: labels whose values are replicas of the same work (collapsed by max, not summed)
+    replica_labels: frozenset[str] = frozenset()
+    #: a family every page has whose model label names the one model the server serves;
+    #: series without a model label (vLLM's cache_config_info) are given that model
+    served_model_family: str | None = None
+    #: catalogue key -> how the signal is computed where the catalogue has no alias for it;
+    #: several derivations are tried in order, the first with data wins (as aliases do)
+    derived: Mapping[str, Derivation | tuple[Derivation, ...]] = field(default_factory=dict)
+    #: tried in order by read_version
+    version_endpoints: tuple[VersionEndpoint, ...] = ()

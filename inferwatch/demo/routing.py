@@ -1,0 +1,124 @@
+"""The demo's gateway: HAProxy with the generated config, and where it sends each model now.
+
+HAProxy runs with the config ``inferwatch generate gateway`` writes for the demo fleet
+(:func:`inferwatch.gateway.from_demo`): health checks on each sidecar's ``/readyz``, weighted
+versions, the fallback model's replicas at weight 0, and the Runtime API on a unix socket in
+the work directory, which the runbook receiver's ``shift_traffic`` action drives. What the
+view shows as routing is read back from HAProxy itself, never from a model of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import click
+
+from inferwatch import gateway
+from inferwatch.demo import topology
+from inferwatch.demo.processes import Component, StartError
+from inferwatch.demo.topology import Ports, Role
+from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError, ServerState
+
+CONFIG = "haproxy.cfg"
+RUNTIME = "haproxy.sock"
+#: the PATH of an unprivileged shell often lacks /usr/sbin, where Debian installs haproxy
+SEARCH_PATH = "/usr/local/sbin:/usr/sbin:/sbin"
+
+
+def binary() -> str:
+    """The haproxy binary; a one-line error when it is not installed."""
+    found = shutil.which("haproxy", path=f"{os.environ.get('PATH', '')}:{SEARCH_PATH}")
+    if found is None:
+        raise click.ClickException(
+            "haproxy is not installed: the gateway the load goes through "
+            "(scripts/install-haproxy, or the Debian package haproxy)"
+        )
+    return found
+
+
+def layout(ports: Ports, workdir: Path) -> gateway.Topology:
+    return gateway.from_demo(
+        ports,
+        f"127.0.0.1:{ports.gateway}",
+        str(workdir / RUNTIME),
+        f"127.0.0.1:{ports.gateway_metrics}",
+    )
+
+
+def component(binary: str, ports: Ports, workdir: Path) -> Component:
+    """HAProxy in the foreground (``-db``) with the generated config; ready once its
+    metrics page answers."""
+    config = workdir / CONFIG
+    config.write_text(gateway.render(layout(ports, workdir)), encoding="utf-8")
+    url = topology.url(ports.gateway_metrics)
+    return Component("haproxy", "", url, "/metrics", [binary, "-db", "-f", str(config)])
+
+
+def runtime(workdir: Path) -> RuntimeApi:
+    return RuntimeApi(str(workdir / RUNTIME), timeout=2.0)
+
+
+async def backends(api: RuntimeApi) -> dict[str, list[ServerState]]:
+    """Every model's backend as HAProxy reports it, by model name."""
+    models = {r.model for r in topology.REPLICAS}
+    return {model: await api.servers(gateway.backend_name(model)) for model in sorted(models)}
+
+
+def serving(states: Mapping[str, list[ServerState]], model: str) -> dict[str, int]:
+    """Replica -> weight of the servers that take ``model``'s new requests now.
+
+    A server takes traffic when it is up with a weight above 0; when none of the model's own
+    backend does, the frontend sends the model to its fallback's backend (``nbsrv lt 1``).
+    """
+    own = _usable(states[model])
+    if own:
+        return own
+    for other, servers in states.items():
+        if other != model:
+            return _usable(servers)
+    return {}
+
+
+def _usable(servers: list[ServerState]) -> dict[str, int]:
+    usable: dict[str, int] = {}
+    for server in servers:
+        if server.up and server.weight > 0:
+            replica = gateway.parse_server_name(server.name)[1]
+            usable[replica] = usable.get(replica, 0) + server.weight
+    return usable
+
+
+def describe(weights: Mapping[str, int]) -> str:
+    """``primary-v1 67%, primary-v2 33%``; ``nothing`` when no server takes traffic."""
+    total = sum(weights.values())
+    if not total:
+        return "nothing (503)"
+    return ", ".join(f"{name} {weight / total:.0%}" for name, weight in sorted(weights.items()))
+
+
+async def routes(api: RuntimeApi) -> dict[Role, str]:
+    """Where each role's model traffic goes now, as the view prints it."""
+    states = await backends(api)
+    by_role = {r.role: r.model for r in topology.REPLICAS}
+    return {role: describe(serving(states, model)) for role, model in by_role.items()}
+
+
+async def wait_all_up(api: RuntimeApi, timeout: float) -> None:
+    """Return once HAProxy's checks find every server up; raise StartError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    down: list[str] = []
+    while time.monotonic() < deadline:
+        try:
+            states = await backends(api)
+            down = [s.name for servers in states.values() for s in servers if not s.up]
+            if not down:
+                return
+        except RuntimeApiError as exc:
+            down = [str(exc)]
+        await asyncio.sleep(0.2)
+    raise StartError(f"haproxy: servers not up within {timeout:g} s: {', '.join(down)}")

@@ -1,0 +1,60 @@
+"""``inferwatch drill`` end to end: the whole stack, the receiver acting, every check passing."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inferwatch.drill.run import SCENARIOS
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        not (shutil.which("prometheus") and shutil.which("haproxy", path="/usr/sbin:/usr/bin")),
+        reason="needs prometheus, alertmanager and haproxy (scripts/install-*)",
+    ),
+]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(900)
+def test_the_drill_times_every_scenario_passes_its_checks_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    report = tmp_path / "drill.json"
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "inferwatch", "drill", "--report", str(report)],
+        capture_output=True, text=True, timeout=840, cwd=tmp_path,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    result = json.loads(report.read_text())
+    assert result["ok"] and all(result["control"].values()), result
+    assert [s["scenario"] for s in result["scenarios"]] == [s.name for s in SCENARIOS]
+    for line, scenario in zip(result["scenarios"], SCENARIOS, strict=True):
+        assert line["ok"] and line["alert"] is not None and line["alert"] >= line["fault"], line
+        if scenario.action and not scenario.breaker:
+            assert line["acted"][scenario.action] == 1, line
+            assert line["fault"] <= line["action"] <= line["recovered"], line
+        if scenario.moved_from:
+            assert line["moved"] is not None and line["recovered"] is not None, line
+    mass = result["scenarios"][-1]
+    assert mass["refused_by_breaker"] >= 1 and mass["acted"].get("isolate_replica", 0) <= 1
+    assert "inferwatch drill: fault -> alert" in done.stdout
+    started = [int(pid) for pid in re.findall(r"\bpid (\d+)", output)]
+    assert len(started) >= 13 and [pid for pid in started if alive(pid)] == []
+    assert re.search(r"removed (\S+)", output)
