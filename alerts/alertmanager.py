@@ -53,6 +53,7 @@ REPLICA_SYMPTOMS = (
     "InferwatchEngineDown",
     "InferwatchEngineStalled",
     "InferwatchReplicaNotReady",
+    "InferwatchReplicaStuckInWarmup",
     "InferwatchErrorRatioHigh",
     "InferwatchTTFTHigh",
     "InferwatchTPOTHigh",

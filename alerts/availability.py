@@ -2,7 +2,8 @@
 
 Readiness reads ``inferwatch_replica_ready``, the sidecar's /readyz conditions as series:
 one replica out is a warning (the router already routes around it), more than a configured
-share of a model's replicas out pages.
+share of a model's replicas out pages. A replica whose model has loaded but whose warm-up
+does not pass (``inferwatch_replica_startup_phase``) is named as such.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def alerts(config: Config) -> list[Alert]:
         *_scrape_errors(config),
         *_error_ratio(config),
         *_readiness(config),
+        *_startup(config),
     ]
 
 
@@ -167,5 +169,26 @@ def _readiness(config: Config) -> list[Alert]:
                 "rest carry its traffic or it moves to a fallback model."
             ),
             panel=Panel("fleet", 6),
+        ),
+    ]
+
+
+def _startup(config: Config) -> list[Alert]:
+    stuck = config.alert("InferwatchReplicaStuckInWarmup")
+    loaded = metric(config, "replica_startup_phase", 'phase="engine_healthy"')
+    return [
+        Alert(
+            name="InferwatchReplicaStuckInWarmup",
+            severity="warning",
+            expr=f"{loaded} == 1",
+            for_=stuck.for_,
+            summary="A replica has loaded its model but its warm-up does not pass.",
+            description=(
+                "Pod {{ $labels.pod }} ({{ $labels.model }} {{ $labels.model_version }}) "
+                f"loaded its model more than {stuck.for_} ago and is still warming up: its "
+                "warm-up requests fail or overrun their deadline, so it stays unready and "
+                "the capacity it was started for is not there."
+            ),
+            panel=Panel("replica", 11),
         ),
     ]

@@ -7,6 +7,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -25,6 +26,8 @@ from inferwatch.exporters.gpu.scope import GpuScope
 from inferwatch.exporters.histogram import histogram_quantile
 from inferwatch.exporters.page_fetch import EngineScraper, ScrapeFailure
 from inferwatch.exporters.sidecar import Sidecar
+from inferwatch.exporters.startup import StartupTracker
+from inferwatch.exporters.warmup import Warmup, WarmupPlan
 from inferwatch.logs import log_event
 from inferwatch.probes import golden
 from inferwatch.probes.client import Endpoint
@@ -41,6 +44,14 @@ def metrics_url(url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise click.BadParameter(f"{url!r} is not an http(s) URL", param_hint="--engine-url")
     return url if parts.path not in ("", "/") else url.rstrip("/") + "/metrics"
+
+
+def int_list(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    """``1,8,32`` -> (1, 8, 32); every item a positive integer."""
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    if not all(item.isdigit() and int(item) > 0 for item in items):
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of positive integers")
+    return tuple(int(item) for item in items)
 
 
 #: Options of every command that scrapes an engine.
@@ -197,6 +208,42 @@ engine_options = option_group(
     "receiver's replica isolation). Without it (or INFERWATCH_SIDECAR_ADMIN_TOKEN) the admin "
     "endpoint answers 403.",
 )
+@click.option(
+    "--warmup-batch-sizes",
+    default="",
+    callback=int_list,
+    show_envvar=True,
+    help="Warm-up gate: batch sizes (comma-separated, e.g. 1,8,32) at which the sidecar sends "
+    "warm-up requests to the engine's /v1/completions once it is healthy, each batch at once, "
+    "before /readyz may turn ready (readiness condition warmup). Empty (the default): no "
+    "warm-up, the replica is ready as soon as the engine is.",
+)
+@click.option(
+    "--warmup-prompt-tokens",
+    default="16,1024",
+    callback=int_list,
+    show_envvar=True,
+    show_default=True,
+    help="Prompt lengths (about one token per word) sent at every warm-up batch size: a short "
+    "one and a long one that allocates KV cache. Each must fit the model's context.",
+)
+@click.option(
+    "--warmup-max-tokens",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_envvar=True,
+    show_default=True,
+    help="max_tokens of each warm-up request.",
+)
+@click.option(
+    "--warmup-deadline",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_envvar=True,
+    show_default=True,
+    help="Seconds one warm-up round may take; a round that fails or overruns keeps the replica "
+    "unready with the reason, and is retried with backoff (2s doubling to 60s).",
+)
 def sidecar(
     engine_url: str | None,
     listen: str,
@@ -219,6 +266,10 @@ def sidecar(
     probes: str,
     probe_cycle: float,
     admin_token_file: Path | None,
+    warmup_batch_sizes: tuple[int, ...],
+    warmup_prompt_tokens: tuple[int, ...],
+    warmup_max_tokens: int,
+    warmup_deadline: float,
 ) -> None:
     """Serve one canonical /metrics, /healthz and /readyz for one engine replica.
 
@@ -235,6 +286,8 @@ def sidecar(
     except TokenError as exc:
         raise click.BadParameter(str(exc), param_hint="--admin-token-file") from None
     if engine_url is None:
+        if warmup_batch_sizes:
+            raise click.UsageError("--warmup-batch-sizes needs --engine-url: warm-up goes to it")
         gpu_scope = _gpu_only_scope(gpu, gpu_scope, probes, admin_token)
     emit_pod = emits_pod_labels(pod_labels, os.environ)
     identity = {
@@ -258,11 +311,23 @@ def sidecar(
     collectors: list[MetricSource] = [gpu_backend]
     readiness: list[ReadinessSource] = [gpu_backend]
     background = []
+    runner = None
     if probes and engine_collector is not None:  # probes without an engine: refused above
         runner = _probe_runner(probes, probe_cycle, engine_collector.base_url, identity, pod)
         collectors.append(runner)
         readiness.append(runner)
-        background.append(runner.run)
+    if engine_collector is not None:
+        plan = None
+        if warmup_batch_sizes:
+            plan = _warmup_plan(
+                warmup_batch_sizes, warmup_prompt_tokens, warmup_max_tokens, warmup_deadline
+            )
+        tracker = _startup_tracker(engine_collector, plan, model, runner)
+        collectors.append(tracker)
+        readiness.append(tracker)
+        background.append(tracker.run)
+        if runner is not None:  # a replica still loading or warming up says nothing of quality
+            background.append(partial(tracker.after_warmup, runner.run))
     app = Sidecar(
         engine_collector, collectors, readiness, background=background, admin_token=admin_token
     ).app()
@@ -327,6 +392,37 @@ def _gpu_backend(spec: str, gpu_scope: GpuScope | None) -> GpuTelemetry:
         return gpu.open_backend(spec, scope=gpu_scope)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu") from None
+
+
+#: the largest warm-up batch (vLLM captures CUDA graphs up to 512) and prompt
+MAX_WARMUP_BATCH = 1024
+MAX_WARMUP_PROMPT = 131072
+
+
+def _warmup_plan(
+    batch_sizes: tuple[int, ...], prompt_tokens: tuple[int, ...], max_tokens: int, deadline: float
+) -> WarmupPlan:
+    if max(batch_sizes) > MAX_WARMUP_BATCH:
+        raise click.BadParameter(
+            f"a warm-up batch is at most {MAX_WARMUP_BATCH} requests",
+            param_hint="--warmup-batch-sizes",
+        )
+    if not prompt_tokens or max(prompt_tokens) > MAX_WARMUP_PROMPT:
+        raise click.BadParameter(
+            f"give one to a few prompt lengths of at most {MAX_WARMUP_PROMPT} tokens",
+            param_hint="--warmup-prompt-tokens",
+        )
+    return WarmupPlan(batch_sizes, prompt_tokens, max_tokens, deadline)
+
+
+def _startup_tracker(
+    engine: EngineCollector, plan: WarmupPlan | None, model: str, runner: ProbeRunner | None
+) -> StartupTracker:
+    """The cold-start phases, with the warm-up gate when one is planned; the sidecar's own
+    probes are subtracted from the engine's requests to find the first client's."""
+    warmup = Warmup(plan, engine.base_url, model) if plan is not None else None
+    probes_sent = (lambda: sum(runner.metrics.runs.values())) if runner else (lambda: 0)
+    return StartupTracker(engine, warmup, own_requests=probes_sent)
 
 
 def _probe_runner(

@@ -26,7 +26,7 @@ from starlette.routing import Route
 from inferwatch.exporters.endpoints import metrics_response
 from inferwatch.exporters.tenancy import config as proxy_config
 from inferwatch.exporters.tenancy.app import ProxyApp
-from inferwatch.exporters.tenancy.reconcile import Reconciler, direct_probe_tokens
+from inferwatch.exporters.tenancy.reconcile import Reconciler, direct_tokens
 from inferwatch.exporters.tenancy.tenants import hash_key
 from inferwatch.exporters.tenancy.usage import Usage
 from inferwatch.probes import golden
@@ -64,11 +64,11 @@ PAGE = (
 )
 
 
-def test_only_direct_probe_tokens_count_as_traffic_around_the_proxy() -> None:
+def test_only_direct_tokens_count_as_traffic_around_the_proxy() -> None:
     # router-route probes pass through the proxy, which charges them to _probe already
-    assert direct_probe_tokens(PAGE) == {"prompt": 120.0, "completion": 30.0}
-    assert direct_probe_tokens(ENGINE_UP) is None
-    assert direct_probe_tokens(b"<html>502</html>") is None
+    assert direct_tokens(PAGE) == {"prompt": 120.0, "completion": 30.0}
+    assert direct_tokens(ENGINE_UP) is None
+    assert direct_tokens(b"<html>502</html>") is None
 
 
 def test_direct_tokens_close_the_gap_and_a_runner_restart_starts_a_new_baseline() -> None:

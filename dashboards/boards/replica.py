@@ -25,6 +25,9 @@ def board(ctx: Ctx) -> Board:
     kv = config.alert("InferwatchKVCacheSaturated").number("usage")
     xid_window = config.alert("InferwatchGPUXidErrors").text("window")
     temp_margin = config.alert("InferwatchGPUTemperatureNearSlowdown").number("margin")
+    stamps = ctx.m("replica_startup_phase_timestamp", E)
+    started = ctx.m("replica_startup_phase_timestamp", E, 'phase="process_start"')
+    on_pod = f"on ({c}, pod)"
     return Board(
         "replica", "Inferwatch / Replica drill-down",
         "One replica's engine, sidecar and GPUs side by side. Choose the replica (or come "
@@ -91,6 +94,26 @@ def board(ctx: Ctx) -> Board:
                  + ctx.on_replica(ctx.new_in(ctx.m("gpu_xid_errors", C), xid_window)) + ")",
                  "XID {{action}}")],
               thresholds=below(1)),
+    ).row(
+        "Start-up",
+        Panel(11, "Start-up phases", "Seconds from the sidecar's start to each cold-start "
+              "phase this replica reached: engine_reachable (it answers), engine_healthy "
+              "(model loaded), warmup_done (ready for traffic), serving (its first client "
+              "request succeeded). A phase missing here has not been reached yet.", "s",
+              [Q(f"max by ({c}, pod, phase) ({stamps})\n- {on_pod} group_left "
+                 f"max by ({c}, pod) ({started})", "{{phase}}", instant=True)],
+              kind="stat"),
+        Panel(12, "Current phase", "1 on the phase the replica reached last. Started but not "
+              "ready: engine_reachable (loading) or engine_healthy (warming up, see the "
+              "warmup readiness condition); ready but idle: warmup_done; serving: clients "
+              "are served.", "short",
+              [Q(f"max by ({c}, pod, phase) ({ctx.m('replica_startup_phase', E)})",
+                 "{{phase}}")], max=1),
+        Panel(13, "Warm-up requests", "Requests the sidecar sent the engine to warm it up, "
+              "by outcome (ok, http_status, timeout, ...): GPU work that is no client "
+              "traffic. Failing outcomes keep the replica unready and are retried.", "short",
+              [Q(f"sum by ({c}, pod, outcome) ("
+                 + ctx.on_replica(ctx.m("warmup_requests", C)) + ")", "{{outcome}}")]),
     ).row(
         "Quality",
         Panel(10, "Probe pass rate", "Golden-answer probes of this replica (windowed pass "

@@ -11,9 +11,9 @@ memory only until it has been screened, and never written anywhere. Requests of 
 runner's reserved tenant ``_probe`` are never sampled (the probes screen their own replies).
 
 ``upstream.probe_metrics: [http://127.0.0.1:9400/metrics]`` names the ``/metrics`` of probe
-runners that send their probes straight to this engine (the sidecar with ``--probes``): their
-tokens are engine load that never passes the proxy, added to what the proxy charged when it
-reconciles with the engine's counters (see ``reconcile``).
+runners that send their probes straight to this engine (the sidecar with ``--probes``; its
+warm-up requests too): their tokens are engine load that never passes the proxy, added to
+what the proxy charged when it reconciles with the engine's counters (see ``reconcile``).
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ The engine counts every prompt and generated token it processes (vLLM
 the growth of what the proxy charged plus the known traffic that reaches the engine around
 the proxy: quality probes sent straight to the engine (the sidecar's ``--probes``, or
 ``inferwatch probe --target``), read from their runner's ``inferwatch_probe_tokens_total``
-with ``route="direct"``. The difference is published as a drift gauge. It settles at zero
-when accounting is exact; unknown traffic that bypasses the proxy, lost charges or double
-counting all show up as drift.
+with ``route="direct"``, and the sidecar's warm-up requests
+(``inferwatch_warmup_tokens_total``). The difference is published as a drift gauge. It
+settles at zero when accounting is exact; unknown traffic that bypasses the proxy, lost
+charges or double counting all show up as drift.
 """
 
 from __future__ import annotations
@@ -51,15 +52,17 @@ def engine_token_counters(page: bytes | str) -> dict[str, float] | None:
 
 
 PROBE_TOKENS = "inferwatch_probe_tokens"
+WARMUP_TOKENS = "inferwatch_warmup_tokens"
 
 
-def direct_probe_tokens(page: bytes | str) -> dict[str, float] | None:
-    """Prompt and completion tokens of the probes a runner sent straight to an engine.
+def direct_tokens(page: bytes | str) -> dict[str, float] | None:
+    """Prompt and completion tokens a sidecar or probe runner sent straight to an engine:
+    its direct probes and its warm-up requests.
 
-    None when the page has no probe token counters (not a probe runner's page).
+    None when the page has neither counter (not a probe runner's or sidecar's page).
     """
     exposition = textformat.parse(
-        page, wanted=lambda name: name.removesuffix("_total") == PROBE_TOKENS
+        page, wanted=lambda name: name.removesuffix("_total") in (PROBE_TOKENS, WARMUP_TOKENS)
     )
     if not exposition.families:
         return None
@@ -67,7 +70,8 @@ def direct_probe_tokens(page: bytes | str) -> dict[str, float] | None:
     for family in exposition.families.values():
         for sample in family.samples:
             token_type = sample.labels.get("type", "")
-            if sample.labels.get("route") == "direct" and token_type in totals:
+            probe = sample.name.removesuffix("_total") == PROBE_TOKENS
+            if token_type in totals and (not probe or sample.labels.get("route") == "direct"):
                 totals[token_type] += sample.value
     return totals
 
@@ -79,7 +83,8 @@ class DirectTrafficError(Exception):
 
 
 class DirectTraffic:
-    """Reads the probe runners whose probes reach this proxy's engine without passing it."""
+    """Reads the sidecars and probe runners whose requests reach this proxy's engine without
+    passing it."""
 
     def __init__(self, urls: Sequence[str], timeout_s: float = 5.0, max_bytes: int = 8 << 20):
         self.urls = tuple(urls)
@@ -90,7 +95,7 @@ class DirectTraffic:
         """Direct probe tokens summed over the runners; raises DirectTrafficError."""
         totals = dict.fromkeys(ENGINE_COUNTERS, 0.0)
         for url in self.urls:
-            counters = direct_probe_tokens(await self._page(url))
+            counters = direct_tokens(await self._page(url))
             if counters is None:
                 raise DirectTrafficError("no_probe_counters")
             for token_type, value in counters.items():

@@ -5,8 +5,8 @@ on its tenant metrics listener (and Prometheus' target list and Alertmanager's a
 then), keeps the last few seconds of scrapes, and turns them into one :class:`FleetState`:
 rates from counter increases and latency quantiles from histogram bucket increases over that
 window. Changes an operator would want to hear about (readiness flips, probe verdicts, engine
-up/down, GPU health, alerts reaching Alertmanager and resolving, and each decision the
-runbook receiver appends to its audit log) become events.
+up/down, GPU health, cold-start phases, alerts reaching Alertmanager and resolving, and each
+decision the runbook receiver appends to its audit log) become events.
 """
 
 from __future__ import annotations
@@ -41,6 +41,13 @@ AUDIT_READ_BYTES = 256 * 1024
 MAX_AUDIT_LINE = 64 * 1024
 #: the receiver's latest decisions kept for the view
 DECISIONS_KEPT = 5
+#: what reaching each cold-start phase means, as the events say it
+PHASE_EVENTS = {
+    "engine_reachable": "engine answering, model loading",
+    "engine_healthy": "model loaded, warming up",
+    "warmup_done": "warm-up done, ready for traffic",
+    "serving": "serving its first client request",
+}
 
 
 def _name(key: str) -> str:
@@ -69,6 +76,8 @@ class ReplicaState:
     kv_usage: float | None = None
     probe_pass: float | None = None
     probe_verdict: str = ""
+    phase: str = ""  # the cold-start phase reached last
+    phase_after_s: float | None = None  # ... this long after the sidecar started
 
 
 @dataclass
@@ -327,6 +336,11 @@ class Observer:
                     if now.gpu_healthy
                     else f"{name}: GPU unhealthy ({now.gpu_problem})"
                 )
+            if _flipped(before.phase or None, now.phase or None) and now.phase in PHASE_EVENTS:
+                after = (
+                    "" if now.phase_after_s is None else f" ({now.phase_after_s:.1f}s after start)"
+                )
+                events.append(f"{name}: {PHASE_EVENTS[now.phase]}{after}")
             if _flipped(before.probe_verdict or None, now.probe_verdict or None):
                 ratio = "-" if now.probe_pass is None else f"{now.probe_pass:.0%}"
                 events.append(
@@ -433,6 +447,13 @@ class Observer:
         state.probe_pass = page.total(_name("probe_pass_ratio"))
         verdicts = page.values(_name("probe_verdict"))
         state.probe_verdict = next((lbl["state"] for lbl, value in verdicts if value > 0), "")
+        phases = page.values(_name("replica_startup_phase"))
+        state.phase = next((lbl["phase"] for lbl, value in phases if value > 0), "")
+        stamps = {
+            lbl["phase"]: v for lbl, v in page.values(_name("replica_startup_phase_timestamp"))
+        }
+        if state.phase in stamps and "process_start" in stamps:
+            state.phase_after_s = stamps[state.phase] - stamps["process_start"]
         span = history.span()
         if span is not None:
             old, new = span
@@ -508,6 +529,7 @@ def _known(before: ReplicaState, now: ReplicaState) -> ReplicaState:
         engine_up=before.engine_up if now.engine_up is None else now.engine_up,
         gpu_healthy=before.gpu_healthy if now.gpu_healthy is None else now.gpu_healthy,
         probe_verdict=now.probe_verdict or before.probe_verdict,
+        phase=now.phase or before.phase,
     )
 
 

@@ -341,7 +341,8 @@ class Demo:
              "--speed", f"{self.options.speed:g}", "--seed", str(index),
              "--hostname", replica.node, "--host", "127.0.0.1",
              *(f"--served-model-name={name}" for name in topology.served_names(replica)),
-             "--port", str(self.ports.sim[replica.name]), *replica.sim_flags],
+             "--port", str(self.ports.sim[replica.name]), *replica.sim_flags,
+             "--storage-bandwidth", "4"],  # a short cold start: its weights load in seconds
             env={"INFERWATCH_SIM_ADMIN_TOKEN": self.admin_token},
         )  # fmt: skip
         sidecar = Component(
@@ -355,7 +356,8 @@ class Demo:
              "--model-version", replica.version, "--pod", replica.name, "--node", replica.node,
              "--namespace", topology.NAMESPACE, "--probes", "default",
              "--admin-token-file", str(workdir / automation.SIDECAR_TOKEN),
-             "--probe-cycle", f"{self.options.probe_cycle:g}"],
+             "--probe-cycle", f"{self.options.probe_cycle:g}",
+             "--warmup-batch-sizes", "1,4", "--warmup-prompt-tokens", "16,256"],
         )  # fmt: skip
         config = workdir / f"proxy-{replica.name}.yaml"
         sidecar_url = topology.url(self.ports.sidecar[replica.name])

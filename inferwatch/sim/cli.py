@@ -103,6 +103,22 @@ def _faults(path: Path | None) -> object:
     show_envvar=True,
     help="Hostname label of the simulated GPUs.",
 )
+@click.option(
+    "--storage-bandwidth",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_envvar=True,
+    help="Cold start: GB/s at which the replica reads its weights (all GPUs together); /health "
+    "and the completion routes answer 503 until the checkpoint is read. 0: loaded at once.",
+)
+@click.option(
+    "--graph-capture-seconds",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_envvar=True,
+    help="Cold start: simulated seconds the first engine step of each batch-size shape (vLLM's "
+    "CUDA graph sizes 1, 2, 4, 8, 16, ...) costs on top; a warm-up at those sizes removes it.",
+)
 @click.option("--host", default="127.0.0.1", show_envvar=True, help="Address to serve on.")
 @click.option(
     "--port",
@@ -146,6 +162,8 @@ def sim(
     faults_file: Path | None,
     admin_token: str | None,
     hostname: str,
+    storage_bandwidth: float,
+    graph_capture_seconds: float,
     host: str,
     port: int,
     gpu_port: int | None,
@@ -177,6 +195,8 @@ def sim(
         host=host,
         port=port,
         gpu_port=gpu_port,
+        storage_bandwidth=storage_bandwidth * 1e9,
+        graph_capture_seconds=graph_capture_seconds,
     )
     log_event(
         logger, logging.INFO, "simulator starting", model=model, gpu=gpu, host=host, port=port

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from inferwatch.capacity import Capacity
+from inferwatch.sim.coldstart import GraphCache
 from inferwatch.sim.faults import Faults
 from inferwatch.sim.gpu import SimulatedGPU
 from inferwatch.sim.kvcache import BlockPool
@@ -66,8 +67,10 @@ class Engine:
         metrics: RankMetrics,
         gpus: list[SimulatedGPU],
         clock: SimClock,
+        graphs: GraphCache | None = None,
     ) -> None:
         self.rank = rank
+        self.graphs = graphs or GraphCache(0.0)
         self.pool = BlockPool(num_blocks, capacity.block_size, enable_prefix_caching)
         self.scheduler = Scheduler(
             self.pool, capacity.max_num_seqs, capacity.max_num_batched_tokens, static_batching
@@ -149,7 +152,8 @@ class Engine:
                 longest = max(context for _, context in items)
                 items += [(1, longest)] * plan.idle_sequences
             cost = self.roofline.step(items)
-            step_end = begin + cost.seconds * self.faults.slow_factor / self.clock.speed
+            seconds = cost.seconds * self.faults.slow_factor + self.graphs.penalty(len(items))
+            step_end = begin + seconds / self.clock.speed
             await self.clock.sleep_until(step_end)
             end = self.clock.at(step_end)
             for gpu in self.gpus:

@@ -211,8 +211,11 @@ async def models(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    if _sim(request).healthy:
+    sim = _sim(request)
+    if sim.healthy:
         return Response(status_code=200)
+    if sim.loading:
+        return error_response(503, "the model is still loading", "ServiceUnavailableError")
     return error_response(503, "the engine is not responding", "ServiceUnavailableError")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import random
 import uuid
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from inferwatch import capacity as cap
+from inferwatch.logs import log_event
+from inferwatch.sim import coldstart
 from inferwatch.sim import faults as fault_doc
 from inferwatch.sim.answers import EOS, Answer, AnswerBook, chat_tokens, pieces, text_tokens
 from inferwatch.sim.engine import Engine, Event, SimClock
@@ -25,6 +28,8 @@ from inferwatch.sim.metrics import VllmMetrics
 from inferwatch.sim.scheduler import Request
 
 VLLM_VERSION = "0.33.0"
+
+log = logging.getLogger("inferwatch.sim")
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,8 @@ class SimConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     gpu_port: int | None = None  # also serve the DCGM endpoint on its own port
+    storage_bandwidth: float = 0.0  # bytes/s the weights load at; 0: loaded at once
+    graph_capture_seconds: float = 0.0  # first step of each batch shape costs this much more
 
 
 class ApiError(Exception):
@@ -119,6 +126,8 @@ class Simulator:
         self.capacity = cap.compute(model, gpu, serving)
         self.num_blocks = config.num_gpu_blocks or self.capacity.num_blocks
         self.clock = SimClock(config.speed)
+        checkpoint = self.capacity.weight_bytes * config.tensor_parallel
+        self.load_seconds = coldstart.load_seconds(checkpoint, config.storage_bandwidth)
         self.book = AnswerBook.from_dir(config.goldens, config.seed)
         self._rng = random.Random(config.seed)
         self._turns = itertools.count()
@@ -166,6 +175,7 @@ class Simulator:
                 metrics=self.metrics.ranks[rank],
                 gpus=self.gpus[rank * tp : (rank + 1) * tp],
                 clock=self.clock,
+                graphs=coldstart.GraphCache(config.graph_capture_seconds),
             )
             for rank in range(config.engine_ranks)
         ]
@@ -177,6 +187,15 @@ class Simulator:
     def start(self) -> None:
         """Start the engine tasks on the running event loop."""
         self._tasks = [asyncio.create_task(e.run(), name=f"engine-{e.rank}") for e in self.engines]
+        if self.loading:
+            self._tasks.append(asyncio.create_task(self._load(), name="load-weights"))
+
+    async def _load(self) -> None:
+        """Log the load of the weights, as vLLM logs "Loading weights took ..."."""
+        log_event(log, logging.INFO, "loading model weights", seconds=round(self.load_seconds, 2))
+        while self.loading:
+            await asyncio.sleep((self.load_seconds - self.clock.now()) / self.clock.speed + 0.001)
+        log_event(log, logging.INFO, "model loaded", seconds=round(self.load_seconds, 2))
 
     async def stop(self) -> None:
         for engine in self.engines:
@@ -188,8 +207,13 @@ class Simulator:
 
     # --- health and faults ----------------------------------------------------------------------
     @property
+    def loading(self) -> bool:
+        """Still reading the weights (simulated time since start < load time)."""
+        return self.clock.now() < self.load_seconds
+
+    @property
     def healthy(self) -> bool:
-        return not self.faults.hang and any(not e.dead for e in self.engines)
+        return not self.loading and not self.faults.hang and any(not e.dead for e in self.engines)
 
     def apply_faults(self, document: Any) -> None:
         """Merge a fault document (raises FaultError before changing anything)."""
@@ -249,6 +273,8 @@ class Simulator:
     # --- requests -------------------------------------------------------------------------------
     def prepare(self, body: Any, chat: bool) -> Job:
         """Validate an OpenAI request and plan its reply; raises ApiError."""
+        if self.loading:
+            raise ApiError(503, "the model is still loading", "ServiceUnavailableError")
         if not isinstance(body, Mapping):
             raise ApiError(400, "the request body must be a JSON object")
         model = body.get("model", self.model_name)
