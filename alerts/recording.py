@@ -218,8 +218,8 @@ def _slo_group(config: Config) -> Group:
 def _autoscaling_group(config: Config) -> Group:
     """Queue depth and KV-cache usage per ready replica, and the queue-wait quantile.
 
-    A replica is ready while every /readyz condition holds. The queue depth divides by at
-    least one replica, so a version with none ready still shows its whole queue; the
+    A replica is ready while every /readyz condition holds; only ready replicas' queues
+    count (a version with none ready reads 0, its replica count says the rest); the
     queue wait is 0 while nothing was queued (a quantile of no requests is NaN, which an
     autoscaler cannot act on and which would block its scale-down).
     """
@@ -230,11 +230,17 @@ def _autoscaling_group(config: Config) -> Group:
     buckets = f"rate({metric(config, 'engine_request_queue_duration', suffix='_bucket')}[{w}])"
     on_mv = promql.on(config, MODEL_VERSION)
     waiting = f"sum {mv} ({metric(config, 'engine_requests_waiting')})"
+    # a loading replica's queue is its own warm-up, not demand: counted, it would ask for
+    # more replicas every time one starts
+    ready_waiting = (
+        f"(sum {mv} ({metric(config, 'engine_requests_waiting')} and {ready_replica()} == 1)"
+        f" or {ready_replicas()} * 0)"
+    )
     rules = (
         Recording(ready_replica(), f"min without (condition) ({metric(config, 'replica_ready')})"),
         Recording(ready_replicas(), f"sum {mv} ({ready_replica()})"),
         Recording(
-            queue_per_replica(), f"{waiting} / {on_mv} clamp_min({ready_replicas()}, 1)"
+            queue_per_replica(), f"{ready_waiting} / {on_mv} clamp_min({ready_replicas()}, 1)"
         ),
         Recording(
             kv_usage_ready(),

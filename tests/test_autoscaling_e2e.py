@@ -6,7 +6,8 @@ against a deadline, until primary-v1's TTFT SLO burns (its error ratio over the 
 burn-rate window above the error budget: a burn rate above 1), then reads the whole run back
 from Prometheus (``query_range``) and checks, on Prometheus' own timestamps, that each
 autoscaling signal started below its target and crossed it before that moment. The
-timeline is printed with ``pytest -s``.
+timeline is printed with ``pytest -s``, with the replica's own cold start (its sidecar's
+start-up phase timestamps): the fleet does not grow, so no new replica appears on it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ pytestmark = pytest.mark.e2e
 
 #: the replica whose signals and SLO are read: the one taking most of the primary traffic
 SUBJECT = topology.replica("primary-v1")
+#: the sidecar's start-up phase timestamps
+STARTUP = "inferwatch_replica_startup_phase_timestamp_seconds"
 #: seconds after its last ramp step by which the SLO must have started to burn
 BURN_DEADLINE = 60.0
 
@@ -97,6 +100,19 @@ def test_the_scaling_signals_cross_their_targets_before_the_ttft_slo_burns(
             at = _first_above(samples, target)
             assert at is not None, f"{signal} never went above {target} before the SLO burned"
             crossed[signal] = at
+        # the replica's own cold start, from its sidecar's phase timestamps: how long a new
+        # replica takes to be ready, against how far ahead of the burn the signals were
+        phases = {
+            sample["metric"]["phase"]: float(sample["value"][1])
+            for sample in _query(url, _selector(STARTUP))
+        }
+    assert phases["process_start"] <= phases["warmup_done"] <= up_unix + 1, phases
+    cold = f"  its cold start: process_start {phases['process_start'] - up_unix:.0f}s"
+    cold += "".join(
+        f", {phase} {phases[phase] - up_unix:.0f}s"
+        for phase in ("engine_reachable", "engine_healthy", "warmup_done", "serving")
+        if phase in phases
+    )
     lines = [
         f"  {signal} above {signals[signal][1]:g} at {at - up_unix:.0f}s"
         for signal, at in sorted(crossed.items(), key=lambda item: item[1])
@@ -104,7 +120,9 @@ def test_the_scaling_signals_cross_their_targets_before_the_ttft_slo_burns(
     print(
         f"\nload-ramp on {SUBJECT.name} (seconds after the fleet was up):\n"
         + "\n".join(lines)
-        + f"\n  TTFT SLO burn rate above 1 over {window} at {burned - up_unix:.0f}s"
+        + f"\n  TTFT SLO burn rate above 1 over {window} at {burned - up_unix:.0f}s\n"
+        + cold
+        + f" (warm-up done {phases['warmup_done'] - phases['process_start']:.1f}s after start)"
     )
     late = {s: at for s, at in crossed.items() if at >= burned}
     assert not late, f"signals that crossed only once the SLO burned: {late}; burn at {burned}"
