@@ -26,10 +26,8 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     Obj,
     alert_reason,
     annotations_of,
-    call,
     check_params,
     group_of,
-    node_access,
     object_name,
 )
 
@@ -112,16 +110,13 @@ class GpuResetRequest(KubernetesAction):
         return await self._change_node(step, _request(step.desired), describe, _pending)
 
     async def verify(self, step: Step) -> Outcome:
-        read, _ = node_access(self._api, step.desired["node"])
-
-        def work() -> Outcome:
-            node = read()
+        def judge(node: Obj) -> Outcome:
             pending = _pending(node)
             if PREFIX + step.desired["gpu_uuid"] in pending:
                 return Outcome(True, False, f"{step.target}: reset requested", pending)
             return Outcome(False, False, f"{step.target}: no reset request pending", pending)
 
-        return await call(step.target, work)
+        return await self._check_node(step, judge)
 
     async def revert(self, step: Step) -> Outcome:
         def describe(changed: bool, node: Obj) -> str:

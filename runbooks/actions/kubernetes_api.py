@@ -120,6 +120,11 @@ class KubernetesAction:
 
         return await call(step.target, work)
 
+    async def _check_node(self, step: Step, judge: Callable[[Obj], Outcome]) -> Outcome:
+        """``judge`` the step's node as it is now (API errors become outcomes)."""
+        read, _ = node_access(self._api, step.desired["node"])
+        return await call(step.target, lambda: judge(read()))
+
 
 def object_name(value: object, what: str) -> str:
     """A Kubernetes object name from an alert label or parameter; :class:`ActionError` if not."""

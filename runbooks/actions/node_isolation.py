@@ -23,10 +23,8 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     Obj,
     alert_reason,
     annotations_of,
-    call,
     check_params,
     group_of,
-    node_access,
     object_name,
 )
 
@@ -173,10 +171,7 @@ class NodeIsolation(KubernetesAction):
         return await self._change_node(step, _isolate(step.desired), describe, _observed)
 
     async def verify(self, step: Step) -> Outcome:
-        read, _ = node_access(self._api, step.desired["node"])
-
-        def work() -> Outcome:
-            node = read()
+        def judge(node: Obj) -> Outcome:
             observed = _observed(node)
             lacking = [
                 f"taint {t['key']}:{t['effect']}"
@@ -191,7 +186,7 @@ class NodeIsolation(KubernetesAction):
                 return Outcome(False, False, f"{step.target}: lacks {', '.join(lacking)}", observed)
             return Outcome(True, False, f"{step.target}: isolated", observed)
 
-        return await call(step.target, work)
+        return await self._check_node(step, judge)
 
     async def revert(self, step: Step) -> Outcome:
         def describe(changed: bool, node: Obj) -> str:
