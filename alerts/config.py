@@ -247,6 +247,7 @@ class Config:
         self.quantiles: list[float] = [float(q) for q in document["quantiles"]]
         self.latency: Mapping[str, Any] = document["latency"]
         self.slo: Mapping[str, Any] = document["slo"]
+        self.autoscaling: Mapping[str, Any] = document["autoscaling"]
         self.burn_windows = [
             BurnWindow(w["severity"], w["long"], w["short"], float(w["factor"]), w["for"])
             for w in document["slo"]["windows"]
@@ -321,6 +322,13 @@ def _check_meaning(config: Config, fail: Any) -> None:
         fail("slo.ttft.buckets", "expected positive bucket bounds in increasing order")
     if float(config.slo["ttft"]["threshold"]) < min(buckets):
         fail("slo.ttft.threshold", f"below the smallest bucket bound {min(buckets)}")
+    if not 0 < float(config.autoscaling["queue_wait_quantile"]) < 1:
+        fail("autoscaling.queue_wait_quantile", "must be between 0 and 1 (exclusive)")
+    for signal, target in config.autoscaling["targets"].items():
+        if float(target) <= 0:
+            fail(f"autoscaling.targets.{signal}", "must be above 0")
+    if float(config.autoscaling["targets"]["kv_cache_usage"]) > 1:
+        fail("autoscaling.targets.kv_cache_usage", "is a share of the KV cache, at most 1")
     for index, window in enumerate(config.burn_windows):
         where = f"slo.windows[{index}]"
         if window.severity not in ("critical", "warning"):

@@ -12,6 +12,10 @@ evaluation every interval and add lag for no faster panel.
 A request is one the engine finished (any reason but error) or failed: vLLM reports errors
 both as a finish reason and as errors, other engines only as errors, so the total is
 finished-without-error plus errors.
+
+The autoscaling group records what the autoscalers compare with ``autoscaling.targets``: each
+signal is per *ready* replica, because a replica that is still loading its weights takes no
+traffic and would otherwise hide the pressure on the others.
 """
 
 from __future__ import annotations
@@ -63,6 +67,38 @@ def slo_error_ratio(config: Config, slo: str, window: str) -> str:
     return f"model_version:{metric_name}:slo_error_ratio_rate{window}"
 
 
+def ready_replica() -> str:
+    return "pod:inferwatch_replica_ready:min"
+
+
+def ready_replicas() -> str:
+    return "model_version:inferwatch_replica_ready:sum"
+
+
+def queue_per_replica() -> str:
+    return "model_version:inferwatch_engine_requests_waiting:per_ready_replica"
+
+
+def kv_usage_ready() -> str:
+    return "model_version:inferwatch_engine_kv_cache_usage_ratio:avg_ready"
+
+
+def queue_wait(config: Config) -> str:
+    name = catalog_name("engine_request_queue_duration")
+    return f"model_version:{name}:histogram_quantile_rate{_w(config)}"
+
+
+def autoscaling_signals(config: Config) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """``autoscaling.targets`` key -> (recorded name, matchers) of the series an autoscaler
+    reads."""
+    q = promql.number(float(config.autoscaling["queue_wait_quantile"]))
+    return {
+        "queue_per_replica": (queue_per_replica(), ()),
+        "kv_cache_usage": (kv_usage_ready(), ()),
+        "queue_wait": (queue_wait(config), (f"quantile={promql.quoted(q)}",)),
+    }
+
+
 def tenant_tokens(config: Config) -> str:
     return f"tenant:inferwatch_tenancy_tokens:rate{_w(config)}"
 
@@ -91,7 +127,7 @@ def request_errors(config: Config, window: str, grouping: str) -> str:
 
 
 def groups(config: Config) -> list[Group]:
-    return [_rate_group(config), _slo_group(config)]
+    return [_rate_group(config), _slo_group(config), _autoscaling_group(config)]
 
 
 def _rate_group(config: Config) -> Group:
@@ -177,3 +213,43 @@ def _slo_group(config: Config) -> Group:
             )
         )
     return Group("inferwatch-recording-slo", tuple(rules))
+
+
+def _autoscaling_group(config: Config) -> Group:
+    """Queue depth and KV-cache usage per ready replica, and the queue-wait quantile.
+
+    A replica is ready while every /readyz condition holds; only ready replicas' queues
+    count (a version with none ready reads 0, its replica count says the rest); the
+    queue wait is 0 while nothing was queued (a quantile of no requests is NaN, which an
+    autoscaler cannot act on and which would block its scale-down).
+    """
+    w = _w(config)
+    mv = by(config, MODEL_VERSION)
+    q = promql.number(float(config.autoscaling["queue_wait_quantile"]))
+    le_by = by(config, (*MODEL_VERSION, "le"))
+    buckets = f"rate({metric(config, 'engine_request_queue_duration', suffix='_bucket')}[{w}])"
+    on_mv = promql.on(config, MODEL_VERSION)
+    waiting = f"sum {mv} ({metric(config, 'engine_requests_waiting')})"
+    # a loading replica's queue is its own warm-up, not demand: counted, it would ask for
+    # more replicas every time one starts
+    ready_waiting = (
+        f"(sum {mv} ({metric(config, 'engine_requests_waiting')} and {ready_replica()} == 1)"
+        f" or {ready_replicas()} * 0)"
+    )
+    rules = (
+        Recording(ready_replica(), f"min without (condition) ({metric(config, 'replica_ready')})"),
+        Recording(ready_replicas(), f"sum {mv} ({ready_replica()})"),
+        Recording(
+            queue_per_replica(), f"{ready_waiting} / {on_mv} clamp_min({ready_replicas()}, 1)"
+        ),
+        Recording(
+            kv_usage_ready(),
+            f"avg {mv} ({metric(config, 'engine_kv_cache_usage')} and {ready_replica()} == 1)",
+        ),
+        Recording(
+            queue_wait(config),
+            f"(histogram_quantile({q}, sum {le_by} ({buckets})) >= 0) or {on_mv} ({waiting} * 0)",
+            {"quantile": q},
+        ),
+    )
+    return Group("inferwatch-recording-autoscaling", rules)

@@ -272,6 +272,13 @@ BAD_CONFIGS = [
     ('selectors: {"\\n": job}\n', "selectors.\\n", "unknown"),
     ("- just\n- a list\n", "top level", "mapping"),
     ("alerts: {InferwatchTTFTHigh: [\n", "line", ""),
+    ("autoscaling: {targets: {queue_per_replica: 0}}\n", "autoscaling.targets.queue_per_replica",
+     "above 0"),
+    ("autoscaling: {targets: {kv_cache_usage: 1.5}}\n", "autoscaling.targets.kv_cache_usage",
+     "at most 1"),
+    ("autoscaling: {targets: {queue_wait: fast}}\n", "autoscaling.targets.queue_wait", "number"),
+    ("autoscaling: {targets: {cpu: 0.8}}\n", "autoscaling.targets.cpu", "unknown field"),
+    ("autoscaling: {queue_wait_quantile: 1}\n", "autoscaling.queue_wait_quantile", "between 0"),
 ]
 
 
@@ -488,6 +495,12 @@ SERIES_PER_VERSION = {
     "model_version:inferwatch_engine_time_to_first_token_seconds:histogram_quantile_rate5m": 3,
     "model_version:inferwatch_engine_time_per_output_token_seconds:histogram_quantile_rate5m": 3,
     "model_version:inferwatch_engine_request_duration_seconds:histogram_quantile_rate5m": 3,
+    # the autoscaling group (readiness comes from the sidecar, not the engine's page)
+    "pod:inferwatch_replica_ready:min": 1,
+    "model_version:inferwatch_replica_ready:sum": 1,
+    "model_version:inferwatch_engine_requests_waiting:per_ready_replica": 1,
+    "model_version:inferwatch_engine_kv_cache_usage_ratio:avg_ready": 1,
+    "model_version:inferwatch_engine_request_queue_duration_seconds:histogram_quantile_rate5m": 1,
     **{
         f"model_version:{metric}:slo_error_ratio_rate{window}": 1
         for metric in (
@@ -513,6 +526,9 @@ def test_recording_rules_keep_a_known_number_of_series_per_replica(
             series.append(
                 {"series": f"{sample.name}{{{selector}}}", "values": f"{sample.value}+{growth}x10"}
             )
+            if sample.name == "inferwatch_engine_requests_waiting":  # the replica is ready
+                ready = f'inferwatch_replica_ready{{{selector},condition="engine"}}'
+                series.append({"series": ready, "values": "1x10"})
     writer.write(tmp_path, writer.render(config.load()))
     test = {
         "rule_files": [str(tmp_path / "recording.yaml")],

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferwatch import k8s
+from inferwatch import k8s, k8s_autoscaling
 from inferwatch.cli import main
 from tests.conftest import REPO, _tool
 
@@ -316,7 +316,7 @@ def test_any_value_at_any_key_is_refused_in_one_line_or_renders(
     except k8s.SiteError as exc:
         assert "\n" not in str(exc)
         return
-    files = k8s.render_overlay(site)
+    files = k8s.render_overlay(site, k8s_autoscaling.scaled_model(KIT))
     kustomization = yaml.safe_load(files["site/kustomization.yaml"])
     assert kustomization["namespace"] == site.namespace
     for literal in kustomization["configMapGenerator"][0]["literals"]:
