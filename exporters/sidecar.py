@@ -85,7 +85,9 @@ class Sidecar:
             *background,
         ]
         self.replica = next((s for s in sources if isinstance(s, ReplicaSource)), None)
-        timeouts = [c.timeout_s for c in self._self_timed()]
+        #: the collectors that keep the deadline themselves (protocol checks, done once)
+        self.self_timed = [c for c in self.collectors if isinstance(c, SelfTimedSource)]
+        timeouts = [c.timeout_s for c in self.self_timed]
         self.scrape_timeout_s = max(timeouts, default=DEFAULT_SCRAPE_TIMEOUT)
         self.readiness_max_age = readiness_max_age
         self._failing: set[str] = set()
@@ -96,15 +98,12 @@ class Sidecar:
         families: list[Metric] = []
         for run in runs:
             families.extend(run.families)
-        for collector in self._self_timed():
+        for collector in self.self_timed:
             families.extend(collector.status_families())
         families.extend(self._self_families(zip(self.collectors, runs, strict=True)))
         if self.replica is not None:  # a GPU-only sidecar is no replica: counts as none
             families.append(self._readiness_family(self.replica.identity))
         return families
-
-    def _self_timed(self) -> list[SelfTimedSource]:
-        return [c for c in self.collectors if isinstance(c, SelfTimedSource)]
 
     def _readiness_family(self, replica: Mapping[str, str]) -> Metric:
         """/readyz as metrics, one series per condition, so alerts see what routers see."""
@@ -124,7 +123,7 @@ class Sidecar:
         # running out of time is recorded as a scrape failure (engine_up 0). No second timer
         # around it: when a busy process wakes the loop late, both would be due at once, and
         # the outer one would cancel the inner one before it records anything.
-        if isinstance(collector, SelfTimedSource):
+        if collector in self.self_timed:
             run, limit = collector.collect(deadline), None
         else:
             run, limit = collector.collect(), deadline + 0.05
@@ -144,7 +143,7 @@ class Sidecar:
             return  # logged when it started failing; the metric carries it from here
         self._failing.add(name)
         # A self-timed collector logs its own failures with their reason.
-        if not isinstance(collector, SelfTimedSource):
+        if collector not in self.self_timed:
             reason = "timeout" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
             log_event(logger, logging.WARNING, "collector failed", collector=name, error=reason)
 
@@ -175,7 +174,7 @@ class Sidecar:
         return metrics_response(request, families)
 
     async def readyz(self, request: Request) -> Response:
-        await asyncio.gather(*(c.refresh(self.readiness_max_age) for c in self._self_timed()))
+        await asyncio.gather(*(c.refresh(self.readiness_max_age) for c in self.self_timed))
         return readiness_response(self.conditions())
 
     def app(self) -> Starlette:
