@@ -60,7 +60,7 @@ def component(binary: str, ports: Ports, workdir: Path) -> Component:
 
 
 def runtime(workdir: Path) -> RuntimeApi:
-    return RuntimeApi(str(workdir / RUNTIME), timeout=2.0)
+    return RuntimeApi(str(workdir / RUNTIME), timeout_s=2.0)
 
 
 async def backends(api: RuntimeApi) -> dict[str, list[ServerState]]:
