@@ -8,7 +8,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import subprocess
 from fractions import Fraction
+from typing import Any
 
 import httpx
 import pytest
@@ -16,7 +18,8 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferwatch.canary import analysis, selector, stats
+from inferwatch.alerts import config as alert_config
+from inferwatch.canary import analysis, checks, selector, stats
 from inferwatch.canary.analysis import Result
 from inferwatch.canary.checks import CHECKS
 from inferwatch.canary.prometheus import MAX_REPLY_BYTES, Prometheus, PrometheusError
@@ -314,3 +317,49 @@ def test_extrapolated_counts_that_round_past_the_total_are_an_empty_tail() -> No
     ttft = _ttft([("0.5", 0), ("1", 300.6), ("+Inf", 300.4)])
     assert ttft.outcome == "pass", ttft
     assert "0.00% of 300 vs 0.00% of 300" in ttft.detail
+
+
+def _cost_series(
+    version: str, tenant: str, minutes: int, tokens: int, cost: float
+) -> list[dict[str, str]]:
+    labels = f'model_version="{version}",tenant="{tenant}"'
+    return [
+        {"series": f'inferwatch_tenancy_tokens_total{{{labels},token_type="prompt"}}',
+         "values": f"0+{tokens}x{minutes}"},
+        {"series": f"inferwatch_tenancy_cost_total{{{labels}}}", "values": f"0+{cost}x{minutes}"},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("candidate_rate", "expected"), [(1.0, 1.0), (1.3, 1.3)])
+def test_cost_is_compared_at_the_baselines_tenant_mix(
+    promtool: str, tmp_path: Any, candidate_rate: float, expected: float
+) -> None:
+    """Tenants' cost per token differs (here fourfold): the baseline served mostly the cheap
+    tenant and the candidate mostly the dear one, so plain cost per token would call the
+    candidate nearly 3x dearer at the same rates; priced at the baseline's mix it is not, and a
+    candidate 30 % dearer for each tenant is 30 % dearer."""
+    config = alert_config.load()
+    compared = checks.cost_comparison(config, 'model_version="v1"', 'model_version="v2"', "10m")
+    series = [
+        *_cost_series("v1", "cheap", 10, 900, 0.9),
+        *_cost_series("v1", "dear", 10, 100, 0.4),
+        *_cost_series("v2", "cheap", 10, 100, 0.1 * candidate_rate),
+        *_cost_series("v2", "dear", 10, 900, 3.6 * candidate_rate),
+    ]
+    cases = {
+        f"round({compared.at_candidate} / {compared.actual}, 0.001)": expected,
+        f"{compared.tokens}": 1000 * 10,
+    }
+    tests = tmp_path / "cost.yaml"
+    tests.write_text(json.dumps({"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": series,
+        "promql_expr_test": [
+            {"expr": expr, "eval_time": "10m", "exp_samples": [{"labels": "{}", "value": value}]}
+            for expr, value in cases.items()
+        ],
+    }]}))  # fmt: skip
+    result = subprocess.run(
+        [promtool, "test", "rules", str(tests)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

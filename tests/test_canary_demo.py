@@ -49,15 +49,7 @@ SETTLE_S = 3
 #: customer outputs (half are screened; the count varies from window to window, 5 is met by
 #: every one) and 10k to 20k billed tokens
 MINIMUMS = {"requests": 60, "probes": 30, "screened": 5, "tokens": 3000}
-THRESHOLDS = [
-    *(f"--min-{kind}={count}" for kind, count in MINIMUMS.items()),
-    # cost per 1k tokens is a token-weighted mix of tenants whose prices per 1k differ about
-    # twofold (globex's long prompts, acme's long completions): over 30 s the canary's share
-    # of each moves it by up to 20 % against v1's (over 10 s, when no globex request reaches
-    # it, by 60 %), and the check has no test to tell that noise from a regression (counters
-    # give totals only), so at this sample only a doubling counts
-    "--cost-tolerance=1",
-]
+THRESHOLDS = [f"--min-{kind}={count}" for kind, count in MINIMUMS.items()]
 #: how long a window may take to be scraped and filled on a busy 2-core machine
 DATA_DEADLINE = 60.0
 
@@ -87,7 +79,7 @@ def samples(prometheus: str, end: float, window_s: int) -> dict[str, dict[str, f
             "requests": checks.observed(config, named["ttft_p99"], promql, window),
             "probes": checks.events_and_total(config, named["probe_failures"], promql, window)[1],
             "screened": checks.events_and_total(config, named["degeneracy"], promql, window)[1],
-            "tokens": checks.cost_and_tokens(config, promql, window)[1],
+            "tokens": checks.billed_tokens(config, promql, window),
         }
         counts[side] = {kind: query(prometheus, expr, end) or 0.0 for kind, expr in exprs.items()}
     return counts
@@ -197,9 +189,17 @@ def test_the_canary_promotes_healthy_v2_rolls_back_slow_v2_and_finds_10s_too_lit
         assert slow.returncode == 1, slow.stdout + slow.stderr
         assert "verdict: roll back" in slow.stdout
         table = rows(slow)
-        assert outcome(table["TTFT p99"]) == "fail" and outcome(table["TPOT p99"]) == "fail"
+        # TTFT carries the slowdown at this sample (p ~ 1e-7); TPOT's tail holds a few
+        # requests in 30 s and is not always significant, so it must only not contradict it
+        assert outcome(table["TTFT p99"]) == "fail", table["TTFT p99"]
+        assert outcome(table["TPOT p99"]) in {"fail", "pass"}, table["TPOT p99"]
         # slower, not wrong: the checks that do not measure time still pass
-        for title in ("error ratio", "probe pass rate", "live degeneracy rate"):
+        for title in (
+            "error ratio",
+            "probe pass rate",
+            "live degeneracy rate",
+            "cost per 1k tokens",
+        ):
             assert outcome(table[title]) == "pass", table[title]
         # inside every SLO: of the demo's generated alert rules, none fires about the canary
         about_v2 = [a for a in firing(prometheus) if CANARY_LABELS.items() & a.items()]

@@ -212,13 +212,10 @@ class Analysis:
 
     def _cost(self, check: Check) -> Result:
         t = self.thresholds
-        per_1k: list[float] = []
-        tokens: list[int] = []
-        for side in self.sides:
-            cost_expr, tokens_expr = checks.cost_and_tokens(self.config, side.promql(), self.window)
-            cost, billed = self._scalar(cost_expr) or 0.0, _count(self._scalar(tokens_expr))
-            tokens.append(billed)
-            per_1k.append(1000 * cost / billed if billed else math.nan)
+        tokens = [
+            _count(self._scalar(checks.billed_tokens(self.config, side.promql(), self.window)))
+            for side in self.sides
+        ]
         if min(tokens) < t.min_tokens:
             return _no_data(
                 check,
@@ -226,10 +223,23 @@ class Analysis:
                 str(tokens[1]),
                 f"{tokens[0]} and {tokens[1]} tokens, {t.min_tokens} needed per side",
             )
-        base, cand = per_1k
+        baseline, candidate = (side.promql() for side in self.sides)
+        compared = checks.cost_comparison(self.config, baseline, candidate, self.window)
+        common = _count(self._scalar(compared.tokens))
+        if common < t.min_tokens:
+            return _no_data(
+                check, str(tokens[0]), str(tokens[1]),
+                f"{common} tokens from tenants both sides served, {t.min_tokens} needed",
+            )  # fmt: skip
+        actual = self._scalar(compared.actual) or 0.0
+        at_candidate = self._scalar(compared.at_candidate) or 0.0
+        base, cand = 1000 * actual / common, 1000 * at_candidate / common
         dearer = cand > base * (1 + t.cost_tolerance)
         # counters give totals only, not the per-request spread a test would need
-        detail = f"tolerance {t.cost_tolerance:.0%}, no test (totals only)"
+        detail = (
+            f"tolerance {t.cost_tolerance:.0%}, the baseline's tenants at each side's rates, "
+            "no test (totals only)"
+        )
         return Result(
             check, "fail" if dearer else "pass", f"{base:.4g}", f"{cand:.4g}", None, detail
         )

@@ -5,7 +5,8 @@ recording rules: those are 5-minute rates grouped by model and model_version onl
 canary window is longer and its selector may name engine_version or prompt_version. The
 expressions follow the recording rules' definitions (a request is finished-without-error
 plus errors, as in ``alerts.recording``; cost per 1k tokens is cost over prompt plus
-completion tokens, as the ``cost_per_1k`` rule), and name metrics only through the catalogue.
+completion tokens, as the ``cost_per_1k`` rule, compared tenant by tenant), and name metrics
+only through the catalogue.
 The Argo Rollouts and Flagger templates are built from the same functions.
 """
 
@@ -108,9 +109,36 @@ def events_and_total(config: Config, check: Check, selector: str, window: str) -
     raise ValueError(f"{check.name} is not a proportion check")
 
 
-def cost_and_tokens(config: Config, selector: str, window: str) -> tuple[str, str]:
-    """Customer cost and the prompt plus completion tokens it paid for (probe traffic is
-    free and would dilute the ratio, so it is left out on both sides)."""
-    cost = _increase(config, "tenancy_cost", selector, window, _CUSTOMER)
-    tokens = _increase(config, "tenancy_tokens", selector, window, _CUSTOMER, _BILLED)
-    return f"sum({cost})", f"sum({tokens})"
+def billed_tokens(config: Config, selector: str, window: str) -> str:
+    """Prompt plus completion tokens customers paid for (probe traffic is free and would
+    dilute the comparison, so it is left out on both sides)."""
+    return f"sum({_increase(config, 'tenancy_tokens', selector, window, _CUSTOMER, _BILLED)})"
+
+
+@dataclass(frozen=True)
+class CostComparison:
+    """The baseline's customer traffic priced twice, over the tenants both sides served:
+    ``actual`` is what it cost, ``at_candidate`` what it would have cost at the candidate's
+    cost per token for each tenant (direct standardisation). Tenants' cost per token differs
+    severalfold (long prompts against long completions), so comparing the two sides' plain
+    cost per token would measure which tenants each side happened to serve in the window;
+    this compares what the version changes (token mix within a tenant, cache hits, prices),
+    and ``tokens`` (the baseline's billed tokens of those tenants) turns both into per-1k."""
+
+    actual: str
+    at_candidate: str
+    tokens: str
+
+
+def cost_comparison(config: Config, baseline: str, candidate: str, window: str) -> CostComparison:
+    def by_tenant(key: str, selector: str, *matchers: str) -> str:
+        return f"sum by (tenant) ({_increase(config, key, selector, window, _CUSTOMER, *matchers)})"
+
+    cost_b, cost_c = (by_tenant("tenancy_cost", s) for s in (baseline, candidate))
+    tokens_b, tokens_c = (by_tenant("tenancy_tokens", s, _BILLED) for s in (baseline, candidate))
+    rate_c = f"({cost_c} / ({tokens_c} > 0))"
+    return CostComparison(
+        actual=f"sum({cost_b} and on (tenant) {rate_c})",
+        at_candidate=f"sum({tokens_b} * on (tenant) {rate_c})",
+        tokens=f"sum({tokens_b} and on (tenant) {rate_c})",
+    )

@@ -47,12 +47,11 @@ def score(config: Config, check: Check, sides: tuple[str, str], window: str, t: 
         tolerance = number(1 + t.latency_tolerance)
         return _guarded(f"{q_c}\n/ ({q_b} * {tolerance})", (n_b, n_c), t.min_requests)
     if check.kind == "cost":
-        (cost_b, tokens_b), (cost_c, tokens_c) = (
-            checks.cost_and_tokens(config, s, window) for s in sides
-        )
+        compared = checks.cost_comparison(config, *sides, window)
         tolerance = number(1 + t.cost_tolerance)
-        ratio = f"({cost_c} / {tokens_c})\n/ ({cost_b} / {tokens_b} * {tolerance})"
-        return _guarded(ratio, (tokens_b, tokens_c), t.min_tokens)
+        ratio = f"{compared.at_candidate}\n/ ({compared.actual} * {tolerance})"
+        tokens = tuple(checks.billed_tokens(config, s, window) for s in sides)
+        return _guarded(ratio, (tokens[0], tokens[1]), t.min_tokens)
     (events_b, total_b), (events_c, total_c) = (
         checks.events_and_total(config, check, s, window) for s in sides
     )
