@@ -346,6 +346,7 @@ class Demo:
             self.ports.runbooks,
             self.options.execute_runbooks,
             workdir / routing.RUNTIME,
+            replicas=self.fleet,
         )
 
     def _prometheus(self, workdir: Path) -> Component:
