@@ -43,7 +43,7 @@ from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.breaker import CircuitBreaker
 from inferwatch.runbooks.config import Config
 from inferwatch.runbooks.dispatch import Dispatcher
-from inferwatch.runbooks.haproxy_runtime import ServerState
+from inferwatch.runbooks.haproxy_runtime import RuntimeApiError, ServerState
 
 DEMO = [sys.executable, "-P", "-m", "inferwatch", "demo"]
 REPLICAS = [r.name for r in topology.REPLICAS]
@@ -632,3 +632,72 @@ def test_the_drill_mapping_isolates_a_stalled_engine_by_pod_and_shifts_a_degener
     )
     assert [r.action for r in demo.rules_for(xid)] == ["isolate_replica"]
     assert automation.GPUS not in demo.breaker.populations
+
+
+def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: str) -> None:
+    """The real HAProxy: the spare's server stays in maintenance, :func:`routing.enable`
+    returns only once a check has found it down, and it is up once its /readyz answers 200."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from tempfile import TemporaryDirectory
+
+    from inferwatch import gateway
+
+    class Ready(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    spare = topology.replica("primary-v1b")
+    fleet = topology.fleet(SPARES)
+    ports = topology.Ports.assign(None, fleet)
+    backend = gateway.backend_name(spare.model)
+    name = f"{spare.version}:{spare.name}"
+    with TemporaryDirectory(prefix="iw-") as folder:  # a short unix socket path
+        workdir = Path(folder)
+        component = routing.component(haproxy_bin, ports, workdir, fleet)
+        process = subprocess.Popen(list(component.argv), stderr=subprocess.DEVNULL)
+        sidecar = None
+        try:
+            api = routing.runtime(workdir)
+
+            async def state() -> int:
+                servers = await api.servers(backend)
+                return next(s.op_state for s in servers if s.name == name)
+
+            async def in_maintenance() -> bool:
+                """The server's srv_admin_state has FMAINT (0x01), set by ``disabled``."""
+                rows = (await api.command(f"show servers state {backend}")).splitlines()
+                row = next(r.split() for r in rows if f" {name} " in r)
+                return int(row[6]) & 0x01 == 1
+
+            async def scenario_step() -> None:
+                deadline = time.monotonic() + 10
+                while True:  # the Runtime API answers once haproxy has started
+                    try:
+                        assert await state() == 0 and await in_maintenance()
+                        break
+                    except RuntimeApiError:
+                        assert time.monotonic() < deadline, "haproxy's runtime API never answered"
+                        await asyncio.sleep(0.05)
+                await asyncio.sleep(2.5)  # checks ran meanwhile: still in maintenance
+                assert await state() == 0 and await in_maintenance()
+                assert spare.name not in routing.serving(await routing.backends(api), spare.model)
+                await routing.enable(api, spare, 10)
+                assert not await in_maintenance()
+                assert await state() != 2  # down: its sidecar does not answer yet
+                assert spare.name not in routing.serving(await routing.backends(api), spare.model)
+
+            asyncio.run(scenario_step())
+            sidecar = ThreadingHTTPServer(("127.0.0.1", ports.sidecar[spare.name]), Ready)
+            threading.Thread(target=sidecar.serve_forever, args=(0.05,), daemon=True).start()
+            asyncio.run(routing.wait_all_up(api, 10, [spare.name]))
+        finally:
+            process.terminate()
+            process.wait(10)
+            if sidecar is not None:
+                sidecar.shutdown()
+                sidecar.server_close()
