@@ -128,10 +128,8 @@ async def run(count: int) -> list[tuple[str, list[float]]]:
         await request.body()
         return Response(b'{"accepted": 1}\n', media_type="application/json")
 
-    sidecar = Sidecar(
-        EngineCollector(EngineScraper("http://127.0.0.1:9/metrics", timeout_s=0.5), {"model": "m"}),
-        admin_token=SIDECAR_TOKEN,
-    )
+    engine = EngineScraper("http://127.0.0.1:9/metrics", timeout_s=0.5)
+    sidecar = Sidecar([EngineCollector(engine, {"model": "m"})], admin_token=SIDECAR_TOKEN)
     servers = [await serve(Starlette(routes=[Route("/webhook", floor, methods=["POST"])]))]
     servers.append(await serve(sidecar.app()))
     sidecar_address = servers[-1][2]

@@ -25,7 +25,7 @@ from prometheus_client.core import Metric
 
 from inferwatch import catalog
 from inferwatch.exporters import engines, textformat
-from inferwatch.exporters.collector import Condition
+from inferwatch.exporters.collector import Condition, Job
 from inferwatch.exporters.counter_resets import ResetCompensation
 from inferwatch.exporters.engine_checks import Limits, PageChecks
 from inferwatch.exporters.page_fetch import EngineScraper, FetchedPage, ScrapeFailure
@@ -34,6 +34,8 @@ from inferwatch.identity import UNKNOWN, or_unknown
 from inferwatch.logs import log_event
 
 logger = logging.getLogger("inferwatch.engine")
+#: the start-up messages are the sidecar's (what it serves while the engine is away)
+sidecar_logger = logging.getLogger("inferwatch.sidecar")
 
 #: identity labels the engine itself can tell us (read from its version endpoint)
 DISCOVERABLE = ("engine_version", "model")
@@ -88,6 +90,28 @@ class EngineCollector:
         for key in KNOWABLE:  # one spelling for what nobody knows, as in the proxy and probes
             labels[key] = or_unknown(labels.get(key))
         return labels
+
+    @property
+    def timeout_s(self) -> float:
+        return self.scraper.timeout_s
+
+    def jobs(self) -> Sequence[Job]:
+        return [self.first_look]
+
+    async def first_look(self) -> None:
+        """Tell the operator at start whether the engine answers, and what happens if not."""
+        try:
+            await self.collect()
+        except ScrapeFailure:
+            log_event(
+                sidecar_logger,
+                logging.WARNING,
+                "engine not answering yet; serving inferwatch_engine_up 0 and /readyz 503 "
+                "until it does",
+                url=self.scraper.url,
+            )
+        else:
+            log_event(sidecar_logger, logging.INFO, "engine answering", engine=self.engine)
 
     async def collect(self, deadline: float | None = None) -> Sequence[Metric]:
         """The engine's families; waits at most ``deadline`` seconds (default: the timeout).

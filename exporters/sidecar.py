@@ -18,11 +18,9 @@ import asyncio
 import logging
 import platform
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from functools import partial
-from typing import Any
 
 from prometheus_client.core import Metric
 from starlette.applications import Starlette
@@ -32,26 +30,26 @@ from starlette.routing import Route
 
 from inferwatch import __version__, catalog
 from inferwatch.exporters.collector import (
+    BackgroundSource,
     Condition,
+    Job,
     MetricSource,
     ReadinessSource,
+    ReplicaSource,
     SelfTimedSource,
 )
 from inferwatch.exporters.endpoints import healthz, metrics_response, readiness_response
-from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.isolation import Isolation
-from inferwatch.exporters.page_fetch import ScrapeFailure
 from inferwatch.logs import log_event
 
 logger = logging.getLogger("inferwatch.sidecar")
 
 #: time kept back from Prometheus' scrape timeout for rendering and the network
 SCRAPE_TIMEOUT_MARGIN = 0.5
-#: deadline of one scrape without an engine (whose own timeout is the deadline otherwise)
-GPU_ONLY_SCRAPE_TIMEOUT = 5.0
-
-#: a long-running job of the server (the quality probe loop, the engine's first look)
-Job = Callable[[], Coroutine[Any, Any, None]]
+#: a source of metrics, whether or not it keeps the deadline itself
+AnySource = MetricSource | SelfTimedSource
+#: deadline of one scrape when no source keeps its own (a GPU-only sidecar)
+DEFAULT_SCRAPE_TIMEOUT = 5.0
 
 
 @dataclass
@@ -64,26 +62,33 @@ class CollectorRun:
 class Sidecar:
     def __init__(
         self,
-        engine: EngineCollector | None,
-        collectors: Sequence[MetricSource] = (),
-        readiness: Sequence[ReadinessSource] = (),
+        sources: Sequence[object],
         *,
         background: Sequence[Job] = (),
         readiness_max_age: float = 5.0,
         admin_token: str | None = None,
     ):
-        """``engine`` None makes a GPU-only sidecar, which is no replica (see the module).
+        """Serve ``sources``, each used for every interface of ``collector`` it implements.
 
-        ``background`` holds long-running jobs (the quality probe loop) that live and die
-        with the server; ``admin_token`` enables ``/admin/isolation`` (see ``isolation``).
+        Without a ``ReplicaSource`` (an engine) the sidecar is GPU-only, which is no replica
+        (see the module). ``background`` holds long-running jobs that live and die with the
+        server, beside the sources' own; ``admin_token`` enables ``/admin/isolation``.
         """
-        engines = [] if engine is None else [engine]
-        self.engine = engine
         self.isolation = Isolation(admin_token)
-        self.collectors: list[MetricSource] = [*engines, *collectors]
-        self.readiness_sources: list[ReadinessSource] = [*engines, *readiness, self.isolation]
-        self.background: list[Job] = [*(partial(first_look, e) for e in engines), *background]
-        self.scrape_timeout_s = engine.scraper.timeout_s if engine else GPU_ONLY_SCRAPE_TIMEOUT
+        self.collectors = [s for s in sources if isinstance(s, MetricSource | SelfTimedSource)]
+        self.readiness_sources: list[ReadinessSource] = [
+            *(s for s in sources if isinstance(s, ReadinessSource)),
+            self.isolation,
+        ]
+        self.background: list[Job] = [
+            *(job for s in sources if isinstance(s, BackgroundSource) for job in s.jobs()),
+            *background,
+        ]
+        self.replica = next((s for s in sources if isinstance(s, ReplicaSource)), None)
+        #: the collectors that keep the deadline themselves (protocol checks, done once)
+        self.self_timed = [c for c in self.collectors if isinstance(c, SelfTimedSource)]
+        timeouts = [c.timeout_s for c in self.self_timed]
+        self.scrape_timeout_s = max(timeouts, default=DEFAULT_SCRAPE_TIMEOUT)
         self.readiness_max_age = readiness_max_age
         self._failing: set[str] = set()
 
@@ -93,15 +98,12 @@ class Sidecar:
         families: list[Metric] = []
         for run in runs:
             families.extend(run.families)
-        for collector in self._self_timed():
+        for collector in self.self_timed:
             families.extend(collector.status_families())
         families.extend(self._self_families(zip(self.collectors, runs, strict=True)))
-        if self.engine is not None:  # a GPU-only sidecar is no replica: counts as none
-            families.append(self._readiness_family(self.engine.identity))
+        if self.replica is not None:  # a GPU-only sidecar is no replica: counts as none
+            families.append(self._readiness_family(self.replica.identity))
         return families
-
-    def _self_timed(self) -> list[SelfTimedSource]:
-        return [c for c in self.collectors if isinstance(c, SelfTimedSource)]
 
     def _readiness_family(self, replica: Mapping[str, str]) -> Metric:
         """/readyz as metrics, one series per condition, so alerts see what routers see."""
@@ -115,13 +117,13 @@ class Sidecar:
             ready.add_metric([*identity, name], int(ok))  # type: ignore[attr-defined]
         return ready
 
-    async def _run(self, collector: MetricSource, deadline: float) -> CollectorRun:
+    async def _run(self, collector: AnySource, deadline: float) -> CollectorRun:
         started = time.perf_counter()
         # A self-timed collector (the engine's) gets the deadline itself and keeps it, so that
         # running out of time is recorded as a scrape failure (engine_up 0). No second timer
         # around it: when a busy process wakes the loop late, both would be due at once, and
         # the outer one would cancel the inner one before it records anything.
-        if isinstance(collector, SelfTimedSource):
+        if collector in self.self_timed:
             run, limit = collector.collect(deadline), None
         else:
             run, limit = collector.collect(), deadline + 0.05
@@ -135,18 +137,18 @@ class Sidecar:
             log_event(logger, logging.INFO, "collector recovered", collector=collector.name)
         return CollectorRun(families, True, time.perf_counter() - started)
 
-    def _note_failure(self, collector: MetricSource, exc: BaseException) -> None:
+    def _note_failure(self, collector: AnySource, exc: BaseException) -> None:
         name = collector.name
         if name in self._failing:
             return  # logged when it started failing; the metric carries it from here
         self._failing.add(name)
         # A self-timed collector logs its own failures with their reason.
-        if not isinstance(collector, SelfTimedSource):
+        if collector not in self.self_timed:
             reason = "timeout" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
             log_event(logger, logging.WARNING, "collector failed", collector=name, error=reason)
 
     @staticmethod
-    def _self_families(runs: Iterable[tuple[MetricSource, CollectorRun]]) -> list[Metric]:
+    def _self_families(runs: Iterable[tuple[AnySource, CollectorRun]]) -> list[Metric]:
         cat = catalog.load()
         build = cat.family("exporter_build_info")
         build.add_metric([__version__, platform.python_version()], 1)
@@ -172,7 +174,7 @@ class Sidecar:
         return metrics_response(request, families)
 
     async def readyz(self, request: Request) -> Response:
-        await asyncio.gather(*(c.refresh(self.readiness_max_age) for c in self._self_timed()))
+        await asyncio.gather(*(c.refresh(self.readiness_max_age) for c in self.self_timed))
         return readiness_response(self.conditions())
 
     def app(self) -> Starlette:
@@ -202,19 +204,3 @@ class Sidecar:
                 await collector.aclose()
             elif hasattr(collector, "close"):
                 collector.close()
-
-
-async def first_look(engine: EngineCollector) -> None:
-    """Tell the operator at start whether the engine answers, and what happens if not."""
-    try:
-        await engine.collect()
-    except ScrapeFailure:
-        log_event(
-            logger,
-            logging.WARNING,
-            "engine not answering yet; serving inferwatch_engine_up 0 and /readyz 503 "
-            "until it does",
-            url=engine.scraper.url,
-        )
-    else:
-        log_event(logger, logging.INFO, "engine answering", engine=engine.engine)

@@ -118,10 +118,8 @@ class Dispatcher:
             )
             return
         action = self.actions[rule.action]
-        try:
-            steps = action.plan(alert, rule.params)
-        except ActionError as exc:
-            await self._decide(record, rule.action, "failed", "plan_error", reason=str(exc))
+        steps = await self._plan(action, alert, rule, record)
+        if steps is None:
             return
         record["steps"] = [asdict(step) for step in steps]
         key = dedup.key(alert.fingerprint, alert.starts_at, rule.action)
@@ -240,10 +238,8 @@ class Dispatcher:
         await asyncio.sleep(rule.rollback_after or 0)
         self._rollbacks.pop((alert.fingerprint, rule.name), None)
         action = self.actions[rule.action]
-        try:
-            steps = action.plan(alert, rule.params)
-        except ActionError as exc:
-            await self._decide(record, rule.action, "failed", "plan_error", reason=str(exc))
+        steps = await self._plan(action, alert, rule, record)
+        if steps is None:
             return
         record = {**record, "steps": [asdict(step) for step in steps]}
         if not self.execute:
@@ -273,6 +269,16 @@ class Dispatcher:
                 "revert_failed",
                 reason="; ".join(r["detail"] for r in results if not r["ok"]),
             )
+
+    async def _plan(
+        self, action: Action, alert: Alert, rule: Rule, record: dict[str, Any]
+    ) -> Sequence[Step] | None:
+        """The action's steps for ``alert``; None, decided as a failure, when it cannot plan."""
+        try:
+            return action.plan(alert, rule.params)
+        except ActionError as exc:
+            await self._decide(record, rule.action, "failed", "plan_error", reason=str(exc))
+            return None
 
     async def _decide(
         self, record: dict[str, Any], action: str, decision: str, outcome: str, **fields: Any

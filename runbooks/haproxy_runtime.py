@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 #: bytes read from one answer at most (``show servers state`` of a large fleet fits easily)
 MAX_ANSWER = 1 << 20
-TIMEOUT = 5.0
+TIMEOUT_S = 5.0
 # HAProxy's answers to a command it could not carry out (first line of the reply)
 _FAILURES = (
     "No such",
@@ -60,19 +60,19 @@ class ServerState:
 class RuntimeApi:
     """The Runtime API at ``address``: a unix socket path, or ``host:port``."""
 
-    def __init__(self, address: str, timeout: float = TIMEOUT) -> None:
+    def __init__(self, address: str, timeout_s: float = TIMEOUT_S) -> None:
         self.address = address
-        self.timeout = timeout
+        self.timeout_s = timeout_s
 
     async def command(self, line: str) -> str:
         """Send one command; the answer's text. Raises :class:`RuntimeApiError`."""
         if not _COMMAND.match(line):
             raise RuntimeApiError(f"refusing to send a malformed command: {line[:80]!r}")
         try:
-            return await asyncio.wait_for(self._exchange(line), self.timeout)
+            return await asyncio.wait_for(self._exchange(line), self.timeout_s)
         except TimeoutError:
             raise RuntimeApiError(
-                f"haproxy runtime API at {self.address}: no answer within {self.timeout:g}s"
+                f"haproxy runtime API at {self.address}: no answer within {self.timeout_s:g}s"
             ) from None
         except OSError as exc:
             reason = os.strerror(exc.errno) if exc.errno else str(exc) or type(exc).__name__

@@ -135,7 +135,7 @@ class SidecarUnderTest:
     def __init__(self, loop: Loop, engine_url: str, model: str = "llama") -> None:
         async def build() -> Sidecar:
             scraper = EngineScraper(engine_url, timeout_s=2.0, max_bytes=1 << 22)
-            return Sidecar(EngineCollector(scraper, {"model": model}), admin_token=SIDECAR_TOKEN)
+            return Sidecar([EngineCollector(scraper, {"model": model})], admin_token=SIDECAR_TOKEN)
 
         self.sidecar: Sidecar = loop.run(build)
         self.served = Served(loop, self.sidecar.app())

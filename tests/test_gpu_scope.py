@@ -375,7 +375,7 @@ def test_readyz_of_the_replica_on_the_lost_gpu_fails_and_no_other(
         engine = EngineCollector(
             EngineScraper(f"{page_server.url}/page/metrics", timeout_s=2.0), {}
         )
-        sidecars[index] = Sidecar(engine, [backend], [backend])
+        sidecars[index] = Sidecar([engine, backend])
 
     async def node() -> tuple[str, httpx.Response, httpx.Response]:
         clients = {

@@ -61,7 +61,7 @@ def test_admin_endpoint_is_disabled_without_a_token(loop: h.Loop, page_server: A
         from inferwatch.exporters.sidecar import Sidecar
 
         scraper = EngineScraper(page_server.url + h.VLLM_PAGE, timeout_s=2.0, max_bytes=1 << 22)
-        return Sidecar(EngineCollector(scraper, {"model": "m"}))
+        return Sidecar([EngineCollector(scraper, {"model": "m"})])
 
     served = h.Served(loop, loop.run(build).app())
     try:

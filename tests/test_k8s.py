@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
+import click
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -511,3 +512,31 @@ def test_remote_write_settings_at_the_schemas_edges_are_a_config_prometheus_acce
         broken = copy.deepcopy(spec)
         broken["remoteWrite"][0]["queueConfig"]["maxShard"] = 1
         prometheus_yml(broken)
+
+
+def _inferwatch_containers(documents: list[dict[str, Any]]) -> Iterator[tuple[str, list[str]]]:
+    for document in documents:
+        template = document.get("spec", {}).get("template", {}).get("spec", {})
+        for container in template.get("containers", []):
+            if container["image"].startswith("inferwatch:"):
+                yield f"{document['metadata']['name']}/{container['name']}", container["args"]
+
+
+def test_every_inferwatch_container_s_arguments_are_accepted_by_its_command(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """The kit's args are parsed by the real command line (options, types and callbacks),
+    so a renamed flag or a bad value in a manifest fails here, not in a crash-looping pod."""
+    from inferwatch.cli import main
+
+    _, documents = rendered
+    checked = 0
+    for where, args in _inferwatch_containers(documents):
+        command = main.get_command(click.Context(main), args[0])
+        assert command is not None, f"{where}: no command {args[0]!r}"
+        try:
+            command.make_context(args[0], list(args[1:]))
+        except click.ClickException as exc:
+            pytest.fail(f"{where}: {exc.format_message()}")
+        checked += 1
+    assert checked >= 3, "the kit runs the sidecar, the proxy and the receiver"

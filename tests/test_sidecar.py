@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -23,10 +24,15 @@ VLLM_PAGE = "fixture/vllm-generated-0.33.0-1engine/metrics"
 
 
 def make_sidecar(
-    url: str, *, timeout: float = 1.0, max_bytes: int = 1 << 20, **kwargs: Any
+    url: str,
+    *,
+    timeout: float = 1.0,
+    max_bytes: int = 1 << 20,
+    sources: Sequence[object] = (),
+    **kwargs: Any,
 ) -> Sidecar:
     scraper = EngineScraper(url, timeout_s=timeout, max_bytes=max_bytes)
-    return Sidecar(EngineCollector(scraper, {"model": "m", "pod": "p-0"}), **kwargs)
+    return Sidecar([EngineCollector(scraper, {"model": "m", "pod": "p-0"}), *sources], **kwargs)
 
 
 async def _get(sidecar: Sidecar, path: str, **headers: str) -> httpx.Response:
@@ -194,7 +200,7 @@ class _Quality:
 
 
 def test_a_failing_collector_costs_only_its_own_metrics(page_server: Any) -> None:
-    sidecar = make_sidecar(f"{page_server.url}/{VLLM_PAGE}", collectors=[_FailingCollector()])
+    sidecar = make_sidecar(f"{page_server.url}/{VLLM_PAGE}", sources=[_FailingCollector()])
     text = get(sidecar, "/metrics").text
     assert value(text, "inferwatch_collector_success", collector="flaky") == 0
     assert value(text, "inferwatch_collector_success", collector="engine") == 1
@@ -203,7 +209,7 @@ def test_a_failing_collector_costs_only_its_own_metrics(page_server: Any) -> Non
 
 def test_any_failing_readiness_condition_fails_readyz(page_server: Any) -> None:
     quality = _Quality()
-    sidecar = make_sidecar(f"{page_server.url}/{VLLM_PAGE}", readiness=[quality])
+    sidecar = make_sidecar(f"{page_server.url}/{VLLM_PAGE}", sources=[quality])
     assert get(sidecar, "/readyz").status_code == 200
     quality.ok = False
     response = get(sidecar, "/readyz")
@@ -225,9 +231,7 @@ def test_healthz_answers_while_the_engine_is_down(unused_port: int) -> None:
 def test_gpu_telemetry_joins_metrics_and_readiness(page_server: Any) -> None:
     backend = gpu.open_backend(f"replay={FIXTURES / 'gpu' / 'nvml-h200'}")
     try:
-        sidecar = make_sidecar(
-            f"{page_server.url}/{VLLM_PAGE}", collectors=[backend], readiness=[backend]
-        )
+        sidecar = make_sidecar(f"{page_server.url}/{VLLM_PAGE}", sources=[backend])
         text = get(sidecar, "/metrics").text
         assert value(text, "inferwatch_collector_success", collector=backend.name) == 1
         assert value(text, "inferwatch_gpu_power_watts") is not None
@@ -239,7 +243,7 @@ def test_gpu_telemetry_joins_metrics_and_readiness(page_server: Any) -> None:
 
 def test_a_fixed_engine_that_the_page_does_not_match_is_counted(page_server: Any) -> None:
     scraper = EngineScraper(f"{page_server.url}/{VLLM_PAGE}", timeout_s=1.0)
-    sidecar = Sidecar(EngineCollector(scraper, {}, engine="tgi"))
+    sidecar = Sidecar([EngineCollector(scraper, {}, engine="tgi")])
     text = get(sidecar, "/metrics").text
     assert value(text, "inferwatch_engine_up", engine="tgi") == 0
     assert value(text, "inferwatch_engine_scrape_errors_total", reason="unknown_engine") == 1
@@ -255,7 +259,7 @@ def test_a_new_engine_behind_the_url_is_detected_again(page_server: Any) -> None
 
 def test_readiness_conditions_are_served_as_one_series_each(page_server: Any) -> None:
     quality = _Quality()
-    sidecar = make_sidecar(f"{page_server.url}/{VLLM_PAGE}", readiness=[quality])
+    sidecar = make_sidecar(f"{page_server.url}/{VLLM_PAGE}", sources=[quality])
     text = get(sidecar, "/metrics").text
     assert value(text, "inferwatch_replica_ready", condition="engine", model="m", pod="p-0") == 1
     assert value(text, "inferwatch_replica_ready", condition="quality") == 1

@@ -58,7 +58,7 @@ def test_gpu_only_sidecar_serves_gpu_series_and_stays_ready_through_xid_79(
 ) -> None:
     fake = FakeNvml(Recording.load(RECORDING), gpus=GPUS)
     backend = node_backend(fake)
-    sidecar = Sidecar(None, [backend], [backend])
+    sidecar = Sidecar([backend])
 
     async def scenario() -> tuple[httpx.Response, httpx.Response, str, httpx.Response]:
         transport = httpx.ASGITransport(app=sidecar.app())

@@ -220,7 +220,7 @@ def test_encodings_that_cannot_be_undone_are_counted(
     engine: _Engine, header: str, body: bytes
 ) -> None:
     engine.answer = (200, {"Content-Encoding": header}, body)
-    sidecar = Sidecar(EngineCollector(EngineScraper(engine.url, timeout_s=2), {}))
+    sidecar = Sidecar([EngineCollector(EngineScraper(engine.url, timeout_s=2), {})])
     text = asyncio.run(get(sidecar, "/metrics")).text
     assert value(text, "inferwatch_engine_up") == 0
     assert value(text, "inferwatch_engine_scrape_errors_total", reason="encoding") == 1
@@ -242,7 +242,7 @@ def test_healthz_keeps_answering_while_a_bad_scrape_runs(engine: _Engine, page: 
         engine.answer = (200, {"Content-Encoding": header}, body)
     else:
         engine.answer = (200, {}, cardinality_page(100_000))
-    sidecar = Sidecar(EngineCollector(EngineScraper(engine.url, timeout_s=60, max_bytes=cap), {}))
+    sidecar = Sidecar([EngineCollector(EngineScraper(engine.url, timeout_s=60, max_bytes=cap), {})])
     with serving(sidecar) as url:
         scrape: list[float] = []
         # A new httpx client costs tens of milliseconds of CPU (its SSL context): both are made
@@ -309,7 +309,7 @@ def collector_for(pages: Iterator[bytes] | Callable[[], bytes], **kwargs: Any) -
 
 
 def scrape_text(collector: EngineCollector, scrapes: int = 1) -> list[str]:
-    sidecar = Sidecar(collector)
+    sidecar = Sidecar([collector])
 
     async def run() -> list[str]:
         return [(await get(sidecar, "/metrics")).text for _ in range(scrapes)]
@@ -543,7 +543,7 @@ def test_one_failed_fetch_shared_by_many_scrapers_counts_once(
 ) -> None:
     engine.answer = (status, {}, b"")
     engine.delay = 0.3
-    sidecar = Sidecar(EngineCollector(EngineScraper(engine.url, timeout_s=5), {}))
+    sidecar = Sidecar([EngineCollector(EngineScraper(engine.url, timeout_s=5), {})])
 
     async def run() -> list[str]:
         transport = httpx.ASGITransport(app=sidecar.app())
@@ -582,7 +582,7 @@ def test_a_scrape_that_overruns_a_late_waking_loop_still_counts_its_timeout() ->
         time.sleep(1.5)  # holds the event loop itself, as a starved process would
         return cardinality_page(1)
 
-    sidecar = Sidecar(collector_for(page))
+    sidecar = Sidecar([collector_for(page)])
 
     async def run() -> str:
         transport = httpx.ASGITransport(app=sidecar.app())

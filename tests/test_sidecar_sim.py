@@ -55,9 +55,8 @@ class Replica:
             policy=Policy(window_cycles=2, baseline_cycles=2),
         )
         engine = EngineCollector(EngineScraper(f"{sim.url}/metrics", timeout_s=2.0), {"pod": "r0"})
-        self.sidecar = Sidecar(
-            engine, [self.gpu, self.probes], [self.gpu, self.probes], readiness_max_age=0
-        )
+        self.engine = engine
+        self.sidecar = Sidecar([engine, self.gpu, self.probes], readiness_max_age=0)
 
     async def __aenter__(self) -> Replica:
         return self
@@ -129,7 +128,7 @@ def test_engine_version_and_model_are_read_from_the_engine(sim: SimHandle) -> No
     async def scenario() -> list[dict[str, str]]:
         async with Replica(sim) as replica:
             await replica.get("/metrics")  # learns the engine; asks its /version meanwhile
-            task = replica.sidecar.engine._version_task
+            task = replica.engine._version_task
             assert task is not None
             await task
             text = (await replica.get("/metrics")).text

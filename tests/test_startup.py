@@ -230,7 +230,7 @@ def test_failing_warmup_keeps_the_replica_unready_with_the_reason_then_turns_rea
 
     async def scenario() -> None:
         tracker = tracker_for(fast_sim, WarmupPlan((1, 2), (16,)))
-        sidecar = Sidecar(tracker.engine, [tracker], [tracker], readiness_max_age=0)
+        sidecar = Sidecar([tracker.engine, tracker], readiness_max_age=0)
         assert tracker.warmup is not None
         task = asyncio.create_task(tracker.run())
         try:

@@ -11,19 +11,18 @@ request) and the tokens seen so far are still charged, marked ``client_cancelled
 the streams still running when a shutdown's grace period ends (``shutdown_cancelled``).
 
 Per-tenant metrics are served by :attr:`ProxyApp.metrics_app`, on its own listen address,
-never on the port clients call. The per-request record and its ASGI plumbing live in
-:mod:`exchange`, what a finished request leaves behind (charge, screening, access log) in
-:mod:`accounting`.
+never on the port clients call. This module composes the proxy and admits requests; which
+handler serves a request is :mod:`routing`, forwarding and relaying :mod:`relays`, the
+per-request record and its ASGI plumbing :mod:`exchange`, and what a finished request leaves
+behind (charge, screening, access log) :mod:`accounting`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -42,8 +41,6 @@ from inferwatch.exporters.tenancy.admission import (
 from inferwatch.exporters.tenancy.config import ProxyConfig
 from inferwatch.exporters.tenancy.counting import PromptCounter, byte_bound, load_tokenizer
 from inferwatch.exporters.tenancy.exchange import (
-    ClientGone,
-    DisconnectWatcher,
     Exchange,
     Receive,
     Scope,
@@ -58,13 +55,13 @@ from inferwatch.exporters.tenancy.reconcile import (
     Reconciler,
     engine_token_counters,
 )
-from inferwatch.exporters.tenancy.routes import STREAMABLE, BadTarget, Route, Router
+from inferwatch.exporters.tenancy.relays import JSON, PLAIN, Relays, respond
+from inferwatch.exporters.tenancy.routes import STREAMABLE, Route, Router
+from inferwatch.exporters.tenancy.routing import Routing
 from inferwatch.exporters.tenancy.sampling import TranscribingMeter, prompt_text
 from inferwatch.exporters.tenancy.tenants import UNKNOWN, TenantResolver
 from inferwatch.exporters.tenancy.upstream import Timeouts, UpstreamError, UpstreamPool
 from inferwatch.exporters.tenancy.usage import (
-    EventStream,
-    MalformedEvent,
     UsageMeter,
     estimate_prompt_tokens,
 )
@@ -77,19 +74,9 @@ from inferwatch.probes.livesample import DegeneracySampler
 MAX_CHOICES = 128
 #: bodies above this size are counted off the event loop when a tokenizer is configured
 _COUNT_IN_THREAD_BYTES = 256 << 10
-_DROPPED_RESPONSE_HEADERS = frozenset(
-    {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server"}
-)
-_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-_JSON = [(b"content-type", b"application/json")]
-_PLAIN = [(b"content-type", b"text/plain")]
 VALUE_LABELS = IDENTITY_LABELS[1:-1]  # split has a fixed handful of values
 
 logger = logging.getLogger("inferwatch.proxy")
-
-
-def _error_body(message: str, kind: str, code: str) -> bytes:
-    return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
 
 
 def _completion_cap(body: dict[str, Any], path: str) -> tuple[str, int | None, int]:
@@ -155,62 +142,27 @@ class ProxyApp:
             v.prompt_version_header.encode(),
         )
         self._version_defaults = (v.model_version, v.engine_version, v.prompt_version)
-        self._stripped_request_headers = frozenset(
-            {b"authorization", config.tenant_header.encode(), *self._version_headers}
+        stripped = {b"authorization", config.tenant_header.encode(), *self._version_headers}
+        self.relays = Relays(
+            config, self.pool, self.metrics, frozenset(stripped), lambda: self.draining
+        )
+        self.routing = Routing(
+            self.router,
+            metered=self._metered,
+            passthrough=self._passthrough,
+            own=self._own,
+            refuse=self.relays.refuse,
+            finish=self.accounting.finish,
+            handlers=self._handlers,
         )
 
     # ------------------------------------------------------------------ ASGI entry point
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            try:
-                route = self.router.route(scope["method"], scope["raw_path"], scope["query_string"])
-            except BadTarget as exc:
-                refusal = Refusal(400, "rejected_bad_request", str(exc))
-                bad = Route("refused", scope["method"], str(scope["path"])[:256], b"")
-                return await self._guarded(self._refusing(refusal), bad, scope, receive, send)
-            if route.kind == "metered":
-                await self._guarded(self._metered, route, scope, receive, send)
-            elif route.kind == "passthrough":
-                await self._guarded(self._passthrough, route, scope, receive, send)
-            elif route.kind == "own":
-                if route.path == "/healthz":
-                    await self._respond(send, 200, endpoints.HEALTHZ_BODY, list(_PLAIN))
-                else:
-                    await self._readyz(send)
-            else:
-                refusal = self._route_refusal(route)
-                await self._guarded(self._refusing(refusal), route, scope, receive, send)
+            await self.routing(scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
-
-    @staticmethod
-    def _route_refusal(route: Route) -> Refusal:
-        where = f"{route.method} {route.path}"
-        if route.kind == "unmetered":
-            return Refusal(
-                403,
-                "rejected_route",
-                f"{where} makes the engine generate or embed tokens in a form this proxy does "
-                "not meter (it meters POST /v1/chat/completions, /v1/completions and "
-                "/v1/embeddings)",
-            )
-        return Refusal(
-            404,
-            "rejected_route",
-            f"{where} is not a route this proxy meters or passes through "
-            "(see routes.passthrough in its config)",
-        )
-
-    def _refusing(
-        self, refusal: Refusal
-    ) -> Callable[[Exchange, Route, Scope, Receive, Send], Awaitable[None]]:
-        async def refuse(
-            exchange: Exchange, route: Route, scope: Scope, receive: Receive, send: Send
-        ) -> None:
-            await self._refuse(exchange, send, refusal)
-
-        return refuse
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -243,29 +195,6 @@ class ProxyApp:
         self.pool.close()
         await self.direct_traffic.aclose()
 
-    # ------------------------------------------------------------------ request handling
-    async def _guarded(
-        self,
-        handler: Callable[[Exchange, Route, Scope, Receive, Send], Awaitable[None]],
-        route: Route,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-    ) -> None:
-        """Run a handler; turn a client disconnect into cancellation, and always log."""
-        exchange = Exchange(start=time.perf_counter(), path=route.path)
-        task = asyncio.current_task()
-        if task is not None:
-            self._handlers.add(task)
-        try:
-            await handler(exchange, route, scope, receive, send)
-        except ClientGone:
-            exchange.outcome = exchange.outcome or "client_cancelled"
-        finally:
-            if task is not None:
-                self._handlers.discard(task)
-            self.accounting.finish(exchange)
-
     def _resolve(self, exchange: Exchange, scope: Scope) -> Refusal | None:
         client = scope.get("client")
         resolution = self.resolver.resolve(scope["headers"], client[0] if client else None)
@@ -295,24 +224,6 @@ class ProxyApp:
             ev_l.label(or_unknown(versions[1])),
             pv_l.label(or_unknown(versions[2])),
             split_label(headers),
-        )
-
-    def _forward_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        stripped = self._stripped_request_headers
-        return [(name, value) for name, value in headers if name not in stripped]
-
-    async def _refuse(self, exchange: Exchange, send: Send, refusal: Refusal) -> None:
-        exchange.outcome = refusal.reason
-        exchange.error = refusal.message
-        headers = list(_JSON)
-        if refusal.retry_after is not None:
-            headers.append((b"retry-after", str(refusal.retry_after).encode()))
-        kind = "authentication_error" if refusal.status == 401 else "invalid_request_error"
-        if refusal.status in (429, 503):
-            kind = "rate_limit_error"
-        exchange.status = refusal.status
-        await self._respond(
-            send, refusal.status, _error_body(refusal.message, kind, refusal.reason), headers
         )
 
     async def _count(self, body: dict[str, Any], size: int) -> int:
@@ -429,8 +340,10 @@ class ProxyApp:
         try:
             refusal, body, raw, changed = await self._read_request(exchange, scope, receive)
             if refusal is not None:
-                return await self._refuse(exchange, send, refusal)
-            await self._forward_metered(exchange, route, scope, receive, send, body, raw, changed)
+                return await self.relays.refuse(exchange, send, refusal)
+            await self.relays.forward_metered(
+                exchange, route, scope, receive, send, body, raw, changed
+            )
         finally:
             if exchange.slot == "gated":
                 self.gate.release(exchange.tenant)
@@ -440,226 +353,6 @@ class ProxyApp:
             if isinstance(exchange.meter, TranscribingMeter):
                 self.accounting.screen(exchange, exchange.meter)
 
-    async def _forward_metered(
-        self,
-        exchange: Exchange,
-        route: Route,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        body: dict[str, Any],
-        raw: bytes,
-        changed: bool,
-    ) -> None:
-        stream = route.path in STREAMABLE and body.get("stream") is True
-        exchange.stream = stream
-        client_wants_usage = False
-        if stream:
-            options = body.get("stream_options")
-            client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
-            forced = dict(options) if isinstance(options, dict) else {}
-            forced["include_usage"] = True
-            if self.config.continuous_usage:
-                forced["continuous_usage_stats"] = True
-            if forced != options:
-                body["stream_options"] = forced
-                changed = True
-        if changed:
-            try:
-                raw = jsoncodec.dumps(body)
-            except ValueError as exc:
-                exchange.meter = None
-                return await self._refuse(
-                    exchange, send, Refusal(400, "rejected_bad_request", str(exc))
-                )
-        exchange.watcher = watcher = DisconnectWatcher(receive)
-        try:
-            try:
-                response = await self.pool.request(
-                    "POST", route.target, self._forward_headers(scope["headers"]), raw
-                )
-            except UpstreamError as exc:
-                return await self._upstream_failed(
-                    exchange, send, exc, sent=exc.reason != "connect"
-                )
-            exchange.status = response.status
-            try:
-                if stream and response.status == 200:
-                    await self._relay_stream(exchange, send, response, client_wants_usage)
-                else:
-                    await self._relay_json(exchange, send, response)
-            finally:
-                response.close()
-        except asyncio.CancelledError:
-            try:
-                watcher.claim()
-            except ClientGone:
-                exchange.accounting = "client_cancelled"
-                exchange.outcome = "client_cancelled"
-            except asyncio.CancelledError:
-                if not self.draining:
-                    raise
-                await self._cut_short(exchange, send)
-        finally:
-            watcher.stop()
-
-    async def _cut_short(self, exchange: Exchange, send: Send) -> None:
-        """End a response the shutdown's grace period ran out on; its tokens are charged."""
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
-        exchange.accounting = exchange.outcome = "shutdown_cancelled"
-        exchange.error = "the proxy is shutting down"
-        message = "the proxy is shutting down; the request was cut short"
-        with contextlib.suppress(Exception):
-            if exchange.response_started:
-                event = {
-                    "error": {"message": message, "type": "upstream_error", "code": "shutdown"}
-                }
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": b"data: " + json.dumps(event).encode() + b"\n\n",
-                        "more_body": False,
-                    }
-                )
-            else:
-                exchange.status = 503
-                await self._respond(
-                    send, 503, _error_body(message, "upstream_error", "shutdown"), list(_JSON)
-                )
-
-    async def _upstream_failed(
-        self, exchange: Exchange, send: Send, exc: UpstreamError, sent: bool
-    ) -> None:
-        self.metrics.upstream_error(exc.reason)
-        exchange.outcome = "upstream_error"
-        exchange.error = exc.detail
-        if sent:
-            # the engine may have processed the prompt: charge the estimate, marked as an error
-            exchange.accounting = "error"
-        else:
-            exchange.meter = None
-        exchange.status = 504 if exc.reason == "timeout" else 502
-        await self._final(
-            exchange,
-            send,
-            exchange.status,
-            _error_body(f"engine request failed: {exc.detail}", "upstream_error", exc.reason),
-            list(_JSON),
-        )
-
-    async def _relay_json(self, exchange: Exchange, send: Send, response: Any) -> None:
-        try:
-            data = await response.read(self.config.max_response_bytes)
-        except UpstreamError as exc:
-            return await self._upstream_failed(exchange, send, exc, sent=True)
-        status = response.status
-        if status < 400:
-            payload: Any = None
-            with contextlib.suppress(ValueError):
-                payload = jsoncodec.loads(data)
-            if not isinstance(payload, dict):
-                # a garbled success: the engine did take the prompt, so charge the estimate
-                error = UpstreamError(
-                    "protocol", f"engine reply is not a JSON object: {data[:80]!r}"
-                )
-                return await self._upstream_failed(exchange, send, error, sent=True)
-            if exchange.meter is not None:
-                exchange.meter.observe(payload)
-                exchange.accounting = "complete"
-            exchange.outcome = "ok"
-        else:
-            exchange.outcome = "engine_client_error" if status < 500 else "engine_error"
-            exchange.meter = None  # the engine refused it: nothing to charge
-        headers = [(k, v) for k, v in response.headers if k not in _DROPPED_RESPONSE_HEADERS]
-        await self._final(exchange, send, status, data, headers)
-
-    async def _relay_stream(
-        self, exchange: Exchange, send: Send, response: Any, client_wants_usage: bool
-    ) -> None:
-        meter = exchange.meter
-        assert meter is not None
-        headers = [(k, v) for k, v in response.headers if k not in _DROPPED_RESPONSE_HEADERS]
-        await send(
-            {"type": "http.response.start", "status": 200, "headers": headers or _SSE_HEADERS}
-        )
-        exchange.response_started = True
-        events = EventStream()
-        done = False
-        error: str | None = None
-        chunks = response.chunks()
-        try:
-            async for chunk in chunks:
-                out: list[bytes] = []
-                content_before = meter.content_events
-                try:
-                    for raw, payload in events.feed(chunk):
-                        if isinstance(payload, dict):
-                            carried_usage = meter.observe(payload)
-                            if (
-                                carried_usage
-                                and not client_wants_usage
-                                and not payload.get("choices")
-                            ):
-                                continue  # the usage chunk the client did not ask for
-                        elif payload == "[DONE]":
-                            done = True
-                        out.append(raw)
-                except MalformedEvent:
-                    if out:  # the good events before the bad one still reach the client
-                        await send(
-                            {"type": "http.response.body", "body": b"".join(out), "more_body": True}
-                        )
-                    raise
-                if out:
-                    if exchange.ttft is None and meter.content_events > content_before:
-                        exchange.ttft = time.perf_counter() - exchange.start
-                    await send(
-                        {"type": "http.response.body", "body": b"".join(out), "more_body": True}
-                    )
-                if done and exchange.watcher is not None:
-                    # The client has the whole stream: it may hang up now (most clients do
-                    # at [DONE]) without that making a complete request a cancelled one.
-                    exchange.watcher.stop()
-            if events.pending.strip():
-                raise MalformedEvent("stream ended inside an event")
-        except UpstreamError as exc:
-            self.metrics.upstream_error(exc.reason)
-            error = None if done else exc.detail  # after [DONE] the reply was already whole
-        except MalformedEvent as exc:
-            self.metrics.upstream_error("malformed_stream")
-            error = None if done else str(exc)
-        finally:
-            with contextlib.suppress(Exception):
-                await chunks.aclose()
-        if error is not None:
-            exchange.outcome = "upstream_error"
-            exchange.accounting = "error"
-            exchange.error = error
-            event = {
-                "error": {
-                    "message": f"engine stream failed: {error}",
-                    "type": "upstream_error",
-                    "code": "upstream_error",
-                }
-            }
-            await send(
-                {
-                    "type": "http.response.body",
-                    "body": b"data: " + json.dumps(event).encode() + b"\n\n",
-                    "more_body": True,
-                }
-            )
-        else:
-            exchange.outcome = "ok"
-            exchange.accounting = "complete"
-            if not done:
-                exchange.done_marker_missing = True
-        if exchange.watcher is not None:
-            exchange.watcher.stop()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
     async def _passthrough(
         self, exchange: Exchange, route: Route, scope: Scope, receive: Receive, send: Send
     ) -> None:
@@ -667,67 +360,17 @@ class ProxyApp:
         refusal = self._resolve(exchange, scope)
         self._label(exchange, scope["headers"])
         if refusal is not None:
-            return await self._refuse(exchange, send, refusal)
+            return await self.relays.refuse(exchange, send, refusal)
         raw = await read_body(receive, self.config.max_body_bytes, self.config.body_timeout_s)
         if isinstance(raw, Refusal):
-            return await self._refuse(exchange, send, raw)
-        exchange.watcher = watcher = DisconnectWatcher(receive)
-        try:
-            try:
-                response = await self.pool.request(
-                    route.method, route.target, self._forward_headers(scope["headers"]), raw
-                )
-            except UpstreamError as exc:
-                return await self._upstream_failed(exchange, send, exc, sent=False)
-            exchange.status = response.status
-            exchange.outcome = (
-                "ok"
-                if response.status < 400
-                else ("engine_client_error" if response.status < 500 else "engine_error")
-            )
-            headers = [(k, v) for k, v in response.headers if k not in _DROPPED_RESPONSE_HEADERS]
-            await send(
-                {"type": "http.response.start", "status": response.status, "headers": headers}
-            )
-            try:
-                async for chunk in response.chunks():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except UpstreamError as exc:
-                self.metrics.upstream_error(exc.reason)
-                exchange.outcome = "upstream_error"
-                exchange.error = exc.detail
-            finally:
-                response.close()
-            watcher.stop()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            try:
-                watcher.claim()
-            except ClientGone:
-                exchange.outcome = "client_cancelled"
-        finally:
-            watcher.stop()
+            return await self.relays.refuse(exchange, send, raw)
+        await self.relays.passthrough(exchange, route, scope, receive, send, raw)
 
-    # ------------------------------------------------------------------ plumbing
-    async def _final(
-        self,
-        exchange: Exchange,
-        send: Send,
-        status: int,
-        body: bytes,
-        headers: list[tuple[bytes, bytes]],
-    ) -> None:
-        """Send a whole response, first releasing the disconnect watcher it would trip."""
-        if exchange.watcher is not None:
-            exchange.watcher.stop()
-        await self._respond(send, status, body, headers)
-
-    @staticmethod
-    async def _respond(
-        send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]
-    ) -> None:
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+    async def _own(self, route: Route, send: Send) -> None:
+        if route.path == "/healthz":
+            await respond(send, 200, endpoints.HEALTHZ_BODY, list(PLAIN))
+        else:
+            await self._readyz(send)
 
     def families(self) -> list[Metric]:
         budgets = {
@@ -768,7 +411,7 @@ class ProxyApp:
                 ok, reason = False, f"engine unreachable: {exc.detail}"
             self._ready = (now, ok, reason)
         status, body = endpoints.readiness([Condition("engine", ok, "" if ok else reason)])
-        await self._respond(send, status, body, list(_JSON))
+        await respond(send, status, body, list(JSON))
 
     async def _housekeeping_loop(self) -> None:
         """Flush the access log often; release idle label slots now and then."""
@@ -830,7 +473,7 @@ class MetricsApp:
             return
         path, method = scope["path"], scope["method"].upper()
         if method not in ("GET", "HEAD"):
-            await ProxyApp._respond(send, 405, b"", [(b"allow", b"GET")])
+            await respond(send, 405, b"", [(b"allow", b"GET")])
         elif path == "/metrics":
             headers = dict(scope["headers"])
             body, reply = endpoints.encode_metrics(
@@ -839,11 +482,11 @@ class MetricsApp:
                 headers.get(b"accept-encoding", b"").decode("latin-1"),
             )
             encoded = [(k.lower().encode(), v.encode()) for k, v in reply.items()]
-            await ProxyApp._respond(send, 200, body, encoded)
+            await respond(send, 200, body, encoded)
         elif path == "/healthz":
-            await ProxyApp._respond(send, 200, endpoints.HEALTHZ_BODY, list(_PLAIN))
+            await respond(send, 200, endpoints.HEALTHZ_BODY, list(PLAIN))
         else:
-            await ProxyApp._respond(send, 404, b"not found\n", [(b"content-type", b"text/plain")])
+            await respond(send, 404, b"not found\n", [(b"content-type", b"text/plain")])
 
 
 __all__ = ["OTHER", "MetricsApp", "ProxyApp"]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import click
 
 from inferwatch.clikit import parse_listen
-from inferwatch.exporters.tenancy.config import HTTP_URL, ConfigError, ProxyConfig, load
+from inferwatch.exporters.tenancy.config import HTTP_URL, ConfigError, ProxyConfig, Serving, load
 from inferwatch.logs import log_event
 
 logger = logging.getLogger("inferwatch.proxy")
@@ -40,13 +40,13 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 )
 @click.option(
     "--listen",
-    default="0.0.0.0:8080",
+    default=Serving.listen,
     show_envvar=True,
     help="HOST:PORT to serve on (clients call this instead of the engine).",
 )
 @click.option(
     "--metrics-listen",
-    default="127.0.0.1:9402",
+    default=Serving.metrics_listen,
     show_envvar=True,
     help="HOST:PORT for the proxy's own /metrics, per-tenant series included. Keep it "
     "pod-internal (the default) so that clients never see other tenants' names, tokens or "
@@ -55,7 +55,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 @click.option(
     "--drain-grace",
     type=click.FloatRange(min=0),
-    default=25.0,
+    default=Serving.drain_grace,
     show_default=True,
     show_envvar=True,
     help="Seconds SIGTERM lets in-flight requests finish (no new connections are accepted); "

@@ -95,6 +95,18 @@ class Versions:
 
 
 @dataclass(frozen=True)
+class Serving:
+    """Where ``inferwatch proxy`` serves and how long it drains: its flags' defaults."""
+
+    #: clients call this instead of the engine
+    listen: str = "0.0.0.0:8080"
+    #: the proxy's own /metrics, per-tenant series included: pod-internal
+    metrics_listen: str = "127.0.0.1:9402"
+    #: seconds SIGTERM lets in-flight requests finish
+    drain_grace: float = 25.0
+
+
+@dataclass(frozen=True)
 class ProxyConfig:
     upstream_url: str = "http://127.0.0.1:8000"
     connect_timeout_s: float = 5.0

@@ -122,21 +122,21 @@ class Supervisor:
         finally:
             component.held_down = False
 
-    async def wait_ready(self, http: httpx.AsyncClient, timeout: float) -> None:
+    async def wait_ready(self, http: httpx.AsyncClient, timeout_s: float) -> None:
         """Return once every component answers 200 on its ready path; raise StartError."""
         try:
             async with asyncio.TaskGroup() as group:  # the first failure cancels the others
                 for component in self.components:
-                    group.create_task(self.wait_answering(component, http, timeout))
+                    group.create_task(self.wait_answering(component, http, timeout_s))
         except* StartError as failures:
             raise failures.exceptions[0] from None
 
     async def wait_answering(
-        self, component: Component, http: httpx.AsyncClient, timeout: float
+        self, component: Component, http: httpx.AsyncClient, timeout_s: float
     ) -> None:
         """Return once the component answers 200 on its ready path; raise StartError."""
         assert component.process is not None
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout_s
         probe_url = component.url + component.ready_path
         while True:
             if component.process.poll() is not None:
@@ -150,7 +150,7 @@ class Supervisor:
                 pass
             if time.monotonic() > deadline:
                 raise StartError(
-                    f"{component.label} did not answer on {probe_url} within {timeout:g} s"
+                    f"{component.label} did not answer on {probe_url} within {timeout_s:g} s"
                 )
             await asyncio.sleep(0.05)
 

@@ -66,7 +66,7 @@ def component(
 
 
 def runtime(workdir: Path) -> RuntimeApi:
-    return RuntimeApi(str(workdir / RUNTIME), timeout=2.0)
+    return RuntimeApi(str(workdir / RUNTIME), timeout_s=2.0)
 
 
 async def backends(api: RuntimeApi) -> dict[str, list[ServerState]]:

@@ -211,9 +211,9 @@ class SimHandle:
         self.url = servers.url
         self.gpu_url = servers.gpu_url
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout_s: float = 10.0) -> None:
         self._servers.exit()
-        self._thread.join(timeout)
+        self._thread.join(timeout_s)
         self._servers.close()
 
     def __enter__(self) -> SimHandle:
@@ -223,7 +223,7 @@ class SimHandle:
         self.stop()
 
 
-def run_in_thread(config: SimConfig, timeout: float = 10.0) -> SimHandle:
+def run_in_thread(config: SimConfig, timeout_s: float = 10.0) -> SimHandle:
     """Start a simulator in this process; raises CapacityError/FaultError for bad config."""
     servers = _Servers(Simulator(config))
     ready = threading.Event()
@@ -239,7 +239,7 @@ def run_in_thread(config: SimConfig, timeout: float = 10.0) -> SimHandle:
 
     thread = threading.Thread(target=main, name=f"inferwatch-sim-{servers.url}", daemon=True)
     thread.start()
-    if not ready.wait(timeout) or failure or not thread.is_alive():
+    if not ready.wait(timeout_s) or failure or not thread.is_alive():
         servers.exit()
         servers.close()
         raise RuntimeError(f"the simulator did not start: {failure[0] if failure else 'timeout'}")
@@ -272,11 +272,11 @@ class SimProcess:
         self.gpu_url = gpu_url
         self.log = log
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout_s: float = 10.0) -> None:
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout)
+                self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
@@ -289,7 +289,7 @@ class SimProcess:
         self.stop()
 
 
-def start_subprocess(args: Sequence[str] = (), timeout: float = 20.0) -> SimProcess:
+def start_subprocess(args: Sequence[str] = (), timeout_s: float = 20.0) -> SimProcess:
     """Start ``inferwatch sim --port 0 <args>`` and wait until it serves."""
     folder = Path(tempfile.mkdtemp(prefix="inferwatch-sim-"))
     ready, log = folder / "ready.json", folder / "stderr.log"
@@ -299,7 +299,7 @@ def start_subprocess(args: Sequence[str] = (), timeout: float = 20.0) -> SimProc
     with log.open("wb") as stderr:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=stderr)  # fmt: skip
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout_s
     while not ready.exists():
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()

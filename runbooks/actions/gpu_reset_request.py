@@ -18,21 +18,17 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from kubernetes import client
+import kubernetes  # noqa: F401  the kubernetes extra: without it this module does not import
 
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
 from inferwatch.runbooks.actions.kubernetes_api import (
-    DEFAULT_RETRIES,
+    KubernetesAction,
     Obj,
     alert_reason,
     annotations_of,
-    call,
     check_params,
-    client_for,
     group_of,
-    node_access,
     object_name,
-    read_modify_write,
 )
 
 PREFIX = "gpu-reset.inferwatch.io/"
@@ -83,24 +79,11 @@ def _withdraw(desired: Mapping[str, Any]) -> Any:
     return change
 
 
-class GpuResetRequest:
+class GpuResetRequest(KubernetesAction):
     """Request a reset of the alert's GPU (labels ``node``, ``gpu_uuid``; ``xid`` if known)."""
 
     name: ClassVar[str] = "kubernetes_request_gpu_reset"
     PARAMS: ClassVar[frozenset[str]] = frozenset({"group"})
-
-    def __init__(
-        self,
-        api: client.ApiClient | None = None,
-        *,
-        host: str | None = None,
-        kubeconfig: str | None = None,
-        retries: int = DEFAULT_RETRIES,
-    ) -> None:
-        """Settings: ``host`` or ``kubeconfig`` (else in-cluster), ``retries`` on 409."""
-        api = client_for(api, host, kubeconfig)
-        self._api = api
-        self._retries = retries
 
     def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:
         check_params(params, self.PARAMS, self.name)
@@ -121,35 +104,22 @@ class GpuResetRequest:
         return [Step(self.name, f"gpu {gpu} on node {node}", "gpu", group, desired, reason)]
 
     async def apply(self, step: Step) -> Outcome:
-        read, write = node_access(self._api, step.desired["node"])
+        def describe(changed: bool, node: Obj) -> str:
+            return "reset requested" if changed else "reset already requested"
 
-        def work() -> Outcome:
-            patch, node = read_modify_write(read, _request(step.desired), write, self._retries)
-            detail = "reset requested" if patch is not None else "reset already requested"
-            return Outcome(True, patch is not None, f"{step.target}: {detail}", _pending(node))
-
-        return await call(step.target, work)
+        return await self._change_node(step, _request(step.desired), describe, _pending)
 
     async def verify(self, step: Step) -> Outcome:
-        read, _ = node_access(self._api, step.desired["node"])
-
-        def work() -> Outcome:
-            node = read()
+        def judge(node: Obj) -> Outcome:
             pending = _pending(node)
             if PREFIX + step.desired["gpu_uuid"] in pending:
                 return Outcome(True, False, f"{step.target}: reset requested", pending)
             return Outcome(False, False, f"{step.target}: no reset request pending", pending)
 
-        return await call(step.target, work)
+        return await self._check_node(step, judge)
 
     async def revert(self, step: Step) -> Outcome:
-        read, write = node_access(self._api, step.desired["node"])
+        def describe(changed: bool, node: Obj) -> str:
+            return "request withdrawn" if changed else "no request of this alert pending"
 
-        def work() -> Outcome:
-            patch, node = read_modify_write(read, _withdraw(step.desired), write, self._retries)
-            detail = (
-                "request withdrawn" if patch is not None else "no request of this alert pending"
-            )
-            return Outcome(True, patch is not None, f"{step.target}: {detail}", _pending(node))
-
-        return await call(step.target, work)
+        return await self._change_node(step, _withdraw(step.desired), describe, _pending)

@@ -27,6 +27,7 @@ from inferwatch.gateway import FALLBACK, backend_name, parse_server_name
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
 from inferwatch.runbooks.actions.params import DEFAULT_INTERVAL, DEFAULT_STEPS, shift_steps
 from inferwatch.runbooks.haproxy_runtime import (
+    TIMEOUT_S,
     RuntimeApi,
     RuntimeApiError,
     ServerState,
@@ -40,7 +41,7 @@ Weights = dict[str, int]
 class ShiftTraffic:
     name: ClassVar[str] = "shift_traffic"
 
-    def __init__(self, runtime: str, timeout: float = 5.0) -> None:
+    def __init__(self, runtime: str, timeout: float = TIMEOUT_S) -> None:
         self.api = RuntimeApi(runtime, timeout)
 
     def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:

@@ -16,22 +16,22 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import Any, ClassVar
 
 from kubernetes import client
 
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
 from inferwatch.runbooks.actions.kubernetes_api import (
-    DEFAULT_RETRIES,
-    DEFAULT_TIMEOUT,
+    DEFAULT_TIMEOUT_S,
     MERGE_PATCH,
+    KubernetesAction,
     Obj,
     alert_reason,
     annotations_of,
     body,
     call,
     check_params,
-    client_for,
     group_of,
     object_name,
     read_modify_write,
@@ -181,7 +181,7 @@ def _observed(route: Obj, desired: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-class HTTPRouteShift:
+class HTTPRouteShift(KubernetesAction):
     """Shift an HTTPRoute's weight from ``backend`` to ``fallback`` (see the module docstring).
 
     Parameters: ``route``, ``backend``, ``fallback`` (names; ``{label}`` is replaced by the
@@ -195,18 +195,9 @@ class HTTPRouteShift:
         {"namespace", "route", "backend", "fallback", "steps", "step_interval", "group"}
     )
 
-    def __init__(
-        self,
-        api: client.ApiClient | None = None,
-        *,
-        host: str | None = None,
-        kubeconfig: str | None = None,
-        retries: int = DEFAULT_RETRIES,
-    ) -> None:
-        """Settings: ``host`` or ``kubeconfig`` (else in-cluster), ``retries`` on 409."""
-        api = client_for(api, host, kubeconfig)
-        self._custom = client.CustomObjectsApi(api)
-        self._retries = retries
+    @cached_property
+    def _custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self._api)
 
     def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:
         check_params(params, self.PARAMS, self.name)
@@ -240,7 +231,7 @@ class HTTPRouteShift:
             PLURAL,
             desired["route"],
             _preload_content=False,
-            _request_timeout=DEFAULT_TIMEOUT,
+            _request_timeout=DEFAULT_TIMEOUT_S,
         )
         return body(response)
 
@@ -254,7 +245,7 @@ class HTTPRouteShift:
             patch,
             _content_type=MERGE_PATCH,
             _preload_content=False,
-            _request_timeout=DEFAULT_TIMEOUT,
+            _request_timeout=DEFAULT_TIMEOUT_S,
         )
         return body(response)
 

@@ -24,7 +24,7 @@ from typing import Any
 from kubernetes import client, config
 from urllib3.exceptions import HTTPError
 
-from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome
+from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
 
 # the one implementation of {label} templates, shared with the replica isolation action
 from inferwatch.runbooks.actions.params import fill
@@ -46,7 +46,7 @@ MERGE_PATCH = "application/merge-patch+json"
 #: how often a conflicting write is re-read and retried before the step fails
 DEFAULT_RETRIES = 5
 #: (connect, read) seconds for each API call
-DEFAULT_TIMEOUT = (5.0, 15.0)
+DEFAULT_TIMEOUT_S = (5.0, 15.0)
 #: Kubernetes object names (DNS subdomain) and label values as they appear in alert labels
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 #: how much of an API server's message an outcome carries
@@ -82,6 +82,48 @@ def client_for(
 ) -> client.ApiClient:
     """The client an action was given, else one from its settings (see :func:`connect`)."""
     return api if api is not None else connect(host, kubeconfig=kubeconfig)
+
+
+class KubernetesAction:
+    """What every Kubernetes action is built with: its API client and its retries."""
+
+    def __init__(
+        self,
+        api: client.ApiClient | None = None,
+        *,
+        host: str | None = None,
+        kubeconfig: str | None = None,
+        retries: int = DEFAULT_RETRIES,
+    ) -> None:
+        """Settings: ``host`` or ``kubeconfig`` (else in-cluster), ``retries`` on 409."""
+        self._api = client_for(api, host, kubeconfig)
+        self._retries = retries
+
+    async def _change_node(
+        self,
+        step: Step,
+        change: Callable[[Obj], Obj | None],
+        describe: Callable[[bool, Obj], str],
+        observe: Callable[[Obj], Any],
+    ) -> Outcome:
+        """Apply ``change`` to the step's node (read-modify-write, retried on conflicts);
+        ``describe`` says what happened (whether it patched, the node after), ``observe``
+        what the outcome records of the node."""
+        read, write = node_access(self._api, step.desired["node"])
+
+        def work() -> Outcome:
+            patch, node = read_modify_write(read, change, write, self._retries)
+            changed = patch is not None
+            return Outcome(
+                True, changed, f"{step.target}: {describe(changed, node)}", observe(node)
+            )
+
+        return await call(step.target, work)
+
+    async def _check_node(self, step: Step, judge: Callable[[Obj], Outcome]) -> Outcome:
+        """``judge`` the step's node as it is now (API errors become outcomes)."""
+        read, _ = node_access(self._api, step.desired["node"])
+        return await call(step.target, lambda: judge(read()))
 
 
 def object_name(value: object, what: str) -> str:
@@ -174,7 +216,9 @@ def node_access(api: client.ApiClient, name: str) -> tuple[Callable[[], Obj], Ca
     core = client.CoreV1Api(api)
 
     def read() -> Obj:
-        return body(core.read_node(name, _preload_content=False, _request_timeout=DEFAULT_TIMEOUT))
+        return body(
+            core.read_node(name, _preload_content=False, _request_timeout=DEFAULT_TIMEOUT_S)
+        )
 
     def write(patch: Obj) -> Obj:
         response = core.patch_node(
@@ -182,7 +226,7 @@ def node_access(api: client.ApiClient, name: str) -> tuple[Callable[[], Obj], Ca
             patch,
             _content_type=MERGE_PATCH,
             _preload_content=False,
-            _request_timeout=DEFAULT_TIMEOUT,
+            _request_timeout=DEFAULT_TIMEOUT_S,
         )
         return body(response)
 

@@ -12,14 +12,13 @@ the chosen action's, with its name, so they apply, verify and revert through it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import Any, ClassVar
-
-from kubernetes import client
 
 from inferwatch.exporters.gpu.xid import ACTIONS, Action, classify
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
 from inferwatch.runbooks.actions.gpu_reset_request import GpuResetRequest
-from inferwatch.runbooks.actions.kubernetes_api import DEFAULT_RETRIES, check_params, client_for
+from inferwatch.runbooks.actions.kubernetes_api import KubernetesAction, check_params
 from inferwatch.runbooks.actions.node_isolation import NodeIsolation
 from inferwatch.runbooks.actions.pod_restart import PodRestart
 
@@ -44,7 +43,7 @@ def xid_class(alert: Alert) -> Action:
     return classify(int(xid)).action
 
 
-class XidRemediation:
+class XidRemediation(KubernetesAction):
     """Dispatch an XID alert to the remediation its class calls for."""
 
     name: ClassVar[str] = "kubernetes_xid_remediation"
@@ -52,17 +51,10 @@ class XidRemediation:
         PodRestart.PARAMS | GpuResetRequest.PARAMS | NodeIsolation.PARAMS
     )
 
-    def __init__(
-        self,
-        api: client.ApiClient | None = None,
-        *,
-        host: str | None = None,
-        kubeconfig: str | None = None,
-        retries: int = DEFAULT_RETRIES,
-    ) -> None:
-        """Settings: ``host`` or ``kubeconfig`` (else in-cluster), ``retries`` on 409."""
-        api = client_for(api, host, kubeconfig)
-        self._actions: dict[str, PodRestart | GpuResetRequest | NodeIsolation] = {
+    @cached_property
+    def _actions(self) -> dict[str, PodRestart | GpuResetRequest | NodeIsolation]:
+        api, retries = self._api, self._retries
+        return {
             PodRestart.name: PodRestart(api, retries=retries),
             GpuResetRequest.name: GpuResetRequest(api, retries=retries),
             NodeIsolation.name: NodeIsolation(api, retries=retries),

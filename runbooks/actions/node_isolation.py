@@ -15,21 +15,17 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from kubernetes import client
+import kubernetes  # noqa: F401  the kubernetes extra: without it this module does not import
 
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
 from inferwatch.runbooks.actions.kubernetes_api import (
-    DEFAULT_RETRIES,
+    KubernetesAction,
     Obj,
     alert_reason,
     annotations_of,
-    call,
     check_params,
-    client_for,
     group_of,
-    node_access,
     object_name,
-    read_modify_write,
 )
 
 TAINT_KEY = "inferwatch.io/gpu-fault"
@@ -133,7 +129,7 @@ def _release(fingerprint: str) -> Any:
     return change
 
 
-class NodeIsolation:
+class NodeIsolation(KubernetesAction):
     """Cordon a node, taint it ``NoSchedule`` (and ``NoExecute`` if asked), annotate why.
 
     Parameters: ``cordon`` (default true), ``no_execute`` (default false: evicting running
@@ -146,19 +142,6 @@ class NodeIsolation:
     PARAMS: ClassVar[frozenset[str]] = frozenset(
         {"cordon", "no_execute", "taint_key", "taint_value", "group"}
     )
-
-    def __init__(
-        self,
-        api: client.ApiClient | None = None,
-        *,
-        host: str | None = None,
-        kubeconfig: str | None = None,
-        retries: int = DEFAULT_RETRIES,
-    ) -> None:
-        """Settings: ``host`` or ``kubeconfig`` (else in-cluster), ``retries`` on 409."""
-        api = client_for(api, host, kubeconfig)
-        self._api = api
-        self._retries = retries
 
     def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:
         check_params(params, self.PARAMS, self.name)
@@ -182,20 +165,13 @@ class NodeIsolation:
         return [Step(self.name, f"node {node}", "node", group, desired, reason)]
 
     async def apply(self, step: Step) -> Outcome:
-        read, write = node_access(self._api, step.desired["node"])
+        def describe(changed: bool, node: Obj) -> str:
+            return "isolated" if changed else "already isolated"
 
-        def work() -> Outcome:
-            patch, node = read_modify_write(read, _isolate(step.desired), write, self._retries)
-            detail = "isolated" if patch is not None else "already isolated"
-            return Outcome(True, patch is not None, f"{step.target}: {detail}", _observed(node))
-
-        return await call(step.target, work)
+        return await self._change_node(step, _isolate(step.desired), describe, _observed)
 
     async def verify(self, step: Step) -> Outcome:
-        read, _ = node_access(self._api, step.desired["node"])
-
-        def work() -> Outcome:
-            node = read()
+        def judge(node: Obj) -> Outcome:
             observed = _observed(node)
             lacking = [
                 f"taint {t['key']}:{t['effect']}"
@@ -210,20 +186,13 @@ class NodeIsolation:
                 return Outcome(False, False, f"{step.target}: lacks {', '.join(lacking)}", observed)
             return Outcome(True, False, f"{step.target}: isolated", observed)
 
-        return await call(step.target, work)
+        return await self._check_node(step, judge)
 
     async def revert(self, step: Step) -> Outcome:
-        read, write = node_access(self._api, step.desired["node"])
+        def describe(changed: bool, node: Obj) -> str:
+            if not changed:
+                return "not isolated for this alert"
+            return "kept isolated for other alerts" if _record(node)["alerts"] else "released"
+
         release = _release(step.desired["fingerprint"])
-
-        def work() -> Outcome:
-            patch, node = read_modify_write(read, release, write, self._retries)
-            if patch is None:
-                detail = "not isolated for this alert"
-            elif _record(node)["alerts"]:
-                detail = "kept isolated for other alerts"
-            else:
-                detail = "released"
-            return Outcome(True, patch is not None, f"{step.target}: {detail}", _observed(node))
-
-        return await call(step.target, work)
+        return await self._change_node(step, release, describe, _observed)

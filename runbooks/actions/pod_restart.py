@@ -12,21 +12,21 @@ from __future__ import annotations
 import datetime
 import re
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import Any, ClassVar
 
 from kubernetes import client
 
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
 from inferwatch.runbooks.actions.kubernetes_api import (
-    DEFAULT_RETRIES,
-    DEFAULT_TIMEOUT,
+    DEFAULT_TIMEOUT_S,
     ConflictsExhausted,
+    KubernetesAction,
     Obj,
     alert_reason,
     body,
     call,
     check_params,
-    client_for,
     group_of,
     object_name,
 )
@@ -54,24 +54,15 @@ def _restarted(pod: Obj, not_before: str) -> str | None:
     return None
 
 
-class PodRestart:
+class PodRestart(KubernetesAction):
     """Delete the pod named by the alert's ``namespace`` and ``pod`` labels (``group``)."""
 
     name: ClassVar[str] = "kubernetes_restart_pod"
     PARAMS: ClassVar[frozenset[str]] = frozenset({"group"})
 
-    def __init__(
-        self,
-        api: client.ApiClient | None = None,
-        *,
-        host: str | None = None,
-        kubeconfig: str | None = None,
-        retries: int = DEFAULT_RETRIES,
-    ) -> None:
-        """Settings: ``host`` or ``kubeconfig`` (else in-cluster), ``retries`` on 409."""
-        api = client_for(api, host, kubeconfig)
-        self._core = client.CoreV1Api(api)
-        self._retries = retries
+    @cached_property
+    def _core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self._api)
 
     def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:
         check_params(params, self.PARAMS, self.name)
@@ -95,7 +86,7 @@ class PodRestart:
                 step.desired["pod"],
                 step.desired["namespace"],
                 _preload_content=False,
-                _request_timeout=DEFAULT_TIMEOUT,
+                _request_timeout=DEFAULT_TIMEOUT_S,
             )
         except client.ApiException as exc:
             if exc.status == 404:
@@ -120,7 +111,7 @@ class PodRestart:
                         step.desired["namespace"],
                         body=options,
                         _preload_content=False,
-                        _request_timeout=DEFAULT_TIMEOUT,
+                        _request_timeout=DEFAULT_TIMEOUT_S,
                     )
                 except client.ApiException as exc:
                     if exc.status == 409:

@@ -1,0 +1,72 @@
+"""How a source joins the sidecar: one ``Registration`` per source, listed in ``sources``.
+
+As in node_exporter, a source brings its own flags and builds itself from their values; the
+sidecar command adds every registration's options and serves whatever they build, so it
+knows none of its sources by name. A registration whose flags leave it nothing to do builds
+nothing (no engine URL, ``--gpu none``, no golden set); one that cannot run as asked raises
+a ``click.UsageError`` or ``click.BadParameter`` with the one-line reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from inferwatch.exporters.collector import Job
+
+T = TypeVar("T")
+#: a click option decorator
+Option = Callable[[Any], Any]
+
+
+@dataclass
+class Built:
+    """What one registration adds to the sidecar: its sources (each used for every
+    interface of ``collector`` it implements) and any jobs that tie it to another source."""
+
+    sources: list[object]
+    background: list[Job] = field(default_factory=list)
+    #: fields of the sidecar's "starting" log line (what the operator should see it chose)
+    log: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Setup:
+    """What a registration builds from: the command's option values and what came before."""
+
+    #: every option of the sidecar command, by parameter name
+    options: Mapping[str, Any]
+    #: the identity labels given by flags (empty where the engine may tell them)
+    identity: Mapping[str, str]
+    built: dict[str, Built] = field(default_factory=dict)
+
+    def source(self, name: str, kind: type[T]) -> T | None:
+        """The ``kind`` source an earlier registration ``name`` built, if it built one."""
+        done = self.built.get(name)
+        found = [s for s in done.sources if isinstance(s, kind)] if done else []
+        return found[0] if found else None
+
+
+@dataclass(frozen=True)
+class Registration:
+    #: the source's name (its ``collector`` label where it serves metrics)
+    name: str
+    #: click options the source contributes to ``inferwatch sidecar``, in help order
+    options: Sequence[Option]
+    #: builds the source from the options, or None when they leave it nothing to do
+    build: Callable[[Setup], Built | None]
+
+
+def build_all(registrations: Sequence[Registration], setup: Setup) -> Built:
+    """Every registration's sources and jobs, in catalogue order (later ones may use
+    earlier ones' sources through ``Setup.source``)."""
+    everything = Built([])
+    for registration in registrations:
+        built = registration.build(setup)
+        if built is not None:
+            setup.built[registration.name] = built
+            everything.sources.extend(built.sources)
+            everything.background.extend(built.background)
+            everything.log.update(built.log)
+    return everything

@@ -1,0 +1,95 @@
+"""The GPU source: the telemetry backend (NVML, dcgm-exporter, a replay) of the replica's GPUs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from inferwatch.exporters import gpu
+from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.gpu import GpuTelemetry, scope
+from inferwatch.exporters.gpu.scope import GpuScope
+from inferwatch.exporters.registry import Built, Registration, Setup
+
+
+def build(setup: Setup) -> Built:
+    """Always a backend, so the gpu collector's success is served (``--gpu none`` makes one
+    that reports GPU telemetry off)."""
+    options = setup.options
+    spec, gpu_scope = options["gpu"], options["gpu_scope"]
+    if setup.source("engine", EngineCollector) is None:
+        gpu_scope = _gpu_only_scope(spec, gpu_scope)
+    gpus = None
+    if spec != "none":
+        gpus = _gpu_scope(
+            gpu_scope, options["kubelet_socket"], options["pod"], options["namespace"]
+        )
+    backend = _gpu_backend(spec, gpus)
+    return Built([backend], log={"gpu": spec, "gpu_scope": str(backend.scope)})
+
+
+def _gpu_only_scope(spec: str, gpu_scope: str) -> str:
+    """The GPU scope of a sidecar without an engine, or the one-line reason it cannot run.
+
+    Such a sidecar serves no traffic: it reads every GPU of its node and gates no readiness
+    on them.
+    """
+    if spec.strip() == "none":
+        raise click.UsageError("--gpu none without --engine-url leaves nothing to serve")
+    if gpu_scope not in ("auto", "node"):
+        raise click.UsageError(
+            f"--gpu-scope {gpu_scope} needs --engine-url: without an engine the sidecar reads "
+            "every GPU of the node and gates no readiness on them (--gpu-scope node)"
+        )
+    return "node"
+
+
+def _gpu_scope(value: str, socket: Path, pod: str, namespace: str) -> GpuScope:
+    try:
+        return scope.resolve(value, pod=pod, namespace=namespace, environ=os.environ, socket=socket)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--gpu-scope") from None
+
+
+def _gpu_backend(spec: str, gpu_scope: GpuScope | None) -> GpuTelemetry:
+    try:
+        return gpu.open_backend(spec, scope=gpu_scope)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--gpu") from None
+
+
+REGISTRATION = Registration(
+    "gpu",
+    options=[
+        click.option(
+            "--gpu",
+            default="auto",
+            show_envvar=True,
+            help="GPU telemetry: auto, nvml, dcgm=URL (a dcgm-exporter /metrics page), "
+            "replay=DIR (a recorded NVML session) or none.",
+        ),
+        click.option(
+            "--gpu-scope",
+            default="auto",
+            show_envvar=True,
+            help="The GPUs this replica's engine uses, whose series are served and whose faults "
+            "fail /readyz: kubelet (this pod's allocation, from the kubelet PodResources API), a "
+            "device list (GPU-uuid, MIG-uuid, index or nvidiaN, comma-separated: the engine's "
+            "CUDA_VISIBLE_DEVICES value works as it is), all (every GPU the sidecar sees), or "
+            "node (every GPU, readiness never gated: node-wide reading, one sidecar per node). "
+            "auto: kubelet in Kubernetes, else $CUDA_VISIBLE_DEVICES when set, else all; node "
+            "without --engine-url.",
+        ),
+        click.option(
+            "--kubelet-socket",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=scope.KUBELET_SOCKET,
+            show_envvar=True,
+            show_default=True,
+            help="The kubelet's PodResources socket (mount its directory into the sidecar).",
+        ),
+    ],
+    build=build,
+)
