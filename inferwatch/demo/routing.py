@@ -115,11 +115,11 @@ async def routes(api: RuntimeApi) -> dict[Role, str]:
 
 
 async def wait_all_up(
-    api: RuntimeApi, timeout: float, replicas: Collection[str] | None = None
+    api: RuntimeApi, timeout_s: float, replicas: Collection[str] | None = None
 ) -> None:
     """Return once HAProxy's checks find every server (of ``replicas``, default all) up;
-    raise StartError after ``timeout``."""
-    deadline = time.monotonic() + timeout
+    raise StartError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
     down: list[str] = []
     while time.monotonic() < deadline:
         try:
@@ -136,10 +136,10 @@ async def wait_all_up(
         except RuntimeApiError as exc:
             down = [str(exc)]
         await asyncio.sleep(0.2)
-    raise StartError(f"haproxy: servers not up within {timeout:g} s: {', '.join(down)}")
+    raise StartError(f"haproxy: servers not up within {timeout_s:g} s: {', '.join(down)}")
 
 
-async def enable(api: RuntimeApi, replica: Replica, timeout: float) -> None:
+async def enable(api: RuntimeApi, replica: Replica, timeout_s: float) -> None:
     """Take a spare replica's server out of maintenance, before its processes start.
 
     HAProxy counts a server that leaves maintenance as up until its first check, so this
@@ -149,7 +149,7 @@ async def enable(api: RuntimeApi, replica: Replica, timeout: float) -> None:
     """
     backend = gateway.backend_name(replica.model)
     server = f"{replica.version}:{replica.name}"
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout_s
     try:
         await api.command(f"set server {backend}/{server} state ready")
         while time.monotonic() < deadline:
@@ -158,4 +158,4 @@ async def enable(api: RuntimeApi, replica: Replica, timeout: float) -> None:
             await asyncio.sleep(0.1)
     except RuntimeApiError as exc:
         raise StartError(f"haproxy: cannot take {server} into service: {exc}") from None
-    raise StartError(f"haproxy: {server} not checked within {timeout:g} s")
+    raise StartError(f"haproxy: {server} not checked within {timeout_s:g} s")
