@@ -59,6 +59,9 @@ class Server:
     address: str
     check_port: int
     weight: int
+    #: in maintenance from the start (a replica not started yet); the Runtime API's
+    #: ``set server <backend>/<server> state ready`` takes it into service
+    disabled: bool = False
 
 
 @dataclass(frozen=True)
@@ -243,20 +246,25 @@ def _runtime(value: Any) -> str:
     return _address(text, "runtime")
 
 
-def from_demo(ports: Any, listen: str, runtime: str, metrics: str | None = None) -> Topology:
-    """The demo fleet's topology (``inferwatch.demo.topology``) behind one gateway.
+def from_demo(
+    ports: Any, listen: str, runtime: str, metrics: str | None = None, fleet: Any = None
+) -> Topology:
+    """The demo fleet's topology (``inferwatch.demo.topology``; ``fleet``: its replicas, by
+    default those running at t=0) behind one gateway.
 
-    Clients call each replica's tenancy proxy; HAProxy checks each replica's sidecar.
+    Clients call each replica's tenancy proxy; HAProxy checks each replica's sidecar. A spare
+    replica's server starts in maintenance, until the demo starts the replica.
     """
     from inferwatch.demo import topology as demo
 
+    chosen: tuple[demo.Replica, ...] = tuple(fleet or demo.REPLICAS)
     models: list[Model] = []
     by_model: dict[str, list[demo.Replica]] = {}
-    for replica in demo.REPLICAS:
+    for replica in chosen:
         by_model.setdefault(replica.model, []).append(replica)
     for name, replicas in by_model.items():
         role = replicas[0].role
-        fallback = next((r.model for r in demo.REPLICAS if r.role != role), None)
+        fallback = next((r.model for r in chosen if r.role != role), None)
         servers = tuple(
             Server(
                 replica=r.name,
@@ -264,6 +272,7 @@ def from_demo(ports: Any, listen: str, runtime: str, metrics: str | None = None)
                 address=f"127.0.0.1:{ports.proxy[r.name]}",
                 check_port=ports.sidecar[r.name],
                 weight=round(r.weight * 100),
+                disabled=r.spare,
             )
             for r in replicas
         )
@@ -386,7 +395,7 @@ def _backend(topology: Topology, model: Model) -> list[str]:
     for server in model.servers:
         lines.append(
             f"    server {server_name(server)} {server.address} weight {server.weight} "
-            f"check port {server.check_port}"
+            f"check port {server.check_port}{' disabled' if server.disabled else ''}"
         )
     if model.fallback is not None:
         fallback = topology.model(model.fallback)

@@ -43,10 +43,11 @@ from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.breaker import CircuitBreaker
 from inferwatch.runbooks.config import Config
 from inferwatch.runbooks.dispatch import Dispatcher
-from inferwatch.runbooks.haproxy_runtime import ServerState
+from inferwatch.runbooks.haproxy_runtime import RuntimeApiError, ServerState
 
 DEMO = [sys.executable, "-P", "-m", "inferwatch", "demo"]
 REPLICAS = [r.name for r in topology.REPLICAS]
+SPARES = [r.name for r in topology.SPARES]
 FAULT = """
 name: fallback-gpu
 steps:
@@ -106,7 +107,7 @@ def test_a_sidecar_that_stops_answering_for_a_while_neither_hides_nor_invents_a_
 # --- scenarios --------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", scenario.shipped())
 def test_shipped_scenarios_load_and_name_only_demo_replicas(name: str) -> None:
-    timeline = scenario.load(name, REPLICAS)
+    timeline = scenario.load(name, REPLICAS, SPARES)
     assert timeline.steps and timeline.description
     assert [s.at for s in timeline.steps] == sorted(s.at for s in timeline.steps)
     assert {"bad-rollout", "gpu-failure", "overload"} <= set(scenario.shipped())
@@ -127,6 +128,22 @@ def test_the_readme_lists_every_shipped_scenario_and_the_default() -> None:
         ("steps: [{at: 5s, replica: fallback, inject: {slow: 2}}]", "unknown fault 'slow'"),
         ("steps: [{at: soon, rate: 2}]", "steps[0].at: expected seconds"),
         ("steps: [{at: 1m30s, rate: 2, clear: true}]", "needs exactly one of"),
+        ("steps: [{at: 5s, replica: primary-v1, start: true}]", "start takes a spare"),
+        (
+            "steps: [{at: 5s, replica: primary-v1b, start: true}, "
+            "{at: 9s, replica: primary-v1b, start: true}]",
+            "steps[1].start: primary-v1b is already started",
+        ),
+        (
+            "steps: [{at: 9s, replica: primary-v1b, start: true}, "
+            "{at: 5s, replica: primary-v1b, clear: true}]",
+            "steps[1]: primary-v1b is a spare, not started before this step",
+        ),
+        ("steps: [{at: 5s, replica: primary-v1b, start: 1}]", "steps[0].start: expected true"),
+        (
+            "steps: [{at: 5s, replica: primary-v1b, start: true, inject: {slow: 2}}]",
+            "unknown fault 'slow'",
+        ),
     ],
 )
 def test_a_bad_scenario_file_is_one_line_naming_the_step(
@@ -135,7 +152,87 @@ def test_a_bad_scenario_file_is_one_line_naming_the_step(
     path = tmp_path / "bad.yaml"
     path.write_text(document)
     with pytest.raises(scenario.ScenarioError, match=re.escape(message)):
-        scenario.load(str(path), REPLICAS)
+        scenario.load(str(path), REPLICAS, SPARES)
+
+
+def test_a_start_step_names_its_spare_and_the_faults_it_starts_with() -> None:
+    document = yaml.safe_load(
+        "steps: [{at: 5s, rate: 4}, {at: 20s, replica: primary-v1b, start: true, "
+        "inject: {slow_factor: 10}}, {at: 30s, replica: primary-v1b, clear: true}]"
+    )
+    timeline = scenario.parse(document, "test", REPLICAS, SPARES)
+    start = timeline.steps[1]
+    assert (start.action, start.replicas, start.faults) == (
+        "start",
+        ("primary-v1b",),
+        {"slow_factor": 10},
+    )
+    assert timeline.spares == ("primary-v1b",)
+    assert "primary-v1b started" in start.describe()
+    # a scenario without a start step has no spare in its fleet
+    assert scenario.load("gpu-failure", REPLICAS, SPARES).spares == ()
+    assert topology.fleet(()) == topology.REPLICAS
+
+
+def test_a_spare_is_in_maintenance_at_the_gateway_and_no_scrape_target_until_it_starts(
+    tmp_path: Path,
+) -> None:
+    from inferwatch import gateway
+
+    fleet = topology.fleet(SPARES)
+    ports = topology.Ports.assign(None, fleet)
+    config = gateway.render(routing.layout(ports, tmp_path, fleet))
+    spare = topology.replica("primary-v1b")
+    assert re.search(
+        rf"^    server v1:primary-v1b 127\.0\.0\.1:{ports.proxy[spare.name]} weight 67 "
+        rf"check port {ports.sidecar[spare.name]} disabled$",
+        config,
+        re.M,
+    ), config
+    # the fleet without spares renders as before: no server of a spare
+    assert "primary-v1b" not in gateway.render(routing.layout(ports, tmp_path))
+    document = yaml.safe_load(
+        topology.prometheus_config(ports, (), False, fleet, tmp_path / "discovered")
+    )
+    for job in document["scrape_configs"]:
+        static = [g["labels"]["replica"] for g in job["static_configs"]]
+        assert static == REPLICAS, job
+        (files,) = job["file_sd_configs"]
+        assert files["files"] == [str(tmp_path / "discovered" / f"{job['job_name']}.json")]
+    topology.write_discovered(tmp_path / "discovered", ports, [])
+    assert json.loads((tmp_path / "discovered" / "inferwatch-sidecar.json").read_text()) == []
+    topology.write_discovered(tmp_path / "discovered", ports, [spare.name])
+    groups = json.loads((tmp_path / "discovered" / "inferwatch-proxy.json").read_text())
+    assert groups == [
+        {
+            "targets": [f"127.0.0.1:{ports.proxy_metrics[spare.name]}"],
+            "labels": {"cluster": topology.CLUSTER, "replica": spare.name},
+        }
+    ]
+    plain = yaml.safe_load(topology.prometheus_config(topology.Ports.assign(None)))
+    assert all("file_sd_configs" not in job for job in plain["scrape_configs"])
+
+
+def test_a_started_replica_reports_each_cold_start_phase_once_in_order() -> None:
+    spare = topology.replica("primary-v1b")
+    observer = Observer(cast(httpx.AsyncClient, None), [], [], {}, {}, None)  # no reads
+    observer.watch(spare, "http://sidecar", "http://proxy")
+
+    def events(**phases: float) -> list[str]:
+        return observer._changes([ReplicaState(spare, reachable=True, phases=phases)])
+
+    assert events() == []
+    assert events(process_start=100.0, engine_reachable=100.5) == [
+        "primary-v1b: sidecar started, engine starting",
+        "primary-v1b: engine answering, model loading (0.5s after start)",
+    ]
+    assert events(process_start=100.0, engine_reachable=100.5) == []
+    later = events(process_start=100.0, engine_reachable=100.5, engine_healthy=130.0,
+                   warmup_done=132.0)  # fmt: skip
+    assert later == [
+        "primary-v1b: model loaded, warming up (30.0s after start)",
+        "primary-v1b: warm-up done, ready for traffic (32.0s after start)",
+    ]
 
 
 # --- the demo as a user runs it ---------------------------------------------------------------
@@ -254,9 +351,13 @@ def summaries(output: str) -> list[str]:
 def busy(output: str) -> bool:
     """Every replica has shown throughput and every tenant has been charged tokens."""
     lines = summaries(output)
-    return bool(lines) and all(
-        {replica_throughput(line, name) for line in lines} - {"-", "0"} for name in REPLICAS
-    ) and all(tenant_tokens(lines[-1], t.name) not in ("0", "-") for t in topology.TENANTS)
+    return (
+        bool(lines)
+        and all(
+            {replica_throughput(line, name) for line in lines} - {"-", "0"} for name in REPLICAS
+        )
+        and all(tenant_tokens(lines[-1], t.name) not in ("0", "-") for t in topology.TENANTS)
+    )
 
 
 @pytest.mark.e2e
@@ -505,8 +606,13 @@ def test_the_drill_mapping_isolates_a_stalled_engine_by_pod_and_shifts_a_degener
     )  # fmt: skip
     mapping = runbook_config.parse(document, "drill mapping")
     # the stalled-engine alert is summed per pod: no replica label, the pod names the replica
-    stalled = {"alertname": "InferwatchEngineStalled", "severity": "critical",
-               "pod": "primary-v2", "instance": "127.0.0.1:9402", "namespace": topology.NAMESPACE}
+    stalled = {
+        "alertname": "InferwatchEngineStalled",
+        "severity": "critical",
+        "pod": "primary-v2",
+        "instance": "127.0.0.1:9402",
+        "namespace": topology.NAMESPACE,
+    }
     (rule,) = mapping.rules_for(stalled)
     assert (rule.action, rule.params["group"], rule.cooldown) == (
         "isolate_replica", topology.PRIMARY_MODEL, 5.0)  # fmt: skip
@@ -526,3 +632,72 @@ def test_the_drill_mapping_isolates_a_stalled_engine_by_pod_and_shifts_a_degener
     )
     assert [r.action for r in demo.rules_for(xid)] == ["isolate_replica"]
     assert automation.GPUS not in demo.breaker.populations
+
+
+def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: str) -> None:
+    """The real HAProxy: the spare's server stays in maintenance, :func:`routing.enable`
+    returns only once a check has found it down, and it is up once its /readyz answers 200."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from tempfile import TemporaryDirectory
+
+    from inferwatch import gateway
+
+    class Ready(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    spare = topology.replica("primary-v1b")
+    fleet = topology.fleet(SPARES)
+    ports = topology.Ports.assign(None, fleet)
+    backend = gateway.backend_name(spare.model)
+    name = f"{spare.version}:{spare.name}"
+    with TemporaryDirectory(prefix="iw-") as folder:  # a short unix socket path
+        workdir = Path(folder)
+        component = routing.component(haproxy_bin, ports, workdir, fleet)
+        process = subprocess.Popen(list(component.argv), stderr=subprocess.DEVNULL)
+        sidecar = None
+        try:
+            api = routing.runtime(workdir)
+
+            async def state() -> int:
+                servers = await api.servers(backend)
+                return next(s.op_state for s in servers if s.name == name)
+
+            async def in_maintenance() -> bool:
+                """The server's srv_admin_state has FMAINT (0x01), set by ``disabled``."""
+                rows = (await api.command(f"show servers state {backend}")).splitlines()
+                row = next(r.split() for r in rows if f" {name} " in r)
+                return int(row[6]) & 0x01 == 1
+
+            async def scenario_step() -> None:
+                deadline = time.monotonic() + 10
+                while True:  # the Runtime API answers once haproxy has started
+                    try:
+                        assert await state() == 0 and await in_maintenance()
+                        break
+                    except RuntimeApiError:
+                        assert time.monotonic() < deadline, "haproxy's runtime API never answered"
+                        await asyncio.sleep(0.05)
+                await asyncio.sleep(2.5)  # checks ran meanwhile: still in maintenance
+                assert await state() == 0 and await in_maintenance()
+                assert spare.name not in routing.serving(await routing.backends(api), spare.model)
+                await routing.enable(api, spare, 10)
+                assert not await in_maintenance()
+                assert await state() != 2  # down: its sidecar does not answer yet
+                assert spare.name not in routing.serving(await routing.backends(api), spare.model)
+
+            asyncio.run(scenario_step())
+            sidecar = ThreadingHTTPServer(("127.0.0.1", ports.sidecar[spare.name]), Ready)
+            threading.Thread(target=sidecar.serve_forever, args=(0.05,), daemon=True).start()
+            asyncio.run(routing.wait_all_up(api, 10, [spare.name]))
+        finally:
+            process.terminate()
+            process.wait(10)
+            if sidecar is not None:
+                sidecar.shutdown()
+                sidecar.server_close()

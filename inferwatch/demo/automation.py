@@ -153,13 +153,20 @@ def component(
     execute: bool,
     runtime: Path,
     *,
+    replicas: Sequence[Replica] = topology.REPLICAS,
     kube_host: str | None = None,
     cooldown: str = "30m",
 ) -> Component:
-    """``inferwatch runbooks serve`` on loopback, with a config written into ``workdir``."""
+    """``inferwatch runbooks serve`` on loopback, with a config written into ``workdir``
+    for ``replicas`` (the fleet, a spare the scenario starts included)."""
     config = workdir / CONFIG
     chosen = document(
-        workdir / SIDECAR_TOKEN, execute, runtime, kube_host=kube_host, cooldown=cooldown
+        workdir / SIDECAR_TOKEN,
+        execute,
+        runtime,
+        replicas,
+        kube_host=kube_host,
+        cooldown=cooldown,
     )
     mapping.parse(chosen, "the demo's runbook mapping")  # a bug here is caught before start
     config.write_text(yaml.safe_dump(chosen, sort_keys=False), encoding="utf-8")

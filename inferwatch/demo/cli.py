@@ -126,7 +126,11 @@ def demo(
     timeline = None
     if scenario != scenarios.NONE:
         try:
-            timeline = scenarios.load(scenario, [r.name for r in topology.REPLICAS])
+            timeline = scenarios.load(
+                scenario,
+                [r.name for r in topology.REPLICAS],
+                [r.name for r in topology.SPARES],
+            )
         except scenarios.ScenarioError as exc:
             raise click.ClickException(str(exc)) from None
     try:

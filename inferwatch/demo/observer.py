@@ -43,6 +43,7 @@ MAX_AUDIT_LINE = 64 * 1024
 DECISIONS_KEPT = 5
 #: what reaching each cold-start phase means, as the events say it
 PHASE_EVENTS = {
+    "process_start": "sidecar started, engine starting",
     "engine_reachable": "engine answering, model loading",
     "engine_healthy": "model loaded, warming up",
     "warmup_done": "warm-up done, ready for traffic",
@@ -76,8 +77,8 @@ class ReplicaState:
     kv_usage: float | None = None
     probe_pass: float | None = None
     probe_verdict: str = ""
-    phase: str = ""  # the cold-start phase reached last
-    phase_after_s: float | None = None  # ... this long after the sidecar started
+    #: Unix time each cold-start phase was reached, in phase order
+    phases: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -252,9 +253,9 @@ class Observer:
         self.http = http
         self.replicas = tuple(replicas)
         self.tenants = tuple(tenants)
-        self.sidecar_urls = sidecar_urls
-        self.proxy_urls = proxy_urls
         self.prometheus_url = prometheus_url
+        self.sidecar_urls = dict(sidecar_urls)
+        self.proxy_urls = dict(proxy_urls)
         self._sidecars = {r.name: History(WINDOW) for r in replicas}
         self._proxies = {r.name: History(WINDOW) for r in replicas}
         self._previous: dict[str, ReplicaState] = {}
@@ -266,6 +267,16 @@ class Observer:
         self._alert_events: list[str] = []
         self._audit = AuditTail(audit_log) if audit_log is not None else None
         self._decisions: tuple[RunbookDecision, ...] = ()
+
+    def watch(self, replica: Replica, sidecar_url: str, proxy_url: str) -> None:
+        """Watch a replica started after t=0 (a scale-out): every cold-start phase it reaches
+        from here on, its start included, becomes an event."""
+        self.replicas = (*self.replicas, replica)
+        self.sidecar_urls[replica.name] = sidecar_url
+        self.proxy_urls[replica.name] = proxy_url
+        self._sidecars[replica.name] = History(WINDOW)
+        self._proxies[replica.name] = History(WINDOW)
+        self._previous[replica.name] = ReplicaState(replica)  # nothing reached yet
 
     async def poll(self, t: float, load: LoadStats, load_rate: float) -> FleetState:
         """Read every endpoint once and return the fleet as it is now."""
@@ -336,11 +347,7 @@ class Observer:
                     if now.gpu_healthy
                     else f"{name}: GPU unhealthy ({now.gpu_problem})"
                 )
-            if _flipped(before.phase or None, now.phase or None) and now.phase in PHASE_EVENTS:
-                after = (
-                    "" if now.phase_after_s is None else f" ({now.phase_after_s:.1f}s after start)"
-                )
-                events.append(f"{name}: {PHASE_EVENTS[now.phase]}{after}")
+            events += _phase_events(name, before.phases, now.phases)
             if _flipped(before.probe_verdict or None, now.probe_verdict or None):
                 ratio = "-" if now.probe_pass is None else f"{now.probe_pass:.0%}"
                 events.append(
@@ -447,13 +454,10 @@ class Observer:
         state.probe_pass = page.total(_name("probe_pass_ratio"))
         verdicts = page.values(_name("probe_verdict"))
         state.probe_verdict = next((lbl["state"] for lbl, value in verdicts if value > 0), "")
-        phases = page.values(_name("replica_startup_phase"))
-        state.phase = next((lbl["phase"] for lbl, value in phases if value > 0), "")
         stamps = {
             lbl["phase"]: v for lbl, v in page.values(_name("replica_startup_phase_timestamp"))
         }
-        if state.phase in stamps and "process_start" in stamps:
-            state.phase_after_s = stamps[state.phase] - stamps["process_start"]
+        state.phases = {phase: stamps[phase] for phase in PHASE_EVENTS if phase in stamps}
         span = history.span()
         if span is not None:
             old, new = span
@@ -529,8 +533,23 @@ def _known(before: ReplicaState, now: ReplicaState) -> ReplicaState:
         engine_up=before.engine_up if now.engine_up is None else now.engine_up,
         gpu_healthy=before.gpu_healthy if now.gpu_healthy is None else now.gpu_healthy,
         probe_verdict=now.probe_verdict or before.probe_verdict,
-        phase=now.phase or before.phase,
+        phases=now.phases or before.phases,
     )
+
+
+def _phase_events(name: str, before: Mapping[str, float], now: Mapping[str, float]) -> list[str]:
+    """An event for each cold-start phase reached since ``before`` (a restarted sidecar
+    starts them over with new timestamps), in phase order, each with its time after start."""
+    start = now.get("process_start")
+    events = []
+    for phase, at in now.items():
+        if before.get(phase) == at:
+            continue
+        after = (
+            "" if start is None or phase == "process_start" else f" ({at - start:.1f}s after start)"
+        )
+        events.append(f"{name}: {PHASE_EVENTS[phase]}{after}")
+    return events
 
 
 def _flipped(before: object, now: object) -> bool:

@@ -3,7 +3,8 @@
 HAProxy runs with the config ``inferwatch generate gateway`` writes for the demo fleet
 (:func:`inferwatch.gateway.from_demo`): health checks on each sidecar's ``/readyz``, weighted
 versions, the fallback model's replicas at weight 0, and the Runtime API on a unix socket in
-the work directory, which the runbook receiver's ``shift_traffic`` action drives. What the
+the work directory, which the runbook receiver's ``shift_traffic`` action drives. A spare
+replica's server is in maintenance until the demo starts the replica (:func:`enable`). What the
 view shows as routing is read back from HAProxy itself, never from a model of it.
 """
 
@@ -13,7 +14,7 @@ import asyncio
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import click
@@ -21,7 +22,7 @@ import click
 from inferwatch import gateway
 from inferwatch.demo import topology
 from inferwatch.demo.processes import Component, StartError
-from inferwatch.demo.topology import Ports, Role
+from inferwatch.demo.topology import Ports, Replica, Role
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError, ServerState
 
 CONFIG = "haproxy.cfg"
@@ -41,20 +42,25 @@ def binary() -> str:
     return found
 
 
-def layout(ports: Ports, workdir: Path) -> gateway.Topology:
+def layout(
+    ports: Ports, workdir: Path, fleet: Sequence[Replica] = topology.REPLICAS
+) -> gateway.Topology:
     return gateway.from_demo(
         ports,
         f"127.0.0.1:{ports.gateway}",
         str(workdir / RUNTIME),
         f"127.0.0.1:{ports.gateway_metrics}",
+        fleet,
     )
 
 
-def component(binary: str, ports: Ports, workdir: Path) -> Component:
+def component(
+    binary: str, ports: Ports, workdir: Path, fleet: Sequence[Replica] = topology.REPLICAS
+) -> Component:
     """HAProxy in the foreground (``-db``) with the generated config; ready once its
     metrics page answers."""
     config = workdir / CONFIG
-    config.write_text(gateway.render(layout(ports, workdir)), encoding="utf-8")
+    config.write_text(gateway.render(layout(ports, workdir, fleet)), encoding="utf-8")
     url = topology.url(ports.gateway_metrics)
     return Component("haproxy", "", url, "/metrics", [binary, "-db", "-f", str(config)])
 
@@ -108,17 +114,48 @@ async def routes(api: RuntimeApi) -> dict[Role, str]:
     return {role: describe(serving(states, model)) for role, model in by_role.items()}
 
 
-async def wait_all_up(api: RuntimeApi, timeout: float) -> None:
-    """Return once HAProxy's checks find every server up; raise StartError after ``timeout``."""
-    deadline = time.monotonic() + timeout
+async def wait_all_up(
+    api: RuntimeApi, timeout_s: float, replicas: Collection[str] | None = None
+) -> None:
+    """Return once HAProxy's checks find every server (of ``replicas``, default all) up;
+    raise StartError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
     down: list[str] = []
     while time.monotonic() < deadline:
         try:
             states = await backends(api)
-            down = [s.name for servers in states.values() for s in servers if not s.up]
+            down = [
+                s.name
+                for servers in states.values()
+                for s in servers
+                if not s.up
+                and (replicas is None or gateway.parse_server_name(s.name)[1] in replicas)
+            ]
             if not down:
                 return
         except RuntimeApiError as exc:
             down = [str(exc)]
         await asyncio.sleep(0.2)
-    raise StartError(f"haproxy: servers not up within {timeout:g} s: {', '.join(down)}")
+    raise StartError(f"haproxy: servers not up within {timeout_s:g} s: {', '.join(down)}")
+
+
+async def enable(api: RuntimeApi, replica: Replica, timeout_s: float) -> None:
+    """Take a spare replica's server out of maintenance, before its processes start.
+
+    HAProxy counts a server that leaves maintenance as up until its first check, so this
+    returns once a check has found it down (nothing listens on its sidecar yet): from then on
+    it takes traffic only once its sidecar's ``/readyz`` passes, as a new pod's endpoint
+    joins a Service only once its readiness probe passes. Raises StartError.
+    """
+    backend = gateway.backend_name(replica.model)
+    server = f"{replica.version}:{replica.name}"
+    deadline = time.monotonic() + timeout_s
+    try:
+        await api.command(f"set server {backend}/{server} state ready")
+        while time.monotonic() < deadline:
+            if not any(s.up for s in await api.servers(backend) if s.name == server):
+                return
+            await asyncio.sleep(0.1)
+    except RuntimeApiError as exc:
+        raise StartError(f"haproxy: cannot take {server} into service: {exc}") from None
+    raise StartError(f"haproxy: {server} not checked within {timeout_s:g} s")

@@ -4,7 +4,9 @@ Order of events: every process is started at once on ports chosen up front (the 
 proxies tolerate an engine that is not up yet), the demo waits until each answers its health
 endpoint and HAProxy's checks find every replica up, then the clock starts (t=0): load (through
 HAProxy), scenario and view run until the duration ends, a signal arrives or a component
-dies. Teardown always runs: load stops first, then every child gets SIGTERM (SIGKILL after a
+dies. A spare replica that the scenario starts (a scale-out) has its ports, its gateway server
+(in maintenance) and its scrape files from the beginning, and its processes from its step on.
+Teardown always runs: load stops first, then every child gets SIGTERM (SIGKILL after a
 grace period) and is reaped, and the work directory is removed.
 """
 
@@ -18,7 +20,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -38,6 +40,8 @@ from inferwatch.demo.view import Context, render, stamp, summary_line
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError
 
 START_TIMEOUT = 30.0
+#: the work directory's folder of Prometheus discovery files (the spares' targets)
+DISCOVERY = "discovered"
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,13 @@ class Demo:
         self.options = options
         self.out = out
         self.live = live
-        self.replicas = topology.REPLICAS
-        self.ports = Ports.assign(options.base_port)
+        self.replicas = topology.REPLICAS  # running from t=0
+        #: those and the spares the scenario starts later
+        self.fleet = topology.fleet(options.scenario.spares if options.scenario else ())
+        self.ports = Ports.assign(options.base_port, self.fleet)
+        self.started: list[str] = []  # the spares started so far, which Prometheus discovers
+        self.observer: Observer | None = None  # set at t=0
+        self.joining: list[asyncio.Task[None]] = []  # started spares coming up
         self.admin_token = secrets.token_urlsafe(16)
         self.stop = asyncio.Event()
         self.stop_reason = ""
@@ -133,7 +142,8 @@ class Demo:
         self._announce(supervisor, workdir)
         if not await self._until_stopped(supervisor.wait_ready(http, START_TIMEOUT)):
             return None
-        if not await self._until_stopped(routing.wait_all_up(self.gateway, START_TIMEOUT)):
+        running = [r.name for r in self.replicas]
+        if not await self._until_stopped(routing.wait_all_up(self.gateway, START_TIMEOUT, running)):
             return None
         self.t0 = time.monotonic()
         self.say(
@@ -146,7 +156,7 @@ class Demo:
             topology.TENANTS,
             self.options.rate,
         )
-        observer = Observer(
+        observer = self.observer = Observer(
             http,
             self.replicas,
             topology.TENANTS,
@@ -162,6 +172,7 @@ class Demo:
         try:
             return await self.session(supervisor, observer, load)
         finally:
+            background += self.joining
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -255,6 +266,9 @@ class Demo:
 
     async def _apply_to(self, step: Step, name: str, http: httpx.AsyncClient) -> None:
         """One step on one replica, through the simulator's admin endpoint or its process."""
+        if step.action == "start":
+            await self._start_spare(topology.replica(name), step, http)
+            return
         sim = self.supervisor.find("sim", name)
         if step.action == "crash":
             await self.supervisor.crash(sim)
@@ -275,6 +289,43 @@ class Demo:
             await self.supervisor.restart(sidecar)
             self.event(f"sidecar {name} restarted (pid {sidecar.pid})")
 
+    async def _start_spare(self, replica: Replica, step: Step, http: httpx.AsyncClient) -> None:
+        """A scale-out: the gateway checks the new replica and its processes start; the
+        scenario goes on while they come up (:meth:`_join`).
+
+        It takes traffic once HAProxy's checks find its /readyz passing: after its weights
+        loaded and its warm-up passed, which its cold-start phases put on the timeline.
+        """
+        await routing.enable(self.gateway, replica, START_TIMEOUT)
+        index = self.fleet.index(replica)
+        components = self._replica_components(replica, index, self.supervisor.log_dir, step.faults)
+        for component in components:
+            self.supervisor.start(component)
+        pids = ", ".join(f"{c.kind} {c.pid}" for c in components)
+        self.event(f"{replica.name}: processes started ({pids}); gateway checks its /readyz")
+        self.joining.append(asyncio.create_task(self._join(replica, components[1:], http)))
+
+    async def _join(
+        self, replica: Replica, servers: Sequence[Component], http: httpx.AsyncClient
+    ) -> None:
+        """Once a started spare's sidecar and proxy answer, Prometheus discovers them (no
+        failed scrape of a process still starting) and the view watches the replica."""
+        try:
+            for component in servers:
+                await self.supervisor.wait_answering(component, http, START_TIMEOUT)
+        except StartError as exc:
+            self.event(f"scale-out of {replica.name} failed: {exc}")
+            return
+        self.started.append(replica.name)
+        if self.options.prometheus:
+            topology.write_discovered(self.supervisor.log_dir / DISCOVERY, self.ports, self.started)
+        if self.observer is not None:
+            self.observer.watch(
+                replica,
+                topology.url(self.ports.sidecar[replica.name]),
+                topology.url(self.ports.proxy_metrics[replica.name]),
+            )
+
     # --- the fleet ------------------------------------------------------------------------------
     def _components(self, workdir: Path) -> list[Component]:
         automation.write_tokens(workdir)
@@ -283,7 +334,7 @@ class Demo:
             components += self._replica_components(replica, index, workdir)
         if self.options.prometheus:
             components.append(self._prometheus(workdir))
-        components.append(routing.component(self.options.haproxy, self.ports, workdir))
+        components.append(routing.component(self.options.haproxy, self.ports, workdir, self.fleet))
         if self._alerting:
             components.append(self._alertmanager(workdir))
             components.append(self._runbooks(workdir))
@@ -295,13 +346,20 @@ class Demo:
             self.ports.runbooks,
             self.options.execute_runbooks,
             workdir / routing.RUNTIME,
+            replicas=self.fleet,
         )
 
     def _prometheus(self, workdir: Path) -> Component:
         assert self.options.prometheus
         rules = alerting.write_rules(workdir / "rules", self.options.alerts)
         config = workdir / "prometheus.yml"
-        config.write_text(topology.prometheus_config(self.ports, rules, self._alerting))
+        discovery = None
+        if len(self.fleet) > len(self.replicas):  # spares: discovered once they start
+            discovery = workdir / DISCOVERY
+            topology.write_discovered(discovery, self.ports, self.started)
+        config.write_text(
+            topology.prometheus_config(self.ports, rules, self._alerting, self.fleet, discovery)
+        )
         argv = [
             self.options.prometheus,
             f"--config.file={config}",
@@ -330,8 +388,17 @@ class Demo:
         url = topology.url(self.ports.alertmanager)
         return Component("alertmanager", "", url, "/-/ready", argv)
 
-    def _replica_components(self, replica: Replica, index: int, workdir: Path) -> list[Component]:
+    def _replica_components(
+        self, replica: Replica, index: int, workdir: Path, faults: object = None
+    ) -> list[Component]:
+        """Engine, sidecar and proxy of one replica; ``faults``: a fault document its
+        engine starts with."""
         engine = topology.url(self.ports.sim[replica.name])
+        start_faults: list[str] = []
+        if faults:
+            path = workdir / f"faults-{replica.name}.json"
+            path.write_text(json.dumps(faults), encoding="utf-8")
+            start_faults = ["--faults", str(path)]
         sim = Component(
             "sim",
             replica.name,
@@ -342,7 +409,8 @@ class Demo:
              "--hostname", replica.node, "--host", "127.0.0.1",
              *(f"--served-model-name={name}" for name in topology.served_names(replica)),
              "--port", str(self.ports.sim[replica.name]), *replica.sim_flags,
-             "--storage-bandwidth", "4"],  # a short cold start: its weights load in seconds
+             *start_faults,
+             "--storage-bandwidth", f"{replica.storage_bandwidth:g}"],
             env={"INFERWATCH_SIM_ADMIN_TOKEN": self.admin_token},
         )  # fmt: skip
         sidecar = Component(
@@ -399,6 +467,11 @@ class Demo:
         for c in supervisor.components:
             about = what[c.kind].format(url=c.url, gateway=topology.url(self.ports.gateway))
             self.say(f"  {c.kind:<12} {c.name:<11} {c.url:<24} pid {c.pid:<7} {about}")
+        for spare in self.fleet[len(self.replicas) :]:
+            self.say(
+                f"  spare        {spare.name:<11} a second {spare.version} replica, started by "
+                f"the scenario (gateway server in maintenance until then)"
+            )
         tenants = ", ".join(f"{t.name} ({t.key})" for t in topology.TENANTS)
         first = self.replicas[0]
         self.say(f"  tenant API keys: {tenants}")

@@ -20,12 +20,18 @@ A scenario is a YAML file (the shipped ones live in ``scenarios/``)::
         crash: true                  # SIGKILL the engine process (``repair`` starts it)
       - at: 60s
         rate: 9                      # the load generator's requests per second
+      - at: 70s
+        replica: primary-v1b         # a spare (topology.SPARES), not running until now
+        start: true                  # a scale-out: start its engine, sidecar and proxy
+        inject: {slow_factor: 10}    # optional with start: faults it starts with
 
 Everything is checked before the demo starts anything: an unknown replica, a misspelt fault or
 a bad time is one error line naming the file and step. Injections go through each simulator's
 ``/admin/faults`` endpoint with its bearer token, as an operator's tooling would. A GPU that
 needed a reset stays unready in its sidecar until the pod restarts (the sidecar latches such
 faults), which is why ``repair`` restarts the replica's sidecar after clearing the faults.
+A spare replica is started once, by a ``start`` step, and takes no other step before it; its
+``inject`` document (on hardware as slow as the fleet's, say) is the faults it starts with.
 """
 
 from __future__ import annotations
@@ -48,9 +54,11 @@ DEFAULT = "xid-and-repair"
 #: the ``--scenario`` value for a run without faults
 NONE = "none"
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
-_STEP_KEYS = {"at", "replica", "replicas", "inject", "clear", "crash", "repair", "rate", "say"}
-Action = Literal["inject", "clear", "crash", "repair", "rate"]
-_ACTIONS: tuple[Action, ...] = ("inject", "clear", "crash", "repair", "rate")
+_STEP_KEYS = {
+    "at", "replica", "replicas", "inject", "clear", "crash", "repair", "rate", "start", "say",
+}  # fmt: skip
+Action = Literal["start", "inject", "clear", "crash", "repair", "rate"]
+_ACTIONS: tuple[Action, ...] = ("start", "inject", "clear", "crash", "repair", "rate")
 
 
 class ScenarioError(ValueError):
@@ -78,6 +86,11 @@ class Step:
             return f"engine process killed on {where}"
         if self.action == "repair":
             return f"repaired {where}: engine up, faults cleared, GPU reset, pod restarted"
+        if self.action == "start":
+            faults = (
+                f" with {json.dumps(self.faults, separators=(',', ':'))}" if self.faults else ""
+            )
+            return f"scale-out: {where} started{faults}"
         return f"inject {json.dumps(self.faults, separators=(',', ':'))} on {where}"
 
 
@@ -86,6 +99,11 @@ class Scenario:
     name: str
     description: str
     steps: tuple[Step, ...]
+
+    @property
+    def spares(self) -> tuple[str, ...]:
+        """The spare replicas the scenario starts, in the order it starts them."""
+        return tuple(name for s in self.steps if s.action == "start" for name in s.replicas)
 
 
 def shipped() -> list[str]:
@@ -96,8 +114,10 @@ def shipped() -> list[str]:
     )
 
 
-def load(spec: str, replicas: Sequence[str]) -> Scenario:
-    """A shipped scenario by name, or a YAML file by path; raises ScenarioError."""
+def load(spec: str, replicas: Sequence[str], spares: Sequence[str] = ()) -> Scenario:
+    """A shipped scenario by name, or a YAML file by path; raises ScenarioError.
+
+    ``replicas`` run from t=0; ``spares`` are the replicas a ``start`` step may start."""
     path = Path(spec)
     if path.suffix in (".yaml", ".yml") or path.exists():
         try:
@@ -120,10 +140,12 @@ def load(spec: str, replicas: Sequence[str]) -> Scenario:
         raise ScenarioError(
             f"{source}: {where}invalid YAML: {getattr(exc, 'problem', exc)}"
         ) from None
-    return parse(document, source, replicas)
+    return parse(document, source, replicas, spares)
 
 
-def parse(document: Any, source: str, replicas: Sequence[str]) -> Scenario:
+def parse(
+    document: Any, source: str, replicas: Sequence[str], spares: Sequence[str] = ()
+) -> Scenario:
     if not isinstance(document, Mapping):
         raise ScenarioError(f"{source}: expected a mapping with name, description and steps")
     unknown = sorted(set(document) - {"name", "description", "steps"})
@@ -132,12 +154,34 @@ def parse(document: Any, source: str, replicas: Sequence[str]) -> Scenario:
     raw_steps = document.get("steps")
     if not isinstance(raw_steps, list) or not raw_steps:
         raise ScenarioError(f"{source}: steps: expected a non-empty list")
-    steps = [_step(raw, f"{source}: steps[{i}]", replicas) for i, raw in enumerate(raw_steps)]
+    known = [*replicas, *spares]
+    steps = [(_step(raw, f"{source}: steps[{i}]", known), i) for i, raw in enumerate(raw_steps)]
+    steps.sort(key=lambda pair: pair[0].at)
+    _check_spares(steps, source, spares)
     return Scenario(
         name=str(document.get("name") or Path(source).stem),
         description=" ".join(str(document.get("description", "")).split()),
-        steps=tuple(sorted(steps, key=lambda step: step.at)),
+        steps=tuple(step for step, _ in steps),
     )
+
+
+def _check_spares(steps: Sequence[tuple[Step, int]], source: str, spares: Sequence[str]) -> None:
+    """A ``start`` names spares only, each once; no other step reaches a spare before it."""
+    started: set[str] = set()
+    for step, index in steps:
+        where = f"{source}: steps[{index}]"
+        for name in step.replicas:
+            if step.action == "start":
+                if name not in spares:
+                    raise ScenarioError(
+                        f"{where}.start: {name} runs from the start; start takes a spare "
+                        f"({', '.join(spares) or 'none'})"
+                    )
+                if name in started:
+                    raise ScenarioError(f"{where}.start: {name} is already started")
+                started.add(name)
+            elif name in spares and name not in started:
+                raise ScenarioError(f"{where}: {name} is a spare, not started before this step")
 
 
 def _seconds(value: Any, where: str) -> float:
@@ -158,7 +202,8 @@ def _step(raw: Any, where: str, replicas: Sequence[str]) -> Step:
         raise ScenarioError(f"{where}: unknown field {unknown[0]!r} (known: {sorted(_STEP_KEYS)})")
     if "at" not in raw:
         raise ScenarioError(f"{where}.at: required")
-    actions = [a for a in _ACTIONS if a in raw]
+    # a start may carry the faults its replica starts with
+    actions = [a for a in _ACTIONS if a in raw and not (a == "inject" and "start" in raw)]
     if len(actions) != 1:
         raise ScenarioError(f"{where}: needs exactly one of {', '.join(_ACTIONS)}")
     action = actions[0]
@@ -169,15 +214,15 @@ def _step(raw: Any, where: str, replicas: Sequence[str]) -> Step:
             raise ScenarioError(f"{where}.rate: expected requests per second >= 0, got {rate!r}")
         return Step(at, "rate", rate=float(rate), say=say)
     targets = _targets(raw, where, replicas)
-    if action != "inject":
-        if raw[action] is not True:
-            raise ScenarioError(f"{where}.{action}: expected true")
+    if action != "inject" and raw[action] is not True:
+        raise ScenarioError(f"{where}.{action}: expected true")
+    if "inject" not in raw:
         return Step(at, action, targets, say=say)
     try:  # the simulator's own validation, so that a bad document fails now, not at t=40s
         fault_doc.parse(raw["inject"], fault_doc.Faults(), gpu_count=GPUS_PER_REPLICA)
     except fault_doc.FaultError as exc:
         raise ScenarioError(f"{where}.inject: {exc}") from None
-    return Step(at, "inject", targets, faults=raw["inject"], say=say)
+    return Step(at, action, targets, faults=raw["inject"], say=say)
 
 
 def _targets(raw: Mapping[str, Any], where: str, replicas: Sequence[str]) -> tuple[str, ...]:

@@ -6,13 +6,18 @@ third of the primary traffic) and a smaller fallback model (``fallback``) that a
 uses and that takes the primary traffic when no primary replica is ready. Every replica has
 its own sidecar and its own tenancy proxy in front of it, as in a pod; HAProxy in front of the
 proxies is the gateway clients call.
+
+A spare replica (``primary-v1b``, a second replica of ``primary-v1``'s model and version) is
+not running at t=0: a scenario's ``start`` step starts it, as an autoscaler scaling out would.
+Only a scenario that starts it has it in its fleet (ports, gateway server, scrape files).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +49,11 @@ class Replica:
     #: share of its model's traffic while every replica of the role is ready
     weight: float
     sim_flags: tuple[str, ...] = ()
+    #: not running at t=0; a scenario's ``start`` step starts it (a scale-out)
+    spare: bool = False
+    #: GB/s at which its engine reads its weights at start: a cold start of seconds from
+    #: the node's local disk
+    storage_bandwidth: float = 4.0
 
 
 @dataclass(frozen=True)
@@ -78,11 +88,26 @@ TENANTS: tuple[Tenant, ...] = (
 )  # fmt: skip
 
 
+#: replicas a scenario may start later: the same deployment as the one it copies
+#: ``primary-v1b`` lands on a new node, which has no copy of the weights yet: they come over
+#: the network (0.5 GB/s, about 32 s for the 8B model's 16 GB)
+SPARES: tuple[Replica, ...] = (
+    Replica("primary-v1b", "primary", PRIMARY_MODEL, "v1", "H100", "node-d", 2 / 3,
+            ("--num-gpu-blocks", "2048"), spare=True, storage_bandwidth=0.5),
+)  # fmt: skip
+
+
 def replica(name: str) -> Replica:
-    for candidate in REPLICAS:
+    for candidate in (*REPLICAS, *SPARES):
         if candidate.name == name:
             return candidate
     raise KeyError(name)
+
+
+def fleet(spares: Iterable[str] = ()) -> tuple[Replica, ...]:
+    """The replicas running at t=0 and the named spares, which a scenario starts later."""
+    wanted = set(spares)
+    return (*REPLICAS, *(r for r in SPARES if r.name in wanted))
 
 
 @dataclass(frozen=True)
@@ -185,27 +210,36 @@ NAMESPACE = "demo"
 
 
 def prometheus_config(
-    ports: Ports, rule_files: Sequence[Path] = (), alertmanager: bool = False
+    ports: Ports,
+    rule_files: Sequence[Path] = (),
+    alertmanager: bool = False,
+    replicas: Sequence[Replica] = REPLICAS,
+    discovery: Path | None = None,
 ) -> str:
     """Prometheus scraping every sidecar and proxy, each target labelled with its replica and
-    the cluster; with ``alertmanager``, alerts go to the demo's Alertmanager."""
+    the cluster; with ``alertmanager``, alerts go to the demo's Alertmanager.
 
-    def targets(by_replica: Mapping[str, int]) -> list[dict[str, Any]]:
-        return [
-            {"targets": [f"127.0.0.1:{port}"], "labels": {"cluster": CLUSTER, "replica": name}}
-            for name, port in by_replica.items()
-        ]
-
+    A spare's targets are not listed: with ``discovery`` (a folder), each job also reads its
+    targets from a file there (file-based service discovery), which :func:`write_discovered`
+    rewrites when a spare starts, as Kubernetes service discovery adds a new pod. A replica
+    that is not started is then no target at all, rather than a down one.
+    """
+    running = [r.name for r in replicas if not r.spare]
+    jobs = []
+    for job, by_replica in scrape_jobs(ports).items():
+        config: dict[str, Any] = {
+            "job_name": job,
+            "static_configs": target_groups(by_replica, running),
+        }
+        if discovery is not None:
+            files = [str(discovery / f"{job}.json")]
+            config["file_sd_configs"] = [{"files": files, "refresh_interval": INTERVAL}]
+        if job == SIDECAR_JOB:
+            config["metric_relabel_configs"] = gpu_nodes(replicas)
+        jobs.append(config)
     document: dict[str, Any] = {
         "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
-        "scrape_configs": [
-            {
-                "job_name": "inferwatch-sidecar",
-                "static_configs": targets(ports.sidecar),
-                "metric_relabel_configs": gpu_nodes(),
-            },
-            {"job_name": "inferwatch-proxy", "static_configs": targets(ports.proxy_metrics)},
-        ],
+        "scrape_configs": jobs,
     }
     if rule_files:
         document["rule_files"] = [str(path) for path in rule_files]
@@ -216,6 +250,33 @@ def prometheus_config(
             ]
         }
     return yaml.safe_dump(document, sort_keys=False)
+
+
+SIDECAR_JOB = "inferwatch-sidecar"
+
+
+def scrape_jobs(ports: Ports) -> dict[str, Mapping[str, int]]:
+    """Each scrape job's port by replica: the sidecars, and the proxies' tenant listeners."""
+    return {SIDECAR_JOB: ports.sidecar, "inferwatch-proxy": ports.proxy_metrics}
+
+
+def target_groups(by_replica: Mapping[str, int], names: Collection[str]) -> list[dict[str, Any]]:
+    """One target group per named replica, as static configs and discovery files list them."""
+    return [
+        {"targets": [f"127.0.0.1:{port}"], "labels": {"cluster": CLUSTER, "replica": name}}
+        for name, port in by_replica.items()
+        if name in names
+    ]
+
+
+def write_discovered(folder: Path, ports: Ports, names: Collection[str]) -> None:
+    """The discovery file of each job, listing the named replicas' targets; each is replaced
+    whole (written aside, then renamed), so Prometheus never reads half a file."""
+    folder.mkdir(exist_ok=True)
+    for job, by_replica in scrape_jobs(ports).items():
+        aside = folder / f".{job}.json"
+        aside.write_text(json.dumps(target_groups(by_replica, names)), encoding="utf-8")
+        aside.replace(folder / f"{job}.json")
 
 
 def gpu_nodes(replicas: Sequence[Replica] = REPLICAS) -> list[dict[str, Any]]:
