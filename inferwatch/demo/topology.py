@@ -197,7 +197,7 @@ def proxy_config(
         "prices": {"models": {model: dict(price) for model, price in PRICES.items()}},
         "limits": {"max_input_tokens": 8192},
         # demo traffic is light: screen half of it so injected degeneracy shows in seconds
-        "quality_sampling": {"rate": 0.5},
+        "quality_sampling": {"rate": 1.0},
     }
     return yaml.safe_dump(document, sort_keys=False)
 
