@@ -45,7 +45,7 @@ SHORT_WINDOW_S = 10
 #: requests that began before it finish
 SETTLE_S = 3
 #: the minimum sample per side of each kind (``--min-KIND``). 30 s of the canary hold ~125
-#: engine requests (its probes included; 10 s: ~45), ~85 probe runs, 30 to 40 screened
+#: engine requests (its probes included; 10 s: ~45), ~85 probe runs, the screened
 #: customer outputs (the demo's proxies screen each one; the count varies from window to
 #: window, 5 is met by every one) and 10k to 20k billed tokens
 MINIMUMS = {"requests": 60, "probes": 30, "screened": 5, "tokens": 3000}
