@@ -234,7 +234,13 @@ def test_failing_warmup_keeps_the_replica_unready_with_the_reason_then_turns_rea
         assert tracker.warmup is not None
         task = asyncio.create_task(tracker.run())
         try:
-            await wait_async(lambda: tracker.warmup.rounds >= 2, 30, "two failed rounds")
+            # a round's number is counted when it starts; its failure is in the reason after
+            warmup = tracker.warmup
+            await wait_async(
+                lambda: warmup.rounds >= 2 and "failed" in warmup.state.reason,
+                30,
+                "two failed rounds",
+            )
             status, conditions, page = await readyz(sidecar)
             assert status == 503
             assert conditions["engine"]["ok"]  # the engine is up: only warm-up holds it back
