@@ -81,5 +81,6 @@ class DegeneracySampler:
                     )
         return [sampled, degenerate]
 
-    async def collect(self) -> Sequence[Metric]:
+    async def collect(self, deadline: float | None = None) -> Sequence[Metric]:
+        """The sampler's metrics, read from memory: within any deadline."""
         return self.families()
