@@ -2,10 +2,11 @@
 
 A ``MetricSource`` (named apart from prometheus_client's ``Collector``, which it is not) turns
 one source (the engine's /metrics, NVML, a dcgm-exporter, the probe runner) into catalogue
-families; the sidecar times it, bounds it, and reports its success. A
-``ReadinessSource`` contributes conditions to ``/readyz`` so that a replica with a dead
-engine, a broken GPU or failing quality probes drops out of every router by itself.
-The rest are optional: a ``SelfTimedSource`` keeps the scrape deadline itself, a
+families within the deadline it is given; the sidecar times every source the same way and
+reports its success and duration. A ``ReadinessSource`` contributes conditions to
+``/readyz`` so that a replica with a dead engine, a broken GPU or failing quality probes
+drops out of every router by itself.
+The rest are optional: a ``StatusSource`` has status series of its own (engine_up), a
 ``ReplicaSource`` makes the sidecar a replica (whose readiness is served as metrics too),
 and a ``BackgroundSource`` runs long-lived jobs with the server.
 """
@@ -24,13 +25,21 @@ class MetricSource(Protocol):
     #: value of the ``collector`` label on ``inferwatch_collector_*`` self-metrics
     name: str
 
-    async def collect(self) -> Sequence[Metric]:
-        """Read the source once and return filled catalogue families.
+    async def collect(self, deadline: float | None = None) -> Sequence[Metric]:
+        """Read the source once, within ``deadline`` seconds (None: its own timeout), and
+        return filled catalogue families.
 
-        Raise on failure: the sidecar turns the exception into ``collector_success 0`` and a
-        log line, and keeps serving every other collector's metrics.
+        The source keeps the deadline itself (the sidecar puts no timer around it), so that
+        running out of time is recorded as the source's own failure. Raise on failure: the
+        sidecar turns the exception into ``collector_success 0``, logs it once unless it is a
+        ``SourceFailure`` (logged by the source with its reason), and keeps serving every
+        other collector's metrics.
         """
         ...
+
+
+class SourceFailure(Exception):
+    """A failure the source has recorded and logged itself (the engine's failed scrape)."""
 
 
 @dataclass(frozen=True)
@@ -50,22 +59,17 @@ class ReadinessSource(Protocol):
 
 
 @runtime_checkable
-class SelfTimedSource(Protocol):
-    """A collector that keeps the scrape deadline itself and records its own failures.
+class StatusSource(MetricSource, Protocol):
+    """A collector whose failed reads are a state of their own (``engine_up 0``).
 
-    The engine collector is one: running out of time must be recorded as a scrape failure
-    (``engine_up 0``), so the sidecar puts no second timer around it and logs nothing for it,
-    asks it for the status families that exist whether or not the read succeeded, and has it
-    read again before answering /readyz when its last outcome is stale.
+    The engine collector is one: the sidecar asks it for the status families that exist
+    whether or not the read succeeded, and has it read again before answering /readyz when
+    its last outcome is stale.
     """
-
-    name: str
 
     #: the longest one read may take; the deadline of a scrape when no Prometheus sets one
     @property
     def timeout_s(self) -> float: ...
-
-    async def collect(self, deadline: float | None = None) -> Sequence[Metric]: ...
 
     def status_families(self) -> list[Metric]: ...
 

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from inferwatch.exporters.collector import SourceFailure
+
 if TYPE_CHECKING:  # imported when used: only the dcgm backend reads pages with requests
     import requests
 
@@ -45,8 +47,11 @@ MAX_ENCODINGS = 3
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
-class ScrapeFailure(Exception):
-    """The engine page could not be fetched; ``reason`` is a short, stable label value."""
+class ScrapeFailure(SourceFailure):
+    """The engine page could not be fetched; ``reason`` is a short, stable label value.
+
+    The engine collector records and logs each one before it reaches the sidecar.
+    """
 
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")

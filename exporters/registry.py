@@ -5,6 +5,10 @@ sidecar command adds every registration's options and serves whatever they build
 knows none of its sources by name. A registration whose flags leave it nothing to do builds
 nothing (no engine URL, ``--gpu none``, no golden set); one that cannot run as asked raises
 a ``click.UsageError`` or ``click.BadParameter`` with the one-line reason.
+
+Each registration also gets a node_exporter-style switch, ``--collector.NAME`` /
+``--no-collector.NAME`` (``switch``): a switched-off source builds nothing, whatever its
+other flags say, so an operator can turn one off without unsetting them.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+import click
 
 from inferwatch.exporters.collector import Job
 
@@ -56,13 +62,36 @@ class Registration:
     options: Sequence[Option]
     #: builds the source from the options, or None when they leave it nothing to do
     build: Callable[[Setup], Built | None]
+    #: whether the source is on without ``--collector.NAME``
+    enabled_by_default: bool = True
+
+    @property
+    def switch_name(self) -> str:
+        """The parameter name of the source's on/off switch."""
+        return f"collector_{self.name}"
+
+    def switch(self) -> Option:
+        """``--collector.NAME/--no-collector.NAME`` (env twin INFERWATCH_<CMD>_COLLECTOR_NAME)."""
+        return click.option(
+            f"--collector.{self.name}/--no-collector.{self.name}",
+            self.switch_name,
+            default=self.enabled_by_default,
+            show_envvar=True,
+            help=f"Run the {self.name} source; switched off, it builds nothing whatever its "
+            "other flags say.",
+        )
 
 
 def build_all(registrations: Sequence[Registration], setup: Setup) -> Built:
-    """Every registration's sources and jobs, in catalogue order (later ones may use
-    earlier ones' sources through ``Setup.source``)."""
+    """Every switched-on registration's sources and jobs, in catalogue order (later ones may
+    use earlier ones' sources through ``Setup.source``)."""
     everything = Built([])
+    disabled = [r.name for r in registrations if not setup.options[r.switch_name]]
+    if disabled:
+        everything.log["collectors_disabled"] = ",".join(disabled)
     for registration in registrations:
+        if registration.name in disabled:
+            continue
         built = registration.build(setup)
         if built is not None:
             setup.built[registration.name] = built

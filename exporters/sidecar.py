@@ -36,7 +36,8 @@ from inferwatch.exporters.collector import (
     MetricSource,
     ReadinessSource,
     ReplicaSource,
-    SelfTimedSource,
+    SourceFailure,
+    StatusSource,
 )
 from inferwatch.exporters.endpoints import healthz, metrics_response, readiness_response
 from inferwatch.exporters.isolation import Isolation
@@ -46,9 +47,7 @@ logger = logging.getLogger("inferwatch.sidecar")
 
 #: time kept back from Prometheus' scrape timeout for rendering and the network
 SCRAPE_TIMEOUT_MARGIN = 0.5
-#: a source of metrics, whether or not it keeps the deadline itself
-AnySource = MetricSource | SelfTimedSource
-#: deadline of one scrape when no source keeps its own (a GPU-only sidecar)
+#: deadline of one scrape when no status source sets it (a GPU-only sidecar)
 DEFAULT_SCRAPE_TIMEOUT = 5.0
 
 
@@ -75,7 +74,7 @@ class Sidecar:
         server, beside the sources' own; ``admin_token`` enables ``/admin/isolation``.
         """
         self.isolation = Isolation(admin_token)
-        self.collectors = [s for s in sources if isinstance(s, MetricSource | SelfTimedSource)]
+        self.collectors = [s for s in sources if isinstance(s, MetricSource)]
         self.readiness_sources: list[ReadinessSource] = [
             *(s for s in sources if isinstance(s, ReadinessSource)),
             self.isolation,
@@ -85,9 +84,9 @@ class Sidecar:
             *background,
         ]
         self.replica = next((s for s in sources if isinstance(s, ReplicaSource)), None)
-        #: the collectors that keep the deadline themselves (protocol checks, done once)
-        self.self_timed = [c for c in self.collectors if isinstance(c, SelfTimedSource)]
-        timeouts = [c.timeout_s for c in self.self_timed]
+        #: the collectors with status series of their own (protocol checks, done once)
+        self.status_sources = [c for c in self.collectors if isinstance(c, StatusSource)]
+        timeouts = [c.timeout_s for c in self.status_sources]
         self.scrape_timeout_s = max(timeouts, default=DEFAULT_SCRAPE_TIMEOUT)
         self.readiness_max_age = readiness_max_age
         self._failing: set[str] = set()
@@ -98,7 +97,7 @@ class Sidecar:
         families: list[Metric] = []
         for run in runs:
             families.extend(run.families)
-        for collector in self.self_timed:
+        for collector in self.status_sources:
             families.extend(collector.status_families())
         families.extend(self._self_families(zip(self.collectors, runs, strict=True)))
         if self.replica is not None:  # a GPU-only sidecar is no replica: counts as none
@@ -117,18 +116,14 @@ class Sidecar:
             ready.add_metric([*identity, name], int(ok))  # type: ignore[attr-defined]
         return ready
 
-    async def _run(self, collector: AnySource, deadline: float) -> CollectorRun:
+    async def _run(self, collector: MetricSource, deadline: float) -> CollectorRun:
         started = time.perf_counter()
-        # A self-timed collector (the engine's) gets the deadline itself and keeps it, so that
-        # running out of time is recorded as a scrape failure (engine_up 0). No second timer
-        # around it: when a busy process wakes the loop late, both would be due at once, and
-        # the outer one would cancel the inner one before it records anything.
-        if collector in self.self_timed:
-            run, limit = collector.collect(deadline), None
-        else:
-            run, limit = collector.collect(), deadline + 0.05
+        # Every collector keeps the deadline itself, so that running out of time is recorded
+        # as its own failure (engine_up 0, gpu_backend_up 0). No second timer around it: when
+        # a busy process wakes the loop late, both would be due at once, and the outer one
+        # would cancel the inner one before it records anything.
         try:
-            families = await asyncio.wait_for(run, limit)
+            families = await collector.collect(deadline)
         except Exception as exc:  # a failing source costs its own metrics, never the scrape
             self._note_failure(collector, exc)
             return CollectorRun((), False, time.perf_counter() - started)
@@ -137,18 +132,17 @@ class Sidecar:
             log_event(logger, logging.INFO, "collector recovered", collector=collector.name)
         return CollectorRun(families, True, time.perf_counter() - started)
 
-    def _note_failure(self, collector: AnySource, exc: BaseException) -> None:
+    def _note_failure(self, collector: MetricSource, exc: BaseException) -> None:
         name = collector.name
         if name in self._failing:
             return  # logged when it started failing; the metric carries it from here
         self._failing.add(name)
-        # A self-timed collector logs its own failures with their reason.
-        if collector not in self.self_timed:
+        if not isinstance(exc, SourceFailure):  # the source logged that one with its reason
             reason = "timeout" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
             log_event(logger, logging.WARNING, "collector failed", collector=name, error=reason)
 
     @staticmethod
-    def _self_families(runs: Iterable[tuple[AnySource, CollectorRun]]) -> list[Metric]:
+    def _self_families(runs: Iterable[tuple[MetricSource, CollectorRun]]) -> list[Metric]:
         cat = catalog.load()
         build = cat.family("exporter_build_info")
         build.add_metric([__version__, platform.python_version()], 1)
@@ -174,7 +168,7 @@ class Sidecar:
         return metrics_response(request, families)
 
     async def readyz(self, request: Request) -> Response:
-        await asyncio.gather(*(c.refresh(self.readiness_max_age) for c in self.self_timed))
+        await asyncio.gather(*(c.refresh(self.readiness_max_age) for c in self.status_sources))
         return readiness_response(self.conditions())
 
     def app(self) -> Starlette:

@@ -93,7 +93,7 @@ logger = logging.getLogger("inferwatch.sidecar")
     "receiver's replica isolation). Without it (or INFERWATCH_SIDECAR_ADMIN_TOKEN) the admin "
     "endpoint answers 403.",
 )
-@option_group(*(option for source in CATALOGUE for option in source.options))
+@option_group(*(option for source in CATALOGUE for option in (source.switch(), *source.options)))
 def sidecar(
     listen: str,
     model: str,
@@ -131,6 +131,8 @@ def sidecar(
     }
     setup = Setup({**options, "pod": pod, "namespace": namespace}, identity)
     built = build_all(CATALOGUE, setup)
+    if not built.sources:
+        raise click.UsageError("every source is switched off or has nothing to do")
     replica = any(isinstance(source, ReplicaSource) for source in built.sources)
     if admin_token is not None and not replica:
         raise click.UsageError(

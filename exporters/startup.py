@@ -249,7 +249,8 @@ class StartupTracker:
     def readiness(self) -> Sequence[Condition]:
         return self.warmup.readiness() if self.warmup else []
 
-    async def collect(self) -> Sequence[Metric]:
+    async def collect(self, deadline: float | None = None) -> Sequence[Metric]:
+        """The start-up phases, read from memory: within any deadline."""
         cat = catalog.load()
         replica = self.engine.identity
         identity = [replica[label] for label in cat["replica_startup_phase"].identity]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import random
 import threading
 from collections import defaultdict
-from collections.abc import Sequence
 from typing import Final
 
 from prometheus_client.core import Metric
@@ -32,8 +31,6 @@ LIVE_SIGNALS: Final[tuple[degeneracy.Signal, ...]] = ("empty", "repetition", "wr
 
 
 class DegeneracySampler:
-    name = "quality_sampler"
-
     def __init__(self, rate: float = 0.05, rng: random.Random | None = None) -> None:
         if not 0 <= rate <= 1:
             raise ValueError(f"sample rate {rate} is not between 0 and 1")
@@ -80,6 +77,3 @@ class DegeneracySampler:
                         [model, version, signal], self._fired.get((model, version, signal), 0)
                     )
         return [sampled, degenerate]
-
-    async def collect(self) -> Sequence[Metric]:
-        return self.families()

@@ -237,7 +237,8 @@ class ProbeRunner:
                 failing.append(f"{target.name}: {reason}")
         return [Condition("quality", not failing, "; ".join(failing))]
 
-    async def collect(self) -> Sequence[Metric]:
+    async def collect(self, deadline: float | None = None) -> Sequence[Metric]:
+        """The probe metrics, read from memory: within any deadline."""
         return self.families()
 
     def families(self) -> list[Metric]:

@@ -81,9 +81,10 @@ def _options(
 
 
 def _twin(path: tuple[str, ...], option: click.Option) -> str:
-    """The documented pattern: INFERWATCH_<COMMAND>_<OPTION>, from the long flag's name."""
+    """The documented pattern: INFERWATCH_<COMMAND>_<OPTION>, from the long flag's name (its
+    dashes and dots, as in ``--collector.gpu``, become underscores)."""
     flag = max((o for o in option.opts if o.startswith("--")), key=len).removeprefix("--")
-    return "_".join(["INFERWATCH", *path, flag]).upper().replace("-", "_")
+    return "_".join(["INFERWATCH", *path, flag]).upper().replace("-", "_").replace(".", "_")
 
 
 def test_every_option_has_help_text_and_a_twin_that_follows_the_pattern() -> None:

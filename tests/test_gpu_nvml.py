@@ -270,6 +270,26 @@ def test_a_hung_nvml_call_never_stalls_the_scrape(
     )
 
 
+def test_the_scrape_deadline_bounds_the_wait_for_a_hung_nvml_call(
+    make: Callable[..., NvmlTelemetry], fake: FakeNvml
+) -> None:
+    release = threading.Event()
+    telemetry = make(timeout_s=30.0, watch_xids=False)
+    returned = threading.Event()
+
+    def hang() -> None:
+        release.wait(30)
+        returned.set()
+
+    fake.inject("nvmlDeviceGetPowerUsage", hang, 1)
+    families = asyncio.run(telemetry.collect(0.2))
+    came_back_while_hung = not returned.is_set()
+    release.set()
+    assert came_back_while_hung, "the scrape waited past its deadline for the hung NVML call"
+    assert value(families, "inferwatch_gpu_backend_up") == 0
+    assert value(families, "inferwatch_gpu_backend_error_info", reason="timeout") == 1
+
+
 def test_critical_xid_events_are_counted_and_classified(
     make: Callable[..., NvmlTelemetry], fake: FakeNvml
 ) -> None:

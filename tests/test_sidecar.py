@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.page_fetch import EngineScraper
 from inferwatch.exporters.sidecar import Sidecar
+from inferwatch.logs import JsonFormatter
 from tests.conftest import shared_path
 
 FIXTURES = shared_path("fixtures")
@@ -187,8 +189,29 @@ def test_openmetrics_is_served_when_asked(page_server: Any) -> None:
 class _FailingCollector:
     name = "flaky"
 
-    async def collect(self) -> list[Any]:
+    async def collect(self, deadline: float | None = None) -> list[Any]:
         raise RuntimeError("device vanished")
+
+
+def test_the_sidecar_logs_a_failure_once_unless_the_source_logged_it(
+    unused_port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    sidecar = make_sidecar(f"http://127.0.0.1:{unused_port}/metrics", sources=[_FailingCollector()])
+    with caplog.at_level(logging.INFO):
+        for _ in range(2):
+            text = get(sidecar, "/metrics").text
+    assert value(text, "inferwatch_collector_success", collector="engine") == 0
+    failed = [
+        json.loads(JsonFormatter().format(r))
+        for r in caplog.records
+        if r.getMessage() == "collector failed"
+    ]
+    # the engine logged its own failure with the reason; the sidecar adds nothing for it
+    assert [(f["collector"], f["error"]) for f in failed] == [
+        ("flaky", "RuntimeError: device vanished")
+    ]
+    engine = [r for r in caplog.records if r.getMessage() == "engine scrape failed"]
+    assert len(engine) == 1
 
 
 class _Quality:

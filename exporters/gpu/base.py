@@ -142,15 +142,18 @@ class GpuTelemetry(abc.ABC):
         self._covered |= found
         return found
 
-    async def collect(self) -> list[Metric]:
+    async def collect(self, deadline: float | None = None) -> list[Metric]:
+        """The GPUs' families, waiting at most ``deadline`` seconds (default: ``timeout_s``)
+        for the poll; a late one is degraded (``gpu_backend_up 0``) and keeps running."""
         if self._inflight is None or self._inflight.done():
             self._inflight = self._start_poll()
+        wait = self.timeout_s if deadline is None else min(deadline, self.timeout_s)
         try:
             families = await asyncio.wait_for(
-                asyncio.shield(asyncio.wrap_future(self._inflight)), self.timeout_s
+                asyncio.shield(asyncio.wrap_future(self._inflight)), wait
             )
         except TimeoutError:
-            return self._degraded("timeout", f"poll took longer than {self.timeout_s:g}s")
+            return self._degraded("timeout", f"poll took longer than {wait:g}s")
         except BackendDown as down:
             return self._degraded(down.reason, down.detail)
         except Exception as error:  # a backend bug must not take the scrape down

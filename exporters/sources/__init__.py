@@ -1,6 +1,7 @@
 """The catalogue of the sidecar's sources: one registration per source, in build order.
 
-Adding a source is one module here (its collector, flags and build) and one line below.
+Adding a source is one module here (its collector, flags and build) and one line below; its
+``--collector.NAME`` switch comes with the registration.
 A later source may use an earlier one's (the start-up tracker watches the engine and
 discounts the probe runner's requests).
 """
