@@ -169,8 +169,8 @@ def emits_pod_labels(choice: str, environ: Mapping[str, str]) -> bool:
 @engine_options
 def scrape(url: str, **options: Any) -> None:
     """Print the canonical view of one scrape of the engine at URL, as a table."""
-    logging.getLogger("inferwatch.engine").setLevel(logging.ERROR)  # the error below says it
     collector = open_engine(url, options, {})
+    engine_log = logging.getLogger("inferwatch.engine")
 
     async def once() -> Sequence[Metric]:
         try:
@@ -178,10 +178,14 @@ def scrape(url: str, **options: Any) -> None:
         finally:
             await collector.aclose()
 
+    level = engine_log.level
+    engine_log.setLevel(logging.ERROR)  # the error below says it (only for this command)
     try:
         families = asyncio.run(once())
     except ScrapeFailure as failure:
         raise click.ClickException(f"scrape of {collector.scraper.url} failed: {failure}") from None
+    finally:
+        engine_log.setLevel(level)
     click.echo(f"engine: {collector.engine}   model: {collector.identity['model'] or '-'}")
     click.echo(render_table(families, hide=set(collector.identity)))
 
