@@ -49,7 +49,7 @@ from inferwatch.exporters.page_fetch import ScrapeFailure
 from inferwatch.exporters.warmup import Warmup
 from inferwatch.logs import log_event
 
-log = logging.getLogger("inferwatch.startup")
+logger = logging.getLogger("inferwatch.startup")
 
 PHASES = ("process_start", "engine_reachable", "engine_healthy", "warmup_done", "serving")
 #: the engine's health endpoint, where it is not ``/health``
@@ -120,7 +120,7 @@ class StartupTracker:
         self.reached[phase] = now if at is None else at
         since = time.monotonic() - self._started - (now - self.reached[phase])
         log_event(
-            log,
+            logger,
             logging.INFO,
             "replica phase reached",
             phase=phase,
@@ -179,7 +179,7 @@ class StartupTracker:
 
     def _restart(self) -> None:
         log_event(
-            log,
+            logger,
             logging.WARNING,
             "engine gone; the replica starts again, warm-up included, when it is back",
             url=self.engine.base_url,

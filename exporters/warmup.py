@@ -36,7 +36,7 @@ from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.page_fetch import ScrapeFailure, read_bounded
 from inferwatch.logs import log_event
 
-log = logging.getLogger("inferwatch.warmup")
+logger = logging.getLogger("inferwatch.warmup")
 
 CONDITION = "warmup"
 WAITING = Condition(CONDITION, False, "waiting for the engine to load the model")
@@ -133,7 +133,7 @@ class Warmup:
                 reason = f"warm-up round {self.rounds} failed: {failure}; retry in {backoff:g}s"
                 self.state = Condition(CONDITION, False, reason)
                 log_event(
-                    log,
+                    logger,
                     logging.WARNING,
                     "warm-up failed; replica stays unready",
                     round=self.rounds,
@@ -150,7 +150,7 @@ class Warmup:
                 CONDITION, True, f"{self.plan.requests} warm-up requests succeeded in {took:.1f}s"
             )
             log_event(
-                log,
+                logger,
                 logging.INFO,
                 "warm-up done",
                 round=self.rounds,

@@ -29,7 +29,7 @@ from inferwatch.sim.scheduler import Request
 
 VLLM_VERSION = "0.33.0"
 
-log = logging.getLogger("inferwatch.sim")
+logger = logging.getLogger("inferwatch.sim")
 
 
 @dataclass(frozen=True)
@@ -192,10 +192,12 @@ class Simulator:
 
     async def _load(self) -> None:
         """Log the load of the weights, as vLLM logs "Loading weights took ..."."""
-        log_event(log, logging.INFO, "loading model weights", seconds=round(self.load_seconds, 2))
+        log_event(
+            logger, logging.INFO, "loading model weights", seconds=round(self.load_seconds, 2)
+        )
         while self.loading:
             await asyncio.sleep((self.load_seconds - self.clock.now()) / self.clock.speed + 0.001)
-        log_event(log, logging.INFO, "model loaded", seconds=round(self.load_seconds, 2))
+        log_event(logger, logging.INFO, "model loaded", seconds=round(self.load_seconds, 2))
 
     async def stop(self) -> None:
         for engine in self.engines:
