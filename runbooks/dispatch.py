@@ -223,8 +223,12 @@ class Dispatcher:
             )
             return
         task_key = (alert.fingerprint, rule.name)
-        if task_key in self._rollbacks or not self.config.namespace_allowed(alert.labels):
-            return  # a redelivered resolve, or one the firing side refused
+        if (
+            task_key in self._rollbacks
+            or _rolled_back(alert, rule) in self.seen
+            or not self.config.namespace_allowed(alert.labels)
+        ):
+            return  # a resolve redelivered during the hold or after it, or one refused firing
         await self._decide(
             record,
             rule.action,
@@ -237,6 +241,7 @@ class Dispatcher:
     async def _rollback(self, alert: Alert, rule: Rule, record: dict[str, Any]) -> None:
         await asyncio.sleep(rule.rollback_after or 0)
         self._rollbacks.pop((alert.fingerprint, rule.name), None)
+        self.seen.add(_rolled_back(alert, rule))  # this episode's rollback has had its turn
         action = self.actions[rule.action]
         steps = await self._plan(action, alert, rule, record)
         if steps is None:
@@ -347,3 +352,9 @@ def _epoch(timestamp: str) -> float:
         zone = rest[len(digits) :]
         timestamp = f"{head}.{digits[:6]}{zone}"
     return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+def _rolled_back(alert: Alert, rule: Rule) -> str:
+    """The seen-set key of an episode's rollback: once it has run, a late redelivery of the
+    resolve does not schedule another (a cancelled one never ran, so the next resolve may)."""
+    return dedup.key(alert.fingerprint, alert.starts_at, f"rollback {rule.name}")

@@ -414,6 +414,25 @@ def test_rollback_after_the_hold_unless_it_fires_again(
     assert b.state()["isolated"] is True
 
 
+def test_a_resolve_redelivered_after_the_rollback_does_not_roll_back_again(
+    receiver: Callable[..., h.ReceiverUnderTest],
+    sidecars: Callable[[int], list[h.SidecarUnderTest]],
+) -> None:
+    rule = {**h.config()["rules"][0], "rollback_after": "0.1s"}
+    rx, (a,) = receiver(rules=[rule]), sidecars(1)
+    firing = h.alert(a.address, fingerprint="aa")
+    rx.post(h.payload(firing))
+    rx.drain()
+    resolved = {**firing, "status": "resolved"}
+    rx.post(h.payload(resolved))
+    rx.wait_for("reverted")
+    rx.post(h.payload(resolved))  # Alertmanager's retry, after the hold ended
+    rx.drain()
+    outcomes = rx.outcomes()
+    assert outcomes.count("rollback_scheduled") == 1, outcomes
+    assert outcomes.count("reverted") == 1, outcomes
+
+
 def test_a_full_queue_answers_503_so_alertmanager_retries(
     loop: h.Loop, receiver: Callable[..., h.ReceiverUnderTest]
 ) -> None:
