@@ -172,16 +172,22 @@ class Warmup:
             ) from None
 
     async def _batch(self, model: str, words: int, batch: int) -> None:
-        """One batch sent concurrently; the first failure cancels the rest."""
+        """One batch sent concurrently; the first failure cancels the rest.
+
+        Not a TaskGroup: on Python 3.11 one that is cancelled while a request fails raises
+        the failure and drops the cancellation, so a restart seen mid-round would leave the
+        round retrying instead of stopping."""
+        tasks = [asyncio.create_task(self._one(model, words)) for _ in range(batch)]
         try:
-            async with asyncio.TaskGroup() as group:
-                for _ in range(batch):
-                    group.create_task(self._one(model, words))
-        except BaseExceptionGroup as group:
-            failures = [e for e in group.exceptions if isinstance(e, WarmupFailure)]
-            if failures:
-                raise failures[0] from None
-            raise
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            failure = None if task.cancelled() else task.exception()
+            if failure is not None:
+                raise failure
 
     async def _one(self, model: str, words: int) -> None:
         body = {
