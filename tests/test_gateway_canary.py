@@ -151,12 +151,16 @@ def test_a_client_cannot_claim_a_split(fleet: Any) -> None:
 
 def test_an_unready_canary_sends_its_header_traffic_to_the_stable_version(fleet: Any) -> None:
     url, sidecars = fleet
+    header = {splits.CANARY_HEADER: "true"}
     sidecars["canary-1"].ready = False
-    _until(lambda: set(_ask(url, 5, **{splits.CANARY_HEADER: "true"})) == {("stable-1", "weight")},
+    _until(lambda: set(_ask(url, 5, **header)) == {("stable-1", "weight")},
            "the header split to fall back")  # fmt: skip
+    # while the canary stays unready, every header request keeps going to the stable version
+    assert set(_ask(url, 10, **header)) == {("stable-1", "weight")}
     sidecars["canary-1"].ready = True
-    _until(lambda: set(_ask(url, 5, **{splits.CANARY_HEADER: "true"})) == {("canary-1", "header")},
+    _until(lambda: set(_ask(url, 5, **header)) == {("canary-1", "header")},
            "the header split to return")  # fmt: skip
+    assert set(_ask(url, 10, **header)) == {("canary-1", "header")}
 
 
 @pytest.mark.parametrize(
