@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from inferwatch.alerts.config import Config, ConfigError, seconds
+from inferwatch.mixin.config import Config, ConfigError, seconds
 
 RECEIVERS = ("page", "ticket", "automation")
 #: the labels a notification group is keyed on

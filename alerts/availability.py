@@ -8,10 +8,10 @@ does not pass (``inferwatch_replica_startup_phase``) is named as such.
 
 from __future__ import annotations
 
-from inferwatch.alerts import promql, recording
-from inferwatch.alerts.config import Config
-from inferwatch.alerts.model import Alert, Panel
-from inferwatch.alerts.promql import MODEL, MODEL_VERSION, by, metric, on
+from inferwatch.mixin import promql, recording
+from inferwatch.mixin.config import Config
+from inferwatch.mixin.model import Alert, Panel
+from inferwatch.mixin.promql import MODEL, MODEL_VERSION, by, metric, on
 
 
 def alerts(config: Config) -> list[Alert]:

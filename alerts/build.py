@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from inferwatch.alerts import availability, cost, gpu, latency, quality, recording
-from inferwatch.alerts.config import Config
-from inferwatch.alerts.model import Alert, Group
+from inferwatch.alerts import availability, cost, gpu, latency, quality
+from inferwatch.mixin import recording
+from inferwatch.mixin.config import Config
+from inferwatch.mixin.model import Alert, Group
 
 LAYER_BUILDERS: dict[str, Callable[[Config], list[Alert]]] = {
     "latency": latency.alerts,

@@ -7,10 +7,10 @@ of ratios).
 
 from __future__ import annotations
 
-from inferwatch.alerts import promql, recording
-from inferwatch.alerts.config import Config
-from inferwatch.alerts.model import Alert, Panel
-from inferwatch.alerts.promql import MODEL_VERSION, by, metric, one_of
+from inferwatch.mixin import promql, recording
+from inferwatch.mixin.config import Config
+from inferwatch.mixin.model import Alert, Panel
+from inferwatch.mixin.promql import MODEL_VERSION, by, metric, one_of
 
 COST = "cost"
 #: request outcomes that are the proxy refusing a request at admission (400 and 429)

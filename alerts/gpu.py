@@ -9,10 +9,10 @@ label summed away, so a change of reason never restarts a ``for:`` timer.
 
 from __future__ import annotations
 
-from inferwatch.alerts import promql, recording
-from inferwatch.alerts.config import Config
-from inferwatch.alerts.model import Alert, Panel
-from inferwatch.alerts.promql import metric, one_of
+from inferwatch.mixin import promql, recording
+from inferwatch.mixin.config import Config
+from inferwatch.mixin.model import Alert, Panel
+from inferwatch.mixin.promql import metric, one_of
 
 GPU = "gpu"
 

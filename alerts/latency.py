@@ -8,9 +8,10 @@ while the critical fires).
 
 from __future__ import annotations
 
-from inferwatch.alerts import promql, recording, slo
-from inferwatch.alerts.config import Config
-from inferwatch.alerts.model import Alert, Panel
+from inferwatch.alerts import slo
+from inferwatch.mixin import promql, recording
+from inferwatch.mixin.config import Config
+from inferwatch.mixin.model import Alert, Panel
 
 #: alert name, signal, what it measures, panel id on the latency board
 THRESHOLD_ALERTS = (

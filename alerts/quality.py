@@ -7,10 +7,10 @@ probed directly is already out of /readyz and goes to a ticket.
 
 from __future__ import annotations
 
-from inferwatch.alerts import promql
-from inferwatch.alerts.config import Config
-from inferwatch.alerts.model import Alert, Panel
-from inferwatch.alerts.promql import MODEL_VERSION, by, metric
+from inferwatch.mixin import promql
+from inferwatch.mixin.config import Config
+from inferwatch.mixin.model import Alert, Panel
+from inferwatch.mixin.promql import MODEL_VERSION, by, metric
 
 QUALITY = "quality"
 

@@ -8,10 +8,10 @@ fast and a slow burn of the same model stay two alerts.
 
 from __future__ import annotations
 
-from inferwatch.alerts import promql, recording
-from inferwatch.alerts.config import Config
-from inferwatch.alerts.model import Alert, Panel
-from inferwatch.alerts.promql import MODEL_VERSION, on
+from inferwatch.mixin import promql, recording
+from inferwatch.mixin.config import Config
+from inferwatch.mixin.model import Alert, Panel
+from inferwatch.mixin.promql import MODEL_VERSION, on
 
 
 def burn_alerts(

@@ -62,7 +62,7 @@ from localfleet import (
     wait_for,
 )
 
-from inferwatch.exporters import textformat
+from inferwatch.serving import textformat
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "fixtures"

@@ -37,13 +37,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.page_fetch import EngineScraper
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks.actions.isolate_replica import IsolateReplica
 from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.dispatch import Dispatcher
 from inferwatch.runbooks.server import Receiver
+from inferwatch.serving.page_fetch import EngineScraper
 
 TOKEN = "bench-receiver-token-0123456789"
 SIDECAR_TOKEN = "bench-sidecar-token-0123456789"

@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferwatch.exporters import textformat
+from inferwatch.serving import textformat
 
 Row = tuple[str, Callable[[str], object] | None]  # None: not available in this checkout
 

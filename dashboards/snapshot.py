@@ -21,9 +21,9 @@ from typing import Any
 import click
 import httpx
 
-from inferwatch.alerts import config as alert_config
-from inferwatch.alerts.config import seconds
 from inferwatch.dashboards import queries, writer
+from inferwatch.mixin import config as alert_config
+from inferwatch.mixin.config import seconds
 
 #: largest Prometheus answer read per query
 MAX_ANSWER_BYTES = 16 << 20

@@ -14,10 +14,11 @@ and a ``BackgroundSource`` runs long-lived jobs with the server.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from prometheus_client.core import Metric
+
+from inferwatch.serving.readiness import Condition
 
 
 @runtime_checkable
@@ -36,19 +37,6 @@ class MetricSource(Protocol):
         other collector's metrics.
         """
         ...
-
-
-class SourceFailure(Exception):
-    """A failure the source has recorded and logged itself (the engine's failed scrape)."""
-
-
-@dataclass(frozen=True)
-class Condition:
-    """One reason a replica should, or should not, take traffic."""
-
-    name: str
-    ok: bool
-    reason: str = ""
 
 
 @runtime_checkable

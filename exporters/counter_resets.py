@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from inferwatch.exporters.engine_checks import SeriesKey as Labels
-from inferwatch.exporters.textformat import Exposition, Family, PageSample
+from inferwatch.serving.textformat import Exposition, Family, PageSample
 
 #: the cumulative samples of each family type (a counter's: all but ``_created``)
 _SUFFIXES = {

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from inferwatch.exporters.textformat import Exposition, Family, PageSample
 from inferwatch.logs import log_event
+from inferwatch.serving.textformat import Exposition, Family, PageSample
 
 logger = logging.getLogger("inferwatch.engine")
 

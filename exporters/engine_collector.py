@@ -24,14 +24,16 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from inferwatch import catalog
-from inferwatch.exporters import engines, textformat
-from inferwatch.exporters.collector import Condition, Job
+from inferwatch.exporters import engines
+from inferwatch.exporters.collector import Job
 from inferwatch.exporters.counter_resets import ResetCompensation
 from inferwatch.exporters.engine_checks import Limits, PageChecks
-from inferwatch.exporters.page_fetch import EngineScraper, FetchedPage, ScrapeFailure
 from inferwatch.identity import KEYS as KNOWABLE
 from inferwatch.identity import UNKNOWN, or_unknown
 from inferwatch.logs import log_event
+from inferwatch.serving import textformat
+from inferwatch.serving.page_fetch import EngineScraper, FetchedPage, ScrapeFailure
+from inferwatch.serving.readiness import Condition
 
 logger = logging.getLogger("inferwatch.engine")
 #: the start-up messages are the sidecar's (what it serves while the engine is away)

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from inferwatch.auth import bearer_ok
-from inferwatch.exporters.collector import Condition
+from inferwatch.serving.readiness import Condition
 
 CONDITION = "isolated"
 #: an admin request body larger than this is refused unread

@@ -31,17 +31,16 @@ from starlette.routing import Route
 from inferwatch import __version__, catalog
 from inferwatch.exporters.collector import (
     BackgroundSource,
-    Condition,
     Job,
     MetricSource,
     ReadinessSource,
     ReplicaSource,
-    SourceFailure,
     StatusSource,
 )
-from inferwatch.exporters.endpoints import healthz, metrics_response, readiness_response
 from inferwatch.exporters.isolation import Isolation
 from inferwatch.logs import log_event
+from inferwatch.serving.endpoints import healthz, metrics_response, readiness_response
+from inferwatch.serving.readiness import Condition, SourceFailure
 
 logger = logging.getLogger("inferwatch.sidecar")
 

@@ -21,13 +21,13 @@ from prometheus_client.core import Metric
 from inferwatch.auth import TokenError, load_token
 from inferwatch.clikit import option_group, parse_listen
 from inferwatch.exporters.collector import ReplicaSource
-from inferwatch.exporters.histogram import histogram_quantile
-from inferwatch.exporters.page_fetch import ScrapeFailure
 from inferwatch.exporters.registry import Setup, build_all
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.exporters.sources import CATALOGUE
 from inferwatch.exporters.sources.engine import engine_options, open_engine
 from inferwatch.logs import log_event
+from inferwatch.serving.histogram import histogram_quantile
+from inferwatch.serving.page_fetch import ScrapeFailure
 
 logger = logging.getLogger("inferwatch.sidecar")
 

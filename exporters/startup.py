@@ -43,11 +43,11 @@ import httpx
 from prometheus_client.core import Metric
 
 from inferwatch import catalog
-from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.page_fetch import ScrapeFailure
 from inferwatch.exporters.warmup import Warmup
 from inferwatch.logs import log_event
+from inferwatch.serving.page_fetch import ScrapeFailure
+from inferwatch.serving.readiness import Condition
 
 logger = logging.getLogger("inferwatch.startup")
 

@@ -32,9 +32,9 @@ import httpx
 from prometheus_client.core import Metric
 
 from inferwatch import catalog
-from inferwatch.exporters.collector import Condition
-from inferwatch.exporters.page_fetch import ScrapeFailure, read_bounded
 from inferwatch.logs import log_event
+from inferwatch.serving.page_fetch import ScrapeFailure, read_bounded
+from inferwatch.serving.readiness import Condition
 
 logger = logging.getLogger("inferwatch.warmup")
 

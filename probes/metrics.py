@@ -11,9 +11,9 @@ from collections import defaultdict
 from prometheus_client.core import Metric
 
 from inferwatch import catalog
-from inferwatch.exporters.histogram import DURATION_BUCKETS, TTFT_BUCKETS, Histogram
 from inferwatch.probes.scoring import Outcome
 from inferwatch.probes.verdict import STATES, SeriesKey, Verdicts
+from inferwatch.serving.histogram import DURATION_BUCKETS, TTFT_BUCKETS, Histogram
 
 
 def _series(key: SeriesKey) -> tuple[str, str, str, str]:

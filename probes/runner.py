@@ -24,7 +24,6 @@ from typing import Final, Literal
 import httpx
 from prometheus_client.core import Metric
 
-from inferwatch.exporters.collector import Condition
 from inferwatch.identity import or_unknown
 from inferwatch.logs import log_event
 from inferwatch.probes import client
@@ -32,6 +31,7 @@ from inferwatch.probes.golden import Golden, GoldenSet
 from inferwatch.probes.metrics import ProbeMetrics
 from inferwatch.probes.scoring import Limits, Outcome, score
 from inferwatch.probes.verdict import Policy, SeriesKey, Verdicts
+from inferwatch.serving.readiness import Condition
 
 logger = logging.getLogger("inferwatch.probes")
 

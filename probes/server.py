@@ -20,13 +20,13 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from inferwatch.exporters.collector import Condition
-from inferwatch.exporters.endpoints import healthz, metrics_response, readiness_response
 from inferwatch.logs import log_event
 from inferwatch.probes import blackbox, client
 from inferwatch.probes.golden import GoldenSet
 from inferwatch.probes.runner import ProbeRunner
 from inferwatch.probes.scoring import Limits
+from inferwatch.serving.endpoints import healthz, metrics_response, readiness_response
+from inferwatch.serving.readiness import Condition
 
 logger = logging.getLogger("inferwatch.probes")
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from prometheus_client.core import Metric
 
 from inferwatch import catalog
-from inferwatch.exporters.histogram import Histogram
+from inferwatch.serving.histogram import Histogram
 
 #: alert start to action applied: Alertmanager's group_wait and the rule's for: dominate
 ALERT_TO_ACTION_BUCKETS = (1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)

@@ -23,10 +23,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from inferwatch.auth import bearer_ok
-from inferwatch.exporters.collector import Condition
-from inferwatch.exporters.endpoints import healthz, metrics_response, readiness_response
 from inferwatch.runbooks import payload
 from inferwatch.runbooks.dispatch import Dispatcher
+from inferwatch.serving.endpoints import healthz, metrics_response, readiness_response
+from inferwatch.serving.readiness import Condition
 
 MAX_BODY_BYTES = 1024 * 1024
 

@@ -18,13 +18,13 @@ import httpx
 import uvicorn
 
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.page_fetch import EngineScraper
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks.actions.isolate_replica import IsolateReplica
 from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.dispatch import Dispatcher
 from inferwatch.runbooks.server import Receiver
+from inferwatch.serving.page_fetch import EngineScraper
 
 RECEIVER_TOKEN = "receiver-token-0123456789"
 SIDECAR_TOKEN = "sidecar-admin-token-0123456789"

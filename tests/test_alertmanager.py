@@ -23,9 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from inferwatch.alerts import alertmanager, build, config, writer
+from inferwatch.alerts import alertmanager, build, writer
 from inferwatch.demo import observer, topology, view
 from inferwatch.demo.loadgen import LoadStats
+from inferwatch.mixin import config
+from inferwatch.mixin import files as generated
 
 INFERWATCH = str(Path(sys.executable).parent / "inferwatch")
 
@@ -40,7 +42,7 @@ def config_file(tmp_path: Path, text: str) -> Path:
 
 def write(folder: Path, chosen: alertmanager.Settings) -> Path:
     path = folder / "alertmanager.yaml"
-    path.write_text(writer.MARKER + writer.dump(alertmanager.document(chosen)))
+    path.write_text(writer.MARKER + generated.dump(alertmanager.document(chosen)))
     return path
 
 

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from inferwatch.alerts import promql, recording
 from inferwatch.demo import alerting, scenario, topology
+from inferwatch.mixin import promql, recording
 from tests.test_alerts_e2e import REPLICAS, rules_loaded, running_demo
 
 pytestmark = pytest.mark.e2e

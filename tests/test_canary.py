@@ -18,12 +18,12 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferwatch.alerts import config as alert_config
 from inferwatch.canary import analysis, checks, selector, stats
 from inferwatch.canary.analysis import Result
 from inferwatch.canary.checks import CHECKS
 from inferwatch.canary.prometheus import MAX_REPLY_BYTES, Prometheus, PrometheusError
 from inferwatch.cli import main
+from inferwatch.mixin import config as alert_config
 
 
 def exact_p(k_c: int, n_c: int, k_b: int, n_b: int) -> Fraction:
@@ -258,7 +258,7 @@ def test_an_empty_prometheus_is_inconclusive(unused_port: int) -> None:
             200, json={"status": "success", "data": {"resultType": "vector", "result": []}}
         )
 
-    from inferwatch.alerts import config
+    from inferwatch.mixin import config
 
     run = analysis.Analysis(
         _prometheus(httpx.MockTransport(handler)),
@@ -277,7 +277,7 @@ def test_an_empty_prometheus_is_inconclusive(unused_port: int) -> None:
 
 def _ttft(buckets: list[tuple[str, float]]) -> Result:
     """The TTFT check of both sides having ``buckets`` (le, increase)."""
-    from inferwatch.alerts import config
+    from inferwatch.mixin import config
 
     def handler(request: httpx.Request) -> httpx.Response:
         query = request.content.decode()

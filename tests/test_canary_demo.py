@@ -25,9 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inferwatch.alerts import config as alert_config
 from inferwatch.canary import checks, selector
 from inferwatch.demo import scenario, topology
+from inferwatch.mixin import config as alert_config
 from tests.test_alerts_e2e import running_demo
 
 pytestmark = pytest.mark.e2e

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from inferwatch import catalog
-from inferwatch.exporters import textformat
+from inferwatch.serving import textformat
 from tests.conftest import REPO, shared_path
 
 pytestmark = pytest.mark.e2e

@@ -18,10 +18,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from inferwatch.alerts import config
 from inferwatch.canary import templates
 from inferwatch.canary.checks import CHECKS
 from inferwatch.cli import main
+from inferwatch.mixin import config
 from tests.conftest import REPO, shared_path
 from tests.test_k8s import _CrdLoader, _strict
 

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferwatch import capacity as cap
+from inferwatch.capacity import planner as cap
 from inferwatch.cli import main
 
 GIB = cap.GIB
@@ -226,7 +226,7 @@ def test_cli_config_without_fields_is_a_clear_error(tmp_path: Path) -> None:
 
 # --- a configuration that does not fit -------------------------------------------------------
 def _serving_option(flag: str) -> click.Option:
-    from inferwatch.capacity_cli import capacity
+    from inferwatch.capacity.cli import capacity
 
     return next(p for p in capacity.params if isinstance(p, click.Option) and flag in p.opts)
 

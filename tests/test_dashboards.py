@@ -19,11 +19,11 @@ import yaml
 from click.testing import CliRunner
 
 from inferwatch import catalog
-from inferwatch.alerts import config as alert_config
-from inferwatch.alerts import writer as alert_writer
 from inferwatch.cli import main
 from inferwatch.dashboards import queries, writer
 from inferwatch.dashboards.boards import BOARDS
+from inferwatch.mixin import config as alert_config
+from inferwatch.mixin import files as generated
 
 REPO = Path(__file__).resolve().parent.parent
 GENERATED = REPO / "dashboards" / "generated"
@@ -52,7 +52,7 @@ def offline_values() -> dict[str, str]:
 def test_committed_files_are_what_the_generator_writes_byte_for_byte() -> None:
     files = writer.render(alert_config.load())
     assert files == writer.render(alert_config.load())  # deterministic within a run
-    assert alert_writer.stale(GENERATED, files) == []
+    assert generated.stale(GENERATED, files) == []
     on_disk = {str(p.relative_to(GENERATED)) for p in GENERATED.rglob("*") if p.is_file()}
     assert on_disk == set(files)
 

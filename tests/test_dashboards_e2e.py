@@ -30,9 +30,9 @@ import httpx
 import pytest
 import yaml
 
-from inferwatch.alerts import config as alert_config
 from inferwatch.dashboards import queries, writer
 from inferwatch.demo import topology
+from inferwatch.mixin import config as alert_config
 
 pytestmark = pytest.mark.e2e
 

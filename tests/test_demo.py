@@ -177,7 +177,7 @@ def test_a_start_step_names_its_spare_and_the_faults_it_starts_with() -> None:
 def test_a_spare_is_in_maintenance_at_the_gateway_and_no_scrape_target_until_it_starts(
     tmp_path: Path,
 ) -> None:
-    from inferwatch import gateway
+    from inferwatch.gateway import haproxy as gateway
 
     fleet = topology.fleet(SPARES)
     ports = topology.Ports.assign(None, fleet)
@@ -640,7 +640,7 @@ def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: s
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from tempfile import TemporaryDirectory
 
-    from inferwatch import gateway
+    from inferwatch.gateway import haproxy as gateway
 
     class Ready(BaseHTTPRequestHandler):
         def do_GET(self) -> None:

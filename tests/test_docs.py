@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from inferwatch import catalog, docs
+from inferwatch import catalog
+from inferwatch.generate import docs
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -30,7 +31,7 @@ def test_missing_markers_are_a_clear_error() -> None:
 
 
 def test_readme_proxy_example_is_a_valid_config(tmp_path: Path) -> None:
-    from inferwatch.exporters.tenancy import config
+    from inferwatch.proxy import config
 
     text = README.read_text(encoding="utf-8")
     example = text.split("```yaml\n# proxy.yaml\n", 1)[1].split("```", 1)[0]

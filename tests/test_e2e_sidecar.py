@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from inferwatch import catalog
-from inferwatch.exporters import engines, textformat
+from inferwatch.exporters import engines
+from inferwatch.serving import textformat
 from tests.conftest import shared_path
 
 pytestmark = pytest.mark.e2e

@@ -25,8 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch import catalog
 from inferwatch.catalog import Alias
-from inferwatch.exporters import engines, textformat
+from inferwatch.exporters import engines
 from inferwatch.exporters.engines import adapter, mapping
+from inferwatch.serving import textformat
 from tests.conftest import shared_path
 
 HERE = Path(__file__).resolve().parent

@@ -7,7 +7,8 @@ import math
 
 from prometheus_client.core import Metric
 
-from inferwatch.exporters import engines, textformat
+from inferwatch.exporters import engines
+from inferwatch.serving import textformat
 
 LABELS = 'model="tensorrt_llm",version="1"'
 

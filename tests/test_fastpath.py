@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from inferwatch.exporters import textformat
 from inferwatch.exporters.engines import mapping
-from inferwatch.exporters.fastpath import remember
+from inferwatch.serving import textformat
+from inferwatch.serving.fastpath import remember
 
 
 def test_a_memo_forgets_everything_at_its_limit_and_keeps_answering() -> None:

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from inferwatch import gateway
 from inferwatch.cli import main as cli
+from inferwatch.gateway import haproxy as gateway
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "deploy" / "haproxy" / "demo.cfg"

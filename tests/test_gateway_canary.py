@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from inferwatch import gateway
 from inferwatch.canary import splits
 from inferwatch.demo.topology import free_ports
+from inferwatch.gateway import haproxy as gateway
 
 MODEL = "org/big"
 DEADLINE = 20.0
@@ -185,7 +185,7 @@ def test_bad_canary_specs_are_refused(canary: Any, reason: str) -> None:
     ["release-qa", ["a b"], [""], [7], ["u"] * 65, ["x" * 64]],
 )
 def test_bad_canary_users_of_a_site_are_refused(users: Any, tmp_path: Path) -> None:
-    from inferwatch import k8s
+    from inferwatch.k8s import kit as k8s
 
     site = tmp_path / "site.yaml"
     site.write_text(json.dumps({"gateway": {"canary_users": users}}))

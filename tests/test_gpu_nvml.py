@@ -12,12 +12,12 @@ import pynvml
 import pytest
 from prometheus_client.core import Metric
 
-from inferwatch.exporters.endpoints import text as exposition
 from inferwatch.exporters.gpu import open_backend
 from inferwatch.exporters.gpu.fake_nvml import FakeNvml
 from inferwatch.exporters.gpu.nvml import NvmlTelemetry, error_name
 from inferwatch.exporters.gpu.recording import Recording
 from inferwatch.exporters.gpu.replay import ReplayTelemetry
+from inferwatch.serving.endpoints import text as exposition
 from tests.conftest import shared_path
 
 RECORDING = shared_path("fixtures/gpu/nvml-h200")

@@ -36,9 +36,9 @@ from inferwatch.exporters.gpu.scope import (
     parse_devices,
     resolve,
 )
-from inferwatch.exporters.page_fetch import EngineScraper
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.exporters.sidecar_cli import emits_pod_labels
+from inferwatch.serving.page_fetch import EngineScraper
 from tests.conftest import shared_path
 
 SHARED = shared_path("fixtures/gpu")

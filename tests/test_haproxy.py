@@ -24,8 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferwatch import gateway
 from inferwatch.demo.topology import free_ports
+from inferwatch.gateway import haproxy as gateway
 from inferwatch.runbooks.actions.base import ActionError, Alert, Step
 from inferwatch.runbooks.actions.haproxy import ShiftTraffic, _schedule
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError, valid_name

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from inferwatch.exporters.histogram import TTFT_BUCKETS, Histogram, histogram_quantile
+from inferwatch.serving.histogram import TTFT_BUCKETS, Histogram, histogram_quantile
 
 
 def test_observations_land_in_prometheus_le_buckets() -> None:

@@ -7,10 +7,10 @@ import asyncio
 from typing import Any
 
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.page_fetch import EngineScraper
-from inferwatch.exporters.tenancy import config as proxy_config
-from inferwatch.exporters.tenancy.app import Exchange, ProxyApp
 from inferwatch.identity import UNKNOWN
+from inferwatch.proxy import config as proxy_config
+from inferwatch.proxy.app import Exchange, ProxyApp
+from inferwatch.serving.page_fetch import EngineScraper
 
 TGI_PAGE = (
     b"# TYPE tgi_queue_size gauge\ntgi_queue_size 3\n"  # TGI labels nothing, not even a model

@@ -57,8 +57,8 @@ def test_admin_endpoint_refuses_missing_and_wrong_tokens(sidecar: h.SidecarUnder
 def test_admin_endpoint_is_disabled_without_a_token(loop: h.Loop, page_server: Any) -> None:
     async def build() -> Any:
         from inferwatch.exporters.engine_collector import EngineCollector
-        from inferwatch.exporters.page_fetch import EngineScraper
         from inferwatch.exporters.sidecar import Sidecar
+        from inferwatch.serving.page_fetch import EngineScraper
 
         scraper = EngineScraper(page_server.url + h.VLLM_PAGE, timeout_s=2.0, max_bytes=1 << 22)
         return Sidecar([EngineCollector(scraper, {"model": "m"})])

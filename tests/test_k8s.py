@@ -23,8 +23,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from inferwatch import catalog, k8s
+from inferwatch import catalog
 from inferwatch.canary.splits import HEADER, USER, WEIGHT
+from inferwatch.k8s import kit as k8s
 from inferwatch.runbooks.actions.kubernetes_api import RBAC_RULES
 from tests.conftest import REPO, _tool, shared_path
 

@@ -17,10 +17,10 @@ import jsonschema
 import pytest
 import yaml
 
-from inferwatch import k8s
-from inferwatch import k8s_autoscaling as autoscaling
-from inferwatch.alerts import config as alert_config
 from inferwatch.alerts import writer
+from inferwatch.k8s import autoscaling
+from inferwatch.k8s import kit as k8s
+from inferwatch.mixin import config as alert_config
 from tests.test_k8s import KIT, _render, validate
 
 SCALED = autoscaling.scaled_model(KIT)

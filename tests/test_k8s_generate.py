@@ -14,8 +14,9 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferwatch import k8s, k8s_autoscaling
 from inferwatch.cli import main
+from inferwatch.k8s import autoscaling as k8s_autoscaling
+from inferwatch.k8s import kit as k8s
 from tests.conftest import REPO, _tool
 
 KIT = REPO / "deploy" / "kubernetes"

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes import client
 
+from inferwatch.drill.kubefake import FakeKube, httproute_validator
 from inferwatch.exporters.gpu.xid import catalogue
-from inferwatch.kubefake import FakeKube, httproute_validator
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome
 from inferwatch.runbooks.actions.gpu_reset_request import PREFIX, REQUESTED, GpuResetRequest
 from inferwatch.runbooks.actions.httproute import HTTPRouteShift

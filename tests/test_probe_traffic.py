@@ -23,15 +23,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from inferwatch.exporters.endpoints import metrics_response
-from inferwatch.exporters.tenancy import config as proxy_config
-from inferwatch.exporters.tenancy.app import ProxyApp
-from inferwatch.exporters.tenancy.reconcile import Reconciler, direct_tokens
-from inferwatch.exporters.tenancy.tenants import hash_key
-from inferwatch.exporters.tenancy.usage import Usage
 from inferwatch.probes import golden
 from inferwatch.probes.client import Endpoint
 from inferwatch.probes.runner import ProbeRunner, Schedule, Target
+from inferwatch.proxy import config as proxy_config
+from inferwatch.proxy.app import ProxyApp
+from inferwatch.proxy.reconcile import Reconciler, direct_tokens
+from inferwatch.proxy.tenants import hash_key
+from inferwatch.proxy.usage import Usage
+from inferwatch.serving.endpoints import metrics_response
 from inferwatch.sim.server import run_in_thread
 from inferwatch.sim.simulator import SimConfig
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferwatch.exporters.tenancy.usage import (
+from inferwatch.proxy.usage import (
     EventStream,
     MalformedEvent,
     Usage,

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from proxy_stack import CHAT, KEYS, Engine, Stack, auth, samples
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from inferwatch.exporters.tenancy.admission import BudgetLedger
-from inferwatch.exporters.tenancy.tenants import hash_key
+from inferwatch.proxy.admission import BudgetLedger
+from inferwatch.proxy.tenants import hash_key
 
 MakeStack = Callable[..., Stack]
 

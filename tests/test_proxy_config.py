@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from inferwatch.cli import main
-from inferwatch.exporters.tenancy.config import ConfigError, load, parse
-from inferwatch.exporters.tenancy.tenants import hash_key
+from inferwatch.proxy.config import ConfigError, load, parse
+from inferwatch.proxy.tenants import hash_key
 
 FULL = f"""
 upstream:

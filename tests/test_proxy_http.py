@@ -15,9 +15,9 @@ import pytest
 import scripted_engine as se
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferwatch.exporters.tenancy import config as proxy_config
-from inferwatch.exporters.tenancy.app import ProxyApp
-from inferwatch.exporters.tenancy.tenants import hash_key
+from inferwatch.proxy import config as proxy_config
+from inferwatch.proxy.app import ProxyApp
+from inferwatch.proxy.tenants import hash_key
 
 KEYS = {"acme": "sk-acme-1", "globex": "sk-globex-1"}
 CHAT = "/v1/chat/completions"

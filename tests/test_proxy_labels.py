@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
 from inferwatch.canary.splits import SPLITS
-from inferwatch.exporters.tenancy import config as proxy_config
-from inferwatch.exporters.tenancy.app import ProxyApp
-from inferwatch.exporters.tenancy.labels import OTHER, BoundedLabels, split_label
-from inferwatch.exporters.tenancy.metrics import ProxyMetrics
-from inferwatch.exporters.tenancy.tenants import TenantResolver, hash_key
-from inferwatch.exporters.tenancy.usage import Usage
 from inferwatch.identity import UNKNOWN
+from inferwatch.proxy import config as proxy_config
+from inferwatch.proxy.app import ProxyApp
+from inferwatch.proxy.labels import OTHER, BoundedLabels, split_label
+from inferwatch.proxy.metrics import ProxyMetrics
+from inferwatch.proxy.tenants import TenantResolver, hash_key
+from inferwatch.proxy.usage import Usage
 
 
 class Clock:

@@ -26,10 +26,10 @@ from hypothesis import event as note_case
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferwatch.exporters.tenancy import config as proxy_config
-from inferwatch.exporters.tenancy.app import ProxyApp
-from inferwatch.exporters.tenancy.tenants import hash_key
-from inferwatch.exporters.tenancy.usage import estimate_prompt_tokens
+from inferwatch.proxy import config as proxy_config
+from inferwatch.proxy.app import ProxyApp
+from inferwatch.proxy.tenants import hash_key
+from inferwatch.proxy.usage import estimate_prompt_tokens
 
 KEYS = {"acme": "sk-acme-1", "globex": "sk-globex-1"}
 READ_TIMEOUT = 0.4

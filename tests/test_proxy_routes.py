@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from proxy_stack import CHAT, KEYS, Engine, Stack, auth, samples
 
-from inferwatch.exporters.tenancy import config as proxy_config
-from inferwatch.exporters.tenancy import routes
-from inferwatch.exporters.tenancy.tenants import hash_key
+from inferwatch.proxy import config as proxy_config
+from inferwatch.proxy import routes
+from inferwatch.proxy.tenants import hash_key
 
 MakeStack = Callable[..., Stack]
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}

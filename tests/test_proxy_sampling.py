@@ -22,14 +22,14 @@ import scripted_engine as harness
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferwatch.exporters.tenancy import config as proxy_config
-from inferwatch.exporters.tenancy.app import ProxyApp
-from inferwatch.exporters.tenancy.cli import proxy as proxy_command
-from inferwatch.exporters.tenancy.sampling import TranscribingMeter, prompt_text
-from inferwatch.exporters.tenancy.tenants import hash_key
 from inferwatch.probes import client as probe_client
 from inferwatch.probes import degeneracy, golden
 from inferwatch.probes.livesample import LIVE_SIGNALS
+from inferwatch.proxy import config as proxy_config
+from inferwatch.proxy.app import ProxyApp
+from inferwatch.proxy.cli import proxy as proxy_command
+from inferwatch.proxy.sampling import TranscribingMeter, prompt_text
+from inferwatch.proxy.tenants import hash_key
 from inferwatch.sim.server import run_in_thread
 from inferwatch.sim.simulator import SimConfig
 

@@ -19,7 +19,7 @@ import pytest
 import scripted_engine as se
 from proxy_stack import KEYS, Engine
 
-from inferwatch.exporters.tenancy.tenants import hash_key
+from inferwatch.proxy.tenants import hash_key
 
 GRACE = 2.0
 INFERWATCH = Path(sys.executable).parent / "inferwatch"

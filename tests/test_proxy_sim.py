@@ -17,10 +17,10 @@ import pytest
 import scripted_engine as harness
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferwatch.exporters.tenancy import config as proxy_config
-from inferwatch.exporters.tenancy.app import ProxyApp
-from inferwatch.exporters.tenancy.reconcile import engine_token_counters
-from inferwatch.exporters.tenancy.tenants import hash_key
+from inferwatch.proxy import config as proxy_config
+from inferwatch.proxy.app import ProxyApp
+from inferwatch.proxy.reconcile import engine_token_counters
+from inferwatch.proxy.tenants import hash_key
 from inferwatch.sim.server import run_in_thread
 from inferwatch.sim.simulator import SimConfig
 

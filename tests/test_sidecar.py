@@ -14,11 +14,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.exporters import gpu
-from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.page_fetch import EngineScraper
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.logs import JsonFormatter
+from inferwatch.serving.page_fetch import EngineScraper
+from inferwatch.serving.readiness import Condition
 from tests.conftest import shared_path
 
 FIXTURES = shared_path("fixtures")

@@ -31,13 +31,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.exporters.engine_checks import Limits
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.page_fetch import (
+from inferwatch.exporters.sidecar import Sidecar
+from inferwatch.serving.page_fetch import (
     INFLATE_STEP,
     EngineScraper,
     Inflater,
     ScrapeFailure,
 )
-from inferwatch.exporters.sidecar import Sidecar
 
 MiB = 1 << 20
 

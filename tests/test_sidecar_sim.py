@@ -17,12 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.exporters import gpu
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.page_fetch import EngineScraper
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.probes import golden
 from inferwatch.probes.client import Endpoint
 from inferwatch.probes.runner import ProbeRunner, Schedule, Target
 from inferwatch.probes.verdict import Policy
+from inferwatch.serving.page_fetch import EngineScraper
 from inferwatch.sim.server import SimHandle, run_in_thread
 from inferwatch.sim.simulator import SimConfig
 

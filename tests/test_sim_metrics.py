@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from inferwatch import capacity as cap
+from inferwatch.capacity import planner as cap
 from inferwatch.sim.gpu import SimulatedGPU
 from inferwatch.sim.server import SimHandle, run_in_thread
 from inferwatch.sim.simulator import SimConfig

@@ -7,9 +7,9 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferwatch import capacity as cap
+from inferwatch.capacity import planner as cap
+from inferwatch.capacity.roofline import Roofline
 from inferwatch.sim.kvcache import BlockPool
-from inferwatch.sim.roofline import Roofline
 from inferwatch.sim.scheduler import Request, Scheduler, Status
 
 BLOCK = 4

@@ -17,11 +17,11 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferwatch import capacity as cap
+from inferwatch.capacity import planner as cap
+from inferwatch.capacity import sizing
+from inferwatch.capacity.roofline import Roofline
 from inferwatch.cli import main
-from inferwatch.sim import sizing
 from inferwatch.sim.kvcache import BlockPool
-from inferwatch.sim.roofline import Roofline
 from inferwatch.sim.scheduler import Request, Scheduler
 
 LLAMA_H100 = cap.compute(cap.model_preset("llama-3.1-8b"), cap.gpu_preset("H100"))

@@ -18,8 +18,9 @@ from prometheus_client.openmetrics import parser as om_parser
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from inferwatch.exporters import engines, textformat
-from inferwatch.exporters.textformat import Exposition, parse
+from inferwatch.exporters import engines
+from inferwatch.serving import textformat
+from inferwatch.serving.textformat import Exposition, parse
 from tests.conftest import shared_path
 
 ENGINE_CAPTURES = sorted(shared_path("fixtures/engines").glob("*.prom"))

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from inferwatch.exporters.tenancy import config as proxy_config
+from inferwatch.proxy import config as proxy_config
 from inferwatch.runbooks import config as runbooks_config
 
 LOADERS: dict[str, tuple[Callable[[Path], Any], type[Exception]]] = {

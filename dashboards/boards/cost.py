@@ -6,9 +6,9 @@ come from the tenancy proxies, which know the model and version but not the repl
 
 from __future__ import annotations
 
-from inferwatch.alerts import recording
-from inferwatch.alerts.promql import seconds_text
 from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below
+from inferwatch.mixin import recording
+from inferwatch.mixin.promql import seconds_text
 
 T, TO, C, MV = Scope.TENANT, Scope.TENANT_ONLY, Scope.CLUSTER, Scope.MODEL_VERSION
 REJECTED = 'outcome=~"rejected_.*"'

@@ -9,7 +9,6 @@ about as cheap as reading a recorded series, and is never an evaluation interval
 
 from __future__ import annotations
 
-from inferwatch.alerts import recording
 from inferwatch.dashboards.panels import (
     Board,
     Ctx,
@@ -20,6 +19,7 @@ from inferwatch.dashboards.panels import (
     below,
     replica_link,
 )
+from inferwatch.mixin import recording
 
 E, C = Scope.ENGINE, Scope.CLUSTER
 

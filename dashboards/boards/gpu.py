@@ -7,8 +7,8 @@ and replica variables narrow GPU series too.
 
 from __future__ import annotations
 
-from inferwatch.alerts import recording
 from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below
+from inferwatch.mixin import recording
 
 E, C = Scope.ENGINE, Scope.CLUSTER
 GPU = "{{pod}} {{gpu_uuid}}"

@@ -5,8 +5,8 @@ Panels 1-3 and 10-11 are the ones the latency alerts link to (their ``dashboard_
 
 from __future__ import annotations
 
-from inferwatch.alerts import recording
 from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below
+from inferwatch.mixin import recording
 
 MEANING = {
     "ttft": ("Time to first token", "prefill: long prompts, a full queue or a cold prefix "

@@ -6,8 +6,8 @@ from another board) and read down the columns for the first thing that changed.
 
 from __future__ import annotations
 
-from inferwatch.alerts import recording
 from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below
+from inferwatch.mixin import recording
 
 E, C = Scope.ENGINE, Scope.CLUSTER
 

@@ -6,8 +6,8 @@ side, and how many replicas of each model are out of rotation.
 
 from __future__ import annotations
 
-from inferwatch.alerts import recording
 from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope
+from inferwatch.mixin import recording
 
 E = Scope.ENGINE
 

@@ -17,8 +17,8 @@ from prometheus_client.core import Metric
 from inferwatch import catalog
 from inferwatch.exporters.engines import llamacpp, mapping, sglang, tgi, triton, vllm
 from inferwatch.exporters.engines.adapter import Adapter, Derivation
-from inferwatch.exporters.page_fetch import ScrapeFailure, read_bounded
-from inferwatch.exporters.textformat import Exposition
+from inferwatch.serving.page_fetch import ScrapeFailure, read_bounded
+from inferwatch.serving.textformat import Exposition
 
 #: the most a version document may hold (they are a few hundred bytes)
 VERSION_MAX_BYTES = 64 * 1024

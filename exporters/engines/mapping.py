@@ -29,8 +29,8 @@ from prometheus_client.core import Metric
 
 from inferwatch.catalog import Alias, Catalog, MetricSpec
 from inferwatch.exporters.engines.adapter import Adapter, Derivation, LabelValue, Total
-from inferwatch.exporters.fastpath import OutputSample, add_histogram, format_boundary, remember
-from inferwatch.exporters.textformat import Exposition, Family, PageSample
+from inferwatch.serving.fastpath import OutputSample, add_histogram, format_boundary, remember
+from inferwatch.serving.textformat import Exposition, Family, PageSample
 
 #: output label values a sample determines; None where the sample lacks the source label
 Key = tuple[str | None, ...]

@@ -23,11 +23,11 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.gpu.families import FamilySet
 from inferwatch.exporters.gpu.faults import FaultBook, fault_in
 from inferwatch.exporters.gpu.scope import GpuScope, ScopeUnknown, Selection, covered
 from inferwatch.logs import log_event
+from inferwatch.serving.readiness import Condition
 
 logger = logging.getLogger("inferwatch.gpu")
 

@@ -28,9 +28,9 @@ from inferwatch.exporters.gpu.base import BackendDown, GpuTelemetry
 from inferwatch.exporters.gpu.families import CLOCK_EVENT_BITS, FamilySet, add_clock_events
 from inferwatch.exporters.gpu.scope import GpuScope
 from inferwatch.exporters.gpu.xid import XidLog
-from inferwatch.exporters.page_fetch import DEFAULT_MAX_BYTES, ScrapeFailure, fetch_with_requests
-from inferwatch.exporters.textformat import PageSample, parse
 from inferwatch.logs import log_event
+from inferwatch.serving.page_fetch import DEFAULT_MAX_BYTES, ScrapeFailure, fetch_with_requests
+from inferwatch.serving.textformat import PageSample, parse
 
 logger = logging.getLogger("inferwatch.gpu.dcgm")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
-from inferwatch.exporters.collector import Condition
 from inferwatch.exporters.gpu.families import FamilySet
+from inferwatch.serving.readiness import Condition
 
 #: Why a GPU is out of service: one ``inferwatch_gpu_fault_active`` series each, always
 #: present, so that a fault flips a value and never starts a new series.

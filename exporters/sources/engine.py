@@ -9,11 +9,12 @@ from urllib.parse import urlsplit
 import click
 
 from inferwatch.clikit import option_group
-from inferwatch.exporters import engines, page_fetch
+from inferwatch.exporters import engines
 from inferwatch.exporters.engine_checks import Limits
 from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.page_fetch import EngineScraper
 from inferwatch.exporters.registry import Built, Registration, Setup
+from inferwatch.serving import page_fetch
+from inferwatch.serving.page_fetch import EngineScraper
 
 ENGINE_CHOICES = click.Choice(["auto", *engines.ENGINES])
 

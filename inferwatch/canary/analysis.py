@@ -14,11 +14,11 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from inferwatch.alerts.config import Config
 from inferwatch.canary import checks, stats
 from inferwatch.canary.checks import Check
 from inferwatch.canary.prometheus import Prometheus
 from inferwatch.canary.selector import Selector
+from inferwatch.mixin.config import Config
 
 Outcome = Literal["pass", "fail", "no data", "n/a"]
 Verdict = Literal["promote", "roll back", "inconclusive"]

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from inferwatch import catalog
-from inferwatch.alerts.config import Config
-from inferwatch.alerts.promql import metric, number
+from inferwatch.mixin.config import Config
+from inferwatch.mixin.promql import metric, number
 from inferwatch.probes.client import PROBE_TENANT
 
 _NOT_ERROR = 'reason!="error"'

@@ -16,10 +16,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from inferwatch.alerts import config as alert_config
 from inferwatch.canary import analysis, selector
 from inferwatch.canary.analysis import EXIT_CODES, Analysis, Result, Thresholds
 from inferwatch.canary.prometheus import Prometheus, PrometheusError
+from inferwatch.mixin import config as alert_config
 
 BAD_INPUT = 3
 _WINDOW = re.compile(r"^(?:\d+(?:s|m|h|d))+$")

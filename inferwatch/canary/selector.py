@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from inferwatch.alerts.promql import quoted
+from inferwatch.mixin.promql import quoted
 
 VERSION_LABELS = ("model_version", "engine_version", "prompt_version")
 #: labels a selector may name (the model, and what a rollout changes)

@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from inferwatch.alerts import alertmanager, config, writer
+from inferwatch.alerts import alertmanager, writer
+from inferwatch.mixin import config
+from inferwatch.mixin import files as generated
 
 
 def demo_config(path: Path | None = None) -> config.Config:
@@ -27,7 +29,7 @@ def write_rules(folder: Path, chosen: config.Config) -> list[Path]:
     """Writes the rule files Prometheus loads into ``folder``; returns their paths."""
     files = writer.render(chosen)
     rules = {name: text for name, text in files.items() if "/" not in name}  # not the CR, AM
-    writer.write(folder, rules)
+    generated.write(folder, rules)
     return sorted(folder / name for name in rules)
 
 
@@ -43,4 +45,4 @@ def alertmanager_config(
             receivers={**settings.receivers, "automation": (automation,)},
             token_files={**settings.token_files, "automation": str(token_file or "")},
         )
-    return writer.MARKER + writer.dump(alertmanager.document(settings))
+    return writer.MARKER + generated.dump(alertmanager.document(settings))

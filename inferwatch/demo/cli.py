@@ -9,10 +9,10 @@ from pathlib import Path
 
 import click
 
-from inferwatch.alerts.config import ConfigError
 from inferwatch.demo import alerting, routing, topology
 from inferwatch.demo import scenario as scenarios
 from inferwatch.demo.run import Demo, Options
+from inferwatch.mixin.config import ConfigError
 
 
 @click.command()
@@ -71,8 +71,8 @@ from inferwatch.demo.run import Demo, Options
     type=click.Path(dir_okay=False, path_type=Path),
     show_envvar=True,
     help="Alert config the rules and Alertmanager's routing are generated from, read on top "
-    "of the defaults (alerts/config.yaml).  [default: alerts/demo.yaml, short windows and "
-    "for: durations]",
+    "of the defaults (inferwatch/mixin/config.yaml).  [default: alerts/demo.yaml, short "
+    "windows and for: durations]",
 )
 @click.option(
     "--execute-runbooks/--dry-run-runbooks",

@@ -1,7 +1,7 @@
 """The demo's gateway: HAProxy with the generated config, and where it sends each model now.
 
 HAProxy runs with the config ``inferwatch generate gateway`` writes for the demo fleet
-(:func:`inferwatch.gateway.from_demo`): health checks on each sidecar's ``/readyz``, weighted
+(:func:`fleet_topology`): health checks on each sidecar's ``/readyz``, weighted
 versions, the fallback model's replicas at weight 0, and the Runtime API on a unix socket in
 the work directory, which the runbook receiver's ``shift_traffic`` action drives. A spare
 replica's server is in maintenance until the demo starts the replica (:func:`enable`). What the
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import click
 
-from inferwatch import gateway
 from inferwatch.demo import topology
 from inferwatch.demo.processes import Component, StartError
 from inferwatch.demo.topology import Ports, Replica, Role
+from inferwatch.gateway import haproxy as gateway
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError, ServerState
 
 CONFIG = "haproxy.cfg"
@@ -45,12 +45,63 @@ def binary() -> str:
 def layout(
     ports: Ports, workdir: Path, fleet: Sequence[Replica] = topology.REPLICAS
 ) -> gateway.Topology:
-    return gateway.from_demo(
+    return fleet_topology(
         ports,
         f"127.0.0.1:{ports.gateway}",
         str(workdir / RUNTIME),
         f"127.0.0.1:{ports.gateway_metrics}",
         fleet,
+    )
+
+
+def fleet_topology(
+    ports: Ports,
+    listen: str,
+    runtime: str,
+    metrics: str | None = None,
+    fleet: Sequence[Replica] = topology.REPLICAS,
+) -> gateway.Topology:
+    """The demo fleet's topology (``fleet``: its replicas, by default those running at t=0)
+    behind one gateway.
+
+    Clients call each replica's tenancy proxy; HAProxy checks each replica's sidecar. A spare
+    replica's server starts in maintenance, until the demo starts the replica.
+    """
+    chosen = tuple(fleet)
+    models: list[gateway.Model] = []
+    by_model: dict[str, list[Replica]] = {}
+    for replica in chosen:
+        by_model.setdefault(replica.model, []).append(replica)
+    for name, replicas in by_model.items():
+        role = replicas[0].role
+        fallback = next((r.model for r in chosen if r.role != role), None)
+        servers = tuple(
+            gateway.Server(
+                replica=r.name,
+                version=r.version,
+                address=f"127.0.0.1:{ports.proxy[r.name]}",
+                check_port=ports.sidecar[r.name],
+                weight=round(r.weight * 100),
+                disabled=r.spare,
+            )
+            for r in replicas
+        )
+        models.append(gateway.Model(name, servers, fallback))
+    routed = gateway.Topology(
+        gateway.checked_address(listen, "listen"),
+        gateway.checked_runtime(runtime),
+        tuple(models),
+        metrics,
+    )
+    gateway.check(routed)
+    return routed
+
+
+def demo_example() -> str:
+    """The committed example (deploy/haproxy/demo.cfg): the demo fleet at ``--base-port 18000``."""
+    ports = Ports.assign(18000)
+    return gateway.render(
+        fleet_topology(ports, "127.0.0.1:8080", "/run/inferwatch/haproxy.sock", "127.0.0.1:8404")
     )
 
 

@@ -29,7 +29,6 @@ import httpx
 from rich.console import Console
 from rich.live import Live
 
-from inferwatch.alerts.config import Config
 from inferwatch.demo import alerting, automation, routing, topology
 from inferwatch.demo.loadgen import LoadGenerator
 from inferwatch.demo.observer import Observer
@@ -37,6 +36,7 @@ from inferwatch.demo.processes import INFERWATCH, Component, StartError, Supervi
 from inferwatch.demo.scenario import Scenario, Step
 from inferwatch.demo.topology import Ports, Replica, Role
 from inferwatch.demo.view import Context, render, stamp, summary_line
+from inferwatch.mixin.config import Config
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError
 
 START_TIMEOUT = 30.0

@@ -13,9 +13,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from inferwatch.exporters import textformat
-from inferwatch.exporters.histogram import histogram_quantile
-from inferwatch.exporters.textformat import PageSample
+from inferwatch.serving import textformat
+from inferwatch.serving.histogram import histogram_quantile
+from inferwatch.serving.textformat import PageSample
 
 Labels = Mapping[str, str]
 Where = Callable[[Labels], bool]

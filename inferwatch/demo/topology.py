@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import yaml
 
-from inferwatch.exporters.tenancy.tenants import hash_key
+from inferwatch.proxy.tenants import hash_key
 
 Role = Literal["primary", "fallback"]
 

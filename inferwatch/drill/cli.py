@@ -13,10 +13,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from inferwatch.alerts.config import ConfigError
 from inferwatch.demo import alerting, routing
 from inferwatch.demo.run import Options
 from inferwatch.drill.run import Drill, Timeline
+from inferwatch.mixin.config import ConfigError
 
 
 @click.command()

@@ -3,7 +3,7 @@
 The stack is the demo's (:class:`inferwatch.demo.run.Demo`): simulated replicas, sidecars,
 proxies, probes, HAProxy, Prometheus with the generated rules, Alertmanager routed to the
 runbook receiver, which here executes its actions on the sidecars, HAProxy and a fake
-Kubernetes API (:mod:`inferwatch.kubefake`, served in this process). After a healthy control
+Kubernetes API (:mod:`inferwatch.drill.kubefake`, served in this process). After a healthy control
 period, each scenario injects its fault and waits, with a deadline, for each event of its
 timeline: the alert reaching Alertmanager, the receiver's audited action, the traffic moving
 as the client sees it through HAProxy (the ``X-Served-By`` of each answer), then the repair
@@ -24,14 +24,14 @@ from typing import Any
 
 import httpx
 
-from inferwatch import gateway
 from inferwatch.demo import automation, routing, topology
 from inferwatch.demo.loadgen import Completion, LoadGenerator
 from inferwatch.demo.observer import Observer
 from inferwatch.demo.processes import Component, StartError, Supervisor
 from inferwatch.demo.run import Demo
 from inferwatch.demo.scenario import Step
-from inferwatch.kubefake import FakeKube
+from inferwatch.drill.kubefake import FakeKube
+from inferwatch.gateway import haproxy as gateway
 
 #: seconds of healthy load before the first fault, during which nothing may fire or act
 CONTROL = 20.0

@@ -2,8 +2,8 @@
 
 It serves the OpenAI API with vLLM's response shapes, vLLM 0.33's /metrics, a dcgm-exporter
 endpoint and an admin endpoint for fault injection, while a continuous-batching scheduler over a
-paged KV cache (sized by :mod:`inferwatch.capacity`) produces tokens at the speed a roofline of
-the chosen GPU and model allows.
+paged KV cache (sized by :mod:`inferwatch.capacity.planner`) produces tokens at the speed a
+roofline of the chosen GPU and model allows.
 
 Modules: ``simulator`` (configuration, engine ranks, request planning, faults), ``engine`` (the
 stepping task), ``scheduler`` and ``kvcache`` (batching and blocks), ``roofline`` (step times),

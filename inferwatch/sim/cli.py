@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 import yaml
 
-from inferwatch import capacity as cap
-from inferwatch.capacity_cli import serving_options
+from inferwatch.capacity import planner as cap
+from inferwatch.capacity.cli import serving_options
 from inferwatch.logs import log_event
 from inferwatch.sim.faults import FaultError
 from inferwatch.sim.server import serve_forever

@@ -11,13 +11,13 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from inferwatch.capacity import Capacity
+from inferwatch.capacity.planner import Capacity
+from inferwatch.capacity.roofline import Roofline
 from inferwatch.sim.coldstart import GraphCache
 from inferwatch.sim.faults import Faults
 from inferwatch.sim.gpu import SimulatedGPU
 from inferwatch.sim.kvcache import BlockPool
 from inferwatch.sim.metrics import FinishedRequest, RankMetrics
-from inferwatch.sim.roofline import Roofline
 from inferwatch.sim.scheduler import Emitted, Request, Scheduler
 
 

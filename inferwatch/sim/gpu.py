@@ -19,7 +19,7 @@ import math
 import uuid
 from dataclasses import dataclass
 
-from inferwatch.capacity import MIB, GPUSpec
+from inferwatch.capacity.planner import MIB, GPUSpec
 
 DRIVER_VERSION = "580.95.05"
 UTIL_TAU_S = 1.0  # utilization averaging window (NVML samples over about a second)

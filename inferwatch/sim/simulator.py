@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferwatch import capacity as cap
+from inferwatch.capacity import planner as cap
 from inferwatch.logs import log_event
 from inferwatch.sim import coldstart
 from inferwatch.sim import faults as fault_doc

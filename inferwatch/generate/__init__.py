@@ -1,0 +1,1 @@
+"""``inferwatch generate``: every generated file of the project, written or checked fresh."""

@@ -1,0 +1,220 @@
+"""``inferwatch generate``: write the files derived from the metric catalogue."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import click
+
+from inferwatch import catalog
+from inferwatch.clikit import F, check_option
+from inferwatch.generate import docs
+
+
+def _config_option(command: str, help: str) -> Callable[[F], F]:
+    return click.option(
+        "--config",
+        "config_path",
+        envvar=f"INFERWATCH_GENERATE_{command.upper()}_CONFIG",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        show_envvar=True,
+        help=help,
+    )
+
+
+def _out_dir_option(what: str, default: str) -> Callable[[F], F]:
+    return click.option(
+        "--out",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        show_envvar=True,
+        help=f"Directory for the {what} [default: {default} of this checkout].",
+    )
+
+
+def _write_or_check(
+    target: Path,
+    files: Mapping[str, str],
+    check: bool,
+    stale: Callable[[Path, Mapping[str, str]], list[str]],
+    write: Callable[[Path, Mapping[str, str]], list[str]],
+) -> None:
+    """Write the files that changed, or with ``--check`` fail naming the stale ones."""
+    if check:
+        outdated = stale(target, files)
+        if outdated:
+            raise click.ClickException(f"stale under {target}: {', '.join(outdated)}")
+        return
+    changed = write(target, files)
+    click.echo(f"{target}: {len(changed)} of {len(files)} files updated")
+
+
+@click.group()
+def generate() -> None:
+    """Regenerate files derived from the metric catalogue."""
+
+
+@generate.command()
+@click.option(
+    "--path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=Path("README.md"),
+    show_envvar=True,
+    help="The README whose generated metric table is rewritten.",
+)
+@check_option("the table")
+def readme(path: Path, check: bool) -> None:
+    """Rewrite the metric and porting tables in README.md."""
+    if check:
+        current = path.read_text(encoding="utf-8")
+        try:
+            fresh = docs.render_readme(current, catalog.load())
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+        if fresh != current:
+            raise click.ClickException(f"the generated tables in {path} are stale")
+        return
+    try:
+        changed = docs.update_readme(path)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{path}: {'updated' if changed else 'already current'}")
+
+
+@generate.command()
+@_config_option(
+    "alerts", "Alert config read on top of the shipped defaults (inferwatch/mixin/config.yaml)."
+)
+@_out_dir_option("rule files", "alerts/generated")
+@check_option("a file")
+def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
+    """Write the Prometheus rule files (one per layer, recording rules), a PrometheusRule and
+    the recommended Alertmanager config."""
+    from inferwatch.alerts import writer
+    from inferwatch.mixin import config
+    from inferwatch.mixin.files import stale, write
+
+    try:
+        files = writer.render(config.load(config_path))
+    except config.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    target = out if out is not None else writer.default_out()
+    _write_or_check(target, files, check, stale, write)
+
+
+@generate.command()
+@_config_option(
+    "dashboards",
+    "Alert config (thresholds, selectors, cluster label) read on top of the defaults.",
+)
+@_out_dir_option("dashboards", "dashboards/generated")
+@check_option("a file")
+def dashboards(config_path: Path | None, out: Path | None, check: bool) -> None:
+    """Write the Grafana dashboards (JSON), a ConfigMap per board and a provisioning file."""
+    from inferwatch.dashboards import writer
+    from inferwatch.mixin import config
+    from inferwatch.mixin.files import stale, write
+
+    try:
+        files = writer.render(config.load(config_path))
+    except config.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    _write_or_check(writer.default_out() if out is None else out, files, check, stale, write)
+
+
+@generate.command()
+@click.option(
+    "--topology",
+    "topology_path",
+    envvar="INFERWATCH_GENERATE_GATEWAY_TOPOLOGY",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help="Fleet topology YAML (models, replicas, ports) [default: the demo fleet at "
+    "--base-port 18000].",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help="Where to write haproxy.cfg [default: standard output].",
+)
+@check_option("--out")
+def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
+    """Write the HAProxy gateway config (routes, health checks, weights, fallbacks)."""
+    from inferwatch.demo import routing
+    from inferwatch.gateway import haproxy as gw
+
+    try:
+        if topology_path is None:
+            text = routing.demo_example()
+        else:
+            text = gw.render(gw.load(topology_path))
+    except gw.TopologyError as exc:
+        raise click.ClickException(str(exc)) from None
+    if out is None:
+        if check:
+            raise click.UsageError("--check needs --out")
+        click.echo(text, nl=False)
+        return
+    current = out.read_text(encoding="utf-8") if out.is_file() else None
+    if check:
+        if current != text:
+            raise click.ClickException(f"{out} is stale: run inferwatch generate gateway")
+        return
+    if current != text:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+    click.echo(f"{out}: {'already current' if current == text else 'updated'}")
+
+
+@generate.command()
+@click.option(
+    "--dir",
+    "kit",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=Path("deploy/kubernetes"),
+    envvar="INFERWATCH_GENERATE_K8S_DIR",
+    show_envvar=True,
+    help="The kit's folder: overlays/ are rendered from its sites/*.yaml, components/ from "
+    "the generated rules and dashboards.",
+)
+@check_option("a generated file")
+def k8s(kit: Path, check: bool) -> None:
+    """Write the kustomize overlays (one per site file) and the rules/dashboards components."""
+    from inferwatch.k8s import kit as kit_files
+
+    try:
+        files = kit_files.render(kit)
+    except kit_files.SiteError as exc:
+        raise click.ClickException(str(exc)) from None
+    _write_or_check(kit, files, check, kit_files.stale, kit_files.write)
+
+
+@generate.command()
+@_config_option(
+    "canary", "Alert config whose source selectors the queries use, read on top of the defaults."
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("deploy/canary"),
+    show_envvar=True,
+    help="Directory for the templates.",
+)
+@check_option("a file")
+def canary(config_path: Path | None, out: Path, check: bool) -> None:
+    """Write the canary analysis as an Argo Rollouts AnalysisTemplate and Flagger
+    MetricTemplates (the checks of `inferwatch canary`)."""
+    from inferwatch.canary import templates
+    from inferwatch.mixin import config
+    from inferwatch.mixin.files import stale, write
+
+    try:
+        files = templates.render(config.load(config_path))
+    except config.ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    _write_or_check(out, files, check, stale, write)

@@ -1,0 +1,1 @@
+"""The Kubernetes kit: its generated manifests and the autoscaling resources."""

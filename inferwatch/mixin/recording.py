@@ -1,0 +1,255 @@
+"""Recording rules: the expensive expressions alerts and dashboards share.
+
+Names follow ``level:metric:operations``. Levels: ``pod`` keeps every label of the replica's
+series (only ``reason`` is summed away), ``model_version`` keeps cluster, model and
+model_version, ``tenant`` keeps cluster, tenant, model and model_version. The rate window is
+part of the name (``rate5m``), so a config with another window yields other names.
+
+Gauges get no rule: an aggregation over one gauge sample per replica is about as cheap as
+reading a recorded series (docs/scaling.md measures it), so such a rule would cost an
+evaluation every interval and add lag for no faster panel.
+
+A request is one the engine finished (any reason but error) or failed: vLLM reports errors
+both as a finish reason and as errors, other engines only as errors, so the total is
+finished-without-error plus errors.
+
+The autoscaling group records what the autoscalers compare with ``autoscaling.targets``: each
+signal is per *ready* replica, because a replica that is still loading its weights takes no
+traffic and would otherwise hide the pressure on the others.
+"""
+
+from __future__ import annotations
+
+from inferwatch import catalog
+from inferwatch.mixin import promql
+from inferwatch.mixin.config import Config
+from inferwatch.mixin.model import Group, Recording
+from inferwatch.mixin.promql import MODEL_VERSION, by, metric
+
+#: latency signals: alert word -> catalogue key
+LATENCY = {
+    "ttft": "engine_time_to_first_token",
+    "tpot": "engine_time_per_output_token",
+    "e2e": "engine_request_duration",
+}
+POD = "without (reason)"
+
+
+def _w(config: Config) -> str:
+    return config.rate_window
+
+
+def requests(config: Config, level: str = "model_version") -> str:
+    return f"{level}:inferwatch_engine_requests:rate{_w(config)}"
+
+
+def errors(config: Config, level: str = "model_version") -> str:
+    return f"{level}:inferwatch_engine_request_errors:rate{_w(config)}"
+
+
+def error_ratio(config: Config) -> str:
+    return f"model_version:inferwatch_engine_request_errors_per_request:ratio_rate{_w(config)}"
+
+
+def quantile(config: Config, signal: str) -> str:
+    name = catalog_name(LATENCY[signal])
+    return f"model_version:{name}:histogram_quantile_rate{_w(config)}"
+
+
+def bucket_rate(config: Config, signal: str) -> str:
+    return f"model_version:{catalog_name(LATENCY[signal])}_bucket:rate{_w(config)}"
+
+
+def slo_error_ratio(config: Config, slo: str, window: str) -> str:
+    metric_name = (
+        "inferwatch_engine_requests" if slo == "availability" else catalog_name(LATENCY[slo])
+    )
+    return f"model_version:{metric_name}:slo_error_ratio_rate{window}"
+
+
+def ready_replica() -> str:
+    return "pod:inferwatch_replica_ready:min"
+
+
+def ready_replicas() -> str:
+    return "model_version:inferwatch_replica_ready:sum"
+
+
+def queue_per_replica() -> str:
+    return "model_version:inferwatch_engine_requests_waiting:per_ready_replica"
+
+
+def kv_usage_ready() -> str:
+    return "model_version:inferwatch_engine_kv_cache_usage_ratio:avg_ready"
+
+
+def queue_wait(config: Config) -> str:
+    name = catalog_name("engine_request_queue_duration")
+    return f"model_version:{name}:histogram_quantile_rate{_w(config)}"
+
+
+def autoscaling_signals(config: Config) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """``autoscaling.targets`` key -> (recorded name, matchers) of the series an autoscaler
+    reads."""
+    q = promql.number(float(config.autoscaling["queue_wait_quantile"]))
+    return {
+        "queue_per_replica": (queue_per_replica(), ()),
+        "kv_cache_usage": (kv_usage_ready(), ()),
+        "queue_wait": (queue_wait(config), (f"quantile={promql.quoted(q)}",)),
+    }
+
+
+def tenant_tokens(config: Config) -> str:
+    return f"tenant:inferwatch_tenancy_tokens:rate{_w(config)}"
+
+
+def tenant_cost(config: Config) -> str:
+    return f"tenant:inferwatch_tenancy_cost:rate{_w(config)}"
+
+
+def cost_per_1k(config: Config) -> str:
+    return f"model_version:inferwatch_tenancy_cost_per_1k_tokens:ratio_rate{_w(config)}"
+
+
+def catalog_name(key: str) -> str:
+    return catalog.load()[key].name
+
+
+def request_total(config: Config, window: str, grouping: str) -> str:
+    """Requests started and ended (finished or failed) per second, summed by ``grouping``."""
+    finished = metric(config, "engine_requests_finished", 'reason!="error"')
+    done = f"sum {grouping} (rate({finished}[{window}]))"
+    return f"{done} + ({request_errors(config, window, grouping)} or {done} * 0)"
+
+
+def request_errors(config: Config, window: str, grouping: str) -> str:
+    return f"sum {grouping} (rate({metric(config, 'engine_request_errors')}[{window}]))"
+
+
+def groups(config: Config) -> list[Group]:
+    return [_rate_group(config), _slo_group(config), _autoscaling_group(config)]
+
+
+def _rate_group(config: Config) -> Group:
+    w = _w(config)
+    mv = by(config, MODEL_VERSION)
+    rules: list[Recording] = [
+        Recording(requests(config, "pod"), request_total(config, w, POD)),
+        Recording(errors(config, "pod"), request_errors(config, w, POD)),
+        Recording(requests(config), f"sum {mv} ({requests(config, 'pod')})"),
+        Recording(errors(config), f"sum {mv} ({errors(config, 'pod')})"),
+        Recording(
+            error_ratio(config),
+            f"({errors(config)} or {requests(config)} * 0) / {requests(config)}",
+        ),
+    ]
+    for key in ("engine_prompt_tokens", "engine_generation_tokens"):
+        name = catalog_name(key).removesuffix("_total")
+        rules.append(
+            Recording(
+                f"model_version:{name}:rate{w}", f"sum {mv} (rate({metric(config, key)}[{w}]))"
+            )
+        )
+    le_by = by(config, (*MODEL_VERSION, "le"))
+    for signal, key in LATENCY.items():
+        rules.append(
+            Recording(
+                bucket_rate(config, signal),
+                f"sum {le_by} (rate({metric(config, key, suffix='_bucket')}[{w}]))",
+            )
+        )
+        for q in config.quantiles:
+            rules.append(
+                Recording(
+                    quantile(config, signal),
+                    f"histogram_quantile({promql.number(q)}, {bucket_rate(config, signal)})",
+                    {"quantile": promql.number(q)},
+                )
+            )
+    tenant_by = by(config, ("tenant", *MODEL_VERSION))
+    rules += [
+        Recording(
+            tenant_tokens(config),
+            f"sum {by(config, ('tenant', *MODEL_VERSION, 'token_type'))} "
+            f"(rate({metric(config, 'tenancy_tokens')}[{w}]))",
+        ),
+        Recording(
+            tenant_cost(config),
+            f"sum {tenant_by} (rate({metric(config, 'tenancy_cost')}[{w}]))",
+        ),
+        Recording(  # no sample while a version has no tokens: a 0/0 NaN would poison
+            # every average over a window that includes it (the drift alert's baseline)
+            cost_per_1k(config),
+            f"1000 * sum {mv} ({tenant_cost(config)}) / (sum {mv} "
+            f'({tenant_tokens(config)}{{token_type=~"prompt|completion"}}) > 0)',
+        ),
+    ]
+    return Group("inferwatch-recording", tuple(rules))
+
+
+def _slo_group(config: Config) -> Group:
+    """Error ratios per SLO window: the 1 - good/total the burn-rate alerts compare."""
+    mv = by(config, MODEL_VERSION)
+    ttft = config.slo["ttft"]
+    bound = promql.snap(float(ttft["threshold"]), [float(b) for b in ttft["buckets"]])
+    key = LATENCY["ttft"]
+    good = metric(config, key, promql.le_matcher(bound), suffix="_bucket")
+    total = metric(config, key, suffix="_count")
+    rules: list[Recording] = []
+    for window in config.slo_windows:
+        rules.append(
+            Recording(
+                slo_error_ratio(config, "ttft", window),
+                f"1 - (sum {mv} (rate({good}[{window}])) / sum {mv} (rate({total}[{window}])))",
+                {"slo": "ttft"},
+            )
+        )
+        rules.append(
+            Recording(
+                slo_error_ratio(config, "availability", window),
+                f"({request_errors(config, window, mv)} or ({request_total(config, window, mv)})"
+                f" * 0) / ({request_total(config, window, mv)})",
+                {"slo": "availability"},
+            )
+        )
+    return Group("inferwatch-recording-slo", tuple(rules))
+
+
+def _autoscaling_group(config: Config) -> Group:
+    """Queue depth and KV-cache usage per ready replica, and the queue-wait quantile.
+
+    A replica is ready while every /readyz condition holds; only ready replicas' queues
+    count (a version with none ready reads 0, its replica count says the rest); the
+    queue wait is 0 while nothing was queued (a quantile of no requests is NaN, which an
+    autoscaler cannot act on and which would block its scale-down).
+    """
+    w = _w(config)
+    mv = by(config, MODEL_VERSION)
+    q = promql.number(float(config.autoscaling["queue_wait_quantile"]))
+    le_by = by(config, (*MODEL_VERSION, "le"))
+    buckets = f"rate({metric(config, 'engine_request_queue_duration', suffix='_bucket')}[{w}])"
+    on_mv = promql.on(config, MODEL_VERSION)
+    waiting = f"sum {mv} ({metric(config, 'engine_requests_waiting')})"
+    # a loading replica's queue is its own warm-up, not demand: counted, it would ask for
+    # more replicas every time one starts
+    ready_waiting = (
+        f"(sum {mv} ({metric(config, 'engine_requests_waiting')} and {ready_replica()} == 1)"
+        f" or {ready_replicas()} * 0)"
+    )
+    rules = (
+        Recording(ready_replica(), f"min without (condition) ({metric(config, 'replica_ready')})"),
+        Recording(ready_replicas(), f"sum {mv} ({ready_replica()})"),
+        Recording(
+            queue_per_replica(), f"{ready_waiting} / {on_mv} clamp_min({ready_replicas()}, 1)"
+        ),
+        Recording(
+            kv_usage_ready(),
+            f"avg {mv} ({metric(config, 'engine_kv_cache_usage')} and {ready_replica()} == 1)",
+        ),
+        Recording(
+            queue_wait(config),
+            f"(histogram_quantile({q}, sum {le_by} ({buckets})) >= 0) or {on_mv} ({waiting} * 0)",
+            {"quantile": q},
+        ),
+    )
+    return Group("inferwatch-recording-autoscaling", rules)

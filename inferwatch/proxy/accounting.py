@@ -1,0 +1,100 @@
+"""What a finished request leaves behind: its charge (tokens and cost, the tenant's budget
+reservation settled), the screening of a sampled response for degenerate output, its request
+and latency series, and one access-log line."""
+
+from __future__ import annotations
+
+import time
+
+from inferwatch.probes.client import PROBE_TENANT
+from inferwatch.probes.livesample import DegeneracySampler
+from inferwatch.proxy.accesslog import AccessLog
+from inferwatch.proxy.admission import BudgetLedger
+from inferwatch.proxy.config import ProxyConfig, Tenant
+from inferwatch.proxy.exchange import Exchange
+from inferwatch.proxy.metrics import ProxyMetrics
+from inferwatch.proxy.sampling import TranscribingMeter
+
+
+class Accounting:
+    """Charges, screens and records each request once it is done (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        metrics: ProxyMetrics,
+        ledger: BudgetLedger,
+        sampler: DegeneracySampler,
+        access_log: AccessLog,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.ledger = ledger
+        self.sampler = sampler
+        self.access_log = access_log
+
+    def charge(self, exchange: Exchange) -> None:
+        """Charge what the request used, and settle its budget reservation either way."""
+        meter = exchange.meter
+        spent = 0
+        if meter is not None and exchange.accounting:
+            usage = exchange.usage = meter.usage()
+            spent = usage.total
+            # Quality probes are the operator's own traffic: their tokens are counted (so that
+            # they reconcile with the engine's) but cost no tenant anything.
+            if exchange.tenant != PROBE_TENANT:
+                price = self.config.price(exchange.model)
+                exchange.cost = price.cost(usage.prompt, usage.cached_prompt, usage.completion)
+            self.metrics.charge(
+                exchange.identity, usage, meter.source, exchange.accounting, exchange.cost
+            )
+        reservation, exchange.reservation = exchange.reservation, None
+        tenant: Tenant | None = self.config.tenants.get(exchange.tenant)
+        if reservation is not None and tenant is not None and tenant.budget is not None:
+            self.ledger.settle(reservation, tenant.budget, spent)
+
+    def screen(self, exchange: Exchange, meter: TranscribingMeter) -> None:
+        """Screen a sampled response that arrived whole; partial text would mislead."""
+        prompt, completion, has_tool_call = meter.take()
+        if (
+            exchange.outcome == "ok"
+            and exchange.accounting == "complete"
+            and not exchange.done_marker_missing
+        ):
+            _, model, model_version, *_ = exchange.identity  # bounded label values
+            self.sampler.observe(
+                model, model_version, prompt, completion, has_tool_call=has_tool_call
+            )
+
+    def finish(self, exchange: Exchange) -> None:
+        duration = time.perf_counter() - exchange.start
+        self.metrics.request(exchange.identity, exchange.outcome or "ok")
+        if exchange.outcome in ("ok", "client_cancelled", "upstream_error") and exchange.meter:
+            self.metrics.timing(exchange.identity, exchange.ttft, duration)
+        if not self.access_log.enabled:
+            return
+        usage = exchange.usage
+        self.access_log.write(
+            dict(
+                tenant=exchange.tenant,
+                tenant_via=exchange.via,
+                path=exchange.path,
+                model=exchange.model,
+                model_version=exchange.versions[0],
+                engine_version=exchange.versions[1],
+                prompt_version=exchange.versions[2],
+                stream=exchange.stream,
+                status=exchange.status,
+                outcome=exchange.outcome or "ok",
+                accounting=exchange.accounting or None,
+                usage_source=exchange.meter.source if usage and exchange.meter else None,
+                prompt_tokens=usage.prompt if usage else 0,
+                cached_prompt_tokens=usage.cached_prompt if usage else 0,
+                completion_tokens=usage.completion if usage else 0,
+                reasoning_tokens=usage.reasoning if usage else 0,
+                cost=round(exchange.cost, 9),
+                ttft_s=None if exchange.ttft is None else round(exchange.ttft, 6),
+                duration_s=round(duration, 6),
+                **({"error": exchange.error} if exchange.error else {}),
+            )
+        )

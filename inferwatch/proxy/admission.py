@@ -1,0 +1,210 @@
+"""Admission control before the engine: token budgets and concurrency with priorities.
+
+Budgets are fixed windows aligned to the epoch (a 1h budget resets on the hour, so every
+replica of the proxy agrees on the window). Admission *reserves* what a request may spend:
+its prompt count plus its completion cap (``max_tokens`` times the choices asked for, or the
+configured default cap when the client sends none). A request fits while the tokens charged
+in the window, the reservations of requests still running and its own reservation stay
+within the budget plus its tolerance; one that does not fit is clamped (its completion cap
+lowered to what remains) or refused with the seconds until the window resets. When the
+request ends, however it ends, its reservation is released and its actual usage charged, so
+N concurrent requests cannot each see the whole remainder.
+
+The concurrency gate caps requests in flight to the engine. A tenant's own cap counts its
+requests in flight *and* those waiting for a slot, so handing queued requests their slots
+can never put a tenant over its cap; a tenant at its cap is refused at once (it is the noisy
+one). When the global cap is reached, waiters are admitted by priority class, then in
+arrival order, so low-priority floods queue behind everyone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from inferwatch.proxy.config import Budget
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int
+    reason: str  # metric outcome
+    message: str
+    retry_after: int | None = None
+
+
+@dataclass(frozen=True)
+class Reservation:
+    tenant: str
+    window: float  # start of the window it was taken in
+    tokens: int
+    #: the completion cap the request must be sent with (None: leave the body as it is)
+    completion_cap: int | None = None
+
+
+class BudgetLedger:
+    """Tokens charged and reserved per tenant in the current window of its budget."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._used: dict[str, tuple[float, int]] = {}  # tenant -> (window start, tokens)
+        self._reserved: dict[str, tuple[float, int]] = {}
+
+    def _window(self, budget: Budget) -> tuple[float, float]:
+        now = self._clock()
+        start = math.floor(now / budget.window_seconds) * budget.window_seconds
+        return now, start
+
+    @staticmethod
+    def _in(table: dict[str, tuple[float, int]], tenant: str, start: float) -> int:
+        window, tokens = table.get(tenant, (start, 0))
+        return tokens if window == start else 0
+
+    def used(self, tenant: str, budget: Budget) -> int:
+        return self._in(self._used, tenant, self._window(budget)[1])
+
+    def reserved(self, tenant: str, budget: Budget) -> int:
+        return self._in(self._reserved, tenant, self._window(budget)[1])
+
+    def reserve(
+        self,
+        tenant: str,
+        budget: Budget,
+        prompt: int,
+        completion_cap: int,
+        choices: int = 1,
+        clamp: bool = True,
+    ) -> Reservation | Refusal:
+        """Reserve ``prompt + completion_cap * choices`` tokens, clamping the cap if allowed."""
+        now, start = self._window(budget)
+        used = self._in(self._used, tenant, start)
+        reserved = self._in(self._reserved, tenant, start)
+        room = budget.tokens + budget.tolerance - used - reserved
+        cap = completion_cap
+        if prompt + cap * choices > room and clamp:
+            cap = (room - prompt) // choices
+        if cap < 0 or (cap == 0 and completion_cap > 0) or prompt + cap * choices > room:
+            retry_after = max(1, math.ceil(start + budget.window_seconds - now))
+            return Refusal(
+                429,
+                "rejected_budget",
+                f"tenant token budget of {budget.tokens} per {budget.window_seconds:g}s cannot "
+                f"cover this request ({prompt} prompt + up to {completion_cap * choices} "
+                f"completion tokens; {used} used, {reserved} reserved by requests in flight); "
+                f"retry after {retry_after}s",
+                retry_after,
+            )
+        tokens = prompt + cap * choices
+        self._reserved[tenant] = (start, reserved + tokens)
+        return Reservation(tenant, start, tokens, cap if cap != completion_cap else None)
+
+    def settle(self, reservation: Reservation, budget: Budget, tokens: int) -> None:
+        """Release a reservation and charge what the request actually used."""
+        _, start = self._window(budget)
+        if reservation.window == start:
+            reserved = self._in(self._reserved, reservation.tenant, start) - reservation.tokens
+            self._reserved[reservation.tenant] = (start, max(reserved, 0))
+        self.charge(reservation.tenant, budget, tokens)
+
+    def charge(self, tenant: str, budget: Budget, tokens: int) -> None:
+        _, start = self._window(budget)
+        self._used[tenant] = (start, self._in(self._used, tenant, start) + tokens)
+
+    def remaining(self, tenant: str, budget: Budget) -> int:
+        return max(budget.tokens - self.used(tenant, budget), 0)
+
+
+class ConcurrencyGate:
+    """Slots to the engine: a global cap with a priority queue, and per-tenant caps."""
+
+    def __init__(self, capacity: int, queue_timeout_s: float) -> None:
+        self.capacity = capacity  # 0: unlimited
+        self.queue_timeout_s = queue_timeout_s
+        self._in_flight = 0
+        self.per_tenant: dict[str, int] = {}
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._sequence = itertools.count()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests holding a slot or counted in flight without one."""
+        return self._in_flight
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for *_, future in self._waiters if not future.done())
+
+    def enter_ungated(self) -> None:
+        """Count a request in flight that needs no slot (no cap applies to it)."""
+        self._in_flight += 1
+
+    def leave_ungated(self) -> None:
+        self._in_flight -= 1
+
+    async def acquire(self, tenant: str, tenant_cap: int, priority: int) -> Refusal | None:
+        held = self.per_tenant.get(tenant, 0)  # in flight or waiting for a slot
+        if tenant_cap and held >= tenant_cap:
+            return Refusal(
+                429,
+                "rejected_concurrency",
+                f"tenant already has {held} requests in flight or queued (limit {tenant_cap})",
+                1,
+            )
+        self.per_tenant[tenant] = held + 1
+        try:
+            refusal = await self._slot(priority)
+        except BaseException:
+            self._drop(tenant)
+            raise
+        if refusal is not None:
+            self._drop(tenant)
+        return refusal
+
+    async def _slot(self, priority: int) -> Refusal | None:
+        if self.capacity and (self._in_flight >= self.capacity or self.waiting):
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            entry = (priority, next(self._sequence), future)
+            heapq.heappush(self._waiters, entry)
+            try:
+                async with asyncio.timeout(self.queue_timeout_s):
+                    await future
+            except TimeoutError:
+                if future.done() and not future.cancelled():
+                    self._release_slot()  # handed over just as the wait timed out
+                return Refusal(
+                    503,
+                    "rejected_queue_timeout",
+                    f"engine is at its concurrency limit; waited {self.queue_timeout_s:g}s",
+                    1,
+                )
+            except asyncio.CancelledError:
+                if future.done() and not future.cancelled():
+                    self._release_slot()  # the slot was handed over as we were cancelled
+                raise
+        else:
+            self._in_flight += 1
+        return None
+
+    def _drop(self, tenant: str) -> None:
+        held = self.per_tenant.get(tenant, 0) - 1
+        if held > 0:
+            self.per_tenant[tenant] = held
+        else:
+            self.per_tenant.pop(tenant, None)
+
+    def release(self, tenant: str) -> None:
+        self._drop(tenant)
+        self._release_slot()
+
+    def _release_slot(self) -> None:
+        while self._waiters:
+            _, _, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(None)  # the slot passes to the waiter; in_flight unchanged
+                return
+        self._in_flight -= 1

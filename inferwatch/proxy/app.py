@@ -1,0 +1,492 @@
+"""The proxy as a raw ASGI application (served by uvicorn with httptools).
+
+Every request is routed on its normalised path (see :mod:`routes`): metered, passed through
+(allow-list), or refused. Per metered request: resolve the tenant, read and check the body
+(within a deadline), admit (input limit, budget reservation, concurrency), forward with usage
+forced on, relay the response while metering it, then settle the tenant's reservation, charge
+it and write one access-log line. A sampled share of complete chat and completion responses
+is screened for degenerate output (counters only; no text is kept). A client that goes away
+mid-request cancels the handler: the upstream connection is closed (the engine aborts the
+request) and the tokens seen so far are still charged, marked ``client_cancelled``. So are
+the streams still running when a shutdown's grace period ends (``shutdown_cancelled``).
+
+Per-tenant metrics are served by :attr:`ProxyApp.metrics_app`, on its own listen address,
+never on the port clients call. This module composes the proxy and admits requests; which
+handler serves a request is :mod:`routing`, forwarding and relaying :mod:`relays`, the
+per-request record and its ASGI plumbing :mod:`exchange`, and what a finished request leaves
+behind (charge, screening, access log) :mod:`accounting`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+
+from inferwatch.identity import or_unknown
+from inferwatch.logs import log_event
+from inferwatch.probes.client import PROBE_TENANT
+from inferwatch.probes.livesample import DegeneracySampler
+from inferwatch.proxy import jsoncodec
+from inferwatch.proxy.accesslog import AccessLog
+from inferwatch.proxy.accounting import Accounting
+from inferwatch.proxy.admission import (
+    BudgetLedger,
+    ConcurrencyGate,
+    Refusal,
+)
+from inferwatch.proxy.config import ProxyConfig
+from inferwatch.proxy.counting import PromptCounter, byte_bound, load_tokenizer
+from inferwatch.proxy.exchange import (
+    Exchange,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+)
+from inferwatch.proxy.labels import OTHER, BoundedLabels, split_label
+from inferwatch.proxy.metrics import IDENTITY_LABELS, ProxyMetrics
+from inferwatch.proxy.reconcile import (
+    DirectTraffic,
+    DirectTrafficError,
+    Reconciler,
+    engine_token_counters,
+)
+from inferwatch.proxy.relays import JSON, PLAIN, Relays, respond
+from inferwatch.proxy.routes import STREAMABLE, Route, Router
+from inferwatch.proxy.routing import Routing
+from inferwatch.proxy.sampling import TranscribingMeter, prompt_text
+from inferwatch.proxy.tenants import UNKNOWN, TenantResolver
+from inferwatch.proxy.upstream import Timeouts, UpstreamError, UpstreamPool
+from inferwatch.proxy.usage import (
+    UsageMeter,
+    estimate_prompt_tokens,
+)
+from inferwatch.serving import endpoints
+from inferwatch.serving.readiness import Condition
+
+#: the engine work a request may ask for is capped at this many choices (``n``, ``best_of``)
+MAX_CHOICES = 128
+#: bodies above this size are counted off the event loop when a tokenizer is configured
+_COUNT_IN_THREAD_BYTES = 256 << 10
+VALUE_LABELS = IDENTITY_LABELS[1:-1]  # split has a fixed handful of values
+
+logger = logging.getLogger("inferwatch.proxy")
+
+
+def _completion_cap(body: dict[str, Any], path: str) -> tuple[str, int | None, int]:
+    """The body field that caps completion tokens, its value if valid, and the choices asked."""
+    name = "max_tokens"  # chat's newer field wins where it is set, as in vLLM
+    if path == "/v1/chat/completions" and type(body.get("max_completion_tokens")) is int:
+        name = "max_completion_tokens"
+    value = body.get(name)
+    cap = value if type(value) is int and value >= 0 else None
+    choices = 1
+    for key in ("n", "best_of"):
+        count = body.get(key)
+        if type(count) is int and count > choices:
+            choices = count
+    return name, cap, choices
+
+
+class ProxyApp:
+    def __init__(self, config: ProxyConfig, access_log: bool = True) -> None:
+        self.config = config
+        self.access_log = AccessLog(access_log)
+        self.pool = UpstreamPool(
+            config.upstream_url, Timeouts(config.connect_timeout_s, config.read_timeout_s)
+        )
+        self.resolver = TenantResolver(config)
+        self.router = Router(config.passthrough)
+        self.counter = PromptCounter(
+            load_tokenizer(config.tokenizer) if config.tokenizer else byte_bound
+        )
+        self.tenant_labels = BoundedLabels(
+            config.max_tenant_labels, [*config.tenants, UNKNOWN], config.tenant_idle_seconds
+        )
+        # models and versions come from clients too: bounded, and released when idle, so a
+        # flood of junk values holds its slots only until it stops
+        v = config.versions
+        self.value_labels = [
+            BoundedLabels(config.max_version_labels, allow, config.value_idle_seconds)
+            for allow in (
+                [*config.prices],
+                [v.model_version],
+                [v.engine_version],
+                [v.prompt_version],
+            )
+        ]
+        self.metrics = ProxyMetrics()
+        self.metrics_app = MetricsApp(self)
+        #: set when the server stops accepting: a cancelled handler is then a shutdown's
+        self.draining = False
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self.ledger = BudgetLedger()
+        self.gate = ConcurrencyGate(config.max_concurrency, config.queue_timeout_s)
+        self.reconciler = Reconciler()
+        self.direct_traffic = DirectTraffic(config.probe_metrics_urls)
+        self.sampler = DegeneracySampler(config.quality_sample_rate)
+        self.accounting = Accounting(
+            config, self.metrics, self.ledger, self.sampler, self.access_log
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ready: tuple[float, bool, str] = (0.0, False, "not checked yet")
+        self._version_headers = (
+            v.model_version_header.encode(),
+            v.engine_version_header.encode(),
+            v.prompt_version_header.encode(),
+        )
+        self._version_defaults = (v.model_version, v.engine_version, v.prompt_version)
+        stripped = {b"authorization", config.tenant_header.encode(), *self._version_headers}
+        self.relays = Relays(
+            config, self.pool, self.metrics, frozenset(stripped), lambda: self.draining
+        )
+        self.routing = Routing(
+            self.router,
+            metered=self._metered,
+            passthrough=self._passthrough,
+            own=self._own,
+            refuse=self.relays.refuse,
+            finish=self.accounting.finish,
+            handlers=self._handlers,
+        )
+
+    # ------------------------------------------------------------------ ASGI entry point
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self.routing(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.start_background()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop_background()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def start_background(self) -> None:
+        self._tasks.append(asyncio.ensure_future(self._housekeeping_loop()))
+        if self.config.reconcile_interval > 0:
+            self._tasks.append(asyncio.ensure_future(self._reconcile_loop()))
+
+    async def stop_background(self) -> None:
+        # handlers cancelled at the end of a shutdown still charge their tokens: wait for them
+        pending = [task for task in self._handlers if task is not asyncio.current_task()]
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        self.access_log.flush()
+        self.pool.close()
+        await self.direct_traffic.aclose()
+
+    def _resolve(self, exchange: Exchange, scope: Scope) -> Refusal | None:
+        client = scope.get("client")
+        resolution = self.resolver.resolve(scope["headers"], client[0] if client else None)
+        exchange.via = resolution.via
+        if resolution.tenant is None:
+            return Refusal(401, "rejected_auth", resolution.reason)
+        exchange.tenant = resolution.tenant
+        return None
+
+    def _label(self, exchange: Exchange, headers: list[tuple[bytes, bytes]]) -> None:
+        found: list[str | None] = [None, None, None]
+        names = self._version_headers
+        for name, value in headers:
+            for index in range(3):
+                if name == names[index]:
+                    found[index] = value.decode("latin-1")[:128]
+        versions = tuple(
+            value if value is not None else default
+            for value, default in zip(found, self._version_defaults, strict=True)
+        )
+        exchange.versions = (versions[0], versions[1], versions[2])
+        model_l, mv_l, ev_l, pv_l = self.value_labels
+        exchange.identity = (
+            self.tenant_labels.label(exchange.tenant),
+            model_l.label(or_unknown(exchange.model)),
+            mv_l.label(or_unknown(versions[0])),
+            ev_l.label(or_unknown(versions[1])),
+            pv_l.label(or_unknown(versions[2])),
+            split_label(headers),
+        )
+
+    async def _count(self, body: dict[str, Any], size: int) -> int:
+        """Prompt tokens of ``body``; a big body meets a real tokenizer off the event loop."""
+        if size > _COUNT_IN_THREAD_BYTES and self.counter.count_text is not byte_bound:
+            return await asyncio.to_thread(self.counter.count, body)
+        return self.counter.count(body)
+
+    async def _admit(
+        self, exchange: Exchange, body: dict[str, Any], size: int
+    ) -> tuple[Refusal | None, bool]:
+        """Admit a request; also says whether the body was changed (a completion cap set)."""
+        config = self.config
+        tenant = config.tenants.get(exchange.tenant)
+        budget = tenant.budget if tenant is not None else None
+        exact = self.counter.count_text is not byte_bound
+        prompt_count = 0
+        if config.max_input_tokens or budget is not None or exact:  # else nothing needs it
+            try:
+                prompt_count = await self._count(body, size)
+            except ValueError as exc:
+                return Refusal(400, "rejected_bad_request", str(exc)), False
+        # without a tokenizer the count is an upper bound: charge the usual estimate instead
+        prompt_estimate = prompt_count if exact else estimate_prompt_tokens(body)
+        if (
+            exchange.path in STREAMABLE
+            and exchange.tenant != PROBE_TENANT
+            and self.sampler.should_sample()
+        ):
+            exchange.meter = TranscribingMeter(prompt_estimate, prompt_text(body))
+        else:
+            exchange.meter = UsageMeter(prompt_estimate)
+        if config.max_input_tokens and prompt_count > config.max_input_tokens:
+            exchange.meter = None
+            counted = "is" if exact else "may be up to"
+            return Refusal(
+                400,
+                "rejected_too_long",
+                f"prompt {counted} {prompt_count} tokens, over this endpoint's limit of "
+                f"{config.max_input_tokens} input tokens",
+            ), False
+        changed = False
+        if tenant is not None and budget is not None:
+            name, requested, choices = _completion_cap(body, exchange.path)
+            if choices > MAX_CHOICES:
+                exchange.meter = None
+                return Refusal(
+                    400, "rejected_bad_request", f"at most {MAX_CHOICES} choices per request"
+                ), False
+            generates = exchange.path in STREAMABLE
+            cap = (requested if requested is not None else config.default_max_tokens) * generates
+            reserved = self.ledger.reserve(
+                exchange.tenant,
+                budget,
+                prompt_count,
+                cap,
+                choices,
+                clamp=config.over_budget == "clamp",
+            )
+            if isinstance(reserved, Refusal):
+                exchange.meter = None
+                return reserved, False
+            exchange.reservation = reserved
+            if generates and (reserved.completion_cap is not None or requested is None):
+                body[name] = cap if reserved.completion_cap is None else reserved.completion_cap
+                changed = True
+        if config.max_concurrency or (tenant is not None and tenant.max_concurrency):
+            limit, priority = (tenant.max_concurrency, tenant.priority) if tenant else (0, 1)
+            refusal = await self.gate.acquire(exchange.tenant, limit, priority)
+            if refusal is not None:
+                exchange.meter = None
+                return refusal, False
+            exchange.slot = "gated"
+        else:
+            self.gate.enter_ungated()
+            exchange.slot = "counted"
+        return None, changed
+
+    async def _read_request(
+        self, exchange: Exchange, scope: Scope, receive: Receive
+    ) -> tuple[Refusal | None, dict[str, Any], bytes, bool]:
+        """Resolve, read, parse and admit; the body (maybe changed) and whether it changed."""
+        refusal = self._resolve(exchange, scope)
+        if refusal is not None:
+            self._label(exchange, scope["headers"])
+            return refusal, {}, b"", False
+        config = self.config
+        raw = await read_body(receive, config.max_body_bytes, config.body_timeout_s)
+        body: Any = None
+        if isinstance(raw, Refusal):
+            refusal = raw
+            raw = b""
+        else:
+            try:
+                body = jsoncodec.loads(raw, finite=True)
+            except ValueError as exc:
+                refusal = Refusal(400, "rejected_bad_request", f"request body is not JSON: {exc}")
+            else:
+                if not isinstance(body, dict):
+                    refusal = Refusal(
+                        400, "rejected_bad_request", "request body must be a JSON object"
+                    )
+        if isinstance(body, dict) and isinstance(body.get("model"), str):
+            exchange.model = body["model"][:256]
+        self._label(exchange, scope["headers"])
+        if refusal is not None or not isinstance(body, dict):
+            return refusal, {}, b"", False
+        refusal, changed = await self._admit(exchange, body, len(raw))
+        return refusal, body, raw, changed
+
+    async def _metered(
+        self, exchange: Exchange, route: Route, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        try:
+            refusal, body, raw, changed = await self._read_request(exchange, scope, receive)
+            if refusal is not None:
+                return await self.relays.refuse(exchange, send, refusal)
+            await self.relays.forward_metered(
+                exchange, route, scope, receive, send, body, raw, changed
+            )
+        finally:
+            if exchange.slot == "gated":
+                self.gate.release(exchange.tenant)
+            elif exchange.slot == "counted":
+                self.gate.leave_ungated()
+            self.accounting.charge(exchange)
+            if isinstance(exchange.meter, TranscribingMeter):
+                self.accounting.screen(exchange, exchange.meter)
+
+    async def _passthrough(
+        self, exchange: Exchange, route: Route, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """An allow-listed route: authenticated like the rest, relayed as is, not metered."""
+        refusal = self._resolve(exchange, scope)
+        self._label(exchange, scope["headers"])
+        if refusal is not None:
+            return await self.relays.refuse(exchange, send, refusal)
+        raw = await read_body(receive, self.config.max_body_bytes, self.config.body_timeout_s)
+        if isinstance(raw, Refusal):
+            return await self.relays.refuse(exchange, send, raw)
+        await self.relays.passthrough(exchange, route, scope, receive, send, raw)
+
+    async def _own(self, route: Route, send: Send) -> None:
+        if route.path == "/healthz":
+            await respond(send, 200, endpoints.HEALTHZ_BODY, list(PLAIN))
+        else:
+            await self._readyz(send)
+
+    def families(self) -> list[Metric]:
+        budgets = {
+            name: self.ledger.remaining(name, tenant.budget)
+            for name, tenant in self.config.tenants.items()
+            if tenant.budget is not None
+        }
+        return [
+            *self.metrics.families(
+                in_flight=self.gate.in_flight,
+                waiting=self.gate.waiting,
+                budgets=budgets,
+                tenant_label_values=len(self.tenant_labels),
+                tenant_label_folds=self.tenant_labels.folded,
+                value_label_folds={
+                    name: labels.folded
+                    for name, labels in zip(VALUE_LABELS, self.value_labels, strict=True)
+                },
+            ),
+            *self.sampler.families(),
+        ]
+
+    def registry(self) -> CollectorRegistry:
+        return endpoints.Families(self.families).registry()
+
+    async def _readyz(self, send: Send) -> None:
+        checked, ok, reason = self._ready
+        now = time.monotonic()
+        if now - checked > 1.0:
+            try:
+                response = await self.pool.request(
+                    "GET", self.config.upstream_health_path.encode(), [], b""
+                )
+                await response.read(1 << 16)
+                ok = response.status == 200
+                reason = f"engine health returned {response.status}"
+            except UpstreamError as exc:
+                ok, reason = False, f"engine unreachable: {exc.detail}"
+            self._ready = (now, ok, reason)
+        status, body = endpoints.readiness([Condition("engine", ok, "" if ok else reason)])
+        await respond(send, status, body, list(JSON))
+
+    async def _housekeeping_loop(self) -> None:
+        """Flush the access log often; release idle label slots now and then."""
+        idle = min(self.config.tenant_idle_seconds, self.config.value_idle_seconds)
+        evict_every = min(max(idle / 4, 0.05), 60.0)
+        last_evict = time.monotonic()
+        while True:
+            await asyncio.sleep(min(0.25, evict_every))
+            self.access_log.flush()
+            if time.monotonic() - last_evict >= evict_every:
+                last_evict = time.monotonic()
+                self.evict_idle_tenants()
+
+    def evict_idle_tenants(self) -> None:
+        """Release idle tenant, model and version label slots, folding their series."""
+        self.metrics.fold("tenant", self.tenant_labels.evict_idle())
+        for name, labels in zip(VALUE_LABELS, self.value_labels, strict=True):
+            self.metrics.fold(name, labels.evict_idle())
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await self.reconcile_once()
+            await asyncio.sleep(self.config.reconcile_interval)
+
+    async def reconcile_once(self) -> None:
+        """Read the engine's token counters and update the drift gauge."""
+        errors = self.metrics.reconciliation_errors
+        try:
+            response = await self.pool.request(
+                "GET", self.config.upstream_metrics_path.encode(), [], b""
+            )
+            page = await response.read(self.config.max_response_bytes)
+        except UpstreamError as exc:
+            errors[exc.reason] = errors.get(exc.reason, 0) + 1
+            return
+        counters = engine_token_counters(page) if response.status == 200 else None
+        if counters is None:
+            reason = "http_status" if response.status != 200 else "no_token_counters"
+            errors[reason] = errors.get(reason, 0) + 1
+            log_event(logger, logging.WARNING, "engine token counters unreadable", reason=reason)
+            return
+        try:  # read after the engine: a probe the engine counted is counted here too
+            direct = await self.direct_traffic.read()
+        except DirectTrafficError as exc:
+            errors[exc.reason] = errors.get(exc.reason, 0) + 1
+            log_event(logger, logging.WARNING, "probe token counters unreadable", reason=exc.reason)
+            return
+        self.metrics.drift = self.reconciler.update(counters, self.metrics.charged, direct)
+
+
+class MetricsApp:
+    """The proxy's own metrics, per-tenant series included, for its separate listen address."""
+
+    def __init__(self, proxy: ProxyApp) -> None:
+        self.proxy = proxy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"].upper()
+        if method not in ("GET", "HEAD"):
+            await respond(send, 405, b"", [(b"allow", b"GET")])
+        elif path == "/metrics":
+            headers = dict(scope["headers"])
+            body, reply = endpoints.encode_metrics(
+                self.proxy.families(),
+                headers.get(b"accept", b"").decode("latin-1"),
+                headers.get(b"accept-encoding", b"").decode("latin-1"),
+            )
+            encoded = [(k.lower().encode(), v.encode()) for k, v in reply.items()]
+            await respond(send, 200, body, encoded)
+        elif path == "/healthz":
+            await respond(send, 200, endpoints.HEALTHZ_BODY, list(PLAIN))
+        else:
+            await respond(send, 404, b"not found\n", [(b"content-type", b"text/plain")])
+
+
+__all__ = ["OTHER", "MetricsApp", "ProxyApp"]

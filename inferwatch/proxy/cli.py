@@ -1,0 +1,164 @@
+"""``inferwatch proxy``: run the tenancy proxy in front of one engine."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable
+
+import click
+
+from inferwatch.clikit import parse_listen
+from inferwatch.logs import log_event
+from inferwatch.proxy.config import HTTP_URL, ConfigError, ProxyConfig, Serving, load
+
+logger = logging.getLogger("inferwatch.proxy")
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # not on Windows
+        return None
+    return uvloop.new_event_loop
+
+
+@click.command()
+@click.option(
+    "--config",
+    "config_path",
+    envvar="INFERWATCH_PROXY_CONFIG",
+    type=click.Path(dir_okay=False),
+    default=None,
+    show_envvar=True,
+    help="YAML file: tenants, trusted sources, prices, limits.",
+)
+@click.option(
+    "--listen",
+    default=Serving.listen,
+    show_envvar=True,
+    help="HOST:PORT to serve on (clients call this instead of the engine).",
+)
+@click.option(
+    "--metrics-listen",
+    default=Serving.metrics_listen,
+    show_envvar=True,
+    help="HOST:PORT for the proxy's own /metrics, per-tenant series included. Keep it "
+    "pod-internal (the default) so that clients never see other tenants' names, tokens or "
+    "cost; the client port serves no tenant data.",
+)
+@click.option(
+    "--drain-grace",
+    type=click.FloatRange(min=0),
+    default=Serving.drain_grace,
+    show_default=True,
+    show_envvar=True,
+    help="Seconds SIGTERM lets in-flight requests finish (no new connections are accepted); "
+    "streams still running then are cut short and charged for what they generated.",
+)
+@click.option(
+    "--upstream",
+    default=None,
+    show_envvar=True,
+    help="Engine base URL (http://host:port); overrides upstream.url in the config.",
+)
+@click.option(
+    "--probe-metrics",
+    multiple=True,
+    show_envvar=True,
+    help="/metrics URL of a probe runner that probes the engine directly (the sidecar with "
+    "--probes); its probe tokens count in the reconciliation with the engine. Repeatable; "
+    "overrides upstream.probe_metrics in the config.",
+)
+@click.option(
+    "--access-log/--no-access-log",
+    default=True,
+    show_envvar=True,
+    help="Write one structured line per request.",
+)
+def proxy(
+    config_path: str | None,
+    listen: str,
+    metrics_listen: str,
+    drain_grace: float,
+    upstream: str | None,
+    probe_metrics: tuple[str, ...],
+    access_log: bool,
+) -> None:
+    """Meter tokens and cost per tenant in front of an OpenAI-compatible engine."""
+    from inferwatch.proxy.app import ProxyApp
+    from inferwatch.proxy.serving import serve
+
+    address = parse_listen(listen)
+    metrics_address = parse_listen(metrics_listen, "--metrics-listen")
+    try:
+        config = load(config_path) if config_path else ProxyConfig()
+        if upstream:
+            config = dataclasses.replace(config, upstream_url=upstream.rstrip("/"))
+        if probe_metrics:
+            bad = [url for url in probe_metrics if not HTTP_URL.match(url)]
+            if bad:
+                raise ConfigError(f"--probe-metrics: {bad[0]!r} is not an http(s) URL")
+            config = dataclasses.replace(config, probe_metrics_urls=probe_metrics)
+        app = ProxyApp(config, access_log=access_log)
+    except (ConfigError, ValueError) as exc:
+        click.echo(f"inferwatch proxy: {exc}", err=True)
+        sys.exit(2)
+    # bound here so that a taken port is one clear line and the log names the real ports
+    # (HOST:0 picks one)
+    client_sock = _bind(listen, address)
+    metrics_sock = _bind(metrics_listen, metrics_address)
+    _announce(config, config_path, client_sock, metrics_sock)
+    gc.freeze()  # start-up objects never need collecting: shorter GC pauses on requests
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(serve(app, client_sock, metrics_sock, drain_grace))
+
+
+def _bind(flag_value: str, address: tuple[str, int]) -> socket.socket:
+    host, port = address
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        click.echo(f"inferwatch proxy: cannot listen on {flag_value}: {reason}", err=True)
+        sys.exit(2)
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _announce(
+    config: ProxyConfig, config_path: str | None, client: socket.socket, metrics: socket.socket
+) -> None:
+    """Say where the proxy listens and what it forwards to, and warn when it can only refuse."""
+    log_event(
+        logger,
+        logging.INFO,
+        "proxy starting",
+        listen=_url(client),
+        serves="OpenAI API, /healthz, /readyz",
+        metrics_listen=_url(metrics),
+        upstream=config.upstream_url,
+        tenants=len(config.tenants),
+        probe_metrics=" ".join(config.probe_metrics_urls) or "none",
+        config=config_path or "none",
+    )
+    admits_nobody = (
+        not config.key_index and not config.trusted_sources and config.unknown_policy == "reject"
+    )
+    if admits_nobody:
+        why = "no --config given" if config_path is None else f"{config_path} names no tenant keys"
+        log_event(
+            logger,
+            logging.WARNING,
+            f"{why}: every request will be refused with 401; configure tenants with API keys "
+            "(or identity.trusted_sources, or identity.unknown: attribute)",
+        )

@@ -1,0 +1,278 @@
+"""Token usage of one request, read from what the engine sends back.
+
+The OpenAI schema reports ``usage`` once per response, or, for streams that asked for it, in
+an extra chunk with no choices just before ``data: [DONE]``. Some engines (vLLM with
+``continuous_usage_stats``, or ``--enable-force-include-usage``) attach the *cumulative* usage
+to every chunk: the meter keeps the high-water mark of each field, so a usage object seen once
+or a hundred times is charged once. When no usage arrives at all, the meter falls back to an
+estimate from the text it saw, and says so (``source == "estimated"``).
+
+Token types follow the OpenTelemetry GenAI conventions: ``cached_prompt`` is part of
+``prompt`` and ``reasoning`` is part of ``completion``; pricing uses the disjoint parts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from inferwatch.proxy.jsoncodec import loads
+
+UsageSource = Literal["reported", "estimated"]
+TOKEN_TYPES = ("prompt", "cached_prompt", "completion", "reasoning")
+#: Rule of thumb for English BPE vocabularies; per-message framing per OpenAI's cookbook.
+CHARS_PER_TOKEN = 4
+TOKENS_PER_MESSAGE = 4
+
+
+@dataclass
+class Usage:
+    prompt: int = 0
+    cached_prompt: int = 0
+    completion: int = 0
+    reasoning: int = 0
+
+    def items(self) -> Iterator[tuple[str, int]]:
+        yield "prompt", self.prompt
+        yield "cached_prompt", self.cached_prompt
+        yield "completion", self.completion
+        yield "reasoning", self.reasoning
+
+    @property
+    def total(self) -> int:
+        return self.prompt + self.completion
+
+    @classmethod
+    def from_openai(cls, raw: Any) -> Usage | None:
+        """Parse an OpenAI ``usage`` object; None when absent or not a usage object."""
+        if not isinstance(raw, Mapping):
+            return None
+        prompt = _count(raw.get("prompt_tokens"))
+        completion = _count(raw.get("completion_tokens"))
+        if prompt is None and completion is None:
+            return None
+        prompt_details = raw.get("prompt_tokens_details")
+        completion_details = raw.get("completion_tokens_details")
+        cached = (
+            _count(prompt_details.get("cached_tokens"))
+            if isinstance(prompt_details, Mapping)
+            else None
+        )
+        reasoning = (
+            _count(completion_details.get("reasoning_tokens"))
+            if isinstance(completion_details, Mapping)
+            else None
+        )
+        return cls(prompt or 0, cached or 0, completion or 0, reasoning or 0)
+
+    def raise_to(self, other: Usage) -> None:
+        """Keep the larger value of each field (cumulative frames never add up twice)."""
+        self.prompt = max(self.prompt, other.prompt)
+        self.cached_prompt = max(self.cached_prompt, other.cached_prompt)
+        self.completion = max(self.completion, other.completion)
+        self.reasoning = max(self.reasoning, other.reasoning)
+
+
+#: more tokens than any one request can use: a count above it is garbage, not usage
+MAX_REPORTED_TOKENS = 1 << 32
+
+
+def _count(value: Any) -> int | None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not 0 <= value < MAX_REPORTED_TOKENS
+    ):
+        return None
+    return value
+
+
+def estimate_text_tokens(text: str) -> int:
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+def content_text(content: Any) -> str:
+    """Text of a message ``content``: a string, or a list of parts with ``text``."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(
+            part["text"]
+            for part in content
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
+    """Estimated prompt tokens of a chat, completion or embedding request body."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        total = 3  # every reply is primed with an assistant header
+        for message in messages:
+            if isinstance(message, Mapping):
+                total += TOKENS_PER_MESSAGE + estimate_text_tokens(
+                    content_text(message.get("content"))
+                )
+        return total
+    prompt = body.get("prompt", body.get("input"))
+    if isinstance(prompt, str):
+        return estimate_text_tokens(prompt)
+    if isinstance(prompt, list):
+        if all(isinstance(item, int) for item in prompt):
+            return len(prompt)  # already token ids
+        return sum(
+            len(item) if isinstance(item, list) else estimate_text_tokens(str(item))
+            for item in prompt
+        )
+    return 0
+
+
+class UsageMeter:
+    """Accumulates one response's usage, from a JSON body or stream events."""
+
+    def __init__(self, prompt_estimate: int) -> None:
+        self.prompt_estimate = prompt_estimate
+        self.reported: Usage | None = None
+        self._completion_chars = 0
+        self._content_events = 0
+
+    def observe(self, payload: Mapping[str, Any]) -> bool:
+        """Take in a response body or one stream event; True if it carried usage."""
+        raw_usage = payload.get("usage")
+        usage = Usage.from_openai(raw_usage) if raw_usage is not None else None
+        choices = payload.get("choices")
+        if type(choices) is list:
+            for choice in choices:
+                if type(choice) is dict:
+                    self._observe_choice(choice)
+        if usage is None:
+            return False
+        if self.reported is None:
+            self.reported = usage
+        else:
+            self.reported.raise_to(usage)
+        return True
+
+    def _observe_choice(self, choice: Mapping[str, Any]) -> None:
+        delta = choice.get("delta") or choice.get("message")
+        size = 0
+        text = choice.get("text")
+        if type(text) is str:
+            size += len(text)
+        if type(delta) is dict:
+            for key in ("content", "reasoning_content"):
+                text = delta.get(key)
+                if type(text) is str:
+                    size += len(text)
+        if size:
+            self._completion_chars += size
+            self._content_events += 1
+
+    @property
+    def source(self) -> UsageSource:
+        return "estimated" if self.reported is None else "reported"
+
+    @property
+    def content_events(self) -> int:
+        """Events (or bodies) so far that carried generated text: the first marks TTFT."""
+        return self._content_events
+
+    def usage(self) -> Usage:
+        """What to charge: the reported usage, else the estimate."""
+        if self.reported is not None:
+            return Usage(**vars(self.reported))
+        # a streamed chunk carries at least one token; chars/4 covers long chunks
+        completion = max(self._content_events, math.ceil(self._completion_chars / CHARS_PER_TOKEN))
+        return Usage(prompt=self.prompt_estimate, completion=completion)
+
+
+class MalformedEvent(ValueError):
+    """An upstream stream event that is not an SSE data line with a JSON object."""
+
+
+class EventStream:
+    """Splits an SSE byte stream into events, whatever the chunk boundaries.
+
+    ``feed`` yields each complete event as ``(raw_bytes, payload)``: the raw bytes, separator
+    included, are what gets forwarded; the payload is the parsed JSON object, the string
+    ``"[DONE]"``, or None for comments and events without data.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> Iterator[tuple[bytes, dict[str, Any] | str | None]]:
+        """Yield each event completed by ``chunk``; a malformed one raises when reached."""
+        data = self._buffer + chunk if self._buffer else chunk
+        crlf = b"\r" in data
+        start = 0
+        try:
+            while True:
+                end = _event_end(data, start, crlf)
+                if end < 0:
+                    break
+                raw = data[start:end]
+                start = end
+                yield raw, _parse_event(raw)
+        finally:  # also when an event is malformed: it is consumed, the rest stays
+            self._buffer = data[start:]
+
+    @property
+    def pending(self) -> bytes:
+        """Bytes of an unfinished event (a stream that ends here was cut short)."""
+        return self._buffer
+
+
+def _event_end(data: bytes, start: int, crlf: bool) -> int:
+    """Index just past the blank line ending the event that begins at ``start``, or -1.
+
+    ``crlf`` says whether ``data`` holds any carriage return, which most streams never do.
+    """
+    if not crlf:
+        index = data.find(b"\n\n", start)
+        return index + 2 if index >= 0 else -1
+    best = -1
+    for separator in (b"\n\n", b"\r\n\r\n", b"\r\r"):
+        index = data.find(separator, start)
+        if index >= 0 and (best < 0 or index + len(separator) < best):
+            best = index + len(separator)
+    return best
+
+
+def _parse_event(raw: bytes) -> dict[str, Any] | str | None:
+    text: bytes | None
+    if raw.startswith(b"data: {") and raw.count(b"\n") == 2 and raw.endswith(b"\n\n"):
+        text = raw[6:-2]  # the usual shape: one data line holding a JSON object
+    else:
+        text = _event_data(raw)
+        if text is None:
+            return None
+        if text.strip() == b"[DONE]":
+            return "[DONE]"
+    try:
+        payload = loads(text)
+    except ValueError:
+        raise MalformedEvent(f"event data is not JSON: {text[:80]!r}") from None
+    if not isinstance(payload, dict):
+        raise MalformedEvent(f"event data is not a JSON object: {text[:80]!r}")
+    return payload
+
+
+def _event_data(raw: bytes) -> bytes | None:
+    """The joined data lines of an event, None if it has none; fails on lines SSE lacks."""
+    lines = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+    data: list[bytes] = []
+    for line in lines:
+        if line.startswith(b"data:"):
+            value = line[5:]
+            data.append(value[1:] if value.startswith(b" ") else value)
+        elif (
+            line
+            and not line.startswith(b":")
+            and not line.startswith((b"event:", b"id:", b"retry:"))
+        ):
+            raise MalformedEvent(f"unexpected line in event stream: {line[:80]!r}")
+    return b"\n".join(data) if data else None
