@@ -10,6 +10,8 @@ from __future__ import annotations
 import hmac
 from pathlib import Path
 
+__all__ = ["MIN_TOKEN_LENGTH", "TokenError", "bearer_ok", "load_token"]
+
 #: a token shorter than this is refused at start-up: it can be guessed
 MIN_TOKEN_LENGTH = 16
 

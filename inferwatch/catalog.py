@@ -23,6 +23,22 @@ from prometheus_client.core import (
     Metric,
 )
 
+__all__ = [
+    "KEY_PATTERN",
+    "NAME_PATTERN",
+    "UNITS",
+    "Aggregation",
+    "Alias",
+    "Cadence",
+    "Catalog",
+    "CatalogError",
+    "Conversion",
+    "MetricSpec",
+    "MetricType",
+    "load",
+    "parse",
+]
+
 MetricType = Literal["counter", "gauge", "histogram"]
 Aggregation = Literal["sum", "max"]
 Conversion = Literal["value", "flag", "count", "enabled", "field_value"]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Final
 
+__all__ = ["KEYS", "UNKNOWN", "or_unknown"]
+
 UNKNOWN: Final = "unknown"
 
 #: identity labels that take ``UNKNOWN`` when no value is known

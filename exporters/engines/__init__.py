@@ -23,8 +23,6 @@ from inferwatch.serving.textformat import Exposition
 #: the most a version document may hold (they are a few hundred bytes)
 VERSION_MAX_BYTES = 64 * 1024
 
-ENGINES: tuple[str, ...] = ("vllm", "sglang", "tgi", "llamacpp", "triton")
-
 _ADAPTERS: dict[str, Adapter] = {
     adapter.name: adapter
     for adapter in (
@@ -35,6 +33,8 @@ _ADAPTERS: dict[str, Adapter] = {
         triton.ADAPTER,
     )
 }
+#: the engines the sidecar reads, in the adapters' order: every list of engines derives from it
+ENGINES: tuple[str, ...] = tuple(_ADAPTERS)
 
 #: family-name prefixes (``:`` read as ``_``) that identify an engine, checked in this order.
 #: TensorRT-LLM's gauges come first and Triton's core families last because Triton's vLLM

@@ -13,6 +13,8 @@ from typing import Any
 
 from inferwatch.mixin.config import Config
 
+__all__ = ["Alert", "Group", "Panel", "Recording"]
+
 
 @dataclass(frozen=True)
 class Recording:

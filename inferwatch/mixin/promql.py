@@ -15,6 +15,22 @@ from decimal import Decimal
 from inferwatch import catalog
 from inferwatch.mixin.config import Config, seconds
 
+__all__ = [
+    "MODEL",
+    "MODEL_VERSION",
+    "SOURCE_OF_COLLECTOR",
+    "by",
+    "le_matcher",
+    "le_regex",
+    "metric",
+    "number",
+    "on",
+    "one_of",
+    "quoted",
+    "seconds_text",
+    "snap",
+]
+
 #: catalogue collector -> the config's selector for the process that serves it
 SOURCE_OF_COLLECTOR = {
     "sidecar": "sidecar",

@@ -26,6 +26,30 @@ from inferwatch.mixin.config import Config
 from inferwatch.mixin.model import Group, Recording
 from inferwatch.mixin.promql import MODEL_VERSION, by, metric
 
+__all__ = [
+    "LATENCY",
+    "POD",
+    "autoscaling_signals",
+    "bucket_rate",
+    "catalog_name",
+    "cost_per_1k",
+    "error_ratio",
+    "errors",
+    "groups",
+    "kv_usage_ready",
+    "quantile",
+    "queue_per_replica",
+    "queue_wait",
+    "ready_replica",
+    "ready_replicas",
+    "request_errors",
+    "request_total",
+    "requests",
+    "slo_error_ratio",
+    "tenant_cost",
+    "tenant_tokens",
+]
+
 #: latency signals: alert word -> catalogue key
 LATENCY = {
     "ttft": "engine_time_to_first_token",

@@ -22,6 +22,17 @@ from starlette.responses import PlainTextResponse, Response
 
 from inferwatch.serving.readiness import Condition
 
+__all__ = [
+    "HEALTHZ_BODY",
+    "Families",
+    "encode_metrics",
+    "healthz",
+    "metrics_response",
+    "readiness",
+    "readiness_response",
+    "text",
+]
+
 HEALTHZ_BODY = b"ok\n"
 
 

@@ -10,6 +10,14 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
+__all__ = [
+    "DURATION_BUCKETS",
+    "TTFT_BUCKETS",
+    "TTFT_BUCKETS_LONG",
+    "Histogram",
+    "histogram_quantile",
+]
+
 #: gen_ai.server.time_to_first_token
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

@@ -28,6 +28,23 @@ import httpx
 
 from inferwatch.serving.readiness import SourceFailure
 
+__all__ = [
+    "ACCEPT",
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_TIMEOUT_S",
+    "INFLATE_STEP",
+    "MAX_ENCODINGS",
+    "READ_CHUNK",
+    "BoundedBody",
+    "EngineScraper",
+    "FetchedPage",
+    "Inflater",
+    "ScrapeFailure",
+    "check_headers",
+    "fetch_with_requests",
+    "read_bounded",
+]
+
 if TYPE_CHECKING:  # imported when used: only the dcgm backend reads pages with requests
     import requests
 

@@ -29,6 +29,15 @@ from typing import NamedTuple
 
 from inferwatch.serving.fastpath import remember
 
+__all__ = [
+    "Exposition",
+    "Family",
+    "PageSample",
+    "Wanted",
+    "clear_caches",
+    "parse",
+]
+
 Wanted = Callable[[str], bool] | Container[str]
 """Family-name filter: a predicate, or a container of the family names to keep."""
 
