@@ -1,7 +1,9 @@
-"""The metric and porting pages are generated from the catalogue and kept fresh."""
+"""The docs: a short README that links every page, links that resolve, and generated metric
+and porting pages kept fresh from the catalogue."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -14,6 +16,10 @@ from tests.conftest import REPO
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
+#: pages another branch adds; a link to one is allowed to dangle until it lands
+PENDING = {DOCS / "cli.md"}
+#: a Markdown link or image target, up to a title or the closing parenthesis
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)")
 
 
 def generate_docs(*args: str) -> tuple[int, str]:
@@ -84,10 +90,39 @@ def test_porting_table_has_a_row_for_every_source_spelling() -> None:
     assert '`inferwatch_gpu_temperature_celsius{sensor="memory"}`' in table
 
 
-def test_the_readme_proxy_example_is_a_valid_config(tmp_path: Path) -> None:
+def test_the_readme_is_a_front_door_to_every_page() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 300
+    assert text.split("\n", 2)[2].startswith(
+        "```sh\nscripts/inferwatch demo   # the demo stack on the built-in simulator"
+    ), "the README starts with the commands that work on a fresh machine"
+    linked = {(README.parent / target.split("#")[0]).resolve() for target in LINK.findall(text)}
+    unlinked = sorted(p.name for p in DOCS.glob("*.md") if p.resolve() not in linked)
+    assert not unlinked, f"README.md links no page {unlinked}"
+
+
+def test_every_relative_link_resolves() -> None:
+    broken = []
+    for page in [README, *sorted(DOCS.rglob("*.md"))]:
+        for target in LINK.findall(page.read_text(encoding="utf-8")):
+            path = target.split("#")[0]
+            if not path or re.match(r"[a-z]+:", path):
+                continue  # an anchor in the page itself, or an absolute URL
+            resolved = (page.parent / path).resolve()
+            if not resolved.exists() and resolved not in PENDING:
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+    assert not broken
+
+
+def test_the_link_pattern_finds_links_and_images() -> None:
+    text = "see [a](docs/a.md#x) and ![b](img/b.png), not (c.md) nor [d]"
+    assert LINK.findall(text) == ["docs/a.md#x", "img/b.png"]
+
+
+def test_the_documented_proxy_config_is_valid(tmp_path: Path) -> None:
     from inferwatch.proxy import config
 
-    text = README.read_text(encoding="utf-8")
+    text = (DOCS / "proxy.md").read_text(encoding="utf-8")
     example = text.split("```yaml\n# proxy.yaml\n", 1)[1].split("```", 1)[0]
     path = tmp_path / "proxy.yaml"
     path.write_text(example.replace("<sha256 of the API key>", "0" * 64), encoding="utf-8")
