@@ -3,7 +3,7 @@
 Collectors never spell a metric name or help text. They ask the catalogue for a typed,
 empty family (``CATALOG.family(key)``) and fill it. Engine adapters read each entry's
 ``sources`` to learn how every engine, and every version of it, spells the same signal.
-Dashboards, alert rules and the README's metric table are derived from the same file.
+Dashboards, alert rules and the metric table in docs/metrics.md are derived from the same file.
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ def test_the_documented_twin_is_the_one_read() -> None:
     assert result.exit_code == 2 and "/no/such/faults.yaml" in result.output
 
 
-def test_gpu_forms_in_help_and_readme_agree() -> None:
+def test_gpu_forms_in_help_and_docs_agree() -> None:
     from inferwatch.exporters.sidecar_cli import sidecar
 
     def forms(text: str) -> set[str]:
@@ -116,7 +116,7 @@ def test_gpu_forms_in_help_and_readme_agree() -> None:
 
     option = next(p for p in sidecar.params if p.name == "gpu")
     assert isinstance(option, click.Option)
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    bullet = re.search(r"^- \*\*GPU\*\* \(`--gpu`\):(.*?)(?=^- |\Z)", readme, re.M | re.S)
-    assert bullet, "the README's sidecar section lists the --gpu forms"
+    page = (REPO / "docs" / "sidecar.md").read_text(encoding="utf-8")
+    bullet = re.search(r"^- \*\*GPU\*\* \(`--gpu`\):(.*?)(?=^- |\Z)", page, re.M | re.S)
+    assert bullet, "docs/sidecar.md lists the --gpu forms"
     assert forms(option.help or "") == forms(bullet[1]) >= {"dcgm=URL", "replay=DIR"}

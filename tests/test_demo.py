@@ -113,12 +113,13 @@ def test_shipped_scenarios_load_and_name_only_demo_replicas(name: str) -> None:
     assert {"bad-rollout", "gpu-failure", "overload"} <= set(scenario.shipped())
 
 
-def test_the_readme_lists_every_shipped_scenario_and_the_default() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    listed = re.findall(r"^\| `([a-z-]+)` \|", readme, re.M)
+def test_the_docs_list_every_shipped_scenario_and_the_default() -> None:
+    page = Path(__file__).resolve().parent.parent / "docs" / "simulator.md"
+    text = page.read_text(encoding="utf-8")
+    listed = re.findall(r"^\| `([a-z-]+)` \|", text, re.M)
     assert set(scenario.shipped()) <= set(listed)
     assert scenario.DEFAULT in scenario.shipped()
-    assert f"Without `--scenario` it plays `{scenario.DEFAULT}`" in readme
+    assert f"Without `--scenario` it plays `{scenario.DEFAULT}`" in text
 
 
 @pytest.mark.parametrize(

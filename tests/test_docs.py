@@ -1,22 +1,59 @@
-"""The README's metric table is generated from the catalogue and kept fresh."""
+"""The docs: a short README that links every page, links that resolve, and generated metric
+and porting pages kept fresh from the catalogue."""
 
 from __future__ import annotations
 
+import re
+import shutil
 from pathlib import Path
 
-import pytest
+from click.testing import CliRunner
 
 from inferwatch import catalog
+from inferwatch.cli import main
 from inferwatch.generate import docs
+from tests.conftest import REPO
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+#: pages another branch adds; a link to one is allowed to dangle until it lands
+PENDING = {DOCS / "cli.md"}
+#: a Markdown link or image target, up to a title or the closing parenthesis
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)")
 
 
-def test_readme_metric_table_is_fresh() -> None:
-    text = README.read_text(encoding="utf-8")
-    assert docs.render_readme(text, catalog.load()) == text, (
-        "README.md's metric table is stale: run `inferwatch generate readme`"
+def generate_docs(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["generate", "docs", *args])
+    return result.exit_code, result.output
+
+
+def test_committed_pages_are_fresh() -> None:
+    code, output = generate_docs("--check", "--out", str(DOCS))
+    assert code == 0, f"{output}run `inferwatch generate docs`"
+
+
+def test_a_stale_or_missing_page_fails_the_check_until_regenerated(tmp_path: Path) -> None:
+    out = tmp_path / "docs"
+    out.mkdir()
+    shutil.copy(DOCS / "porting.md", out / "porting.md")
+    porting = out / "porting.md"
+    edited = porting.read_text(encoding="utf-8").replace(
+        "| vllm | `vllm:num_preemptions` |", "| vllm | `vllm:num_preempted` |"
     )
+    porting.write_text(edited, encoding="utf-8")
+    code, output = generate_docs("--check", "--out", str(out))
+    assert code == 1
+    assert "porting.md" in output and "metrics.md" in output and "Traceback" not in output
+    assert generate_docs("--out", str(out))[0] == 0
+    assert porting.read_text(encoding="utf-8") == (DOCS / "porting.md").read_text("utf-8")
+    assert generate_docs("--check", "--out", str(out)) == (0, "")
+
+
+def test_pages_are_marked_and_deterministic() -> None:
+    first, second = docs.render(catalog.load()), docs.render(catalog.load())
+    assert first == second and set(first) == {"metrics.md", "porting.md"}
+    assert all(text.startswith(docs.MARKER) for text in first.values())
+    assert "do not edit" in docs.MARKER
 
 
 def test_every_catalogue_metric_has_a_row() -> None:
@@ -25,30 +62,14 @@ def test_every_catalogue_metric_has_a_row() -> None:
         assert f"| `{spec.name}` |" in table
 
 
-def test_missing_markers_are_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="lacks the markers"):
-        docs.render_readme("# no table here\n", catalog.load())
-
-
-def test_readme_proxy_example_is_a_valid_config(tmp_path: Path) -> None:
-    from inferwatch.proxy import config
-
-    text = README.read_text(encoding="utf-8")
-    example = text.split("```yaml\n# proxy.yaml\n", 1)[1].split("```", 1)[0]
-    path = tmp_path / "proxy.yaml"
-    path.write_text(example.replace("<sha256 of the API key>", "0" * 64), encoding="utf-8")
-    loaded = config.load(path)
-    assert loaded.max_input_tokens == 8192
-    assert loaded.tenants["acme"].budget is not None
-
-
 def test_porting_table_has_a_row_for_every_source_spelling() -> None:
     from inferwatch.exporters import engines
 
     cat = catalog.load()
     table = docs.porting_table(cat)
+    assert docs.ported() == (*engines.ENGINES, "dcgm")
     for spec in cat.values():
-        for source in docs.PORTED:
+        for source in docs.ported():
             for alias in spec.sources.get(source, ()):
                 rows = [
                     r
@@ -69,11 +90,42 @@ def test_porting_table_has_a_row_for_every_source_spelling() -> None:
     assert '`inferwatch_gpu_temperature_celsius{sensor="memory"}`' in table
 
 
-def test_a_stale_porting_table_is_caught() -> None:
+def test_the_readme_is_a_front_door_to_every_page() -> None:
     text = README.read_text(encoding="utf-8")
-    edited = text.replace("| vllm | `vllm:num_preemptions` |", "| vllm | `vllm:num_preempted` |")
-    assert edited != text
-    assert docs.render_readme(edited, catalog.load()) == text
-    without = text.replace(docs.PORTING_END, "")
-    with pytest.raises(ValueError, match="porting table"):
-        docs.render_readme(without, catalog.load())
+    assert len(text.splitlines()) <= 300
+    assert text.split("\n", 2)[2].startswith(
+        "```sh\nscripts/inferwatch demo   # the demo stack on the built-in simulator"
+    ), "the README starts with the commands that work on a fresh machine"
+    linked = {(README.parent / target.split("#")[0]).resolve() for target in LINK.findall(text)}
+    unlinked = sorted(p.name for p in DOCS.glob("*.md") if p.resolve() not in linked)
+    assert not unlinked, f"README.md links no page {unlinked}"
+
+
+def test_every_relative_link_resolves() -> None:
+    broken = []
+    for page in [README, *sorted(DOCS.rglob("*.md"))]:
+        for target in LINK.findall(page.read_text(encoding="utf-8")):
+            path = target.split("#")[0]
+            if not path or re.match(r"[a-z]+:", path):
+                continue  # an anchor in the page itself, or an absolute URL
+            resolved = (page.parent / path).resolve()
+            if not resolved.exists() and resolved not in PENDING:
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+    assert not broken
+
+
+def test_the_link_pattern_finds_links_and_images() -> None:
+    text = "see [a](docs/a.md#x) and ![b](img/b.png), not (c.md) nor [d]"
+    assert LINK.findall(text) == ["docs/a.md#x", "img/b.png"]
+
+
+def test_the_documented_proxy_config_is_valid(tmp_path: Path) -> None:
+    from inferwatch.proxy import config
+
+    text = (DOCS / "proxy.md").read_text(encoding="utf-8")
+    example = text.split("```yaml\n# proxy.yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "proxy.yaml"
+    path.write_text(example.replace("<sha256 of the API key>", "0" * 64), encoding="utf-8")
+    loaded = config.load(path)
+    assert loaded.max_input_tokens == 8192
+    assert loaded.tenants["acme"].budget is not None

@@ -117,7 +117,7 @@ def parse_server_name(name: str) -> tuple[str, str]:
 
 
 def load(path: Path) -> Topology:
-    """Read a topology YAML file (format in the README's gateway section)."""
+    """Read a topology YAML file (format in docs/gateway.md)."""
     try:
         with path.open("rb") as file:
             data = file.read(MAX_TOPOLOGY_BYTES + 1)

@@ -56,31 +56,20 @@ def generate() -> None:
     """Regenerate files derived from the metric catalogue."""
 
 
-@generate.command()
+@generate.command(name="docs")
 @click.option(
-    "--path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=Path("README.md"),
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("docs"),
     show_envvar=True,
-    help="The README whose generated metric table is rewritten.",
+    help="Directory for metrics.md and porting.md.",
 )
-@check_option("the table")
-def readme(path: Path, check: bool) -> None:
-    """Rewrite the metric and porting tables in README.md."""
-    if check:
-        current = path.read_text(encoding="utf-8")
-        try:
-            fresh = docs.render_readme(current, catalog.load())
-        except ValueError as exc:
-            raise click.ClickException(str(exc)) from None
-        if fresh != current:
-            raise click.ClickException(f"the generated tables in {path} are stale")
-        return
-    try:
-        changed = docs.update_readme(path)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(f"{path}: {'updated' if changed else 'already current'}")
+@check_option("a page")
+def docs_pages(out: Path, check: bool) -> None:
+    """Write the metric table and the porting tables (docs/metrics.md, docs/porting.md)."""
+    from inferwatch.mixin.files import stale, write
+
+    _write_or_check(out, docs.render(catalog.load()), check, stale, write)
 
 
 @generate.command()
