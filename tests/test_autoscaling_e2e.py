@@ -20,10 +20,10 @@ from typing import Any
 
 import httpx
 import pytest
+from support.demo import REPLICAS, rules_loaded, running_demo
 
 from inferwatch.demo import alerting, scenario, topology
 from inferwatch.mixin import promql, recording
-from tests.test_alerts_e2e import REPLICAS, rules_loaded, running_demo
 
 pytestmark = pytest.mark.e2e
 

@@ -9,10 +9,12 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner
+from support.shared import REPO, shared_path
 
 from inferwatch import __version__
 from inferwatch.cli import SUBCOMMANDS, main
-from tests.conftest import REPO, shared_path
+
+pytestmark = pytest.mark.unit
 
 
 def test_version() -> None:

@@ -9,6 +9,8 @@ import pytest
 from inferwatch import catalog
 from inferwatch.generate import docs
 
+pytestmark = pytest.mark.unit
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 

@@ -22,13 +22,15 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
+from support.shared import shared_path
 
 from inferwatch import catalog
 from inferwatch.catalog import Alias
 from inferwatch.exporters import engines
 from inferwatch.exporters.engines import adapter, mapping
 from inferwatch.serving import textformat
-from tests.conftest import shared_path
+
+pytestmark = pytest.mark.proc
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = shared_path("fixtures/engines")

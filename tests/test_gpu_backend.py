@@ -6,12 +6,14 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from support.shared import shared_path
 
 from inferwatch.exporters.collector import MetricSource, ReadinessSource
 from inferwatch.exporters.gpu import GpuTelemetry, open_backend
 from inferwatch.exporters.gpu.dcgm import DcgmTelemetry
 from inferwatch.exporters.gpu.replay import ReplayTelemetry
-from tests.conftest import shared_path
+
+pytestmark = pytest.mark.unit
 
 RECORDING = shared_path("fixtures/gpu/nvml-h200")
 

@@ -12,13 +12,15 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.core import Metric
+from support.shared import shared_path
 
 from inferwatch.exporters.gpu.dcgm import DcgmTelemetry, is_blank
 from inferwatch.exporters.gpu.fake_nvml import FakeNvml
 from inferwatch.exporters.gpu.recording import Recording
 from inferwatch.exporters.gpu.replay import ReplayTelemetry
 from inferwatch.serving.endpoints import text as exposition
-from tests.conftest import shared_path
+
+pytestmark = pytest.mark.proc
 
 FIXTURES = shared_path("fixtures/gpu")
 GOLDEN = Path(__file__).parent / "golden" / "gpu"

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.core import Metric
+from support.shared import shared_path
 
 from inferwatch.cli import main
 from inferwatch.exporters.engine_collector import EngineCollector
@@ -39,7 +40,8 @@ from inferwatch.exporters.gpu.scope import (
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.exporters.sidecar_cli import emits_pod_labels
 from inferwatch.serving.page_fetch import EngineScraper
-from tests.conftest import shared_path
+
+pytestmark = pytest.mark.unit
 
 SHARED = shared_path("fixtures/gpu")
 RECORDING = SHARED / "nvml-h200"

@@ -12,6 +12,7 @@ import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes import client
+from support.shared import shared_path
 
 from inferwatch.drill.kubefake import FakeKube, httproute_validator
 from inferwatch.exporters.gpu.xid import catalogue
@@ -22,7 +23,8 @@ from inferwatch.runbooks.actions.kubernetes_api import RBAC_RULES, connect
 from inferwatch.runbooks.actions.kubernetes_xid import REMEDIATION, XidRemediation
 from inferwatch.runbooks.actions.node_isolation import ISOLATION, TAINT_KEY, NodeIsolation
 from inferwatch.runbooks.actions.pod_restart import PodRestart
-from tests.conftest import shared_path
+
+pytestmark = pytest.mark.unit
 
 CRD = shared_path("fixtures/crds/gateway.networking.k8s.io_httproutes.yaml")
 GPU = "GPU-5fa1c0de-1234-5678-9abc-def012345678"

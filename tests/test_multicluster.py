@@ -22,8 +22,7 @@ from pathlib import Path
 import httpx
 import localfleet
 import pytest
-
-from tests.conftest import shared_path
+from support.shared import shared_path
 
 pytestmark = pytest.mark.e2e
 

@@ -12,10 +12,12 @@ from typing import Any
 
 import httpx
 import pytest
-import scripted_engine as se
+import support.scripted_engine as se
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from proxy_stack import CHAT, Engine, Stack, auth, samples
+from support.proxy_stack import CHAT, Engine, Stack, auth, samples
+
+pytestmark = pytest.mark.unit
 
 MakeStack = Callable[..., Stack]
 SLOW = settings(

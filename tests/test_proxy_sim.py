@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import scripted_engine as harness
+import support.scripted_engine as harness
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.proxy import config as proxy_config
@@ -23,6 +23,8 @@ from inferwatch.proxy.reconcile import engine_token_counters
 from inferwatch.proxy.tenants import hash_key
 from inferwatch.sim.server import run_in_thread
 from inferwatch.sim.simulator import SimConfig
+
+pytestmark = pytest.mark.unit
 
 MODEL = "sim-model"
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+import support.runbooks_harness as h
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
@@ -21,7 +22,8 @@ from starlette.routing import Route
 from inferwatch import auth
 from inferwatch.cli import main
 from inferwatch.runbooks import audit as audit_module
-from tests import runbooks_harness as h
+
+pytestmark = pytest.mark.proc
 
 
 @pytest.fixture

@@ -9,13 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import support.runbooks_harness as h
 from click.testing import CliRunner
 
 from inferwatch.cli import main
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks import registry
 from inferwatch.runbooks.config import ConfigError
-from tests import runbooks_harness as h
+
+pytestmark = pytest.mark.unit
 
 
 def rule(**changes: Any) -> dict[str, Any]:

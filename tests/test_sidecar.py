@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.shared import shared_path
 
 from inferwatch.exporters import gpu
 from inferwatch.exporters.engine_collector import EngineCollector
@@ -19,7 +20,8 @@ from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.logs import JsonFormatter
 from inferwatch.serving.page_fetch import EngineScraper
 from inferwatch.serving.readiness import Condition
-from tests.conftest import shared_path
+
+pytestmark = pytest.mark.unit
 
 FIXTURES = shared_path("fixtures")
 VLLM_PAGE = "fixture/vllm-generated-0.33.0-1engine/metrics"

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
+from support.shared import shared_path
 
 from inferwatch.cli import main
 from inferwatch.exporters import sidecar_cli, sources
@@ -22,7 +23,8 @@ from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.exporters.sidecar_cli import sidecar
 from inferwatch.exporters.sources import CATALOGUE
 from inferwatch.logs import JsonFormatter
-from tests.conftest import shared_path
+
+pytestmark = pytest.mark.unit
 
 
 def test_every_source_module_is_in_the_catalogue_once() -> None:

@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from support.ports import free_port
 
 from inferwatch.cli import main
 from inferwatch.exporters import warmup as warmup_module
@@ -36,7 +37,8 @@ from inferwatch.serving.page_fetch import EngineScraper
 from inferwatch.sim.coldstart import capture_size
 from inferwatch.sim.server import SimHandle, run_in_thread, start_subprocess
 from inferwatch.sim.simulator import SimConfig
-from tests.conftest import free_port
+
+pytestmark = pytest.mark.proc
 
 INFERWATCH = Path(sys.executable).parent / "inferwatch"
 TOKEN = "admin-secret"

@@ -17,11 +17,13 @@ from prometheus_client.openmetrics import exposition as om_exposition
 from prometheus_client.openmetrics import parser as om_parser
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
+from support.shared import shared_path
 
 from inferwatch.exporters import engines
 from inferwatch.serving import textformat
 from inferwatch.serving.textformat import Exposition, parse
-from tests.conftest import shared_path
+
+pytestmark = pytest.mark.unit
 
 ENGINE_CAPTURES = sorted(shared_path("fixtures/engines").glob("*.prom"))
 DCGM_CAPTURES = sorted(shared_path("fixtures/gpu/dcgm").glob("*.prom"))
