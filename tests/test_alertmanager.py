@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -28,6 +27,9 @@ from inferwatch.demo import observer, topology, view
 from inferwatch.demo.loadgen import LoadStats
 from inferwatch.mixin import config
 from inferwatch.mixin import files as generated
+from support.wait import wait_for
+
+pytestmark = pytest.mark.proc
 
 INFERWATCH = str(Path(sys.executable).parent / "inferwatch")
 
@@ -239,19 +241,6 @@ def alertmanager_url(
     """One Alertmanager for the inhibition cases (each case has a cluster of its own)."""
     with running_alertmanager(alertmanager_bin, tmp_path_factory.mktemp("alertmanager")) as url:
         yield url
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 REPLICA_A = {"model": "llama", "model_version": "v1", "instance": "10.0.0.1:9400"}

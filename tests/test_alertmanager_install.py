@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.proc
+
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = ("bash", "dirname", "id")
 RECORDED = ("apt-get", "systemctl")

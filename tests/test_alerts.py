@@ -19,7 +19,9 @@ from inferwatch.alerts import build, writer
 from inferwatch.cli import main
 from inferwatch.mixin import config, promql
 from inferwatch.mixin import files as generated
-from tests.conftest import shared_path
+from support.shared import shared_path
+
+pytestmark = pytest.mark.proc
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "alerts" / "generated"

@@ -23,7 +23,7 @@ import pytest
 
 from inferwatch.demo import alerting, scenario, topology
 from inferwatch.mixin import promql, recording
-from tests.test_alerts_e2e import REPLICAS, rules_loaded, running_demo
+from support.demo import REPLICAS, rules_loaded, running_demo
 
 pytestmark = pytest.mark.e2e
 

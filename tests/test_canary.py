@@ -25,6 +25,8 @@ from inferwatch.canary.prometheus import MAX_REPLY_BYTES, Prometheus, Prometheus
 from inferwatch.cli import main
 from inferwatch.mixin import config as alert_config
 
+pytestmark = pytest.mark.proc
+
 
 def exact_p(k_c: int, n_c: int, k_b: int, n_b: int) -> Fraction:
     """The one-sided Fisher p-value by enumerating the hypergeometric distribution."""

@@ -28,7 +28,7 @@ import pytest
 from inferwatch.canary import checks, selector
 from inferwatch.demo import scenario, topology
 from inferwatch.mixin import config as alert_config
-from tests.test_alerts_e2e import running_demo
+from support.demo import running_demo
 
 pytestmark = pytest.mark.e2e
 

@@ -30,7 +30,7 @@ import yaml
 
 from inferwatch import catalog
 from inferwatch.serving import textformat
-from tests.conftest import REPO, shared_path
+from support.shared import REPO, shared_path
 
 pytestmark = pytest.mark.e2e
 
@@ -75,9 +75,9 @@ class Template:
 
 def sidecar_template() -> Template:
     """One real sidecar in front of the vLLM capture; its /metrics after a scrape."""
-    from tests.conftest import _PageServer
+    from support.pages import PageServer
 
-    pages = _PageServer()
+    pages = PageServer()
     threading.Thread(target=pages.serve_forever, daemon=True).start()
     with socket_port() as port:
         pass
@@ -270,7 +270,7 @@ class socket_port:
     """A free loopback port (closed again before Prometheus binds it)."""
 
     def __enter__(self) -> int:
-        from tests.conftest import free_port
+        from support.ports import free_port
 
         return free_port()
 

@@ -22,8 +22,10 @@ from inferwatch.canary import templates
 from inferwatch.canary.checks import CHECKS
 from inferwatch.cli import main
 from inferwatch.mixin import config
-from tests.conftest import REPO, shared_path
-from tests.test_k8s import _CrdLoader, _strict
+from support.k8s import CrdLoader, strict
+from support.shared import REPO, shared_path
+
+pytestmark = pytest.mark.unit
 
 OUT = REPO / "deploy" / "canary"
 ARGO_CRD = shared_path("fixtures/crds/argoproj.io_analysistemplates.yaml")
@@ -86,9 +88,9 @@ def test_rendering_is_deterministic_and_marked() -> None:
 def test_analysis_template_matches_the_argo_rollouts_crd() -> None:
     if not ARGO_CRD.exists():
         pytest.skip(f"shared fixture {ARGO_CRD} not found")
-    crd = yaml.load(ARGO_CRD.read_text(encoding="utf-8"), Loader=_CrdLoader)
+    crd = yaml.load(ARGO_CRD.read_text(encoding="utf-8"), Loader=CrdLoader)
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
-    schema = _strict(version["schema"]["openAPIV3Schema"])
+    schema = strict(version["schema"]["openAPIV3Schema"])
     schema["properties"]["metadata"] = {"type": "object"}
     (template,) = _documents(templates.ARGO)
     jsonschema.validate(template, schema)

@@ -29,6 +29,8 @@ from hypothesis import strategies as st
 from inferwatch.capacity import planner as cap
 from inferwatch.cli import main
 
+pytestmark = pytest.mark.unit
+
 GIB = cap.GIB
 H100 = cap.gpu_preset("H100")
 LLM_D = cap.ServingSpec(gpu_memory_utilization=0.9, max_model_len=16000)

@@ -12,6 +12,8 @@ from inferwatch import catalog
 from inferwatch.catalog import UNITS, CatalogError
 from inferwatch.exporters.gpu import nvml
 
+pytestmark = pytest.mark.unit
+
 CAT = catalog.load()
 SPECS = list(CAT.values())
 IDS = [spec.key for spec in SPECS]

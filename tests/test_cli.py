@@ -12,7 +12,9 @@ from click.testing import CliRunner
 
 from inferwatch import __version__
 from inferwatch.cli import SUBCOMMANDS, main
-from tests.conftest import REPO, shared_path
+from support.shared import REPO, shared_path
+
+pytestmark = pytest.mark.unit
 
 
 def test_version() -> None:

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from inferwatch.clikit import parse_listen
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("value", "address"),

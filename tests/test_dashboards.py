@@ -25,6 +25,8 @@ from inferwatch.dashboards.boards import BOARDS
 from inferwatch.mixin import config as alert_config
 from inferwatch.mixin import files as generated
 
+pytestmark = pytest.mark.proc
+
 REPO = Path(__file__).resolve().parent.parent
 GENERATED = REPO / "dashboards" / "generated"
 #: series Prometheus itself makes (the sidecar targets' scrape health, alert state)

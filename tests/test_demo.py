@@ -67,12 +67,14 @@ def page(count: float, buckets: dict[str, float], series: str = "a") -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.unit
 def test_rate_is_the_counter_increase_per_second_and_a_reset_counts_from_zero() -> None:
     old = Scrape.parse(10.0, page(100, {"+Inf": 0}))
     assert rate(old, Scrape.parse(12.0, page(130, {"+Inf": 0})), "work_total") == 15.0
     assert rate(old, Scrape.parse(12.0, page(8, {"+Inf": 0})), "work_total") == 4.0
 
 
+@pytest.mark.unit
 def test_quantiles_describe_only_the_observations_between_the_scrapes() -> None:
     # 100 old observations all in the slowest bucket; the 10 new ones are all fast
     old = Scrape.parse(0.0, page(0, {"0.1": 0, "1.0": 0, "10.0": 100, "+Inf": 100}))
@@ -82,6 +84,7 @@ def test_quantiles_describe_only_the_observations_between_the_scrapes() -> None:
     assert quantiles(new, new, "latency_seconds", (0.5,)) == (None,)
 
 
+@pytest.mark.unit
 def test_history_spans_about_one_window() -> None:
     history = History(window=10.0)
     for second in range(30):
@@ -90,6 +93,7 @@ def test_history_spans_about_one_window() -> None:
     assert span is not None and span[1].at - span[0].at == 10.0
 
 
+@pytest.mark.unit
 def test_a_sidecar_that_stops_answering_for_a_while_neither_hides_nor_invents_a_flip() -> None:
     replica = topology.REPLICAS[0]
     observer = Observer(cast(httpx.AsyncClient, None), [replica], [], {}, {}, None)  # no reads
@@ -104,6 +108,7 @@ def test_a_sidecar_that_stops_answering_for_a_while_neither_hides_nor_invents_a_
     assert events(True) == []  # ready, no answer, ready: nothing happened
 
 
+@pytest.mark.unit
 # --- scenarios --------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", scenario.shipped())
 def test_shipped_scenarios_load_and_name_only_demo_replicas(name: str) -> None:
@@ -113,6 +118,7 @@ def test_shipped_scenarios_load_and_name_only_demo_replicas(name: str) -> None:
     assert {"bad-rollout", "gpu-failure", "overload"} <= set(scenario.shipped())
 
 
+@pytest.mark.unit
 def test_the_docs_list_every_shipped_scenario_and_the_default() -> None:
     page = Path(__file__).resolve().parent.parent / "docs" / "simulator.md"
     text = page.read_text(encoding="utf-8")
@@ -122,6 +128,7 @@ def test_the_docs_list_every_shipped_scenario_and_the_default() -> None:
     assert f"Without `--scenario` it plays `{scenario.DEFAULT}`" in text
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("document", "message"),
     [
@@ -156,6 +163,7 @@ def test_a_bad_scenario_file_is_one_line_naming_the_step(
         scenario.load(str(path), REPLICAS, SPARES)
 
 
+@pytest.mark.unit
 def test_a_start_step_names_its_spare_and_the_faults_it_starts_with() -> None:
     document = yaml.safe_load(
         "steps: [{at: 5s, rate: 4}, {at: 20s, replica: primary-v1b, start: true, "
@@ -175,6 +183,7 @@ def test_a_start_step_names_its_spare_and_the_faults_it_starts_with() -> None:
     assert topology.fleet(()) == topology.REPLICAS
 
 
+@pytest.mark.unit
 def test_a_spare_is_in_maintenance_at_the_gateway_and_no_scrape_target_until_it_starts(
     tmp_path: Path,
 ) -> None:
@@ -214,6 +223,7 @@ def test_a_spare_is_in_maintenance_at_the_gateway_and_no_scrape_target_until_it_
     assert all("file_sd_configs" not in job for job in plain["scrape_configs"])
 
 
+@pytest.mark.unit
 def test_a_started_replica_reports_each_cold_start_phase_once_in_order() -> None:
     spare = topology.replica("primary-v1b")
     observer = Observer(cast(httpx.AsyncClient, None), [], [], {}, {}, None)  # no reads
@@ -457,6 +467,7 @@ def test_a_component_that_cannot_start_is_named_and_everything_is_cleaned_up(
     assert_clean(result.stdout, expected_processes=9)
 
 
+@pytest.mark.proc
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
@@ -494,6 +505,7 @@ def demo_mapping(workdir: Path, execute: bool = False) -> Config:
     return runbook_config.load(workdir / automation.CONFIG)
 
 
+@pytest.mark.unit
 def test_the_receiver_audits_a_dry_run_for_the_faulted_replica_and_the_view_says_so(
     tmp_path: Path,
 ) -> None:
@@ -530,6 +542,7 @@ def test_the_receiver_audits_a_dry_run_for_the_faulted_replica_and_the_view_says
     assert decisions_summary([]) == "runbooks no decision yet"
 
 
+@pytest.mark.unit
 def test_the_demo_mapping_counts_each_models_replicas_for_the_breaker(tmp_path: Path) -> None:
     mapping = demo_mapping(tmp_path, execute=True)
     assert mapping.execute
@@ -558,6 +571,7 @@ def test_the_demo_mapping_counts_each_models_replicas_for_the_breaker(tmp_path: 
     assert (tmp_path / automation.TOKEN).stat().st_mode & 0o077 == 0
 
 
+@pytest.mark.proc
 def test_the_demo_alertmanager_sends_only_the_automation_to_the_receiver(
     tmp_path: Path, amtool: str
 ) -> None:
@@ -575,6 +589,7 @@ def test_the_demo_alertmanager_sends_only_the_automation_to_the_receiver(
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+@pytest.mark.unit
 def test_routing_reads_where_haproxy_sends_each_model_from_its_server_states() -> None:
     primary, fallback = topology.PRIMARY_MODEL, topology.FALLBACK_MODEL
 
@@ -597,6 +612,7 @@ def test_routing_reads_where_haproxy_sends_each_model_from_its_server_states() -
     assert routing.describe(routing.serving(states, primary)) == "nothing (503)"
 
 
+@pytest.mark.unit
 def test_the_drill_mapping_isolates_a_stalled_engine_by_pod_and_shifts_a_degenerate_version(
     tmp_path: Path,
 ) -> None:
@@ -635,6 +651,7 @@ def test_the_drill_mapping_isolates_a_stalled_engine_by_pod_and_shifts_a_degener
     assert automation.GPUS not in demo.breaker.populations
 
 
+@pytest.mark.proc
 def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: str) -> None:
     """The real HAProxy: the spare's server stays in maintenance, :func:`routing.enable`
     returns only once a check has found it down, and it is up once its /readyz answers 200."""

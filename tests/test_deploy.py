@@ -15,14 +15,16 @@ import pytest
 import yaml
 
 from inferwatch.cli import main
-from tests.conftest import find_tool
+from support.shared import find_tool, tool
+
+pytestmark = pytest.mark.unit
 
 KIT = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
 
 
 def render_overlays() -> list[tuple[str, dict[str, Any]]]:
     """(overlay, document) for every object of every overlay; empty without kubectl (the
-    first test below then fails or skips as tests.conftest's tools do)."""
+    first test below then fails or skips as the tools of support.shared do)."""
     kubectl = find_tool("kubectl")
     if kubectl is None:
         return []
@@ -57,9 +59,7 @@ CONTAINERS = inferwatch_containers()
 
 
 def test_manifests_have_inferwatch_containers() -> None:
-    from tests.conftest import _tool
-
-    _tool("kubectl")
+    tool("kubectl")
     assert len(CONTAINERS) >= 2
 
 

@@ -7,12 +7,15 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from inferwatch import catalog
 from inferwatch.cli import main
 from inferwatch.generate import docs
-from tests.conftest import REPO
+from support.shared import REPO
+
+pytestmark = pytest.mark.unit
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,25 +19,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import shared_path
+from support.shared import shared_path
+from support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
 INFERWATCH = Path(sys.executable).parent / "inferwatch"
 PAGE = shared_path("fixtures/engines/vllm-generated-0.33.0-1engine.prom")
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-        except httpx.HTTPError:
-            result = None
-        if result:
-            return result
-        time.sleep(0.2)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 @pytest.fixture

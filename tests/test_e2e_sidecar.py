@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,27 +15,14 @@ import pytest
 from inferwatch import catalog
 from inferwatch.exporters import engines
 from inferwatch.serving import textformat
-from tests.conftest import shared_path
+from support.shared import shared_path
+from support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
 FIXTURE = "vllm-generated-0.33.0-specdec-lora"
 PAGE = shared_path(f"fixtures/engines/{FIXTURE}.prom")
 INFERWATCH = Path(sys.executable).parent / "inferwatch"
-
-
-def wait_until(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-        except (httpx.HTTPError, KeyError, IndexError) as exc:
-            last_error = exc
-        time.sleep(0.2)
-    pytest.fail(f"timed out waiting for {what} (last error: {last_error})")
 
 
 @pytest.fixture
@@ -58,7 +44,7 @@ def sidecar_url(page_server: Any, unused_port: int, tmp_path: Path) -> Iterator[
         )
     url = f"http://127.0.0.1:{unused_port}"
     try:
-        wait_until(lambda: httpx.get(f"{url}/healthz").status_code == 200, 30, "the sidecar")
+        wait_for(lambda: httpx.get(f"{url}/healthz").status_code == 200, "the sidecar")
         yield url
     finally:
         process.terminate()
@@ -92,7 +78,7 @@ def prometheus_url(
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: httpx.get(f"{url}/-/ready").status_code == 200, 30, "Prometheus")
+        wait_for(lambda: httpx.get(f"{url}/-/ready").status_code == 200, "Prometheus")
         yield url
     finally:
         process.terminate()
@@ -114,8 +100,10 @@ def expected_signals() -> list[str]:
 
 
 def test_prometheus_scrapes_every_canonical_signal(prometheus_url: str) -> None:
-    wait_until(
-        lambda: query(prometheus_url, "inferwatch_engine_up == 1"), 30, "a successful scrape"
+    wait_for(
+        lambda: query(prometheus_url, "inferwatch_engine_up == 1"),
+        "a successful scrape",
+        ignore=(httpx.HTTPError, KeyError, IndexError),
     )
     signals = expected_signals()
     cat = catalog.load()

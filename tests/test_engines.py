@@ -28,7 +28,9 @@ from inferwatch.catalog import Alias
 from inferwatch.exporters import engines
 from inferwatch.exporters.engines import adapter, mapping
 from inferwatch.serving import textformat
-from tests.conftest import shared_path
+from support.shared import shared_path
+
+pytestmark = pytest.mark.proc
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = shared_path("fixtures/engines")

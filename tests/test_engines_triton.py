@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from prometheus_client.core import Metric
 
 from inferwatch.exporters import engines
 from inferwatch.serving import textformat
+
+pytestmark = pytest.mark.unit
 
 LABELS = 'model="tensorrt_llm",version="1"'
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from inferwatch.exporters.engines import mapping
 from inferwatch.serving import textformat
 from inferwatch.serving.fastpath import remember
+
+pytestmark = pytest.mark.unit
 
 
 def test_a_memo_forgets_everything_at_its_limit_and_keeps_answering() -> None:

@@ -8,8 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.cli import main
 from inferwatch.sim.server import start_subprocess
+from support.wait import wait_for
 
 INFERWATCH = Path(sys.executable).parent / "inferwatch"
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "inferwatch"
@@ -31,18 +31,6 @@ def samples(text: str, name: str) -> list[float]:
         for s in family.samples
         if s.name == name
     ]
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if condition():
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @pytest.mark.e2e
@@ -62,7 +50,7 @@ def test_the_simulators_ready_file_urls_work_with_the_flags_that_take_them(
             )  # fmt: skip
         try:
             url = f"http://127.0.0.1:{unused_port}"
-            wait_for(lambda: httpx.get(url + "/readyz").status_code == 200, 30, "/readyz 200")
+            wait_for(lambda: httpx.get(url + "/readyz").status_code == 200, "/readyz 200")
             page = httpx.get(url + "/metrics").text
         finally:
             sidecar.terminate()
@@ -148,6 +136,7 @@ def test_the_proxy_says_plainly_that_without_a_config_every_request_is_refused(
     assert response.status_code == 401
 
 
+@pytest.mark.unit
 def test_a_taken_listen_address_is_one_clear_line() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

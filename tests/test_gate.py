@@ -10,6 +10,8 @@ from click.testing import CliRunner
 from inferwatch.cli import main
 from inferwatch.probes import gate, golden, stats
 
+pytestmark = pytest.mark.unit
+
 GOLDENS = golden.load()
 
 

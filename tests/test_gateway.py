@@ -14,6 +14,8 @@ from click.testing import CliRunner
 from inferwatch.cli import main as cli
 from inferwatch.gateway import haproxy as gateway
 
+pytestmark = pytest.mark.proc
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "deploy" / "haproxy" / "demo.cfg"
 

@@ -24,6 +24,8 @@ from inferwatch.canary import splits
 from inferwatch.demo.topology import free_ports
 from inferwatch.gateway import haproxy as gateway
 
+pytestmark = pytest.mark.proc
+
 MODEL = "org/big"
 DEADLINE = 20.0
 

@@ -11,7 +11,9 @@ from inferwatch.exporters.collector import MetricSource, ReadinessSource
 from inferwatch.exporters.gpu import GpuTelemetry, open_backend
 from inferwatch.exporters.gpu.dcgm import DcgmTelemetry
 from inferwatch.exporters.gpu.replay import ReplayTelemetry
-from tests.conftest import shared_path
+from support.shared import shared_path
+
+pytestmark = pytest.mark.unit
 
 RECORDING = shared_path("fixtures/gpu/nvml-h200")
 

@@ -8,6 +8,8 @@ import pytest
 
 from inferwatch.exporters.gpu.cgroup import NOT_IN_A_POD, PodRef, ProcessAttribution, parse_cgroup
 
+pytestmark = pytest.mark.unit
+
 UID = "0b7632a2-a56e-4278-987a-22de18008dbe"
 CID = "0bc5eac79e3ae7a0c2651f14722aa10fa333eb2325c2ca97da33aa284cda81b0"
 SYSTEMD_UID = UID.replace("-", "_")

@@ -18,7 +18,9 @@ from inferwatch.exporters.gpu.fake_nvml import FakeNvml
 from inferwatch.exporters.gpu.recording import Recording
 from inferwatch.exporters.gpu.replay import ReplayTelemetry
 from inferwatch.serving.endpoints import text as exposition
-from tests.conftest import shared_path
+from support.shared import shared_path
+
+pytestmark = pytest.mark.proc
 
 FIXTURES = shared_path("fixtures/gpu")
 GOLDEN = Path(__file__).parent / "golden" / "gpu"

@@ -39,7 +39,9 @@ from inferwatch.exporters.gpu.scope import (
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.exporters.sidecar_cli import emits_pod_labels
 from inferwatch.serving.page_fetch import EngineScraper
-from tests.conftest import shared_path
+from support.shared import shared_path
+
+pytestmark = pytest.mark.unit
 
 SHARED = shared_path("fixtures/gpu")
 RECORDING = SHARED / "nvml-h200"

@@ -8,6 +8,8 @@ from inferwatch.exporters.gpu.families import FamilySet
 from inferwatch.exporters.gpu.faults import FaultBook
 from inferwatch.exporters.gpu.xid import ACTIONS, XidLog, catalogue, classify
 
+pytestmark = pytest.mark.unit
+
 # Every row of the reference table (GPU reference notes, section 3): XID -> (NVIDIA's
 # immediate bucket, our action).
 REFERENCE = {

@@ -30,6 +30,8 @@ from inferwatch.runbooks.actions.base import ActionError, Alert, Step
 from inferwatch.runbooks.actions.haproxy import ShiftTraffic, _schedule
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError, valid_name
 
+pytestmark = pytest.mark.proc
+
 BIG, SMALL = "org/big", "org/small"
 DEADLINE = 20.0
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from inferwatch.serving.histogram import TTFT_BUCKETS, Histogram, histogram_quantile
+
+pytestmark = pytest.mark.unit
 
 
 def test_observations_land_in_prometheus_le_buckets() -> None:

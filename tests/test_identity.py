@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.identity import UNKNOWN
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import Exchange, ProxyApp
 from inferwatch.serving.page_fetch import EngineScraper
+
+pytestmark = pytest.mark.unit
 
 TGI_PAGE = (
     b"# TYPE tgi_queue_size gauge\ntgi_queue_size 3\n"  # TGI labels nothing, not even a model

@@ -11,10 +11,12 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
+import support.runbooks_harness as h
 from inferwatch.cli import main
 from inferwatch.runbooks.actions.base import ActionError, Alert
 from inferwatch.runbooks.actions.isolate_replica import IsolateReplica
-from tests import runbooks_harness as h
+
+pytestmark = pytest.mark.unit
 
 AUTH = {"authorization": f"Bearer {h.SIDECAR_TOKEN}"}
 

@@ -14,7 +14,6 @@ import json
 import re
 import subprocess
 from collections.abc import Iterator
-from functools import cache
 from typing import Any
 
 import click
@@ -27,93 +26,24 @@ from inferwatch import catalog
 from inferwatch.canary.splits import HEADER, USER, WEIGHT
 from inferwatch.k8s import kit as k8s
 from inferwatch.runbooks.actions.kubernetes_api import RBAC_RULES
-from tests.conftest import REPO, _tool, shared_path
+from support.k8s import KIT, render, validate
+from support.shared import REPO, tool
 
-KIT = REPO / "deploy" / "kubernetes"
+pytestmark = pytest.mark.proc
+
 OVERLAYS = sorted(p.parent.name for p in (KIT / "overlays").glob("*/kustomization.yaml"))
-#: oldest Kubernetes the kit supports, and the newest schema kubernetes-validate ships
-KUBERNETES_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
 SPLITS = (HEADER, WEIGHT, USER)  # the order of the route's rules
-CRD_GROUPS = ("monitoring.coreos.com", "gateway.networking.k8s.io", "keda.sh")
-
-
-class _CrdLoader(yaml.SafeLoader):
-    """PyYAML reads a bare ``=`` (an enum value in the CRDs) as YAML 1.1's value tag."""
-
-
-_CrdLoader.add_constructor("tag:yaml.org,2002:value", yaml.SafeLoader.construct_scalar)
 
 
 @pytest.fixture(scope="module")
 def kubectl() -> str:
-    return _tool("kubectl")
-
-
-@cache
-def _render(kubectl: str, overlay: str) -> tuple[dict[str, Any], ...]:
-    result = subprocess.run(
-        [kubectl, "kustomize", str(KIT / "overlays" / overlay)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return tuple(d for d in yaml.safe_load_all(result.stdout) if d)
+    return tool("kubectl")
 
 
 @pytest.fixture(params=OVERLAYS)
 def rendered(request: pytest.FixtureRequest, kubectl: str) -> tuple[str, list[dict[str, Any]]]:
     overlay = str(request.param)
-    return overlay, copy.deepcopy(list(_render(kubectl, overlay)))
-
-
-def _strict(schema: Any) -> Any:
-    """The schema with ``additionalProperties: false`` wherever properties are listed and
-    unknown fields are not explicitly kept, and patterns in Python's regex dialect."""
-    if isinstance(schema, list):
-        return [_strict(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    strict = {key: _strict(value) for key, value in schema.items()}
-    pattern = strict.get("pattern")
-    if isinstance(pattern, str) and "(?i)" in pattern[1:]:
-        # Go's RE2 takes a flag group anywhere; Python's re only at the start
-        strict["pattern"] = "(?i)" + pattern.replace("(?i)", "")
-    if (
-        "properties" in strict
-        and "additionalProperties" not in strict
-        and not strict.get("x-kubernetes-preserve-unknown-fields")
-    ):
-        strict["additionalProperties"] = False
-    return strict
-
-
-@cache
-def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
-    """(apiVersion, kind) -> strict schema, from every CRD file of the shared fixtures."""
-    schemas = {}
-    for path in sorted(shared_path("fixtures/crds").glob("*.yaml")):
-        crd = yaml.load(path.read_text(encoding="utf-8"), Loader=_CrdLoader)
-        spec = crd["spec"]
-        if spec["group"] not in CRD_GROUPS:
-            continue
-        for version in spec["versions"]:
-            schema = _strict(version["schema"]["openAPIV3Schema"])
-            schema["properties"]["metadata"] = {"type": "object"}
-            schemas[(f"{spec['group']}/{version['name']}", spec["names"]["kind"])] = schema
-    return schemas
-
-
-def validate(document: dict[str, Any]) -> None:
-    """Raise when ``document`` breaks its schema (CRD or Kubernetes, by its apiVersion)."""
-    key = (document["apiVersion"], document["kind"])
-    if key[0].split("/")[0] in CRD_GROUPS:
-        assert key in crd_schemas(), f"no CRD schema for {key}"
-        jsonschema.validate(document, crd_schemas()[key])
-        return
-    for version in KUBERNETES_VERSIONS:
-        kubernetes_validate.validate(document, version, strict=True)
+    return overlay, copy.deepcopy(list(render(kubectl, overlay)))
 
 
 def test_every_overlay_is_rendered() -> None:
@@ -158,7 +88,7 @@ def _first(documents: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 )  # fmt: skip
 def test_the_validation_rejects_a_broken_object(kubectl: str, kind: str, breaks: Any) -> None:
     """The check above can fail: each class of mistake in a kit object is caught."""
-    document = _first(list(_render(kubectl, "single-cluster")), kind)
+    document = _first(list(render(kubectl, "single-cluster")), kind)
     validate(document)
     breaks(document)
     with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):

@@ -21,7 +21,10 @@ from inferwatch.alerts import writer
 from inferwatch.k8s import autoscaling
 from inferwatch.k8s import kit as k8s
 from inferwatch.mixin import config as alert_config
-from tests.test_k8s import KIT, _render, validate
+from support.k8s import KIT, render, validate
+from support.shared import tool
+
+pytestmark = pytest.mark.proc
 
 SCALED = autoscaling.scaled_model(KIT)
 #: the sidecar's label set on the kit's model, as test_alerts' promtool cases use it
@@ -32,7 +35,7 @@ LABELS = (
 
 
 def _documents(kubectl: str, overlay: str) -> list[dict[str, Any]]:
-    return copy.deepcopy(list(_render(kubectl, overlay)))
+    return copy.deepcopy(list(render(kubectl, overlay)))
 
 
 def _one(documents: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -42,9 +45,7 @@ def _one(documents: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any
 
 @pytest.fixture(scope="module")
 def kubectl() -> str:
-    from tests.conftest import _tool
-
-    return _tool("kubectl")
+    return tool("kubectl")
 
 
 def test_the_kit_scales_its_model_deployment() -> None:

@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from inferwatch.cli import main
 from inferwatch.k8s import autoscaling as k8s_autoscaling
 from inferwatch.k8s import kit as k8s
-from tests.conftest import REPO, _tool
+from support.shared import REPO, tool
+
+pytestmark = pytest.mark.proc
 
 KIT = REPO / "deploy" / "kubernetes"
 
@@ -62,7 +64,7 @@ def test_a_changed_or_left_over_file_is_stale_until_regenerated(kit: Path) -> No
 
 
 def test_a_new_site_file_becomes_an_overlay_that_renders(kit: Path) -> None:
-    kubectl = _tool("kubectl")
+    kubectl = tool("kubectl")
     (kit / "sites" / "west.yaml").write_text(
         "namespace: llm\ncluster: west\n"
         "monitoring: {remote_write: {url: http://central:9090/api/v1/write, max_shards: 8}}\n"
@@ -87,7 +89,7 @@ def test_a_new_site_file_becomes_an_overlay_that_renders(kit: Path) -> None:
 
 def test_generated_dashboards_join_the_kit_once_they_exist(kit: Path, tmp_path: Path) -> None:
     """The dashboards component lists whatever ConfigMaps the dashboards generator wrote."""
-    kubectl = _tool("kubectl")
+    kubectl = tool("kubectl")
     dashboards = tmp_path / "dashboards"
     dashboards.mkdir()
     configmap = {

@@ -22,7 +22,9 @@ from inferwatch.runbooks.actions.kubernetes_api import RBAC_RULES, connect
 from inferwatch.runbooks.actions.kubernetes_xid import REMEDIATION, XidRemediation
 from inferwatch.runbooks.actions.node_isolation import ISOLATION, TAINT_KEY, NodeIsolation
 from inferwatch.runbooks.actions.pod_restart import PodRestart
-from tests.conftest import shared_path
+from support.shared import shared_path
+
+pytestmark = pytest.mark.unit
 
 CRD = shared_path("fixtures/crds/gateway.networking.k8s.io_httproutes.yaml")
 GPU = "GPU-5fa1c0de-1234-5678-9abc-def012345678"

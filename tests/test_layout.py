@@ -24,6 +24,8 @@ SHARED_PACKAGES = ("serving", "mixin")
 #: shared modules that are entry points rather than a face for components
 ENTRY_POINTS = ("inferwatch", "inferwatch.__main__", "inferwatch.cli")
 
+pytestmark = pytest.mark.unit
+
 
 @dataclass(frozen=True)
 class Import:

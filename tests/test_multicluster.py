@@ -23,7 +23,7 @@ import httpx
 import localfleet
 import pytest
 
-from tests.conftest import shared_path
+from support.shared import shared_path
 
 pytestmark = pytest.mark.e2e
 

@@ -25,6 +25,8 @@ from inferwatch.exporters.gpu import podresources_api_pb2_grpc as api_grpc
 from inferwatch.exporters.gpu.podresources import PodResourcesClient, PodResourcesError
 from inferwatch.exporters.gpu.scope import KubeletScope, ScopeUnknown, resolve
 
+pytestmark = pytest.mark.proc
+
 REPO = Path(__file__).resolve().parent.parent
 GPU_A = "GPU-8f1c2a7e-3b4d-4e5f-9a0b-1c2d3e4f5a6b"
 GPU_B = "GPU-00b2b091-2154-3d4b-55dd-be43b60b9d6a"

@@ -11,7 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferwatch.probes import checks, degeneracy, golden, scoring
 from inferwatch.probes.livesample import DegeneracySampler
 from inferwatch.probes.reply import Reply, ToolCall
-from tests.conftest import shared_path
+from support.shared import shared_path
+
+pytestmark = pytest.mark.unit
 
 LATIN = frozenset({"latin"})
 HANDBOOK = next(g for g in golden.load().probes if "long-prefix" in g.tags).messages[0]["content"]

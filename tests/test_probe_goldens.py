@@ -9,6 +9,8 @@ import pytest
 from inferwatch.probes import golden, scoring
 from inferwatch.probes.golden import GoldenError
 
+pytestmark = pytest.mark.unit
+
 FIXTURES = Path(__file__).parent / "fixtures" / "probes"
 
 

@@ -16,6 +16,8 @@ from inferwatch.cli import main
 from inferwatch.probes import client, golden
 from inferwatch.probes.runner import ProbeRunner, Target
 
+pytestmark = pytest.mark.unit
+
 MODELS = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
 #: replies no JSON parser reads back as data, as a whole body or as one stream frame
 POISONS = {

@@ -26,7 +26,7 @@ from inferwatch.probes.runner import ProbeRunner, Schedule, Target
 from inferwatch.probes.server import ProbeServer
 from inferwatch.probes.verdict import Policy
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.unit]
 
 GOLDENS = golden.load()
 FAST = Schedule(cycle_s=0, jitter=0, timeout_s=5, tokens_per_hour=10_000_000)

@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import scripted_engine as harness
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
@@ -23,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+import support.scripted_engine as harness
 from inferwatch.probes import golden
 from inferwatch.probes.client import Endpoint
 from inferwatch.probes.runner import ProbeRunner, Schedule, Target
@@ -34,6 +34,8 @@ from inferwatch.proxy.usage import Usage
 from inferwatch.serving.endpoints import metrics_response
 from inferwatch.sim.server import run_in_thread
 from inferwatch.sim.simulator import SimConfig
+
+pytestmark = pytest.mark.proc
 
 MODEL = "sim-model"
 DRIFT = "inferwatch_tenancy_reconciliation_drift_tokens"

@@ -6,7 +6,11 @@ import json
 import random
 from pathlib import Path
 
+import pytest
+
 from inferwatch.probes.verdict import Policy, SeriesKey, Verdicts
+
+pytestmark = pytest.mark.unit
 
 IDS = frozenset(f"g{i}" for i in range(10))
 KEY = SeriesKey("replica-a", "direct", "m", "v1")

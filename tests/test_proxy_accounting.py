@@ -17,6 +17,8 @@ from inferwatch.proxy.usage import (
     estimate_prompt_tokens,
 )
 
+pytestmark = pytest.mark.unit
+
 PROMPT = 37
 
 

@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from proxy_stack import CHAT, KEYS, Engine, Stack, auth, samples
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from inferwatch.proxy.admission import BudgetLedger
 from inferwatch.proxy.tenants import hash_key
+from support.proxy_stack import CHAT, KEYS, Engine, Stack, auth, samples
+
+pytestmark = pytest.mark.unit
 
 MakeStack = Callable[..., Stack]
 

@@ -11,6 +11,8 @@ from inferwatch.cli import main
 from inferwatch.proxy.config import ConfigError, load, parse
 from inferwatch.proxy.tenants import hash_key
 
+pytestmark = pytest.mark.unit
+
 FULL = f"""
 upstream:
   url: http://engine:8000

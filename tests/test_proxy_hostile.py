@@ -12,10 +12,13 @@ from typing import Any
 
 import httpx
 import pytest
-import scripted_engine as se
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from proxy_stack import CHAT, Engine, Stack, auth, samples
+
+import support.scripted_engine as se
+from support.proxy_stack import CHAT, Engine, Stack, auth, samples
+
+pytestmark = pytest.mark.unit
 
 MakeStack = Callable[..., Stack]
 SLOW = settings(

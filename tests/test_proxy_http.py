@@ -12,12 +12,14 @@ from typing import Any
 
 import httpx
 import pytest
-import scripted_engine as se
 from prometheus_client.parser import text_string_to_metric_families
 
+import support.scripted_engine as se
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
 from inferwatch.proxy.tenants import hash_key
+
+pytestmark = pytest.mark.proc
 
 KEYS = {"acme": "sk-acme-1", "globex": "sk-globex-1"}
 CHAT = "/v1/chat/completions"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import string
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
@@ -17,6 +18,8 @@ from inferwatch.proxy.labels import OTHER, BoundedLabels, split_label
 from inferwatch.proxy.metrics import ProxyMetrics
 from inferwatch.proxy.tenants import TenantResolver, hash_key
 from inferwatch.proxy.usage import Usage
+
+pytestmark = pytest.mark.unit
 
 
 class Clock:

@@ -20,16 +20,19 @@ from typing import Any
 
 import httpx
 import pytest
-import scripted_engine as se
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import event as note_case
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+import support.scripted_engine as se
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
 from inferwatch.proxy.tenants import hash_key
 from inferwatch.proxy.usage import estimate_prompt_tokens
+from support.wait import wait_for
+
+pytestmark = pytest.mark.unit
 
 KEYS = {"acme": "sk-acme-1", "globex": "sk-globex-1"}
 READ_TIMEOUT = 0.4
@@ -135,15 +138,6 @@ def settled(client: httpx.Client, before: Samples, timeout: float = 5.0) -> Samp
         if counted >= 1 or time.monotonic() > deadline:
             return after
         time.sleep(0.002)
-
-
-def wait_for(predicate: Any, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.002)
-    return True
 
 
 # ---------------------------------------------------------------- the engine's side
@@ -461,7 +455,7 @@ def check_stream(stack: Stack, case: Case, before: Samples) -> None:
         seen = received_events(visible, received)
         check_bounds(source, charged, seen, sent, case.engine_prompt, estimate)
     if case.ending == "stall":  # the proxy hung up on the engine, which stops generating
-        assert wait_for(lambda: stack.engine.aborted >= 1), "the stalled engine was never let go"
+        wait_for(lambda: stack.engine.aborted >= 1, "the stalled engine let go", 5, interval=0.01)
 
 
 def check_bounds(
@@ -560,7 +554,7 @@ def check_reply(stack: Stack, case: Case, before: Samples) -> None:
         assert errors == {(reason,): 1}
     assert sources == {"estimated"} and charged == {"prompt": estimate}
     if case.ending == "stall":
-        assert wait_for(lambda: stack.engine.aborted >= 1), "the stalled engine was never let go"
+        wait_for(lambda: stack.engine.aborted >= 1, "the stalled engine let go", 5, interval=0.01)
 
 
 @settings(max_examples=40, deadline=None, database=None, derandomize=True)

@@ -11,11 +11,13 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from proxy_stack import CHAT, KEYS, Engine, Stack, auth, samples
 
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy import routes
 from inferwatch.proxy.tenants import hash_key
+from support.proxy_stack import CHAT, KEYS, Engine, Stack, auth, samples
+
+pytestmark = pytest.mark.unit
 
 MakeStack = Callable[..., Stack]
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}

@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import scripted_engine as harness
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
+import support.scripted_engine as harness
 from inferwatch.probes import client as probe_client
 from inferwatch.probes import degeneracy, golden
 from inferwatch.probes.livesample import LIVE_SIGNALS
@@ -32,6 +32,8 @@ from inferwatch.proxy.sampling import TranscribingMeter, prompt_text
 from inferwatch.proxy.tenants import hash_key
 from inferwatch.sim.server import run_in_thread
 from inferwatch.sim.simulator import SimConfig
+
+pytestmark = pytest.mark.proc  # platform.processor() runs uname -p the first time
 
 MODEL = "sim-model"
 ADMIN = "admin-token"

@@ -12,14 +12,16 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-import scripted_engine as se
-from proxy_stack import KEYS, Engine
 
+import support.scripted_engine as se
 from inferwatch.proxy.tenants import hash_key
+from support.proxy_stack import KEYS, Engine
+from support.wait import wait_for
+
+pytestmark = pytest.mark.proc
 
 GRACE = 2.0
 INFERWATCH = Path(sys.executable).parent / "inferwatch"
@@ -87,15 +89,6 @@ def hold(url: str) -> httpx.Response:
     return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
 
 
-def wait_for(condition: Any, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def refused(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
@@ -128,17 +121,17 @@ def test_sigterm_drains_then_cuts_short_and_charges_every_token(
     )  # fmt: skip
     try:
         url = f"http://127.0.0.1:{port}"
-        assert wait_for(lambda: not refused(metrics_port)), "the proxy did not start"
+        wait_for(lambda: not refused(metrics_port), "the proxy to start", 15, interval=0.01)
         short, long = Stream(url, 20), Stream(url, 1000)  # 0.4 s and 20 s at 20 ms a token
         short.start(), long.start()
         held: list[httpx.Response] = []  # a whole (unstreamed) reply the engine holds 30 s
         waiting = threading.Thread(target=lambda: held.append(hold(url)), daemon=True)
         waiting.start()
-        assert wait_for(lambda: short.tokens >= 2 and long.tokens >= 2)
-        assert wait_for(lambda: len(engine.engine.requests) == 3)
+        wait_for(lambda: short.tokens >= 2 and long.tokens >= 2, "both streams", 15, interval=0.01)
+        wait_for(lambda: len(engine.engine.requests) == 3, "3 engine requests", 15, interval=0.01)
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
-        assert wait_for(lambda: refused(port), timeout=5), "still accepting after SIGTERM"
+        wait_for(lambda: refused(port), "refusal after SIGTERM", 5, interval=0.01)
         assert short.ended.wait(10) and long.ended.wait(GRACE + 10)
         cut_after = time.monotonic() - signalled
         _, stderr = process.communicate(timeout=20)

@@ -14,15 +14,17 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import scripted_engine as harness
 from prometheus_client.parser import text_string_to_metric_families
 
+import support.scripted_engine as harness
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
 from inferwatch.proxy.reconcile import engine_token_counters
 from inferwatch.proxy.tenants import hash_key
 from inferwatch.sim.server import run_in_thread
 from inferwatch.sim.simulator import SimConfig
+
+pytestmark = pytest.mark.unit
 
 MODEL = "sim-model"
 

@@ -18,10 +18,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+import support.runbooks_harness as h
 from inferwatch import auth
 from inferwatch.cli import main
 from inferwatch.runbooks import audit as audit_module
-from tests import runbooks_harness as h
+
+pytestmark = pytest.mark.proc
 
 
 @pytest.fixture

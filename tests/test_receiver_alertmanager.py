@@ -12,8 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests import runbooks_harness as h
-from tests.conftest import _tool, free_port
+import support.runbooks_harness as h
+from support.ports import free_port
+from support.shared import tool
 
 pytestmark = pytest.mark.e2e
 
@@ -49,7 +50,7 @@ receivers:
     log = (tmp_path / "alertmanager.log").open("wb")
     process = subprocess.Popen(
         [
-            _tool("prometheus-alertmanager"),
+            tool("prometheus-alertmanager"),
             f"--config.file={config}",
             f"--storage.path={tmp_path / 'am-data'}",
             f"--web.listen-address=127.0.0.1:{port}",

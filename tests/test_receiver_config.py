@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+import support.runbooks_harness as h
 from inferwatch.cli import main
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks import registry
 from inferwatch.runbooks.config import ConfigError
-from tests import runbooks_harness as h
+
+pytestmark = pytest.mark.unit
 
 
 def rule(**changes: Any) -> dict[str, Any]:

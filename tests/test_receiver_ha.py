@@ -18,8 +18,7 @@ import json
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from support.ports import free_port
+from support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -36,17 +36,8 @@ FIXTURE = "vllm-generated-0.33.0-1engine"
 RECEIVER_TOKEN = "receiver-token-0123456789"
 SIDECAR_TOKEN = "sidecar-admin-token-0123456789"
 DEADLINE_S = 60.0
-
-
-def wait_until(check: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-            result = check()
-            if result:
-                return result
-        time.sleep(0.1)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+#: what a wait reads as 'not yet': a server still starting, a reply not yet complete
+WAITING = (httpx.HTTPError, ValueError, KeyError)
 
 
 @contextlib.contextmanager
@@ -60,7 +51,7 @@ def running(args: list[str], ready_url: str, log: Path) -> Iterator[None]:
             assert process.poll() is None, f"{args[0]} exited:\n{log.read_text()}"
             return httpx.get(ready_url, timeout=2).status_code == 200
 
-        wait_until(ready, ready_url)
+        wait_for(ready, ready_url, DEADLINE_S, ignore=WAITING)
         yield
     finally:
         process.terminate()
@@ -208,7 +199,12 @@ def test_two_alertmanagers_and_two_receivers_isolate_a_replica_once(
             states = [httpx.get(f"{am}/api/v2/status", timeout=5).json()["cluster"] for am in ams]
             return all(s["status"] == "ready" and len(s["peers"]) == 2 for s in states)
 
-        wait_until(clustered, "the two Alertmanagers to form one settled cluster")
+        wait_for(
+            clustered,
+            "the two Alertmanagers to form one settled cluster",
+            DEADLINE_S,
+            ignore=WAITING,
+        )
         assert httpx.get(f"{sidecar}/readyz", timeout=5).status_code == 200
 
         alert = {
@@ -233,7 +229,12 @@ def test_two_alertmanagers_and_two_receivers_isolate_a_replica_once(
                 for r in receivers
             )
 
-        wait_until(settled, "both receivers to act and then see a duplicate")
+        wait_for(
+            settled,
+            "both receivers to act and then see a duplicate",
+            DEADLINE_S,
+            ignore=WAITING,
+        )
         decisions = {r.name: r.decisions(fingerprint) for r in receivers}
         outcomes = [d["outcome"] for ds in decisions.values() for d in ds]
         assert outcomes.count("applied") == 1, decisions

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from inferwatch.runbooks import payload
 from inferwatch.runbooks.payload import PayloadError
 
+pytestmark = pytest.mark.unit
+
 # A real Alertmanager 0.25 notification, as captured in the reference notes (section 4.1).
 CAPTURED = {
     "receiver": "pager-and-remediator",

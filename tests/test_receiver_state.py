@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from inferwatch.runbooks import dedup
 from inferwatch.runbooks.actions.base import Step, Unit
 from inferwatch.runbooks.breaker import CircuitBreaker
 from inferwatch.runbooks.config import Breaker
 from inferwatch.runbooks.dedup import SeenSet
+
+pytestmark = pytest.mark.unit
 
 
 def step(target: str, group: str = "llama", unit: Unit = "replica") -> Step:

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests import conftest
-from tests.conftest import REPO, SHARED, shared_path
+import support.shared
+from support.shared import REPO, SHARED, shared_path
+
+pytestmark = pytest.mark.unit
 
 
 def digests(folder: Path) -> dict[str, Path]:
@@ -32,7 +34,7 @@ def test_the_project_carries_no_copy_of_a_shared_file() -> None:
 def test_a_missing_shared_folder_skips_with_the_reason_and_fails_under_ci(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(conftest, "SHARED", tmp_path / "shared")
+    monkeypatch.setattr(support.shared, "SHARED", tmp_path / "shared")
     monkeypatch.delenv("CI", raising=False)
     with pytest.raises(pytest.skip.Exception, match=r"shared folder is missing .*\.\./shared/"):
         shared_path("fixtures/engines")

@@ -19,7 +19,9 @@ from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.logs import JsonFormatter
 from inferwatch.serving.page_fetch import EngineScraper
 from inferwatch.serving.readiness import Condition
-from tests.conftest import shared_path
+from support.shared import shared_path
+
+pytestmark = pytest.mark.unit
 
 FIXTURES = shared_path("fixtures")
 VLLM_PAGE = "fixture/vllm-generated-0.33.0-1engine/metrics"

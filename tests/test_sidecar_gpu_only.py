@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -28,7 +27,10 @@ from inferwatch.exporters.gpu.recording import Recording
 from inferwatch.exporters.gpu.replay import ReplayTelemetry
 from inferwatch.exporters.gpu.scope import resolve
 from inferwatch.exporters.sidecar import Sidecar
-from tests.conftest import shared_path
+from support.shared import shared_path
+from support.wait import wait_for
+
+pytestmark = pytest.mark.proc
 
 RECORDING = shared_path("fixtures/gpu/nvml-h200")
 INFERWATCH = Path(sys.executable).parent / "inferwatch"
@@ -136,19 +138,6 @@ def test_admin_token_file_without_engine_is_refused(tmp_path: Path) -> None:
         main, ["sidecar", f"--gpu=replay={RECORDING}", f"--admin-token-file={token}"]
     )
     assert result.exit_code == 2 and "no replica to isolate" in result.output
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-        except httpx.HTTPError:
-            result = None
-        if result:
-            return result
-        time.sleep(0.2)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def test_cli_without_engine_url_runs_in_gpu_only_mode(

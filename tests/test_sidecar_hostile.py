@@ -39,6 +39,8 @@ from inferwatch.serving.page_fetch import (
     ScrapeFailure,
 )
 
+pytestmark = pytest.mark.unit
+
 MiB = 1 << 20
 
 

@@ -26,6 +26,8 @@ from inferwatch.serving.page_fetch import EngineScraper
 from inferwatch.sim.server import SimHandle, run_in_thread
 from inferwatch.sim.simulator import SimConfig
 
+pytestmark = pytest.mark.unit
+
 TOKEN = "admin-secret"
 
 

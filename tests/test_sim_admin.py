@@ -27,6 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferwatch.sim.server import SimHandle, bind, run_in_thread, start_subprocess
 from inferwatch.sim.simulator import SimConfig
 
+pytestmark = pytest.mark.proc
+
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 GPUS = 2  # engine_ranks=2, one GPU each

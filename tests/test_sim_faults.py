@@ -19,6 +19,8 @@ from inferwatch.demo.signals import Scrape, quantiles
 from inferwatch.sim.server import SimHandle, run_in_thread, start_subprocess
 from inferwatch.sim.simulator import SimConfig
 
+pytestmark = pytest.mark.proc
+
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

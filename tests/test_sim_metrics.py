@@ -14,7 +14,9 @@ from inferwatch.capacity import planner as cap
 from inferwatch.sim.gpu import SimulatedGPU
 from inferwatch.sim.server import SimHandle, run_in_thread
 from inferwatch.sim.simulator import SimConfig
-from tests.conftest import shared_path
+from support.shared import shared_path
+
+pytestmark = pytest.mark.unit
 
 VLLM_FIXTURE = shared_path("fixtures/engines/vllm-generated-0.33.0-1engine.prom")
 DCGM_FIXTURES = sorted(shared_path("fixtures/gpu/dcgm").glob("*.prom"))

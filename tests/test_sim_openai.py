@@ -18,6 +18,8 @@ from inferwatch.sim.answers import prompt_key
 from inferwatch.sim.server import SimHandle, run_in_thread, start_subprocess
 from inferwatch.sim.simulator import SimConfig
 
+pytestmark = pytest.mark.proc
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 FRANCE = "What is the capital of France? Reply with the city name only."

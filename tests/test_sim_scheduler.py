@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,6 +12,8 @@ from inferwatch.capacity import planner as cap
 from inferwatch.capacity.roofline import Roofline
 from inferwatch.sim.kvcache import BlockPool
 from inferwatch.sim.scheduler import Request, Scheduler, Status
+
+pytestmark = pytest.mark.unit
 
 BLOCK = 4
 

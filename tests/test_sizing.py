@@ -24,6 +24,8 @@ from inferwatch.cli import main
 from inferwatch.sim.kvcache import BlockPool
 from inferwatch.sim.scheduler import Request, Scheduler
 
+pytestmark = pytest.mark.unit
+
 LLAMA_H100 = cap.compute(cap.model_preset("llama-3.1-8b"), cap.gpu_preset("H100"))
 
 

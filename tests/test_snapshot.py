@@ -28,6 +28,8 @@ from inferwatch.dashboards.snapshot import (
     time_ticks,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def run(*args: str) -> tuple[int, list[str]]:
     result = CliRunner().invoke(main, ["snapshot", *args])

@@ -22,7 +22,9 @@ from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.exporters.sidecar_cli import sidecar
 from inferwatch.exporters.sources import CATALOGUE
 from inferwatch.logs import JsonFormatter
-from tests.conftest import shared_path
+from support.shared import shared_path
+
+pytestmark = pytest.mark.unit
 
 
 def test_every_source_module_is_in_the_catalogue_once() -> None:

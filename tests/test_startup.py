@@ -36,7 +36,9 @@ from inferwatch.serving.page_fetch import EngineScraper
 from inferwatch.sim.coldstart import capture_size
 from inferwatch.sim.server import SimHandle, run_in_thread, start_subprocess
 from inferwatch.sim.simulator import SimConfig
-from tests.conftest import free_port
+from support.ports import free_port
+
+pytestmark = pytest.mark.proc
 
 INFERWATCH = Path(sys.executable).parent / "inferwatch"
 TOKEN = "admin-secret"

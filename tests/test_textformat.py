@@ -21,7 +21,9 @@ from prometheus_client.registry import Collector
 from inferwatch.exporters import engines
 from inferwatch.serving import textformat
 from inferwatch.serving.textformat import Exposition, parse
-from tests.conftest import shared_path
+from support.shared import shared_path
+
+pytestmark = pytest.mark.unit
 
 ENGINE_CAPTURES = sorted(shared_path("fixtures/engines").glob("*.prom"))
 DCGM_CAPTURES = sorted(shared_path("fixtures/gpu/dcgm").glob("*.prom"))

@@ -11,6 +11,8 @@ import pytest
 from inferwatch.proxy import config as proxy_config
 from inferwatch.runbooks import config as runbooks_config
 
+pytestmark = pytest.mark.unit
+
 LOADERS: dict[str, tuple[Callable[[Path], Any], type[Exception]]] = {
     "proxy": (proxy_config.load, proxy_config.ConfigError),
     "runbooks": (runbooks_config.load, runbooks_config.ConfigError),

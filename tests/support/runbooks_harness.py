@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.dispatch import Dispatcher
 from inferwatch.runbooks.server import Receiver
 from inferwatch.serving.page_fetch import EngineScraper
+from support.wait import wait_for
 
 RECEIVER_TOKEN = "receiver-token-0123456789"
 SIDECAR_TOKEN = "sidecar-admin-token-0123456789"
@@ -118,13 +118,12 @@ class ReceiverUnderTest:
         return [r["outcome"] for r in self.audit() if "outcome" in r]
 
     def wait_for(self, outcome: str, timeout: float = 15.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for record in self.audit():
-                if record.get("outcome") == outcome:
-                    return record
-            time.sleep(0.02)
-        raise AssertionError(f"no {outcome!r} in the audit log: {self.outcomes()}")
+        """The first audit record with ``outcome``, once the worker has written it."""
+
+        def found() -> dict[str, Any] | None:
+            return next((r for r in self.audit() if r.get("outcome") == outcome), None)
+
+        return wait_for(found, f"{outcome!r} in the audit log", timeout, interval=0.02)
 
     def stop(self) -> None:
         self.served.stop()

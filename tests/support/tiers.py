@@ -1,0 +1,170 @@
+"""Test tiers: every test carries exactly one tier marker, ``unit`` tests are held to it, and the
+run ends with the time each tier took against its CI budget.
+
+A ``unit`` test starts no process and opens no socket beyond loopback: the guard fails one that
+does, naming what it did, so the fast tier stays fast and runs anywhere. The guard covers the
+test's fixtures too (it is active from setup to teardown).
+"""
+
+from __future__ import annotations
+
+import _posixsubprocess  # type: ignore[import-not-found]
+import ipaddress
+import multiprocessing.process
+import os
+import socket
+import subprocess
+from collections.abc import Callable, Generator
+from typing import Any
+
+import pytest
+
+#: tier -> CI budget in minutes (None: not budgeted, e.g. gpu runs only where a GPU is)
+TIERS: dict[str, float | None] = {
+    "unit": 3,
+    "proc": 8,
+    "e2e": 8,
+    "realengine": 8,
+    "gpu": None,
+}
+_TIER_KEY = pytest.StashKey[str]()
+_SPENT = pytest.StashKey[dict[str, float]]()
+
+
+class TierViolation(Exception):
+    """A ``unit`` test did what only a ``proc`` or ``e2e`` test may do."""
+
+
+def tier_of(item: pytest.Item) -> str:
+    return item.stash[_TIER_KEY]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Fail the run, before anything runs, naming every test with no tier or more than one."""
+    wrong = []
+    for item in items:
+        tiers = sorted({mark.name for mark in item.iter_markers() if mark.name in TIERS})
+        if len(tiers) == 1:
+            item.stash[_TIER_KEY] = tiers[0]
+        else:
+            wrong.append(f"  {item.nodeid}: {', '.join(tiers) or 'no tier'}")
+    if wrong:
+        raise pytest.UsageError(
+            f"every test carries exactly one tier marker ({', '.join(TIERS)}); "
+            f"{len(wrong)} do not:\n" + "\n".join(wrong)
+        )
+
+
+def _loopback(address: Any) -> bool:
+    if not isinstance(address, tuple):  # a unix socket path
+        return True
+    try:
+        return ipaddress.ip_address(address[0].split("%")[0]).is_loopback
+    except ValueError:
+        return address[0] == "localhost"
+
+
+class Guard:
+    """Patches process starts and socket connect/bind for the duration of one unit test."""
+
+    def __init__(self) -> None:
+        self.violations: list[str] = []
+        self._patch = pytest.MonkeyPatch()
+
+    def refuse(self, what: str) -> None:
+        message = f"a unit test {what}; mark it proc (or e2e) instead"
+        self.violations.append(message)
+        raise TierViolation(message)
+
+    def __enter__(self) -> Guard:
+        def process(name: str) -> Callable[..., Any]:
+            def refused(*args: Any, **kwargs: Any) -> Any:
+                self.refuse(f"started a process ({name})")
+
+            return refused
+
+        def popen(popen: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+            shown = " ".join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)
+            self.refuse(f"started a process: {shown}")
+
+        patch = self._patch
+        patch.setattr(subprocess.Popen, "__init__", popen)
+        patch.setattr(_posixsubprocess, "fork_exec", process("fork_exec"))
+        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+            patch.setattr(os, name, process(f"os.{name}"))
+        patch.setattr(multiprocessing.process.BaseProcess, "start", process("multiprocessing"))
+        for method in ("bind", "connect", "connect_ex"):
+            patch.setattr(socket.socket, method, self._socket_call(method))
+        return self
+
+    def _socket_call(self, method: str) -> Callable[..., Any]:
+        real = getattr(socket.socket, method)
+
+        def checked(sock: socket.socket, address: Any, *args: Any) -> Any:
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and not _loopback(address):
+                self.refuse(f"called socket.{method}{(address,)!r}, beyond loopback")
+            return real(sock, address, *args)
+
+        return checked
+
+    def __exit__(self, *exc: object) -> None:
+        self._patch.undo()
+
+
+def _guarded(item: pytest.Item) -> Generator[None, None, None]:
+    if tier_of(item) != "unit":
+        yield
+        return
+    with Guard() as active:
+        yield
+    if active.violations:  # also when the code under test swallowed the exception
+        pytest.fail("\n".join(active.violations), pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _guarded(item))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_SPENT] = {}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Add each phase (setup, call, teardown) of a test to its tier's time."""
+    report = yield
+    spent = item.config.stash[_SPENT]
+    tier = item.stash.get(_TIER_KEY, "")
+    if tier:
+        spent[tier] = spent.get(tier, 0.0) + report.duration
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Per tier: time spent and its CI budget; a tier over budget is flagged, never failed."""
+    spent = config.stash[_SPENT]
+    if not spent:
+        return
+    terminalreporter.section("time per tier")
+    terminalreporter.write_line(f"{'tier':<11} {'spent':>8} {'budget':>8}")
+    for tier, budget in TIERS.items():
+        if tier not in spent:
+            continue
+        minutes = spent[tier] / 60
+        shown = f"{budget:g} min" if budget is not None else "-"
+        over = "  OVER BUDGET" if budget is not None and minutes > budget else ""
+        terminalreporter.write_line(f"{tier:<11} {minutes:>4.1f} min {shown:>8}{over}")

@@ -1,0 +1,51 @@
+"""The tier guard refuses what a unit test may not do, and every test must carry one tier."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+
+from support.tiers import Guard, TierViolation
+
+pytestmark = pytest.mark.unit
+
+
+def test_starting_a_process_is_refused_naming_the_command() -> None:
+    with Guard() as active, pytest.raises(TierViolation, match=r"started a process: true -v"):
+        subprocess.run(["true", "-v"], check=False)
+    assert len(active.violations) == 1
+
+
+def test_a_socket_beyond_loopback_is_refused_and_loopback_is_not() -> None:
+    with Guard(), socket.socket() as sock:
+        with pytest.raises(TierViolation, match=r"socket\.connect\(\('192\.0\.2\.1', 9\)"):
+            sock.connect(("192.0.2.1", 9))
+        with socket.socket() as local:
+            local.bind(("127.0.0.1", 0))
+            assert local.getsockname()[1] > 0
+
+
+def test_a_test_without_a_tier_or_with_two_fails_the_run(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest('pytest_plugins = ["support.tiers"]')
+    pytester.makepyfile(
+        """
+        import pytest
+
+        def test_none():
+            pass
+
+        @pytest.mark.unit
+        @pytest.mark.proc
+        def test_two():
+            pass
+
+        @pytest.mark.unit
+        def test_one():
+            pass
+        """
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*2 do not:*", "*::test_none: no tier", "*::test_two: proc, unit"])
