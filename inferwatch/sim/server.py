@@ -48,6 +48,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferwatch.serving import uvicorn_server
 from inferwatch.sim import openai_api as api
 from inferwatch.sim.metrics import UNINSTRUMENTED_PATHS, VllmMetrics
 from inferwatch.sim.simulator import SimConfig, Simulator
@@ -160,16 +161,7 @@ class _Servers:
             self.sockets.append(bind(config.host, config.gpu_port))
             apps.append(create_gpu_app(sim))
         self.servers = [
-            uvicorn.Server(
-                uvicorn.Config(
-                    app,
-                    log_config=None,
-                    log_level="warning",
-                    access_log=False,
-                    lifespan="auto",
-                    timeout_graceful_shutdown=2,
-                )
-            )
+            uvicorn.Server(uvicorn_server.config(app, lifespan="auto", timeout_graceful_shutdown=2))
             for app in apps
         ]
         self.url = _url(config.host, self.sockets[0])
