@@ -21,6 +21,7 @@ from typing import Any
 import click
 import httpx
 
+from inferwatch.clikit import BadInput, CannotRun, cannot_write
 from inferwatch.dashboards import queries, writer
 from inferwatch.mixin import config as alert_config
 from inferwatch.mixin.config import seconds
@@ -42,12 +43,6 @@ _SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 #: Grafana unit ids -> the name printed after a value (``suffix:x`` units print ``x``)
 UNIT_NAMES = {"reqps": "req/s", "watt": "W", "celsius": "°C", "hertz": "Hz"}
 _IEC = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
-
-
-class BadInput(click.ClickException):
-    """A user's input that cannot give a snapshot; one line, exit status 2."""
-
-    exit_code = 2
 
 
 @dataclass
@@ -97,7 +92,8 @@ def legend(template: str, labels: Mapping[str, str]) -> str:
 
 
 class Prometheus:
-    """The two queries a snapshot needs, with every failure as one BadInput line."""
+    """The two queries a snapshot needs, with every failure as one line: unreachable is
+    CANNOT_RUN, an answer that is not Prometheus's a BadInput (the URL is wrong)."""
 
     def __init__(self, url: str, http: httpx.Client) -> None:
         self.url = url.rstrip("/")
@@ -112,7 +108,7 @@ class Prometheus:
                     if len(body) > MAX_ANSWER_BYTES:
                         raise BadInput(f"Prometheus answer over {MAX_ANSWER_BYTES} bytes")
         except httpx.TransportError as exc:
-            raise BadInput(f"cannot reach Prometheus at {self.url}: {exc}") from None
+            raise CannotRun(f"cannot reach Prometheus at {self.url}: {exc}") from None
         try:
             document = httpx.Response(200, content=body).json()
         except ValueError:
@@ -232,7 +228,10 @@ def _save(fig: Any, out: Path) -> None:
     fig.savefig(buffer, dpi=DPI, format="png")
     buffer.seek(0)
     with Image.open(buffer) as image:
-        image.convert("RGB").quantize(colors=256).save(out, format="PNG", optimize=True)
+        try:
+            image.convert("RGB").quantize(colors=256).save(out, format="PNG", optimize=True)
+        except OSError as exc:
+            raise cannot_write(exc) from None
 
 
 def _draw(

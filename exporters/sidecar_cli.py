@@ -15,17 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import click
-import uvicorn
 from prometheus_client.core import Metric
 
 from inferwatch.auth import TokenError, load_token
-from inferwatch.clikit import option_group, parse_listen
+from inferwatch.clikit import CannotRun, bind, option_group, parse_listen
 from inferwatch.exporters.collector import ReplicaSource
 from inferwatch.exporters.registry import Setup, build_all
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.exporters.sources import CATALOGUE
 from inferwatch.exporters.sources.engine import engine_options, open_engine
 from inferwatch.logs import log_event
+from inferwatch.serving import uvicorn_server
 from inferwatch.serving.histogram import histogram_quantile
 from inferwatch.serving.page_fetch import ScrapeFailure
 
@@ -140,6 +140,7 @@ def sidecar(
             "has no replica to isolate"
         )
     app = Sidecar(built.sources, background=built.background, admin_token=admin_token).app()
+    sock = bind((host, port))
     log_event(
         logger,
         logging.INFO,
@@ -147,11 +148,11 @@ def sidecar(
         if replica
         else "sidecar starting in GPU-only mode: no --engine-url, "
         "serving GPU telemetry of every GPU on the node, no engine series, /readyz not gated",
-        listen=f"{host}:{port}",
+        listen="{}:{}".format(*sock.getsockname()[:2]),
         **built.log,
         pod_labels="emitted" if emit_pod else "left to service discovery",
     )
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    uvicorn_server.serve(app, sock)
 
 
 def emits_pod_labels(choice: str, environ: Mapping[str, str]) -> bool:
@@ -183,7 +184,7 @@ def scrape(url: str, **options: Any) -> None:
     try:
         families = asyncio.run(once())
     except ScrapeFailure as failure:
-        raise click.ClickException(f"scrape of {collector.scraper.url} failed: {failure}") from None
+        raise CannotRun(f"scrape of {collector.scraper.url} failed: {failure}") from None
     finally:
         engine_log.setLevel(level)
     click.echo(f"engine: {collector.engine}   model: {collector.identity['model'] or '-'}")

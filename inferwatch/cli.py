@@ -2,7 +2,8 @@
 
 Subcommands live next to the code they drive and are imported only when used, so that
 ``inferwatch scrape`` does not pay for the simulator's imports. Every option has an
-environment twin, ``INFERWATCH_<SUBCOMMAND>_<OPTION>`` (shown in each ``--help``).
+environment twin, ``INFERWATCH_<SUBCOMMAND>_<OPTION>`` (shown in each ``--help``). Exit
+statuses come from :class:`inferwatch.exitcodes.ExitCode` (``docs/cli.md``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib
 import click
 
 from inferwatch import __version__, logs
+from inferwatch.exitcodes import ExitCode
 
 # name -> (module, attribute) of a click command
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -42,6 +44,13 @@ class LazyGroup(click.Group):
         command = getattr(importlib.import_module(module_name), attribute)
         assert isinstance(command, click.Command)
         return command
+
+    def invoke(self, ctx: click.Context) -> object:
+        """Ctrl-C ends any command with INTERRUPTED (click would say "Aborted!" and exit 1)."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
 
 
 @click.group(

@@ -1,4 +1,5 @@
-"""What the subcommands' command-line code shares: option groups and ``HOST:PORT`` parsing.
+"""What the subcommands' command-line code shares: option groups, ``HOST:PORT`` parsing,
+listening sockets and :class:`CommandError`, the one way a command fails.
 
 Domain CLIs (sidecar, proxy, probes, runbooks, generate, ...) import this and never the
 top-level ``inferwatch.cli``, which only finds the subcommands.
@@ -6,12 +7,44 @@ top-level ``inferwatch.cli``, which only finds the subcommands.
 
 from __future__ import annotations
 
+import errno
+import os
+import socket
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import click
 
+from inferwatch.exitcodes import ExitCode
+
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class CommandError(click.ClickException):
+    """A failure a user can cause: one ``Error: ...`` line, and a status from the table.
+    Commands raise one of its subclasses, each fixed to its code, never a bare number."""
+
+    exit_code: ClassVar[int] = ExitCode.FAILED
+
+
+class Failed(CommandError):
+    exit_code = ExitCode.FAILED
+
+
+class BadInput(CommandError):
+    exit_code = ExitCode.BAD_INPUT
+
+
+class CannotRun(CommandError):
+    exit_code = ExitCode.CANNOT_RUN
+
+
+class PortTaken(CommandError):
+    exit_code = ExitCode.PORT_TAKEN
+
+
+def cannot_write(exc: OSError) -> CannotRun:
+    return CannotRun(f"cannot write {exc.filename or 'a file'}: {exc.strerror or exc}")
 
 
 def option_group(*options: Callable[[F], F]) -> Callable[[F], F]:
@@ -53,3 +86,23 @@ def check_option(what: str = "a file") -> Callable[[F], F]:
         show_envvar=True,
         help=f"Fail instead of writing when {what} is stale.",
     )
+
+
+def listen_error(exc: OSError, where: str) -> CommandError:
+    """A bind that failed: PORT_TAKEN when another process holds the address, else
+    CANNOT_RUN (an address this host lacks, a privileged port)."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    error = PortTaken if exc.errno == errno.EADDRINUSE else CannotRun
+    return error(f"cannot listen on {where}: {reason}")
+
+
+def bind(address: tuple[str, int], flag: str = "--listen") -> socket.socket:
+    """A listening TCP socket on ``address`` (port 0: a free one), bound before the server
+    starts so that a taken port is one line and the log can name the real port."""
+    host, port = address
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise listen_error(exc, f"{shown} ({flag})") from None

@@ -1,4 +1,5 @@
-"""Structured logging: one event per line, JSON when stderr is not a terminal.
+"""Structured logging: one event per line, JSON when stderr is not a terminal, for our
+loggers and uvicorn's alike.
 
 Call sites log a short, stable message plus fields::
 
@@ -49,13 +50,20 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+#: uvicorn's start and stop lines at info repeat our own "... starting" events
+UVICORN_LEAST_LEVEL = logging.WARNING
+
+
 def configure(level: str = "info", json_lines: bool | None = None) -> None:
-    """Route inferwatch's loggers to stderr; ``json_lines=None`` picks by terminal."""
+    """Route inferwatch's and uvicorn's loggers to stderr, in one format; ``json_lines=None``
+    picks by terminal."""
     if json_lines is None:
         json_lines = not sys.stderr.isatty()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
-    root = logging.getLogger("inferwatch")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
+    least = logging.getLevelName(level.upper())
+    for name, floor in (("inferwatch", least), ("uvicorn", max(least, UVICORN_LEAST_LEVEL))):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(floor)
+        logger.propagate = False

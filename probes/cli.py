@@ -6,15 +6,14 @@ import asyncio
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import click
 import httpx
-import uvicorn
 
-from inferwatch.clikit import parse_listen
+from inferwatch.clikit import CannotRun, bind, parse_listen
+from inferwatch.exitcodes import ExitCode
 from inferwatch.logs import log_event
 from inferwatch.probes import client, golden
 from inferwatch.probes import gate as gating
@@ -22,11 +21,9 @@ from inferwatch.probes.runner import ProbeRunner, Route, Schedule, Target
 from inferwatch.probes.scoring import Limits
 from inferwatch.probes.server import ProbeServer
 from inferwatch.probes.verdict import Policy
+from inferwatch.serving import uvicorn_server
 
 logger = logging.getLogger("inferwatch.probes")
-
-EXIT_FAIL = 1
-EXIT_ERROR = 2
 
 
 def _url(value: str, hint: str) -> str:
@@ -239,23 +236,26 @@ def probe(
                 limits=limits,
                 state_file=state_file,
             )
-        except (ValueError, OSError) as exc:
+        except ValueError as exc:
             raise click.UsageError(str(exc)) from None
+        except OSError as exc:
+            raise CannotRun(f"--state-file {state_file}: {exc.strerror or exc}") from None
     modules = {name: golden.load(name) for name in golden.builtin_names()}
     modules[goldens_set.name] = goldens_set
     server = ProbeServer(
         runner, modules, limits=limits, allow_targets=pattern, readyz_quality=readyz_quality
     )
+    sock = bind((host, port))
     log_event(
         logger,
         logging.INFO,
         "probe runner starting",
-        listen=f"{host}:{port}",
+        listen="{}:{}".format(*sock.getsockname()[:2]),
         targets=len(all_targets),
         goldens=goldens_set.name,
         probes=len(goldens_set),
     )
-    uvicorn.run(server.app(), host=host, port=port, log_level="warning", access_log=False)
+    uvicorn_server.serve(server.app(), sock)
 
 
 @click.command()
@@ -362,7 +362,8 @@ def gate(
 ) -> None:
     """Compare a candidate endpoint with a baseline on the golden set and a short load run.
 
-    Exit status: 0 the candidate passes, 1 it fails a threshold, 2 the gate could not run.
+    Exit status: 0 the candidate passes, 1 it fails a threshold, 2 bad input, 3 the gate
+    could not run (an endpoint unreachable or refusing).
     """
     goldens_set = _load_set(goldens)
     base = client.Endpoint(_url(baseline, "--baseline"), baseline_model, api_key)
@@ -377,7 +378,7 @@ def gate(
                         model = await client.discover_model(http, endpoint, timeout)
                     except (httpx.HTTPError, ValueError) as exc:
                         reason = str(exc) or type(exc).__name__
-                        raise click.ClickException(
+                        raise CannotRun(
                             f"{hint} {endpoint.url}: cannot list models ({reason})"
                         ) from None
                     endpoint = client.Endpoint(endpoint.url, model, endpoint.api_key)
@@ -395,14 +396,10 @@ def gate(
 
     try:
         report = asyncio.run(run())
-    except click.ClickException as exc:
-        click.echo(f"Error: {exc.message}", err=True)
-        sys.exit(EXIT_ERROR)
     except gating.CouldNotRun as exc:
-        click.echo(f"Error: could not run: {exc}", err=True)
-        sys.exit(EXIT_ERROR)
+        raise CannotRun(f"could not run: {exc}") from None
     if as_json:
         click.echo(json.dumps(report.as_json(), indent=2, sort_keys=True))
     else:
         click.echo(gating.render_table(report, baseline, candidate))
-    sys.exit(0 if report.passed else EXIT_FAIL)
+    raise click.exceptions.Exit(ExitCode.OK if report.passed else ExitCode.FAILED)

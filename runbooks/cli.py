@@ -9,10 +9,9 @@ from pathlib import Path
 
 import click
 import httpx
-import uvicorn
 
 from inferwatch.auth import TokenError, load_token
-from inferwatch.clikit import parse_listen
+from inferwatch.clikit import BadInput, CannotRun, bind, cannot_write, parse_listen
 from inferwatch.logs import log_event
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks import registry
@@ -22,6 +21,7 @@ from inferwatch.runbooks.breaker import CircuitBreaker
 from inferwatch.runbooks.dedup import SeenSet
 from inferwatch.runbooks.dispatch import Dispatcher
 from inferwatch.runbooks.server import MAX_BODY_BYTES, Receiver
+from inferwatch.serving import uvicorn_server
 
 logger = logging.getLogger("inferwatch.runbooks")
 
@@ -47,7 +47,7 @@ def _config(path: str | None) -> mapping.Config:
                 return mapping.load(file)
         return mapping.load(path)
     except mapping.ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
 
 
 config_option = click.option(
@@ -124,14 +124,17 @@ def serve(
     try:
         for name in sorted({rule.action for rule in config.rules}):
             actions[name] = registry.create(name, config.action_settings.get(name, {}))
+    except registry.MissingExtra as exc:
+        raise CannotRun(str(exc)) from None
     except (ValueError, TokenError) as exc:
-        raise click.ClickException(str(exc)) from None
-    if state_dir is not None:
-        state_dir.mkdir(parents=True, exist_ok=True)
+        raise BadInput(str(exc)) from None
     try:
+        if state_dir is not None:
+            state_dir.mkdir(parents=True, exist_ok=True)
         audit = AuditLog(audit_log)
     except OSError as exc:
-        raise click.ClickException(f"cannot open {audit_log}: {exc.strerror}") from None
+        raise cannot_write(exc) from None
+    sock = bind((host, port))
     dispatcher = Dispatcher(
         config,
         actions,
@@ -144,13 +147,12 @@ def serve(
         logger,
         logging.INFO,
         "runbook receiver starting",
-        listen=f"{host}:{port}",
+        listen="{}:{}".format(*sock.getsockname()[:2]),
         mode="execute" if acting else "dry-run",
         rules=len(config.rules),
         audit_log=str(audit_log),
     )
-    app = Receiver(dispatcher, token, max_body_bytes).app()
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    uvicorn_server.serve(Receiver(dispatcher, token, max_body_bytes).app(), sock)
 
 
 @runbooks.command("check-config")
@@ -182,8 +184,8 @@ def reset_breaker(url: str, token_file: Path | None) -> None:
             timeout=10,
         )
     except httpx.HTTPError as exc:
-        raise click.ClickException(f"cannot reach {url}: {exc}") from None
+        raise CannotRun(f"cannot reach {url}: {exc}") from None
     if reply.status_code != 200:
-        raise click.ClickException(f"{url} answered HTTP {reply.status_code}: {reply.text[:200]}")
+        raise CannotRun(f"{url} answered HTTP {reply.status_code}: {reply.text[:200]}")
     closed = reply.json()["closed"]
     click.echo(f"closed {len(closed)} breaker(s): " + ", ".join(f"{u}/{g}" for u, g in closed))

@@ -13,6 +13,11 @@ from typing import Any
 
 from inferwatch.runbooks.actions.base import Action
 
+
+class MissingExtra(ValueError):
+    """An action whose client library is not installed: the host must change, not the config."""
+
+
 # name -> (module, class)
 ACTIONS: dict[str, tuple[str, str]] = {
     "isolate_replica": ("inferwatch.runbooks.actions.isolate_replica", "IsolateReplica"),
@@ -31,13 +36,14 @@ ACTIONS: dict[str, tuple[str, str]] = {
 def create(name: str, settings: Mapping[str, Any]) -> Action:
     """An instance of the action called ``name``, built with its config settings.
 
-    Raises ``ValueError`` (one line) when the settings do not fit the action.
+    Raises ``ValueError`` (one line) when the settings do not fit the action, and its
+    :class:`MissingExtra` when the action's client library is not installed.
     """
     module_name, attribute = ACTIONS[name]
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:  # an optional client, e.g. the kubernetes extra
-        raise ValueError(
+        raise MissingExtra(
             f"actions.{name}: needs {exc.name or exc}; install inferwatch[kubernetes]"
         ) from None
     cls = getattr(module, attribute)

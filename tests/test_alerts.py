@@ -57,7 +57,7 @@ def test_check_fails_on_a_stale_copy(tmp_path: Path, default_files: dict[str, st
     generated.write(tmp_path, default_files)
     (tmp_path / "gpu.yaml").write_text("# edited\n", encoding="utf-8")
     result = CliRunner().invoke(main, ["generate", "alerts", "--check", "--out", str(tmp_path)])
-    assert result.exit_code != 0
+    assert result.exit_code == 1
     assert "gpu.yaml" in result.output
 
 
@@ -300,7 +300,7 @@ def test_a_config_error_is_one_line_naming_file_field_and_reason(
     result = CliRunner().invoke(
         main, ["generate", "alerts", "--config", str(path), "--out", str(tmp_path)]
     )
-    assert result.exit_code != 0
+    assert result.exit_code == 2
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert result.output.strip() == f"Error: {message}"
 

@@ -211,7 +211,7 @@ def test_cli_json_has_the_figures() -> None:
 )
 def test_cli_bad_input_is_one_line_and_nonzero(args: list[str], message: str) -> None:
     result = CliRunner().invoke(main, ["capacity", *args])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.startswith("Error: ")
     assert message in result.output
     assert len(result.output.strip().splitlines()) == 1
@@ -222,7 +222,7 @@ def test_cli_config_without_fields_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text("{}")
     result = CliRunner().invoke(main, ["capacity", "--model", str(path)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "does not describe a model: missing num_hidden_layers" in result.output
 
 

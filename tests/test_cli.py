@@ -38,7 +38,7 @@ def test_options_read_their_environment_twin(page_server: Any) -> None:
     assert detected.exit_code == 0, detected.output
     assert detected.output.startswith("engine: vllm")
     forced = CliRunner().invoke(main, ["scrape", url], env={"INFERWATCH_SCRAPE_ENGINE": "tgi"})
-    assert forced.exit_code == 1
+    assert forced.exit_code == 3
     assert "no tgi metrics on the page" in forced.output
 
 
@@ -61,7 +61,7 @@ def test_a_bad_url_is_one_clear_line() -> None:
 
 def test_unreachable_engine_is_one_clear_line(unused_port: int) -> None:
     result = CliRunner().invoke(main, ["scrape", f"http://127.0.0.1:{unused_port}"])
-    assert result.exit_code == 1
+    assert result.exit_code == 3
     assert result.output.startswith("Error: scrape of http://127.0.0.1:"), result.output
     assert len(result.output.splitlines()) == 1
     assert "Traceback" not in result.output

@@ -76,7 +76,7 @@ def test_a_bad_config_is_one_line_naming_the_field(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         main, ["generate", "dashboards", "--config", str(bad), "--out", str(tmp_path / "o")]
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
         f"Error: {bad}: latency.thresholds.ttft.warning: expected a number, got 'fast'"
     ]

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.cli import main
+from inferwatch.exitcodes import ExitCode
 from inferwatch.sim.server import start_subprocess
 from support.wait import wait_for
 
@@ -143,7 +144,7 @@ def test_a_taken_listen_address_is_one_clear_line() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         result = CliRunner().invoke(main, ["proxy", "--listen", f"127.0.0.1:{port}"])
-    assert result.exit_code == 2
+    assert result.exit_code == ExitCode.PORT_TAKEN
     assert result.output.strip() == (
-        f"inferwatch proxy: cannot listen on 127.0.0.1:{port}: Address already in use"
+        f"Error: cannot listen on 127.0.0.1:{port} (--listen): Address already in use"
     )

@@ -124,7 +124,7 @@ def test_unreachable_endpoint_is_one_line_and_exit_2() -> None:
             "1",
         ],
     )
-    assert result.exit_code == 2
+    assert result.exit_code == 3
     assert result.output.count("\n") == 1 and "cannot list models" in result.output
 
 

@@ -122,7 +122,7 @@ def test_a_bad_topology_is_one_clear_line(name: str, tmp_path: Path) -> None:
     path = tmp_path / "topology.yaml"
     path.write_text(yaml.safe_dump(document))
     result = CliRunner().invoke(cli, ["generate", "gateway", "--topology", str(path)])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:") and words in lines[0], lines
@@ -132,7 +132,7 @@ def test_unreadable_yaml_is_one_clear_line(tmp_path: Path) -> None:
     path = tmp_path / "topology.yaml"
     path.write_text("models: [unclosed\n")
     result = CliRunner().invoke(cli, ["generate", "gateway", "--topology", str(path)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "cannot read topology" in result.output and "Traceback" not in result.output
 
 

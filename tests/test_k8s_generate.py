@@ -183,7 +183,7 @@ def test_a_bad_site_file_is_one_clear_line(kit: Path, text: str | bytes, message
     else:
         path.write_text(text)
     result = generate("--dir", str(kit))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.exception is None or isinstance(result.exception, SystemExit)
     (line,) = result.output.strip().splitlines()
     assert line.startswith("Error: ") and message in line, line

@@ -84,7 +84,7 @@ def test_an_unreadable_reply_is_could_not_run_not_a_failed_answer(
 
 
 @pytest.mark.parametrize("kind", sorted(POISONS))
-def test_the_gate_exits_2_on_unreadable_replies(
+def test_the_gate_exits_3_on_unreadable_replies(
     hostile: tuple[str, type[Hostile]], kind: str
 ) -> None:
     url, handler = hostile
@@ -94,18 +94,18 @@ def test_the_gate_exits_2_on_unreadable_replies(
         ["gate", "--baseline", url, "--candidate", url, "--repeats", "1", "--load-requests", "1",
          "--timeout", "5"],
     )  # fmt: skip
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == 3, result.output
     assert result.output.count("\n") == 1 and "could not run" in result.output
     assert "Traceback" not in result.output
 
 
-def test_an_unreadable_model_list_is_one_line_and_exit_2(
+def test_an_unreadable_model_list_is_one_line_and_exit_3(
     hostile: tuple[str, type[Hostile]],
 ) -> None:
     url, handler = hostile
     handler.models = POISONS["deep"]
     result = CliRunner().invoke(main, ["gate", "--baseline", url, "--candidate", url])
-    assert result.exit_code == 2
+    assert result.exit_code == 3
     assert result.output.count("\n") == 1 and "cannot list models" in result.output
 
 

@@ -103,7 +103,7 @@ def test_the_cli_reports_a_bad_config_in_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["proxy", "--config", str(path)])
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
-        f"inferwatch proxy: {path}: tenants.acme.priority: expected one of "
+        f"Error: {path}: tenants.acme.priority: expected one of "
         "['high', 'low', 'normal'], got 'urgent'"
     ]
     path.write_text("tenants: [unclosed\n")

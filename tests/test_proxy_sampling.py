@@ -250,7 +250,7 @@ def test_a_bad_rate_is_a_one_line_error(tmp_path: Path, rate: Any) -> None:
     assert str(caught.value).startswith(f"{path}: quality_sampling.rate: expected a number")
     result = CliRunner().invoke(proxy_command, ["--config", str(path)])
     assert result.exit_code == 2
-    assert result.output.strip().splitlines() == [f"inferwatch proxy: {caught.value}"]
+    assert result.output.strip().splitlines() == [f"Error: {caught.value}"]
 
 
 def test_sampling_defaults_to_one_percent() -> None:

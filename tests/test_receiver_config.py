@@ -92,7 +92,7 @@ def test_check_config_cli_gives_one_line_errors(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("namespaces: [x]\nbreaker: {max_fraction: 0.5, populations: {}}\nrules: [\n")
     result = CliRunner().invoke(main, ["runbooks", "check-config", str(path)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.strip().startswith(f"Error: {path}: line")
     assert "Traceback" not in result.output
 

@@ -237,7 +237,7 @@ def test_bad_fault_file_is_a_clear_cli_error(tmp_path: Path) -> None:
     path = tmp_path / "faults.yaml"
     path.write_text("slow_factor: fast\n")
     result = CliRunner().invoke(main, ["sim", "--port", "0", "--faults", str(path)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert (
         result.output.strip().splitlines()[-1] == "Error: slow_factor must be a number, not 'fast'"
     )

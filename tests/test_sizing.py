@@ -238,7 +238,7 @@ def test_cli_json_has_the_sizing() -> None:
 )  # fmt: skip
 def test_cli_sizing_errors_are_one_line(args: list[str], message: str) -> None:
     result = CliRunner().invoke(main, args)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.startswith("Error: ") and message in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1
 
@@ -264,6 +264,6 @@ def test_any_sizing_flags_give_an_answer_or_one_line(
     if result.exit_code == 0:
         assert "replicas needed" in result.output
     else:
-        assert result.exit_code == 1
+        assert result.exit_code == 2
         assert result.output.startswith("Error: ")
         assert len(result.output.strip().splitlines()) == 1

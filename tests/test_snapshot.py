@@ -59,11 +59,11 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], line: str) -> None:
     assert run(*args) == (2, [line])
 
 
-def test_an_unreachable_prometheus_is_one_line_and_exit_2(unused_port: int, tmp_path: Path) -> None:
+def test_an_unreachable_prometheus_is_one_line_and_exit_3(unused_port: int, tmp_path: Path) -> None:
     out = tmp_path / "gpu.png"
     url = f"http://127.0.0.1:{unused_port}"
     code, lines = run("--dashboard", "gpu", "--prometheus", url, "--out", str(out))
-    assert code == 2 and len(lines) == 1, lines
+    assert code == 3 and len(lines) == 1, lines
     assert lines[0].startswith(f"Error: cannot reach Prometheus at {url}: ")
     assert not out.exists()
 

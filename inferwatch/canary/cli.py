@@ -1,7 +1,9 @@
 """``inferwatch canary``: the verdict table, and the exit code a pipeline gates on.
 
 Exit codes: 0 promote, 1 roll back, 2 inconclusive, 3 the analysis could not run (bad
-option, bad selector or window, Prometheus unreachable or refusing a query).
+option, bad selector or window, Prometheus unreachable or refusing a query). The verdicts
+keep their documented numbers; as 2 is a verdict here, bad input joins the table's 3
+(:class:`inferwatch.exitcodes.ExitCode`) instead of exiting 2.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from rich.table import Table
 from inferwatch.canary import analysis, selector
 from inferwatch.canary.analysis import EXIT_CODES, Analysis, Result, Thresholds
 from inferwatch.canary.prometheus import Prometheus, PrometheusError
+from inferwatch.clikit import CannotRun
+from inferwatch.exitcodes import ExitCode
 from inferwatch.mixin import config as alert_config
 
-BAD_INPUT = 3
 _WINDOW = re.compile(r"^(?:\d+(?:s|m|h|d))+$")
 #: a window must hold a few scrapes for ``increase()`` to count anything: 10 s does at the
 #: 2 s intervals of the demo or a high-resolution setup, and where scrapes are sparser its
@@ -32,11 +35,11 @@ _COLOURS = {"pass": "green", "fail": "red", "no data": "yellow", "n/a": "dim"}
 
 
 class _BadUsage(click.UsageError):
-    exit_code = BAD_INPUT
+    exit_code = ExitCode.CANNOT_RUN
 
 
 class _Command(click.Command):
-    """Usage errors exit with :data:`BAD_INPUT`, not click's 2 (which means inconclusive)."""
+    """Usage errors exit 3 (could not run), not click's 2, which means inconclusive here."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
@@ -164,13 +167,10 @@ def canary(
         PrometheusError,
         alert_config.ConfigError,
     ) as exc:
-        click.echo(
-            f"Error: {exc.message if isinstance(exc, click.BadParameter) else exc}", err=True
-        )
-        raise SystemExit(BAD_INPUT) from None
+        raise CannotRun(exc.message if isinstance(exc, click.BadParameter) else str(exc)) from None
     decided = analysis.verdict(results)
     _print(results, decided, sides, window)
-    raise SystemExit(EXIT_CODES[decided])
+    raise click.exceptions.Exit(EXIT_CODES[decided])
 
 
 def _print(results: list[Result], decided: analysis.Verdict, sides: Any, window: str) -> None:

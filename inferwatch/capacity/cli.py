@@ -4,14 +4,14 @@ and with ``--rate``, how many replicas serve that load within a TTFT/TPOT SLO.""
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import replace
 
 import click
 
 from inferwatch.capacity import planner as cap
 from inferwatch.capacity import sizing
-from inferwatch.clikit import option_group
+from inferwatch.clikit import BadInput, option_group
+from inferwatch.exitcodes import ExitCode
 
 
 def _gib(value: float) -> str:
@@ -311,7 +311,7 @@ def capacity(
         )
         result = cap.size(model_spec, gpu_spec, serving)
     except cap.CapacityError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
     context = context or result.max_model_len
     problem = result.problem
     suggestions = [] if problem is None else cap.suggest(model_spec, gpu_spec, serving)
@@ -325,7 +325,7 @@ def capacity(
                 fewer = sizing.estimate(result, workload, needed.replicas - 1)
             sized = needed, fewer, sizing.floors(result, workload)
         except cap.CapacityError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise BadInput(str(exc)) from None
     if as_json:
         document = result.to_dict(context)
         if problem is not None:
@@ -351,7 +351,7 @@ def capacity(
             click.echo("")
             click.echo(render_sizing(workload, slo, *sized))
     if problem is not None:
-        sys.exit(1)
+        raise click.exceptions.Exit(ExitCode.FAILED)
 
 
 def _workload(
@@ -368,8 +368,8 @@ def _workload(
                                           ("--ttft-slo", ttft_slo), ("--tpot-slo", tpot_slo))
                  if value is not None]  # fmt: skip
         if given:
-            raise click.ClickException(f"{given[0]} sizes replicas for a load: give --rate too")
+            raise BadInput(f"{given[0]} sizes replicas for a load: give --rate too")
         return None
     if prompt_tokens is None or completion_tokens is None:
-        raise click.ClickException("--rate needs --prompt-tokens and --completion-tokens")
+        raise BadInput("--rate needs --prompt-tokens and --completion-tokens")
     return sizing.Workload(rate, prompt_tokens, completion_tokens)

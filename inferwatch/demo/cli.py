@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from inferwatch.clikit import BadInput, CannotRun
 from inferwatch.demo import alerting, routing, topology
 from inferwatch.demo import scenario as scenarios
 from inferwatch.demo.run import Demo, Options
@@ -132,11 +133,11 @@ def demo(
                 [r.name for r in topology.SPARES],
             )
         except scenarios.ScenarioError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise BadInput(str(exc)) from None
     try:
         alerts = alerting.demo_config(alert_config)
     except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
     source = click.get_current_context().get_parameter_source("scenario")
     if timeline is not None and source == click.core.ParameterSource.DEFAULT:
         steps = "; ".join(f"{step.at:g}s {step.describe()}" for step in timeline.steps)
@@ -173,4 +174,4 @@ def demo(
     )
     error = asyncio.run(Demo(options, sys.stdout, live=sys.stdout.isatty()).run())
     if error:
-        raise click.ClickException(error)
+        raise CannotRun(error)

@@ -17,8 +17,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-import click
-
+from inferwatch.clikit import CannotRun
 from inferwatch.demo import topology
 from inferwatch.demo.processes import Component, StartError
 from inferwatch.demo.topology import Ports, Replica, Role
@@ -35,7 +34,7 @@ def binary() -> str:
     """The haproxy binary; a one-line error when it is not installed."""
     found = shutil.which("haproxy", path=f"{os.environ.get('PATH', '')}:{SEARCH_PATH}")
     if found is None:
-        raise click.ClickException(
+        raise CannotRun(
             "haproxy is not installed: the gateway the load goes through "
             "(scripts/install-haproxy, or the Debian package haproxy)"
         )

@@ -13,6 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from inferwatch.clikit import BadInput, CannotRun, Failed, cannot_write
 from inferwatch.demo import alerting, routing
 from inferwatch.demo.run import Options
 from inferwatch.drill.run import Drill, Timeline
@@ -60,11 +61,11 @@ def drill(report: Path | None, speed: float, rate: float, alert_config: Path | N
     try:
         alerts = alerting.demo_config(alert_config)
     except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
     prometheus = shutil.which("prometheus")
     alertmanager = shutil.which("alertmanager") or shutil.which("prometheus-alertmanager")
     if prometheus is None or alertmanager is None:
-        raise click.ClickException(
+        raise CannotRun(
             "the drill needs prometheus and alertmanager on PATH "
             "(Debian: prometheus prometheus-alertmanager; scripts/install-prometheus)"
         )
@@ -94,15 +95,18 @@ def drill(report: Path | None, speed: float, rate: float, alert_config: Path | N
     console.print(table(run.timelines))
     result = run.report()
     if report is not None:
-        report.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        try:
+            report.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise cannot_write(exc) from None
     if error:
-        raise click.ClickException(error)
+        raise CannotRun(error)
     if not run.passed:
-        failed = [f"control: {k}" for k, ok in run.control_ok.items() if not ok]
-        failed += [
+        broken = [f"control: {k}" for k, ok in run.control_ok.items() if not ok]
+        broken += [
             f"{t.scenario}: {k}" for t in run.timelines for k, ok in t.checks.items() if not ok
         ]
-        raise click.ClickException("drill failed: " + "; ".join(failed or ["incomplete"]))
+        raise Failed("drill failed: " + "; ".join(broken or ["incomplete"]))
     click.echo(f"drill passed in {time.monotonic() - began:.0f}s")
 
 

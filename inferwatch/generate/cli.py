@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from inferwatch import catalog
-from inferwatch.clikit import F, check_option
+from inferwatch.clikit import BadInput, F, Failed, cannot_write, check_option
 from inferwatch.generate import docs
 
 
@@ -45,9 +45,12 @@ def _write_or_check(
     if check:
         outdated = stale(target, files)
         if outdated:
-            raise click.ClickException(f"stale under {target}: {', '.join(outdated)}")
+            raise Failed(f"stale under {target}: {', '.join(outdated)}")
         return
-    changed = write(target, files)
+    try:
+        changed = write(target, files)
+    except OSError as exc:
+        raise cannot_write(exc) from None
     click.echo(f"{target}: {len(changed)} of {len(files)} files updated")
 
 
@@ -88,7 +91,7 @@ def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
     try:
         files = writer.render(config.load(config_path))
     except config.ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
     target = out if out is not None else writer.default_out()
     _write_or_check(target, files, check, stale, write)
 
@@ -109,7 +112,7 @@ def dashboards(config_path: Path | None, out: Path | None, check: bool) -> None:
     try:
         files = writer.render(config.load(config_path))
     except config.ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
     _write_or_check(writer.default_out() if out is None else out, files, check, stale, write)
 
 
@@ -143,7 +146,7 @@ def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
         else:
             text = gw.render(gw.load(topology_path))
     except gw.TopologyError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
     if out is None:
         if check:
             raise click.UsageError("--check needs --out")
@@ -152,11 +155,14 @@ def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
     current = out.read_text(encoding="utf-8") if out.is_file() else None
     if check:
         if current != text:
-            raise click.ClickException(f"{out} is stale: run inferwatch generate gateway")
+            raise Failed(f"{out} is stale: run inferwatch generate gateway")
         return
     if current != text:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise cannot_write(exc) from None
     click.echo(f"{out}: {'already current' if current == text else 'updated'}")
 
 
@@ -179,7 +185,7 @@ def k8s(kit: Path, check: bool) -> None:
     try:
         files = kit_files.render(kit)
     except kit_files.SiteError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
     _write_or_check(kit, files, check, kit_files.stale, kit_files.write)
 
 
@@ -205,5 +211,5 @@ def canary(config_path: Path | None, out: Path, check: bool) -> None:
     try:
         files = templates.render(config.load(config_path))
     except config.ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
     _write_or_check(out, files, check, stale, write)

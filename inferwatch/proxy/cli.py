@@ -6,14 +6,12 @@ import asyncio
 import dataclasses
 import gc
 import logging
-import os
 import socket
-import sys
 from collections.abc import Callable
 
 import click
 
-from inferwatch.clikit import parse_listen
+from inferwatch.clikit import BadInput, bind, parse_listen
 from inferwatch.logs import log_event
 from inferwatch.proxy.config import HTTP_URL, ConfigError, ProxyConfig, Serving, load
 
@@ -107,27 +105,13 @@ def proxy(
             config = dataclasses.replace(config, probe_metrics_urls=probe_metrics)
         app = ProxyApp(config, access_log=access_log)
     except (ConfigError, ValueError) as exc:
-        click.echo(f"inferwatch proxy: {exc}", err=True)
-        sys.exit(2)
-    # bound here so that a taken port is one clear line and the log names the real ports
-    # (HOST:0 picks one)
-    client_sock = _bind(listen, address)
-    metrics_sock = _bind(metrics_listen, metrics_address)
+        raise BadInput(str(exc)) from None
+    client_sock = bind(address)
+    metrics_sock = bind(metrics_address, "--metrics-listen")
     _announce(config, config_path, client_sock, metrics_sock)
     gc.freeze()  # start-up objects never need collecting: shorter GC pauses on requests
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(serve(app, client_sock, metrics_sock, drain_grace))
-
-
-def _bind(flag_value: str, address: tuple[str, int]) -> socket.socket:
-    host, port = address
-    try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        return socket.create_server((host, port), family=family)
-    except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        click.echo(f"inferwatch proxy: cannot listen on {flag_value}: {reason}", err=True)
-        sys.exit(2)
 
 
 def _url(sock: socket.socket) -> str:

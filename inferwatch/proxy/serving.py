@@ -19,6 +19,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from inferwatch.proxy.app import ProxyApp
+from inferwatch.serving import uvicorn_server
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -105,15 +106,13 @@ def _protocol(app: ProxyApp) -> type[BoundedHttpToolsProtocol]:
 def uvicorn_config(
     app: ProxyApp, host: str, port: int, drain_grace: float | None = None
 ) -> uvicorn.Config:
-    return uvicorn.Config(
+    return uvicorn_server.config(  # no uvicorn access log: the proxy writes its own
         app,
         host=host,
         port=port,
         loop="auto",  # uvloop when installed
         http=_protocol(app),
         lifespan="on",
-        access_log=False,  # the proxy writes its own, with tenant and tokens
-        log_config=None,
         server_header=False,
         date_header=False,
         timeout_keep_alive=max(1, round(app.config.keep_alive_timeout_s)),
@@ -128,15 +127,13 @@ def uvicorn_config(
 
 def metrics_config(app: ProxyApp, host: str, port: int) -> uvicorn.Config:
     """The metrics listener: tenant series, scraped by Prometheus from inside the pod."""
-    return uvicorn.Config(
+    return uvicorn_server.config(
         app.metrics_app,
         host=host,
         port=port,
         loop="auto",
         http=_protocol(app),
         lifespan="off",
-        access_log=False,
-        log_config=None,
         server_header=False,
         date_header=False,
         proxy_headers=False,

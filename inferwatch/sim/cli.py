@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import yaml
 
 from inferwatch.capacity import planner as cap
 from inferwatch.capacity.cli import serving_options
+from inferwatch.clikit import BadInput, CannotRun, listen_error
 from inferwatch.logs import log_event
 from inferwatch.sim.faults import FaultError
 from inferwatch.sim.server import serve_forever
@@ -24,7 +26,7 @@ def _faults(path: Path | None) -> object:
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
-        raise click.ClickException(f"cannot read the fault file {path}: {exc}") from None
+        raise BadInput(f"cannot read the fault file {path}: {exc}") from None
 
 
 @click.command()
@@ -203,7 +205,10 @@ def sim(
     )
     try:
         serve_forever(config, ready_file)
-    except (cap.CapacityError, FaultError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
-    except KeyboardInterrupt:
-        pass
+    except (cap.CapacityError, FaultError) as exc:
+        raise BadInput(str(exc)) from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            ports = f"{port}" if gpu_port is None else f"{port} or {gpu_port}"
+            raise listen_error(exc, f"{host}:{ports} (--port, --gpu-port)") from None
+        raise CannotRun(str(exc)) from None

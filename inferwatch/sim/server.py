@@ -48,6 +48,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferwatch.serving import uvicorn_server
 from inferwatch.sim import openai_api as api
 from inferwatch.sim.metrics import UNINSTRUMENTED_PATHS, VllmMetrics
 from inferwatch.sim.simulator import SimConfig, Simulator
@@ -137,8 +138,12 @@ def bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
-    sock.listen(128)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()  # a taken port is the caller's one line, not also a ResourceWarning
+        raise
     sock.setblocking(False)
     return sock
 
@@ -160,16 +165,7 @@ class _Servers:
             self.sockets.append(bind(config.host, config.gpu_port))
             apps.append(create_gpu_app(sim))
         self.servers = [
-            uvicorn.Server(
-                uvicorn.Config(
-                    app,
-                    log_config=None,
-                    log_level="warning",
-                    access_log=False,
-                    lifespan="auto",
-                    timeout_graceful_shutdown=2,
-                )
-            )
+            uvicorn.Server(uvicorn_server.config(app, lifespan="auto", timeout_graceful_shutdown=2))
             for app in apps
         ]
         self.url = _url(config.host, self.sockets[0])
