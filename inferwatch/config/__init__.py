@@ -1,0 +1,7 @@
+"""The one config layer: the bounded YAML loader, the Duration type and the field reader."""
+
+from inferwatch.config.duration import Duration, DurationParam
+from inferwatch.config.loader import ConfigError, load, parse
+from inferwatch.config.schema import Fields
+
+__all__ = ["ConfigError", "Duration", "DurationParam", "Fields", "load", "parse"]
