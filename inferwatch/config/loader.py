@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+import yaml.cyaml
 from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
 from yaml.events import AliasEvent
@@ -62,7 +63,7 @@ class _PythonParser(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser
         yaml.parser.Parser.__init__(self)
 
 
-_Parser: Any = getattr(yaml, "CParser", _PythonParser)
+_Parser: Any = yaml.cyaml.CParser if yaml.__with_libyaml__ else _PythonParser
 
 
 class _Loader(Composer, _Parser, SafeConstructor, Resolver):  # type: ignore[misc]
@@ -147,13 +148,14 @@ def _error(source: str, exc: Exception) -> ConfigError:
 
 @contextlib.contextmanager
 def _loader(text: str, source: str) -> Iterator[_Loader]:
-    loader = _Loader(text)
     try:
-        yield loader
+        loader = _Loader(text)
+        try:
+            yield loader
+        finally:
+            loader.dispose()
     except (yaml.YAMLError, _Bounded) as exc:
         raise _error(source, exc) from None
-    finally:
-        loader.dispose()
 
 
 def read_text(path: str | Path, source: str | None = None) -> str:
