@@ -63,7 +63,7 @@ class _PythonParser(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser
         yaml.parser.Parser.__init__(self)
 
 
-_Parser: Any = yaml.cyaml.CParser if yaml.__with_libyaml__ else _PythonParser
+_Parser: Any = yaml.cyaml.CParser if yaml.__with_libyaml__ else _PythonParser  # type: ignore[attr-defined]
 
 
 class _Loader(Composer, _Parser, SafeConstructor, Resolver):  # type: ignore[misc]
