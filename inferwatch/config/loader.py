@@ -136,18 +136,18 @@ class _Loader(Composer, _Parser, SafeConstructor, Resolver):  # type: ignore[mis
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 
 
-def _error(source: str, exc: Exception) -> ConfigError:
+def _error(source: str, exc: Exception, error: type[ConfigError]) -> ConfigError:
     if isinstance(exc, _Bounded):
         where = "top level" if exc.line is None else f"line {exc.line}"
-        return ConfigError(f"{source}: {where}: {exc.reason}")
+        return error(f"{source}: {where}: {exc.reason}")
     mark = getattr(exc, "problem_mark", None)
     where = f"line {mark.line + 1}" if mark is not None else "top level"
     problem = getattr(exc, "problem", None) or str(exc)
-    return ConfigError(f"{source}: {where}: invalid YAML: {problem}")
+    return error(f"{source}: {where}: invalid YAML: {problem}")
 
 
 @contextlib.contextmanager
-def _loader(text: str, source: str) -> Iterator[_Loader]:
+def _loader(text: str, source: str, error: type[ConfigError]) -> Iterator[_Loader]:
     try:
         loader = _Loader(text)
         try:
@@ -155,45 +155,47 @@ def _loader(text: str, source: str) -> Iterator[_Loader]:
         finally:
             loader.dispose()
     except (yaml.YAMLError, _Bounded) as exc:
-        raise _error(source, exc) from None
+        raise _error(source, exc, error) from None
 
 
-def read_text(path: str | Path, source: str | None = None) -> str:
+def read_text(
+    path: str | Path, source: str | None = None, error: type[ConfigError] = ConfigError
+) -> str:
     """The UTF-8 text of a config file of at most MAX_FILE_BYTES; ConfigError otherwise."""
     source = str(path) if source is None else source
     try:
         with Path(path).open("rb") as stream:
             data = stream.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(f"{source}: top level: cannot read: {exc.strerror}") from None
+        raise error(f"{source}: top level: cannot read: {exc.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(f"{source}: top level: larger than {MAX_FILE_BYTES} bytes")
-    return decode(data, source)
+        raise error(f"{source}: top level: larger than {MAX_FILE_BYTES} bytes")
+    return decode(data, source, error)
 
 
-def decode(data: bytes, source: str) -> str:
+def decode(data: bytes, source: str, error: type[ConfigError] = ConfigError) -> str:
     """``data`` as UTF-8 text (a leading byte-order mark dropped); ConfigError otherwise."""
     if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(f"{source}: top level: larger than {MAX_FILE_BYTES} bytes")
+        raise error(f"{source}: top level: larger than {MAX_FILE_BYTES} bytes")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        raise ConfigError(f"{source}: line {line}: not UTF-8 text") from None
+        raise error(f"{source}: line {line}: not UTF-8 text") from None
 
 
-def parse(text: str, source: str) -> Any:
+def parse(text: str, source: str, error: type[ConfigError] = ConfigError) -> Any:
     """The one document in ``text`` (None when empty); ConfigError naming ``source``."""
     if len(text) > MAX_FILE_BYTES:
-        raise ConfigError(f"{source}: top level: larger than {MAX_FILE_BYTES} bytes")
-    with _loader(text, source) as loader:
+        raise error(f"{source}: top level: larger than {MAX_FILE_BYTES} bytes")
+    with _loader(text, source, error) as loader:
         return loader.get_single_data()
 
 
-def parse_all(text: str, source: str) -> list[Any]:
+def parse_all(text: str, source: str, error: type[ConfigError] = ConfigError) -> list[Any]:
     """Every document in ``text`` (a multi-document stream such as CRDs), empty ones left out."""
     documents = []
-    with _loader(text, source) as loader:
+    with _loader(text, source, error) as loader:
         while loader.check_data():  # type: ignore[no-untyped-call]
             document = loader.get_data()
             if document is not None:
@@ -201,14 +203,16 @@ def parse_all(text: str, source: str) -> list[Any]:
     return documents
 
 
-def compose(text: str, source: str) -> Node | None:
+def compose(text: str, source: str, error: type[ConfigError] = ConfigError) -> Node | None:
     """The node tree of ``text``, for a reader that reports the line of each field."""
-    with _loader(text, source) as loader:
+    with _loader(text, source, error) as loader:
         node: Node | None = loader.get_single_node()
         return node
 
 
-def load(path: str | Path, source: str | None = None) -> Any:
+def load(
+    path: str | Path, source: str | None = None, error: type[ConfigError] = ConfigError
+) -> Any:
     """The parsed document of the config file at ``path``; ConfigError when it is unusable."""
     source = str(path) if source is None else source
-    return parse(read_text(path, source), source)
+    return parse(read_text(path, source, error), source, error)
