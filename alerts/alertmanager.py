@@ -21,18 +21,17 @@ names also require the labels they match on to be present on the target: a GPU f
 silences a model-wide alert, which has no ``instance`` label.
 
 The receivers are webhooks whose URLs (and bearer token files) come from the ``alertmanager``
-section of the alerts config (:func:`settings`); by default only the automation has one, the
-local ``inferwatch runbooks serve``.
+section of the alerts config (checked by :mod:`inferwatch.mixin.routing`); by default only the
+automation has one, the local ``inferwatch runbooks serve``.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
 from typing import Any
 
-from inferwatch.mixin.config import Config, ConfigError, seconds
+from inferwatch.mixin.config import Config
+from inferwatch.mixin.routing import Settings
 
 RECEIVERS = ("page", "ticket", "automation")
 #: the labels a notification group is keyed on
@@ -70,86 +69,9 @@ LATENCY_ALERTS = ("InferwatchTTFTHigh", "InferwatchTPOTHigh", "InferwatchE2ELate
 #: every alert name the routing and inhibition rules spell (checked against the rule files)
 NAMED_ALERTS = tuple(dict.fromkeys((*GPU_FAULTS, *REPLICA_SYMPTOMS, *LATENCY_ALERTS)))
 
-#: the webhook URLs Alertmanager's (Go) URL parser takes: a host name or [IPv6] literal, a
-#: numeric port, and a path and query of URL characters with well-formed %-escapes
-_URL_CHARS = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@/-]|%[0-9A-Fa-f]{2})"
-_URL = re.compile(
-    r"\A(?:http|https)://"
-    r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
-    r"(?::(?P<port>[0-9]{1,5}))?"
-    rf"(?:/{_URL_CHARS}*)?(?:\?(?:{_URL_CHARS}|\?)*)?\Z"
-)
-_DURATION = re.compile(r"^(?:\d+y)?(?:\d+w)?(?:\d+d)?(?:\d+h)?(?:\d+m)?(?:\d+s)?(?:\d+ms)?$")
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What the alerts config chooses; everything else in the file is the recommendation."""
-
-    #: webhook URLs per receiver name (page, ticket, automation); empty: the receiver drops
-    receivers: Mapping[str, tuple[str, ...]]
-    #: per receiver, the file with the bearer token its webhooks send ("": none)
-    token_files: Mapping[str, str]
-    group_wait: str
-    group_interval: str
-    #: per receiver: pages are repeated sooner than tickets
-    repeat_interval: Mapping[str, str]
-
-    def silent(self) -> Settings:
-        """The same routing with receivers that send nothing (the demo's, and tests')."""
-        return replace(self, receivers={name: () for name in self.receivers})
-
-
 def settings(config: Config) -> Settings:
-    """The ``alertmanager`` section of an alerts config; raises ConfigError.
-
-    The config loader has checked the section's shape against the shipped defaults and calls
-    this for what the shape cannot say, so that a config it accepts always gives a file
-    Alertmanager accepts: http(s) URLs, durations that parse, intervals above zero.
-    """
-    section = config.alertmanager
-    where = f"{config.source}: alertmanager"
-    receivers = {
-        name: tuple(_url(url, f"{where}.receivers.{name}[{i}]") for i, url in enumerate(urls))
-        for name, urls in section["receivers"].items()
-    }
-    return Settings(
-        receivers=receivers,
-        token_files={
-            name: _token_file(path, f"{where}.bearer_token_file.{name}")
-            for name, path in section["bearer_token_file"].items()
-        },
-        group_wait=_duration(section["group_wait"], f"{where}.group_wait", zero=True),
-        group_interval=_duration(section["group_interval"], f"{where}.group_interval"),
-        repeat_interval={
-            name: _duration(value, f"{where}.repeat_interval.{name}")
-            for name, value in section["repeat_interval"].items()
-        },
-    )
-
-
-def _url(url: str, where: str) -> str:
-    match = _URL.match(url)
-    if not match or int(match["port"] or 0) > 65535:
-        raise ConfigError(
-            f"{where}: expected an http(s) URL (scheme://host[:port][/path][?query]), got {url!r}"
-        )
-    return url
-
-
-def _token_file(path: str, where: str) -> str:
-    if path and (not path.startswith("/") or not path.isprintable()):
-        raise ConfigError(f'{where}: expected an absolute path or "", got {path!r}')
-    return path
-
-
-def _duration(value: str, where: str, zero: bool = False) -> str:
-    """A Prometheus duration; only ``zero`` allows 0s (Alertmanager refuses zero intervals)."""
-    if not value or not _DURATION.match(value):
-        raise ConfigError(f"{where}: expected a duration such as 30s, 5m or 4h, got {value!r}")
-    if not zero and seconds(value) == 0:
-        raise ConfigError(f"{where}: must be longer than 0s")
-    return value
+    """The receivers and intervals the alerts config chose (checked when it was loaded)."""
+    return config.routing
 
 
 def _matchers(**labels: str | Sequence[str]) -> list[str]:

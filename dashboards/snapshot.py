@@ -22,9 +22,9 @@ import click
 import httpx
 
 from inferwatch.clikit import BadInput, CannotRun, cannot_write
+from inferwatch.config import Duration
 from inferwatch.dashboards import queries, writer
 from inferwatch.mixin import config as alert_config
-from inferwatch.mixin.config import seconds
 
 #: largest Prometheus answer read per query
 MAX_ANSWER_BYTES = 16 << 20
@@ -38,11 +38,20 @@ TICK_STEPS = (10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600
               172800, 604800)  # fmt: skip
 #: grid units under a time series for its time axis and legend
 LEGEND_UNITS = 2.6
-_DURATION = re.compile(r"^(?:\d+(?:s|m|h|d|w))+$")
 _SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 #: Grafana unit ids -> the name printed after a value (``suffix:x`` units print ``x``)
 UNIT_NAMES = {"reqps": "req/s", "watt": "W", "celsius": "°C", "hertz": "Hz"}
 _IEC = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
+
+
+def _duration(option: str, value: str) -> Duration:
+    try:
+        duration = Duration.parse(value)
+    except ValueError as exc:
+        raise BadInput(f"{option}: {exc}") from None
+    if duration.milliseconds == 0:
+        raise BadInput(f"{option}: must be longer than 0s, got {value!r}")
+    return duration
 
 
 @dataclass
@@ -370,9 +379,7 @@ def snapshot(dashboard: str, prometheus: str, since: str, out: Path | None, var:
              scrape_interval: str, config_path: Path | None, timeout: float) -> None:  # fmt: skip
     """Render one dashboard's panels from Prometheus into a PNG, laid out as the board is."""
     name, url = dashboard, prometheus
-    for option, value in (("--from", since), ("--scrape-interval", scrape_interval)):
-        if not _DURATION.match(value) or seconds(value) <= 0:
-            raise BadInput(f"{option} {value!r}: expected a duration above 0 such as 15m or 1h")
+    back, interval = _duration("--from", since), _duration("--scrape-interval", scrape_interval)
     if not url.startswith(("http://", "https://")):
         raise BadInput(f"--prometheus {url!r}: expected an http:// or https:// URL")
     try:
@@ -390,8 +397,8 @@ def snapshot(dashboard: str, prometheus: str, since: str, out: Path | None, var:
         prom = Prometheus(url, http)
         prom.get("/api/v1/status/buildinfo", {})  # reachable and a Prometheus, or one line
         subtitle = f"last {since} to {datetime.now():%Y-%m-%d %H:%M} · {shown}"
-        window = Window.last(seconds(since))
-        grafana = window.grafana(values, seconds(scrape_interval))
+        window = Window.last(back.seconds)
+        grafana = window.grafana(values, interval.seconds)
         total, with_data = render(board, prom, grafana, window, target, subtitle)
     if with_data == 0:
         target.unlink(missing_ok=True)

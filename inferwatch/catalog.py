@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal
 
-import yaml
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
+
+from inferwatch import config as layer
 
 __all__ = [
     "KEY_PATTERN",
@@ -54,7 +55,7 @@ UNITS = frozenset(
 )
 
 
-class CatalogError(ValueError):
+class CatalogError(layer.ConfigError):
     """The catalogue file breaks one of its own rules; the message names the entry and field."""
 
 
@@ -276,7 +277,7 @@ def _parse_entry(raw: Any, index: int, identities: Mapping[str, tuple[str, ...]]
 
 def parse(text: str) -> Catalog:
     """Build a catalogue from YAML text, failing with the entry and field on bad input."""
-    document = yaml.safe_load(text)
+    document = layer.parse(text, "catalog.yaml", CatalogError)
     if not isinstance(document, dict) or not isinstance(document.get("metrics"), list):
         raise _fail("top level", "expected a mapping with a 'metrics' list")
     identities = {

@@ -17,6 +17,21 @@ import click
 
 from inferwatch.exitcodes import ExitCode
 
+__all__ = [
+    "BadInput",
+    "CannotRun",
+    "CommandError",
+    "F",
+    "Failed",
+    "PortTaken",
+    "bind",
+    "cannot_write",
+    "check_option",
+    "listen_error",
+    "option_group",
+    "parse_listen",
+]
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 

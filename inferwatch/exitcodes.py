@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+__all__ = ["ExitCode"]
+
 
 class ExitCode(IntEnum):
     OK = 0

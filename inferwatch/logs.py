@@ -17,6 +17,14 @@ import sys
 import time
 from typing import Any
 
+__all__ = [
+    "UVICORN_LEAST_LEVEL",
+    "JsonFormatter",
+    "TextFormatter",
+    "configure",
+    "log_event",
+]
+
 _FIELDS = "inferwatch_fields"
 
 

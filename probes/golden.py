@@ -18,6 +18,7 @@ from typing import Any, Final
 
 import yaml
 
+from inferwatch import config as layer
 from inferwatch.probes import checks, degeneracy, schema
 from inferwatch.probes.reply import Reply, ToolCall
 
@@ -43,7 +44,7 @@ _RUNAWAY_FACTOR: Final = 4
 _RUNAWAY_SLACK: Final = 80
 
 
-class GoldenError(ValueError):
+class GoldenError(layer.ConfigError):
     """A golden set that cannot be used; the message says where and why, on one line."""
 
 
@@ -124,8 +125,8 @@ class GoldenSet:
 def _lines(text: str) -> list[int]:
     """1-based line of each entry of the top-level ``probes`` list (best effort)."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
+        root = layer.compose(text, "<lines>")
+    except layer.ConfigError:
         return []
     if not isinstance(root, yaml.MappingNode):
         return []
@@ -254,12 +255,7 @@ def _golden(raw: Any, default_max_tokens: int) -> Golden:
 
 def parse(text: str, source: str = "<string>") -> GoldenSet:
     """A golden set from YAML text; ``source`` names the file in error messages."""
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise GoldenError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    document = layer.parse(text, source, GoldenError)
     if not isinstance(document, Mapping) or not isinstance(document.get("probes"), list):
         raise GoldenError(f"{source}: expected a mapping with `name` and a `probes` list")
     name = document.get("name")

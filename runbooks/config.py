@@ -3,7 +3,7 @@
 Checked in full when loaded; every mistake is one line, ``<file>: <field path>: <reason>``.
 A rule matches an alert by name and by Alertmanager-style label matchers (``=``, ``!=``,
 ``=~``, ``!~``; regular expressions are anchored, as in Alertmanager) and names an action
-from the registry with its parameters. Durations are written ``30s``, ``10m``, ``1h``.
+from the registry with its parameters. Durations are Prometheus durations (``30s``, ``1h30m``).
 """
 
 from __future__ import annotations
@@ -14,17 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferwatch import yamlfile
+from inferwatch import config as layer
+from inferwatch.config import Fields
 from inferwatch.runbooks import registry
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"(.*)"\s*$')
 #: the namespace an alert without a ``namespace`` label is in, for the allow-list
 NO_NAMESPACE = ""
 
 
-class ConfigError(ValueError):
+class ConfigError(layer.ConfigError):
     """A mapping config that cannot be used; the message names file, field and reason."""
 
 
@@ -83,49 +82,13 @@ class Config:
         return "*" in self.namespaces or labels.get("namespace", NO_NAMESPACE) in self.namespaces
 
 
-def duration(value: Any) -> float | None:
-    """Seconds in ``30s``/``10m``/``1h``; None when it is not such a duration."""
-    match = _DURATION.match(str(value))
-    return float(match.group(1)) * _UNITS[match.group(2)] if match else None
+def _seconds(fields: Fields, key: str, default: str | None) -> float | None:
+    """A duration field in seconds; None when it is absent and has no default."""
+    value = fields.raw.get(key, default)
+    return None if value is None else fields.duration(key, value).seconds
 
 
-class _Reader:
-    def __init__(self, source: str, raw: Any, path: str) -> None:
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{source}: {path or 'top level'}: expected a mapping")
-        self.source, self.raw, self.path = source, raw, path
-
-    def error(self, key: str, reason: str) -> ConfigError:
-        where = f"{self.path}.{key}" if self.path else key
-        return ConfigError(f"{self.source}: {where}: {reason}")
-
-    def check_keys(self, allowed: set[str], required: set[str] | None = None) -> None:
-        for key in self.raw:
-            if key not in allowed:
-                raise self.error(str(key), f"unknown field (expected one of {sorted(allowed)})")
-        for key in sorted((required or set()) - set(self.raw)):
-            raise self.error(key, "is required")
-
-    def child(self, key: str) -> _Reader:
-        return _Reader(self.source, self.raw.get(key) or {}, f"{self.path}.{key}".lstrip("."))
-
-    def text(self, key: str) -> str:
-        value = self.raw.get(key)
-        if not isinstance(value, str) or not value:
-            raise self.error(key, "expected a non-empty string")
-        return value
-
-    def duration(self, key: str, default: str | None) -> float | None:
-        value = self.raw.get(key, default)
-        if value is None:
-            return None
-        seconds = duration(value)
-        if seconds is None:
-            raise self.error(key, f"{value!r} is not a duration such as 30s, 10m or 1h")
-        return seconds
-
-
-def _matchers(reader: _Reader) -> tuple[Matcher, ...]:
+def _matchers(reader: Fields) -> tuple[Matcher, ...]:
     raw = reader.raw.get("matchers", [])
     if not isinstance(raw, list):
         raise reader.error("matchers", 'expected a list such as [severity="critical"]')
@@ -144,7 +107,7 @@ def _matchers(reader: _Reader) -> tuple[Matcher, ...]:
     return tuple(out)
 
 
-def _rule(reader: _Reader) -> Rule:
+def _rule(reader: Fields) -> Rule:
     reader.check_keys(
         {"name", "alertname", "matchers", "action", "params", "cooldown", "rollback_after"},
         {"name", "alertname", "action"},
@@ -155,7 +118,7 @@ def _rule(reader: _Reader) -> Rule:
     params = reader.raw.get("params") or {}
     if not isinstance(params, dict):
         raise reader.error("params", "expected a mapping")
-    cooldown = reader.duration("cooldown", "30m")
+    cooldown = _seconds(reader, "cooldown", "30m")
     assert cooldown is not None
     return Rule(
         name=reader.text("name"),
@@ -164,11 +127,11 @@ def _rule(reader: _Reader) -> Rule:
         action=action,
         params=params,
         cooldown=cooldown,
-        rollback_after=reader.duration("rollback_after", None),
+        rollback_after=_seconds(reader, "rollback_after", None),
     )
 
 
-def _breaker(reader: _Reader) -> Breaker:
+def _breaker(reader: Fields) -> Breaker:
     reader.check_keys({"max_fraction", "window", "populations"}, {"max_fraction", "populations"})
     fraction = reader.raw["max_fraction"]
     if (
@@ -183,13 +146,13 @@ def _breaker(reader: _Reader) -> Breaker:
     for group, count in populations.items():
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise reader.error(f"populations.{group}", "expected a positive integer")
-    window = reader.duration("window", "1h")
+    window = _seconds(reader, "window", "1h")
     assert window is not None
     return Breaker(float(fraction), window, {str(k): v for k, v in populations.items()})
 
 
 def parse(document: Any, source: str = "<config>") -> Config:
-    top = _Reader(source, document, "")
+    top = Fields(source, document, "", ConfigError)
     top.check_keys(
         {"execute", "namespaces", "breaker", "rules", "actions"}, {"namespaces", "breaker"}
     )
@@ -202,7 +165,9 @@ def parse(document: Any, source: str = "<config>") -> Config:
     rules_raw = top.raw.get("rules") or []
     if not isinstance(rules_raw, list):
         raise top.error("rules", "expected a list")
-    rules = tuple(_rule(_Reader(source, raw, f"rules[{i}]")) for i, raw in enumerate(rules_raw))
+    rules = tuple(
+        _rule(Fields(source, raw, f"rules[{i}]", ConfigError)) for i, raw in enumerate(rules_raw)
+    )
     names = [rule.name for rule in rules]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
@@ -217,4 +182,8 @@ def parse(document: Any, source: str = "<config>") -> Config:
 
 
 def load(path: str | Path) -> Config:
-    return parse(yamlfile.load(path, ConfigError), str(path))
+    try:
+        document = layer.load(path)
+    except layer.ConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    return parse(document, str(path))

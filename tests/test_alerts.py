@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from inferwatch import catalog
 from inferwatch.alerts import build, writer
 from inferwatch.cli import main
+from inferwatch.config import loader
 from inferwatch.mixin import config, promql
 from inferwatch.mixin import files as generated
 from support.shared import shared_path
@@ -366,7 +367,7 @@ def test_any_value_at_any_field_is_rejected_in_one_line_or_generates(
 def test_missing_and_oversized_config_files(tmp_path: Path) -> None:
     with pytest.raises(config.ConfigError, match="cannot read"):
         config.load(tmp_path / "absent.yaml")
-    big = write(tmp_path, "#" * (config.MAX_BYTES + 10))
+    big = write(tmp_path, "#" * (loader.MAX_FILE_BYTES + 10))
     with pytest.raises(config.ConfigError, match="larger than"):
         config.load(big)
 

@@ -231,8 +231,8 @@ SAME = ["--baseline", 'model_version="a"', "--candidate", 'model_version="a"']
         ([*LOCAL, *GOOD], {}, "cannot reach Prometheus"),
         (["--prometheus", "ftp://x", *GOOD], {}, "http(s) URL"),
         ([*LOCAL, *GOOD, "--window", "30"], {}, "--window"),
-        ([*LOCAL, *GOOD, "--window", "5s"], {}, "10s..7d"),
-        ([*LOCAL, *GOOD], {"INFERWATCH_CANARY_WINDOW": "8d"}, "10s..7d"),
+        ([*LOCAL, *GOOD, "--window", "5s"], {}, "10s..1w"),
+        ([*LOCAL, *GOOD], {"INFERWATCH_CANARY_WINDOW": "8d"}, "10s..1w"),
         # a short window is a valid question where scrapes are frequent (the demo's are 2 s)
         ([*LOCAL, *GOOD, "--window", "20s"], {}, "cannot reach Prometheus"),
         ([*LOCAL, *ONLY_MODEL], {}, "--baseline"),

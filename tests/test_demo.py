@@ -134,7 +134,7 @@ def test_the_docs_list_every_shipped_scenario_and_the_default() -> None:
     [
         ("steps: [{at: 5s, replica: v3, clear: true}]", "steps[0]: unknown replica 'v3'"),
         ("steps: [{at: 5s, replica: fallback, inject: {slow: 2}}]", "unknown fault 'slow'"),
-        ("steps: [{at: soon, rate: 2}]", "steps[0].at: expected seconds"),
+        ("steps: [{at: soon, rate: 2}]", "steps[0].at: expected a duration such as"),
         ("steps: [{at: 1m30s, rate: 2, clear: true}]", "needs exactly one of"),
         ("steps: [{at: 5s, replica: primary-v1, start: true}]", "start takes a spare"),
         (

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferwatch.cli import main
+from inferwatch.config.loader import MAX_INTEGER
 from inferwatch.k8s import autoscaling as k8s_autoscaling
 from inferwatch.k8s import kit as k8s
 from support.shared import REPO, tool
@@ -117,7 +118,7 @@ def test_generated_dashboards_join_the_kit_once_they_exist(kit: Path, tmp_path: 
 
 
 BAD_SITES = {
-    "not-yaml": ("namespace: [unclosed\n", "not YAML"),
+    "not-yaml": ("namespace: [unclosed\n", "line 2: invalid YAML"),
     "not-a-mapping": ("- a\n- b\n", "must be a mapping"),
     "unknown-key": ("namespce: x\n", "unknown key 'namespce' (known: namespace, cluster"),
     "unknown-inner-key": ("monitoring: {relase: x}\n", "unknown key 'relase' in monitoring"),
@@ -171,7 +172,7 @@ BAD_SITES = {
         "gateway.canary_users must be a list of at most 64 user ids",
     ),
     "oversized": ("namespace: x\n" + "#" * (k8s.MAX_SITE_BYTES + 1), "larger than"),
-    "not-utf8": (b"namespace: \xff\n", "not YAML"),
+    "not-utf8": (b"namespace: \xff\n", "line 1: not UTF-8 text"),
 }
 
 
@@ -231,14 +232,16 @@ def test_the_full_site_sets_every_value_the_schema_knows_and_loads(tmp_path: Pat
     assert site.canary_users == ("release-qa",)
 
 
+#: integers the config loader reads at all (larger ones are refused while the file is parsed)
+INTEGERS = st.integers(-MAX_INTEGER, MAX_INTEGER)
 NOT_TEXT = st.one_of(
-    st.integers(), st.booleans(), st.none(), st.floats(allow_nan=False),
+    INTEGERS, st.booleans(), st.none(), st.floats(allow_nan=False),
     st.lists(st.text(max_size=3), max_size=2),
     st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
 )  # fmt: skip
 NOT_INTEGER = st.one_of(
     st.text(max_size=8), st.booleans(), st.none(),
-    st.integers().map(lambda i: i + 0.5), st.lists(st.integers(), max_size=2),
+    INTEGERS.map(lambda i: i + 0.5), st.lists(INTEGERS, max_size=2),
 )  # fmt: skip
 
 
@@ -265,8 +268,8 @@ def bad_value(draw: st.DrawFn) -> tuple[tuple[str, ...], Any]:
     else:
         value = draw(st.one_of(
             NOT_INTEGER,
-            st.integers(max_value=node["minimum"] - 1),
-            st.integers(min_value=node["maximum"] + 1),
+            st.integers(-MAX_INTEGER, node["minimum"] - 1),
+            st.integers(node["maximum"] + 1, MAX_INTEGER),
         ))  # fmt: skip
     return path, value
 

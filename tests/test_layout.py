@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: the top-level folders installed as ``inferwatch.<name>`` (pyproject's package-dir)
 MAPPED = ("exporters", "probes", "dashboards", "alerts", "runbooks")
 #: the shared layer's packages; inferwatch/'s other subpackages are components
-SHARED_PACKAGES = ("serving", "mixin")
+SHARED_PACKAGES = ("serving", "mixin", "config")
 #: shared modules that are entry points rather than a face for components
 ENTRY_POINTS = ("inferwatch", "inferwatch.__main__", "inferwatch.cli")
 

@@ -87,7 +87,7 @@ INVALID = [
         "name: x\nprobes:\n  - {id: a, prompt: p, tool_call: {name: f}, check: tool_call}\n",
         "'f' is not among `tools`",
     ),
-    ("name: x\nprobes: [\n", "not valid YAML"),
+    ("name: x\nprobes: [\n", "line 3: invalid YAML"),
 ]
 
 

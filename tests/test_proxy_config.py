@@ -89,7 +89,7 @@ def test_a_full_config_loads(tmp_path: Path) -> None:
             {"prices": {"models": {"m": {"completion": "cheap"}}}},
             r"prices\.models\.m\.completion: expected a number",
         ),
-        ([1, 2], r"\(top level\): expected a mapping"),
+        ([1, 2], r"top level: expected a mapping"),
     ],
 )
 def test_mistakes_name_the_file_field_and_reason(document: object, message: str) -> None:

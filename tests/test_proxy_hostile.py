@@ -178,7 +178,7 @@ def test_a_pathological_json_reply_is_a_counted_upstream_error(
 
 # ---------------------------------------------------------------- label slots
 def test_junk_model_and_version_values_release_their_slots_when_idle(stack: MakeStack) -> None:
-    proxy = stack(labels={"max_version_values": 3, "value_idle": 0.3})
+    proxy = stack(labels={"max_version_values": 3, "value_idle": "300ms"})
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
     def send(model: str, version: str) -> None:
@@ -229,7 +229,7 @@ def closed_within(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
 
 
 def test_a_trickled_request_head_is_cut_off_while_others_are_served(stack: MakeStack) -> None:
-    proxy = stack(limits={"header_timeout": 0.5})
+    proxy = stack(limits={"header_timeout": "500ms"})
     started = time.monotonic()
     with connect(proxy) as slow:
         slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-pad: ")
@@ -257,7 +257,7 @@ def test_an_oversized_request_head_gets_431(stack: MakeStack) -> None:
 
 
 def test_a_body_that_never_arrives_gets_408(stack: MakeStack, engine: Engine) -> None:
-    proxy = stack(limits={"body_timeout": 0.5})
+    proxy = stack(limits={"body_timeout": "500ms"})
     seen = len(engine.engine.requests)
     with connect(proxy) as sock:
         sock.sendall(

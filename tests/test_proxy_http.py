@@ -308,7 +308,7 @@ def test_client_disconnect_mid_stream_charges_tokens_so_far_and_aborts_the_engin
 
 
 def test_slow_and_dead_upstreams_give_clear_errors(stack: Callable[..., Stack]) -> None:
-    proxy = stack(upstream={"read_timeout": 1.5})  # well under the scripted 5 s stall
+    proxy = stack(upstream={"read_timeout": "1500ms"})  # well under the scripted 5 s stall
     assert proxy.client.post(CHAT, json=chat(), headers=auth("acme")).status_code == 200
     # on the pooled connection the first request left behind: a timeout is not retried
     reply = proxy.client.post(
@@ -533,7 +533,7 @@ def test_a_client_that_hangs_up_at_done_completed_its_request(
 ) -> None:
     """Clients close the stream once they read ``[DONE]``; an engine that is slower to end its
     response (here: never) must not turn that complete request into a cancelled one."""
-    proxy = stack(upstream={"read_timeout": 1.5})
+    proxy = stack(upstream={"read_timeout": "1500ms"})
     usage = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
     events = [
         {

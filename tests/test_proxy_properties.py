@@ -74,7 +74,7 @@ def stack() -> Iterator[Stack]:
         "upstream": {
             "url": f"http://127.0.0.1:{port}",
             "reconcile_interval": 0,
-            "read_timeout": READ_TIMEOUT,
+            "read_timeout": f"{round(READ_TIMEOUT * 1000)}ms",
         },
         "tenants": {name: {"key_sha256": [hash_key(key)]} for name, key in KEYS.items()},
         "limits": {"max_body_bytes": MAX_BODY},

@@ -392,7 +392,7 @@ def test_rollback_after_the_hold_unless_it_fires_again(
     sidecars: Callable[[int], list[h.SidecarUnderTest]],
 ) -> None:
     rules = h.config()["rules"]
-    quick = {**rules[0], "name": "quick", "rollback_after": "0.2s", "matchers": ['pod="a"']}
+    quick = {**rules[0], "name": "quick", "rollback_after": "200ms", "matchers": ['pod="a"']}
     slow = {**rules[0], "name": "slow", "rollback_after": "1h", "matchers": ['pod="b"']}
     rx, (a, b) = receiver(rules=[quick, slow]), sidecars(2)
     fire_a, fire_b = (
@@ -420,7 +420,7 @@ def test_a_resolve_redelivered_after_the_rollback_does_not_roll_back_again(
     receiver: Callable[..., h.ReceiverUnderTest],
     sidecars: Callable[[int], list[h.SidecarUnderTest]],
 ) -> None:
-    rule = {**h.config()["rules"][0], "rollback_after": "0.1s"}
+    rule = {**h.config()["rules"][0], "rollback_after": "100ms"}
     rx, (a,) = receiver(rules=[rule]), sidecars(1)
     firing = h.alert(a.address, fingerprint="aa")
     rx.post(h.payload(firing))

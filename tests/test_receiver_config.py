@@ -66,7 +66,7 @@ def test_matchers_follow_alertmanager(matcher: str, labels: dict[str, str], expe
         ),
         (
             h.config(rules=[rule(cooldown="soon")]),
-            r"rules\[0\]\.cooldown: 'soon' is not a duration",
+            r"rules\[0\]\.cooldown: expected a duration .*, got 'soon'",
         ),
         (h.config(rules=[rule(typo=1)]), r"rules\[0\]\.typo: unknown field"),
         (h.config(rules=[rule(), rule()]), r"rules: duplicate rule names"),

@@ -43,9 +43,9 @@ def run(*args: str) -> tuple[int, list[str]]:
          "Error: unknown dashboard 'nope'; known: fleet, latency, replica, gpu, cost, quality, "
          "versions"),
         (["--dashboard", "gpu", "--prometheus", "http://127.0.0.1:1", "--from", "soon"],
-         "Error: --from 'soon': expected a duration above 0 such as 15m or 1h"),
+         "Error: --from: expected a duration such as 30s, 5m, 1h30m or 2d, got 'soon'"),
         (["--dashboard", "gpu", "--prometheus", "http://127.0.0.1:1", "--from", "0m"],
-         "Error: --from '0m': expected a duration above 0 such as 15m or 1h"),
+         "Error: --from: must be longer than 0s, got '0m'"),
         (["--dashboard", "gpu", "--prometheus", "127.0.0.1:9090"],
          "Error: --prometheus '127.0.0.1:9090': expected an http:// or https:// URL"),
         (["--dashboard", "gpu", "--prometheus", "http://127.0.0.1:1", "--var", "gpu=0"],

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Literal, get_args
 
-import yaml
-
+from inferwatch import config as layer
 from inferwatch.exporters.gpu.families import FamilySet
 from inferwatch.exporters.gpu.faults import FaultBook
 from inferwatch.logs import log_event
@@ -57,7 +56,7 @@ class XidInfo:
 def catalogue() -> Mapping[int, XidInfo]:
     """The shipped XID catalogue, by XID number (read once per process)."""
     text = resources.files(__package__).joinpath("xid.yaml").read_text(encoding="utf-8")
-    entries = yaml.safe_load(text)["xids"]
+    entries = layer.parse(text, "xid.yaml")["xids"]
     table: dict[int, XidInfo] = {}
     for xid, raw in entries.items():
         action = raw["action"]

@@ -9,7 +9,6 @@ keep their documented numbers; as 2 is a verdict here, bad input joins the table
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -22,15 +21,15 @@ from inferwatch.canary import analysis, selector
 from inferwatch.canary.analysis import EXIT_CODES, Analysis, Result, Thresholds
 from inferwatch.canary.prometheus import Prometheus, PrometheusError
 from inferwatch.clikit import CannotRun
+from inferwatch.config import Duration, DurationParam
 from inferwatch.exitcodes import ExitCode
 from inferwatch.mixin import config as alert_config
 
-_WINDOW = re.compile(r"^(?:\d+(?:s|m|h|d))+$")
 #: a window must hold a few scrapes for ``increase()`` to count anything: 10 s does at the
 #: 2 s intervals of the demo or a high-resolution setup, and where scrapes are sparser its
 #: checks simply have no data (inconclusive, never a wrong verdict); longer than a week
 #: outlives most retention
-MIN_WINDOW_S, MAX_WINDOW_S = 10, 7 * 86400
+WINDOW = DurationParam(minimum=Duration.parse("10s"), maximum=Duration.parse("7d"))
 _COLOURS = {"pass": "green", "fail": "red", "no data": "yellow", "n/a": "dim"}
 
 
@@ -46,15 +45,6 @@ class _Command(click.Command):
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
             raise _BadUsage(exc.format_message(), exc.ctx) from None
-
-
-def _window(value: str) -> str:
-    if not _WINDOW.match(value):
-        raise click.BadParameter(f"--window: {value!r} is not a duration such as 30m or 1h")
-    length = alert_config.seconds(value)
-    if not MIN_WINDOW_S <= length <= MAX_WINDOW_S:
-        raise click.BadParameter(f"--window: {value} is outside 10s..7d")
-    return value
 
 
 def _threshold_options() -> list[Any]:
@@ -118,6 +108,7 @@ def _with_thresholds(command: Any) -> Any:
 )
 @click.option(
     "--window",
+    type=WINDOW,
     default="30m",
     show_envvar=True,
     help="How far back both sides are compared (10s..7d).",
@@ -144,7 +135,7 @@ def canary(
     prometheus: str,
     baseline: str,
     candidate: str,
-    window: str,
+    window: Duration,
     at: float | None,
     config_path: Path | None,
     **limits: Any,
@@ -155,10 +146,14 @@ def canary(
         sides = selector.parse(baseline, "--baseline"), selector.parse(candidate, "--candidate")
         if sides[0] == sides[1]:
             raise selector.SelectorError("--baseline and --candidate select the same series")
-        window = _window(window)
         config = alert_config.load(config_path)
         run = Analysis(
-            Prometheus(prometheus), config, *sides, window, at or time.time(), Thresholds(**limits)
+            Prometheus(prometheus),
+            config,
+            *sides,
+            str(window),
+            at or time.time(),
+            Thresholds(**limits),
         )
         results = run.run()
     except (
@@ -169,7 +164,7 @@ def canary(
     ) as exc:
         raise CannotRun(exc.message if isinstance(exc, click.BadParameter) else str(exc)) from None
     decided = analysis.verdict(results)
-    _print(results, decided, sides, window)
+    _print(results, decided, sides, str(window))
     raise click.exceptions.Exit(EXIT_CODES[decided])
 
 

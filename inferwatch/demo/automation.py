@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from inferwatch import config as layer
 from inferwatch.demo import topology
 from inferwatch.demo.processes import INFERWATCH, Component
 from inferwatch.demo.topology import Replica
@@ -53,7 +54,7 @@ MAX_FRACTION = 0.5
 def shipped() -> dict[str, Any]:
     """The shipped mapping config as data."""
     text = resources.files("inferwatch.runbooks").joinpath("actions.yaml").read_text("utf-8")
-    document: dict[str, Any] = yaml.safe_load(text)
+    document: dict[str, Any] = layer.parse(text, "inferwatch/runbooks/actions.yaml")
     return document
 
 

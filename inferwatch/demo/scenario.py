@@ -37,15 +37,14 @@ A spare replica is started once, by a ``start`` step, and takes no other step be
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
+from inferwatch import config as layer
+from inferwatch.config.schema import duration_of
 from inferwatch.sim import faults as fault_doc
 
 GPUS_PER_REPLICA = 1  # every demo replica serves from one GPU
@@ -53,7 +52,6 @@ GPUS_PER_REPLICA = 1  # every demo replica serves from one GPU
 DEFAULT = "xid-and-repair"
 #: the ``--scenario`` value for a run without faults
 NONE = "none"
-_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
 _STEP_KEYS = {
     "at", "replica", "replicas", "inject", "clear", "crash", "repair", "rate", "start", "say",
 }  # fmt: skip
@@ -61,7 +59,7 @@ Action = Literal["start", "inject", "clear", "crash", "repair", "rate"]
 _ACTIONS: tuple[Action, ...] = ("start", "inject", "clear", "crash", "repair", "rate")
 
 
-class ScenarioError(ValueError):
+class ScenarioError(layer.ConfigError):
     """A scenario that cannot be run; the message names the file, step and field."""
 
 
@@ -132,14 +130,7 @@ def load(spec: str, replicas: Sequence[str], spares: Sequence[str] = ()) -> Scen
         raise ScenarioError(
             f"unknown scenario {spec!r}; shipped: {', '.join(shipped())} (or give a YAML file)"
         )
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark is not None else ""
-        raise ScenarioError(
-            f"{source}: {where}invalid YAML: {getattr(exc, 'problem', exc)}"
-        ) from None
+    document = layer.parse(text, source, ScenarioError)
     return parse(document, source, replicas, spares)
 
 
@@ -184,16 +175,6 @@ def _check_spares(steps: Sequence[tuple[Step, int]], source: str, spares: Sequen
                 raise ScenarioError(f"{where}: {name} is a spare, not started before this step")
 
 
-def _seconds(value: Any, where: str) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-        return float(value)
-    match = _DURATION.match(str(value))
-    if not match or not any(match.groups()):
-        raise ScenarioError(f"{where}.at: expected seconds such as 20, 20s or 1m30s, got {value!r}")
-    minutes, seconds = (float(group) if group else 0.0 for group in match.groups())
-    return 60 * minutes + seconds
-
-
 def _step(raw: Any, where: str, replicas: Sequence[str]) -> Step:
     if not isinstance(raw, Mapping):
         raise ScenarioError(f"{where}: expected a mapping")
@@ -207,7 +188,9 @@ def _step(raw: Any, where: str, replicas: Sequence[str]) -> Step:
     if len(actions) != 1:
         raise ScenarioError(f"{where}: needs exactly one of {', '.join(_ACTIONS)}")
     action = actions[0]
-    at, say = _seconds(raw["at"], where), str(raw.get("say", ""))
+    fail = lambda reason: ScenarioError(f"{where}.at: {reason}")  # noqa: E731
+    at = duration_of(raw["at"], fail, seconds_int=True).seconds
+    say = str(raw.get("say", ""))
     if action == "rate":
         rate = raw["rate"]
         if isinstance(rate, bool) or not isinstance(rate, int | float) or rate < 0:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import yaml
+from inferwatch import config as layer
 
 #: kube-apiserver's limit on a request body
 MAX_BODY = 3 * 1024 * 1024
@@ -152,8 +152,7 @@ def httproute_validator(crd_path: str) -> Callable[[Mapping[str, Any]], None]:
     # only where a schema is checked: a test dependency, not the drill's
     import jsonschema  # type: ignore[import-untyped, unused-ignore]
 
-    with open(crd_path, encoding="utf-8") as handle:
-        crd = yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    crd = layer.load(crd_path)
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     validator = jsonschema.Draft202012Validator(version["schema"]["openAPIV3Schema"])
 

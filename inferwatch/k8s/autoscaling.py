@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from inferwatch import config as layer
 from inferwatch.mixin import promql, recording
 from inferwatch.mixin.config import Config
 
@@ -64,7 +65,8 @@ class Scaled:
 def scaled_model(kit: Path) -> Scaled:
     """Read the model Deployment of the kit's base: its name, the engine's ``--model`` and
     the sidecar's ``--model-version`` (the labels the recording rules keep)."""
-    documents = yaml.safe_load_all((kit / DEPLOYMENT_FILE).read_text(encoding="utf-8"))
+    path = kit / DEPLOYMENT_FILE
+    documents = layer.parse_all(layer.read_text(path), str(path))
     (deployment,) = [d for d in documents if d and d["kind"] == "Deployment"]
     containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
     engine_args = [str(a) for a in containers["vllm"]["args"]]

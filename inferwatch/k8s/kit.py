@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from inferwatch import config as layer
 from inferwatch.k8s import autoscaling
 from inferwatch.probes import schema
 
@@ -44,7 +45,7 @@ URL = r"^https?://[^\s/@]+(/[^\s@]*)?\Z"
 DURATION = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?([0-9]+ms)?\Z"
 
 
-class SiteError(ValueError):
+class SiteError(layer.ConfigError):
     """A site file a user wrote is unreadable or has a bad value (one line, for the CLI)."""
 
 
@@ -150,10 +151,7 @@ def load_site(path: Path) -> Site:
         raise SiteError(f"{path}: {exc.strerror}") from None
     if len(raw) > MAX_SITE_BYTES:
         raise SiteError(f"{path}: larger than {MAX_SITE_BYTES} bytes")
-    try:
-        document = yaml.safe_load(raw.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise SiteError(f"{path}: not YAML ({str(exc).splitlines()[0]})") from None
+    document = layer.parse(layer.decode(raw, str(path), SiteError), str(path), SiteError)
     document = {} if document is None else document
     if not isinstance(document, dict):
         raise SiteError(f"{path}: the top level must be a mapping")

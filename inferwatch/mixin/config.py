@@ -17,7 +17,22 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
+from inferwatch import config as layer
+from inferwatch.config import Duration
+from inferwatch.config.schema import kind as _kind
+from inferwatch.mixin import routing
+
+__all__ = [
+    "ALERT_EXTRAS",
+    "DURATION_KEYS",
+    "SEVERITIES",
+    "AlertSettings",
+    "BurnWindow",
+    "Config",
+    "ConfigError",
+    "defaults",
+    "load",
+]
 
 SEVERITIES = ("critical", "warning", "info")
 #: keys whose values are Prometheus durations
@@ -26,30 +41,13 @@ DURATION_KEYS = frozenset(
 )
 #: keys every ``alerts.<name>`` entry accepts besides its own defaults
 ALERT_EXTRAS = frozenset({"disabled", "labels", "annotations"})
-#: largest config file read
-MAX_BYTES = 1 << 20
-
-_DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
-_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
 _MATCHERS = re.compile(rf"^{_MATCHER}(?:,{_MATCHER})*,?$")
 
 
-class ConfigError(ValueError):
-    """A user's alert config is wrong; the message is one line: file: field: reason.
-
-    Keys and values come from the user's file, so characters that would break the line
-    (a newline in a key) are shown escaped."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in message))
-
-
-def seconds(duration: str) -> float:
-    """A Prometheus duration (``1h30m``) in seconds."""
-    return sum(int(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(duration))
+class ConfigError(layer.ConfigError):
+    """A user's alert config is wrong; the message is one line: file: field: reason."""
 
 
 @functools.cache
@@ -58,7 +56,7 @@ def _defaults_text() -> str:
 
 
 def defaults() -> dict[str, Any]:
-    document = yaml.safe_load(_defaults_text())
+    document = layer.parse(_defaults_text(), "inferwatch/mixin/config.yaml")
     assert isinstance(document, dict)
     return document
 
@@ -167,8 +165,11 @@ class _Checker:
             return self.merge(base, given, path)
         if not isinstance(given, str):
             raise self.fail(path, f"expected a string, got {_kind(given)}")
-        if key in DURATION_KEYS and not _DURATION.match(given):
-            raise self.fail(path, f"expected a duration such as 30s, 5m, 1h or 1d, got {given!r}")
+        if key in DURATION_KEYS:
+            try:
+                Duration.parse(given)
+            except ValueError as exc:
+                raise self.fail(path, str(exc)) from None
         return given
 
     def number(self, given: Any, path: str) -> float:
@@ -187,16 +188,6 @@ class _Checker:
             if not isinstance(value, str):
                 raise self.fail(f"{path}.{key}", f"expected a string, got {_kind(value)}")
         return dict(given)
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, bool):
-        return f"{str(value).lower()} (a boolean)"
-    if isinstance(value, (dict, list)):
-        return "a mapping" if isinstance(value, dict) else "a list"
-    return repr(value)
 
 
 def _short(mapping: Mapping[str, Any]) -> str:
@@ -242,7 +233,7 @@ class Config:
         self.cluster_label: str = document["cluster_label"]
         self.selectors: Mapping[str, str] = document["selectors"]
         self.links: Mapping[str, str] = document["links"]
-        self.alertmanager: Mapping[str, Any] = document["alertmanager"]
+        self.routing = routing.settings(document["alertmanager"], source, ConfigError)
         self.rate_window: str = document["rate_window"]
         self.quantiles: list[float] = [float(q) for q in document["quantiles"]]
         self.latency: Mapping[str, Any] = document["latency"]
@@ -281,7 +272,7 @@ class Config:
     def slo_windows(self) -> list[str]:
         """Every window a burn-rate alert reads, shortest first (deduplicated)."""
         names = {w for pair in self.burn_windows for w in (pair.long, pair.short)}
-        return sorted(names, key=seconds)
+        return sorted(names, key=Duration.parse)
 
 
 def _check_meaning(config: Config, fail: Any) -> None:
@@ -298,7 +289,7 @@ def _check_meaning(config: Config, fail: Any) -> None:
             fail(f"links.{link}", f"may only use {sorted(fields)} in braces")
     if "{alertname}" not in config.links["runbook_url"]:
         fail("links.runbook_url", "must contain {alertname}")
-    if config.rate_window and seconds(config.rate_window) <= 0:
+    if config.rate_window and Duration.parse(config.rate_window).milliseconds <= 0:
         fail("rate_window", "must be longer than 0s")
     if not config.quantiles or not all(0 < q < 1 for q in config.quantiles):
         fail("quantiles", "each quantile is between 0 and 1 (exclusive)")
@@ -333,7 +324,7 @@ def _check_meaning(config: Config, fail: Any) -> None:
         where = f"slo.windows[{index}]"
         if window.severity not in ("critical", "warning"):
             fail(f"{where}.severity", "is critical (page) or warning (ticket)")
-        if seconds(window.short) >= seconds(window.long):
+        if Duration.parse(window.short) >= Duration.parse(window.long):
             fail(f"{where}.short", "must be shorter than long")
         if window.factor <= 0:
             fail(f"{where}.factor", "must be above 0")
@@ -359,27 +350,12 @@ def load(path: Path | None = None) -> Config:
         raise checker.fail(where, reason)
 
     _check_meaning(config, fail)
-    from inferwatch.alerts import alertmanager  # its section's rules live with their use
-
-    alertmanager.settings(config)
     return config
 
 
 def _read(path: Path, source: str) -> Any:
     try:
-        with path.open("rb") as stream:
-            data = stream.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
-    if len(data) > MAX_BYTES:
-        raise ConfigError(f"{source}: larger than {MAX_BYTES} bytes")
-    try:
-        given = yaml.safe_load(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{source}: not UTF-8 text") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "top level"
-        problem = getattr(exc, "problem", None) or "not valid YAML"
-        raise ConfigError(f"{source}: {where}: {problem}") from None
+        given = layer.load(path, source)
+    except layer.ConfigError as exc:
+        raise ConfigError(str(exc)) from None
     return {} if given is None else given

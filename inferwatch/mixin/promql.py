@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from decimal import Decimal
 
 from inferwatch import catalog
-from inferwatch.mixin.config import Config, seconds
+from inferwatch.config import Duration
+from inferwatch.mixin.config import Config
 
 __all__ = [
     "MODEL",
@@ -139,4 +140,4 @@ def _digits(bound: float) -> tuple[str, int]:
 
 def seconds_text(duration: str) -> str:
     """A Prometheus duration as a number of seconds (what ``predict_linear`` takes)."""
-    return number(seconds(duration))
+    return number(Duration.parse(duration).seconds)

@@ -19,14 +19,14 @@ what the proxy charged when it reconciles with the engine's counters (see ``reco
 from __future__ import annotations
 
 import ipaddress
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from inferwatch import yamlfile
+from inferwatch import config as layer
+from inferwatch.config import schema as _schema
 from inferwatch.probes.client import PROBE_TENANT, TENANT_HEADER
 from inferwatch.proxy import routes
 
@@ -36,15 +36,13 @@ PRIORITIES = {"high": 0, "normal": 1, "low": 2}
 TENANT_PATTERN = re.compile(rf"^(?:{PROBE_TENANT}|[A-Za-z0-9][A-Za-z0-9._:@/-]{{0,127}})$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 HTTP_URL = re.compile(r"^https?://[^/\s]+(/\S*)?$")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 RESERVED_TENANTS = ("unknown", "other")
 #: names a client may never claim through the tenant header (the probe tenant needs a key)
 HEADER_RESERVED_TENANTS = frozenset({*RESERVED_TENANTS, PROBE_TENANT})
 OverBudget = Literal["clamp", "reject"]
 
 
-class ConfigError(ValueError):
+class ConfigError(layer.ConfigError):
     """A configuration file that cannot be used; the message names file, field and reason."""
 
 
@@ -159,76 +157,17 @@ class ProxyConfig:
         return {digest: t.name for t in self.tenants.values() for digest in t.key_hashes}
 
 
-class _Reader:
-    """Typed access to one mapping of the document, failing with the field's path."""
-
-    def __init__(self, source: str, raw: Any, path: str) -> None:
-        self.source = source
-        self.path = path
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, Mapping):
-            raise self.error("", f"expected a mapping, got {type(raw).__name__}")
-        self.raw = raw
-
-    def error(self, key: str, reason: str) -> ConfigError:
-        where = ".".join(part for part in (self.path, key) if part) or "(top level)"
-        return ConfigError(f"{self.source}: {where}: {reason}")
-
-    def check_keys(self, allowed: set[str]) -> None:
-        unknown = sorted(str(k) for k in self.raw if k not in allowed)
-        if unknown:
-            raise self.error(unknown[0], f"unknown field (expected one of {sorted(allowed)})")
-
-    def child(self, key: str) -> _Reader:
-        return _Reader(self.source, self.raw.get(key), f"{self.path}.{key}" if self.path else key)
-
-    def number(
-        self, key: str, default: float, minimum: float = 0.0, maximum: float = math.inf
-    ) -> float:
-        value = self.raw.get(key, default)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not minimum <= value <= maximum
-        ):
-            expected = (
-                f"a number >= {minimum:g}"
-                if maximum == math.inf
-                else f"a number from {minimum:g} to {maximum:g}"
-            )
-            raise self.error(key, f"expected {expected}, got {value!r}")
-        return float(value)
-
-    def integer(self, key: str, default: int, minimum: int = 0) -> int:
-        value = self.raw.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.error(key, f"expected an integer >= {minimum}, got {value!r}")
-        return value
-
-    def text(self, key: str, default: str) -> str:
-        value = self.raw.get(key, default)
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise self.error(key, f"expected a string, got {value!r}")
-        return str(value)
-
-    def flag(self, key: str, default: bool) -> bool:
-        value = self.raw.get(key, default)
-        if not isinstance(value, bool):
-            raise self.error(key, f"expected true or false, got {value!r}")
-        return value
-
-    def duration(self, key: str, default: float | str) -> float:
-        value = self.raw.get(key, default)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            return float(value)
-        match = _DURATION.match(str(value))
-        if not match or float(match[1]) <= 0:
-            raise self.error(key, f"expected a duration such as 30s, 15m, 1h or 1d, got {value!r}")
-        return float(match[1]) * _DURATION_UNITS[match[2]]
+#: a duration of the proxy's is above zero; a whole number of seconds is accepted too
+_POSITIVE = layer.Duration(1)
 
 
-def _price(reader: _Reader) -> Price:
+def _seconds(fields: layer.Fields, key: str, default: float) -> float:
+    """A positive duration, in seconds; a whole number of seconds is one too."""
+    given = fields.raw.get(key, layer.Duration(round(default * 1000)))
+    return _schema.duration_of(given, fields.error_at(key), _POSITIVE, True).seconds
+
+
+def _price(reader: layer.Fields) -> Price:
     reader.check_keys({"prompt", "cached_prompt", "completion"})
     prompt = reader.number("prompt", Price.prompt)
     return Price(
@@ -238,7 +177,7 @@ def _price(reader: _Reader) -> Price:
     )
 
 
-def _tenant(reader: _Reader, name: str) -> Tenant:
+def _tenant(reader: layer.Fields, name: str) -> Tenant:
     if not TENANT_PATTERN.match(name) or name in RESERVED_TENANTS:
         raise reader.error(
             "", f"tenant name {name!r} is reserved or not [A-Za-z0-9._:@/-]{{1,128}}"
@@ -262,7 +201,7 @@ def _tenant(reader: _Reader, name: str) -> Tenant:
             raise budget_reader.error("tokens", "required")
         budget = Budget(
             tokens=budget_reader.integer("tokens", 0, minimum=1),
-            window_seconds=budget_reader.duration("window", "1h"),
+            window_seconds=_seconds(budget_reader, "window", 3600.0),
             tolerance=budget_reader.integer("tolerance", Budget.tolerance),
         )
     return Tenant(
@@ -280,7 +219,7 @@ _DEFAULT = ProxyConfig()
 
 def parse(document: Any, source: str = "<config>") -> ProxyConfig:
     """Build a config from a parsed YAML document (absent fields take ``ProxyConfig``'s)."""
-    top = _Reader(source, document, "")
+    top = layer.Fields(source, document, "", ConfigError)
     top.check_keys(
         {
             "upstream",
@@ -402,8 +341,8 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
     sampling.check_keys({"rate"})
     return ProxyConfig(
         upstream_url=url.rstrip("/"),
-        connect_timeout_s=upstream.duration("connect_timeout", _DEFAULT.connect_timeout_s),
-        read_timeout_s=upstream.duration("read_timeout", _DEFAULT.read_timeout_s),
+        connect_timeout_s=_seconds(upstream, "connect_timeout", _DEFAULT.connect_timeout_s),
+        read_timeout_s=_seconds(upstream, "read_timeout", _DEFAULT.read_timeout_s),
         continuous_usage=upstream.flag("continuous_usage", _DEFAULT.continuous_usage),
         upstream_health_path=upstream.text("health_path", _DEFAULT.upstream_health_path),
         upstream_metrics_path=upstream.text("metrics_path", _DEFAULT.upstream_metrics_path),
@@ -414,11 +353,11 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
         trusted_sources=tuple(trusted),
         unknown_policy="attribute" if unknown == "attribute" else "reject",
         max_tenant_labels=labels.integer("max_tenants", _DEFAULT.max_tenant_labels),
-        tenant_idle_seconds=labels.duration("tenant_idle", _DEFAULT.tenant_idle_seconds),
+        tenant_idle_seconds=_seconds(labels, "tenant_idle", _DEFAULT.tenant_idle_seconds),
         max_version_labels=labels.integer(
             "max_version_values", _DEFAULT.max_version_labels, minimum=1
         ),
-        value_idle_seconds=labels.duration("value_idle", _DEFAULT.value_idle_seconds),
+        value_idle_seconds=_seconds(labels, "value_idle", _DEFAULT.value_idle_seconds),
         versions=Versions(
             **{
                 name: versions.text(name, getattr(_DEFAULT.versions, name))
@@ -441,15 +380,15 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             "max_response_bytes", _DEFAULT.max_response_bytes, minimum=1024
         ),
         max_concurrency=limits.integer("max_concurrency", _DEFAULT.max_concurrency),
-        queue_timeout_s=limits.duration("queue_timeout", _DEFAULT.queue_timeout_s),
+        queue_timeout_s=_seconds(limits, "queue_timeout", _DEFAULT.queue_timeout_s),
         tokenizer=limits.text("tokenizer", _DEFAULT.tokenizer),
         default_max_tokens=limits.integer(
             "default_max_tokens", _DEFAULT.default_max_tokens, minimum=1
         ),
         over_budget="reject" if over_budget == "reject" else "clamp",
-        header_timeout_s=limits.duration("header_timeout", _DEFAULT.header_timeout_s),
-        body_timeout_s=limits.duration("body_timeout", _DEFAULT.body_timeout_s),
-        keep_alive_timeout_s=limits.duration("keep_alive_timeout", _DEFAULT.keep_alive_timeout_s),
+        header_timeout_s=_seconds(limits, "header_timeout", _DEFAULT.header_timeout_s),
+        body_timeout_s=_seconds(limits, "body_timeout", _DEFAULT.body_timeout_s),
+        keep_alive_timeout_s=_seconds(limits, "keep_alive_timeout", _DEFAULT.keep_alive_timeout_s),
         max_header_bytes=limits.integer(
             "max_header_bytes", _DEFAULT.max_header_bytes, minimum=1024
         ),
@@ -462,4 +401,8 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
 
 def load(path: str | Path) -> ProxyConfig:
     """Read and validate a config file."""
-    return parse(yamlfile.load(path, ConfigError), str(path))
+    try:
+        document = layer.load(path)
+    except layer.ConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    return parse(document, str(path))

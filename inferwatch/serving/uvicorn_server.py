@@ -13,6 +13,8 @@ from typing import Any
 
 import uvicorn
 
+__all__ = ["config", "serve"]
+
 
 def config(app: Any, **settings: Any) -> uvicorn.Config:
     """uvicorn settings with our logging; ``settings`` are uvicorn's other options."""

@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
+from inferwatch import config as layer
 
 _PIECE = re.compile(r"\s*(?:\w+|[^\w\s])|\s+$")
 EOS = ""  # the end-of-sequence token: counted as generated, adds no text
@@ -186,7 +186,7 @@ class AnswerBook:
 
 def _read_golden_file(text: str, source: str) -> dict[str, GoldenAnswer]:
     """Prompt key -> answer for one golden YAML file (entries without a prompt are skipped)."""
-    data = yaml.safe_load(text) or {}
+    data = layer.parse(text, source) or {}
     probes = data.get("probes", []) if isinstance(data, dict) else data
     out: dict[str, GoldenAnswer] = {}
     for probe in probes if isinstance(probes, list) else []:

@@ -7,8 +7,8 @@ import logging
 from pathlib import Path
 
 import click
-import yaml
 
+from inferwatch import config as layer
 from inferwatch.capacity import planner as cap
 from inferwatch.capacity.cli import serving_options
 from inferwatch.clikit import BadInput, CannotRun, listen_error
@@ -24,9 +24,9 @@ def _faults(path: Path | None) -> object:
     if path is None:
         return None
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise BadInput(f"cannot read the fault file {path}: {exc}") from None
+        return layer.load(path)
+    except layer.ConfigError as exc:
+        raise BadInput(f"fault file {exc}") from None
 
 
 @click.command()
