@@ -17,6 +17,8 @@ from inferwatch.mixin import config as alert_config
 from inferwatch.proxy import config as proxy_config
 from inferwatch.runbooks import config as runbooks_config
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = ("inferwatch", "exporters", "probes", "dashboards", "alerts", "runbooks")
 
