@@ -29,13 +29,14 @@ def test_mapped_token_counters_equal_vllms_own(engines: Engines) -> None:
     engine = engines.vllm()
     with httpx.Client(base_url=engine.url, timeout=60) as client:
         for prompt in ("the sidecar reads", "a replica with a dead engine"):
-            reply = client.post("/v1/completions",
-                                json={"model": MODEL, "prompt": prompt, "max_tokens": 4})  # fmt: skip
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
+            reply = client.post("/v1/completions", json=body)
             assert reply.status_code == 200, reply.text
         page = client.get("/metrics").text
     families = engines_normalized(page)
-    for key, source in (("inferwatch_engine_prompt_tokens", "vllm:prompt_tokens"),
-                        ("inferwatch_engine_generation_tokens", "vllm:generation_tokens")):  # fmt: skip
+    pairs = (("inferwatch_engine_prompt_tokens", "vllm:prompt_tokens"),
+             ("inferwatch_engine_generation_tokens", "vllm:generation_tokens"))  # fmt: skip
+    for key, source in pairs:
         mapped = [s for s in families[key].samples if s.name.endswith("_total")]
         assert {s.labels["model"] for s in mapped} == {MODEL}
         assert sum(s.value for s in mapped) == _engine_counter(page, source) > 0

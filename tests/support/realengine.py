@@ -10,6 +10,7 @@ tier skips and says how to install it (``scripts/install-vllm``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -112,10 +113,8 @@ def stop(engine: Engine) -> None:
         os.killpg(engine.process.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         engine.process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        pass
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # children may outlive the leader
         try:
@@ -123,10 +122,8 @@ def stop(engine: Engine) -> None:
         except ProcessLookupError:
             return
         time.sleep(0.2)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(engine.process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     engine.process.wait(timeout=10)
 
 

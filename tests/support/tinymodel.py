@@ -44,7 +44,7 @@ LLAMA = {
 
 def training_text() -> list[str]:
     """Any local prose will do; the project's docs are always there."""
-    pages = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
+    pages = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
     return [line for page in pages for line in page.read_text(encoding="utf-8").splitlines()]
 
 
