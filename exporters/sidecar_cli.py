@@ -15,17 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import click
-import uvicorn
 from prometheus_client.core import Metric
 
 from inferwatch.auth import TokenError, load_token
-from inferwatch.clikit import option_group, parse_listen
+from inferwatch.clikit import bind_listen, option_group, parse_listen
 from inferwatch.exporters.collector import ReplicaSource
 from inferwatch.exporters.registry import Setup, build_all
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.exporters.sources import CATALOGUE
 from inferwatch.exporters.sources.engine import engine_options, open_engine
 from inferwatch.logs import log_event
+from inferwatch.serving import listen as listening
 from inferwatch.serving.histogram import histogram_quantile
 from inferwatch.serving.page_fetch import ScrapeFailure
 
@@ -114,7 +114,7 @@ def sidecar(
     reports inferwatch_engine_up 0 with the failure reason counted, and /readyz answers 503.
     Without --engine-url it serves the node's GPU telemetry only.
     """
-    host, port = parse_listen(listen)
+    host, _ = parse_listen(listen)
     try:
         admin_token = load_token(
             os.environ.get("INFERWATCH_SIDECAR_ADMIN_TOKEN"), admin_token_file, what="admin token"
@@ -140,6 +140,7 @@ def sidecar(
             "has no replica to isolate"
         )
     app = Sidecar(built.sources, background=built.background, admin_token=admin_token).app()
+    sock = bind_listen(listen)
     log_event(
         logger,
         logging.INFO,
@@ -147,11 +148,11 @@ def sidecar(
         if replica
         else "sidecar starting in GPU-only mode: no --engine-url, "
         "serving GPU telemetry of every GPU on the node, no engine series, /readyz not gated",
-        listen=f"{host}:{port}",
+        listen=listening.url(host, sock),
         **built.log,
         pod_labels="emitted" if emit_pod else "left to service discovery",
     )
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    listening.serve(app, sock)
 
 
 def emits_pod_labels(choice: str, environ: Mapping[str, str]) -> bool:

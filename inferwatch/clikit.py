@@ -1,4 +1,5 @@
-"""What the subcommands' command-line code shares: option groups and ``HOST:PORT`` parsing.
+"""What the subcommands' command-line code shares: option groups, ``HOST:PORT`` parsing
+and binding.
 
 Domain CLIs (sidecar, proxy, probes, runbooks, generate, ...) import this and never the
 top-level ``inferwatch.cli``, which only finds the subcommands.
@@ -6,10 +7,14 @@ top-level ``inferwatch.cli``, which only finds the subcommands.
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+
+from inferwatch.serving import listen
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,6 +48,17 @@ def parse_listen(value: str, flag: str = "--listen") -> tuple[str, int]:
     if any(c.isspace() for c in host):
         raise click.BadParameter(f"{value!r}: the host has white space", param_hint=flag)
     return host or "0.0.0.0", int(port)
+
+
+def bind_listen(value: str, flag: str = "--listen") -> socket.socket:
+    """Bind ``HOST:PORT`` in this process (port 0: one the OS picks, which the caller logs);
+    a port that cannot be bound is a ``click.BadParameter`` naming ``flag`` and the reason."""
+    host, port = parse_listen(value, flag)
+    try:
+        return listen.bind(host, port)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise click.BadParameter(f"cannot listen on {value!r}: {reason}", param_hint=flag) from None
 
 
 def check_option(what: str = "a file") -> Callable[[F], F]:

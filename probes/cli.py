@@ -12,9 +12,8 @@ from urllib.parse import urlsplit
 
 import click
 import httpx
-import uvicorn
 
-from inferwatch.clikit import parse_listen
+from inferwatch.clikit import bind_listen, parse_listen
 from inferwatch.logs import log_event
 from inferwatch.probes import client, golden
 from inferwatch.probes import gate as gating
@@ -22,6 +21,7 @@ from inferwatch.probes.runner import ProbeRunner, Route, Schedule, Target
 from inferwatch.probes.scoring import Limits
 from inferwatch.probes.server import ProbeServer
 from inferwatch.probes.verdict import Policy
+from inferwatch.serving import listen as listening
 
 logger = logging.getLogger("inferwatch.probes")
 
@@ -217,7 +217,7 @@ def probe(
     is a windowed pass ratio against a baseline captured when the version is first seen.
     /probe?target=URL&module=SET runs a set once per request, blackbox-exporter style.
     """
-    host, port = parse_listen(listen)
+    host, _ = parse_listen(listen)
     goldens_set = _load_set(goldens)
     try:
         pattern = re.compile(allow_targets) if allow_targets else None
@@ -246,16 +246,17 @@ def probe(
     server = ProbeServer(
         runner, modules, limits=limits, allow_targets=pattern, readyz_quality=readyz_quality
     )
+    sock = bind_listen(listen)
     log_event(
         logger,
         logging.INFO,
         "probe runner starting",
-        listen=f"{host}:{port}",
+        listen=listening.url(host, sock),
         targets=len(all_targets),
         goldens=goldens_set.name,
         probes=len(goldens_set),
     )
-    uvicorn.run(server.app(), host=host, port=port, log_level="warning", access_log=False)
+    listening.serve(server.app(), sock)
 
 
 @click.command()

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import click
 import httpx
-import uvicorn
 
 from inferwatch.auth import TokenError, load_token
-from inferwatch.clikit import parse_listen
+from inferwatch.clikit import bind_listen, parse_listen
 from inferwatch.logs import log_event
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks import registry
@@ -22,6 +21,7 @@ from inferwatch.runbooks.breaker import CircuitBreaker
 from inferwatch.runbooks.dedup import SeenSet
 from inferwatch.runbooks.dispatch import Dispatcher
 from inferwatch.runbooks.server import MAX_BODY_BYTES, Receiver
+from inferwatch.serving import listen as listening
 
 logger = logging.getLogger("inferwatch.runbooks")
 
@@ -116,7 +116,7 @@ def serve(
     max_body_bytes: int,
 ) -> None:
     """Receive Alertmanager webhooks (v4) and run the mapped actions, dry-run by default."""
-    host, port = parse_listen(listen)
+    host, _ = parse_listen(listen)
     config = _config(config_path)
     token = _token(token_file)
     acting = config.execute if execute is None else execute
@@ -140,17 +140,18 @@ def serve(
         seen=SeenSet(state_dir / "seen.txt" if state_dir else None),
         breaker=CircuitBreaker(config.breaker, state_dir / "breaker.json" if state_dir else None),
     )
+    sock = bind_listen(listen)
     log_event(
         logger,
         logging.INFO,
         "runbook receiver starting",
-        listen=f"{host}:{port}",
+        listen=listening.url(host, sock),
         mode="execute" if acting else "dry-run",
         rules=len(config.rules),
         audit_log=str(audit_log),
     )
     app = Receiver(dispatcher, token, max_body_bytes).app()
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    listening.serve(app, sock)
 
 
 @runbooks.command("check-config")

@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferwatch.serving import listen
 from inferwatch.sim import openai_api as api
 from inferwatch.sim.metrics import UNINSTRUMENTED_PATHS, VllmMetrics
 from inferwatch.sim.simulator import SimConfig, Simulator
@@ -125,39 +125,16 @@ def create_gpu_app(sim: Simulator) -> Starlette:
     return app
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (port 0: a free one), handed to uvicorn so the port is known.
-
-    Created as an explicit TCP socket with TCP_NODELAY, which its connections inherit:
-    asyncio sets TCP_NODELAY only on sockets whose protocol is IPPROTO_TCP, and without it a
-    response written in two pieces (headers, then body) waits for the client's delayed ACK,
-    about 40 ms on every kept-alive request.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
-    sock.listen(128)
-    sock.setblocking(False)
-    return sock
-
-
-def _url(host: str, sock: socket.socket) -> str:
-    port = sock.getsockname()[1]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
 class _Servers:
     """The uvicorn servers of one simulator (engine port, optional GPU port)."""
 
     def __init__(self, sim: Simulator) -> None:
         config = sim.config
         self.sim = sim
-        self.sockets = [bind(config.host, config.port)]
+        self.sockets = [listen.bind(config.host, config.port)]
         apps: list[ASGIApp] = [create_app(sim)]
         if config.gpu_port is not None:
-            self.sockets.append(bind(config.host, config.gpu_port))
+            self.sockets.append(listen.bind(config.host, config.gpu_port))
             apps.append(create_gpu_app(sim))
         self.servers = [
             uvicorn.Server(
@@ -172,8 +149,11 @@ class _Servers:
             )
             for app in apps
         ]
-        self.url = _url(config.host, self.sockets[0])
-        gpu = _url(config.host, self.sockets[1]) if len(self.sockets) > 1 else self.url + "/gpu"
+        self.url = listen.url(config.host, self.sockets[0])
+        if len(self.sockets) > 1:
+            gpu = listen.url(config.host, self.sockets[1])
+        else:
+            gpu = self.url + "/gpu"
         self.gpu_url = gpu + "/metrics"  # the dcgm-exporter page, as --gpu dcgm=URL takes it
 
     async def serve(self, on_ready: Callable[[], Awaitable[None] | None] | None = None) -> None:
