@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferwatch.sim.server import SimHandle, bind, run_in_thread, start_subprocess
+from inferwatch.serving import listen
+from inferwatch.sim.server import SimHandle, run_in_thread, start_subprocess
 from inferwatch.sim.simulator import SimConfig
 
 pytestmark = pytest.mark.proc
@@ -270,7 +271,7 @@ def test_clearing_faults_restores_clean_metrics(
 
 
 def test_accepted_connections_have_tcp_nodelay() -> None:
-    listener = bind("127.0.0.1", 0)
+    listener = listen.bind("127.0.0.1", 0)
     try:
         listener.setblocking(True)
         client = socket.create_connection(listener.getsockname())
