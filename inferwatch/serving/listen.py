@@ -11,6 +11,8 @@ import socket
 import uvicorn
 from starlette.types import ASGIApp
 
+__all__ = ["bind", "serve", "url"]
+
 
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket (port 0: a free one), handed to uvicorn so the port is known.
