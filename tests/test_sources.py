@@ -93,13 +93,13 @@ def serve(args: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch)
             made.append(self)
 
     monkeypatch.setattr(sidecar_cli, "Sidecar", Recorded)
-    monkeypatch.setattr(sidecar_cli.uvicorn, "run", lambda *a, **kw: None)
+    monkeypatch.setattr(sidecar_cli.listening, "serve", lambda app, sock: sock.close())
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]
     logging.getLogger("inferwatch.sidecar").addHandler(handler)
     try:
-        result = CliRunner().invoke(main, ["sidecar", *args], env=env)
+        result = CliRunner().invoke(main, ["sidecar", "--listen=127.0.0.1:0", *args], env=env)
     finally:
         logging.getLogger("inferwatch.sidecar").removeHandler(handler)
     assert result.exit_code == 0, result.output
