@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from support.pages import PageServer
-from support.ports import free_port
+from support.ports import refused_port
 from support.shared import tool
 
 BARE_NAMES = ("exporters", "probes", "dashboards", "alerts", "runbooks")
@@ -108,12 +108,7 @@ def page_server() -> Iterator[PageServer]:
 
 
 @pytest.fixture
-def new_port() -> Callable[[], int]:
-    """A factory of free loopback ports, for tests that start several servers."""
-    return free_port
-
-
-@pytest.fixture
-def unused_port() -> int:
-    """A loopback port nothing listens on (for 'engine down' and for servers under test)."""
-    return free_port()
+def unused_port() -> Iterator[int]:
+    """A loopback port nothing listens on, held for the test: connecting to it is refused."""
+    with refused_port() as port:
+        yield port

@@ -270,9 +270,9 @@ class socket_port:
     """A free loopback port (closed again before Prometheus binds it)."""
 
     def __enter__(self) -> int:
-        from support.ports import free_port
+        from support.ports import pick_port
 
-        return free_port()
+        return pick_port()
 
     def __exit__(self, *exc: object) -> None:
         return None

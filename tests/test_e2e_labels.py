@@ -12,13 +12,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from support.ports import announced_url, launch
 from support.shared import shared_path
 from support.wait import wait_for
 
@@ -29,20 +30,18 @@ PAGE = shared_path("fixtures/engines/vllm-generated-0.33.0-1engine.prom")
 
 
 @pytest.fixture
-def sidecars(
-    page_server: Any, new_port: Callable[[], int], tmp_path: Path
-) -> Iterator[dict[str, str]]:
+def sidecars(page_server: Any, tmp_path: Path) -> Iterator[dict[str, str]]:
     """``in-kubernetes`` (auto: labels left to discovery) and ``emitting`` sidecars."""
     if not PAGE.exists():
         pytest.skip(f"shared fixture {PAGE} not found")
     page_server.page = PAGE.read_bytes()
     started: list[tuple[subprocess.Popen[bytes], Path]] = []
     addresses = {}
-    for name, extra_env, flags in (
+    kinds: list[tuple[str, dict[str, str], list[str]]] = [
         ("in-kubernetes", {"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, []),
         ("emitting", {}, ["--pod-labels=emit"]),
-    ):
-        port = new_port()
+    ]
+    for name, extra_env, flags in kinds:
         log = tmp_path / f"{name}.log"
         with log.open("w") as out:
             process = subprocess.Popen(
@@ -50,7 +49,7 @@ def sidecars(
                     str(INFERWATCH),
                     "sidecar",
                     f"--engine-url={page_server.url}/page/metrics",
-                    f"--listen=127.0.0.1:{port}",
+                    "--listen=127.0.0.1:0",
                     "--gpu=none",
                     f"--pod={name}-0",
                     "--namespace=serving",
@@ -61,8 +60,9 @@ def sidecars(
                 env={"PATH": "/usr/bin:/bin", **extra_env},
             )
         started.append((process, log))
-        addresses[name] = f"127.0.0.1:{port}"
     try:
+        for (name, _, _), (process, log) in zip(kinds, started, strict=True):
+            addresses[name] = announced_url(process, log, name).removeprefix("http://")
         for address in addresses.values():
             wait_for(lambda a=address: httpx.get(f"http://{a}/healthz").status_code == 200, address)
         yield addresses
@@ -73,9 +73,7 @@ def sidecars(
 
 
 @pytest.fixture
-def prometheus(
-    prometheus_bin: str, sidecars: dict[str, str], tmp_path: Path, new_port: Callable[[], int]
-) -> Iterator[str]:
+def prometheus(prometheus_bin: str, sidecars: dict[str, str], tmp_path: Path) -> Iterator[str]:
     targets = "".join(
         f"      - {{targets: ['{address}'], labels: {{pod: {name}-0, namespace: serving}}}}\n"
         for name, address in sidecars.items()
@@ -88,21 +86,18 @@ def prometheus(
         "    honor_labels: false\n"
         f"    static_configs:\n{targets}"
     )
-    port = new_port()
-    with (tmp_path / "prometheus.log").open("w") as log:
-        process = subprocess.Popen(
-            [
-                prometheus_bin,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-    url = f"http://127.0.0.1:{port}"
+    process, url = launch(
+        lambda port: [
+            prometheus_bin,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        tmp_path / "prometheus.log",
+        "/-/ready",
+        "Prometheus",
+    )
     try:
-        wait_for(lambda: httpx.get(f"{url}/-/ready").status_code == 200, "Prometheus")
         yield url
     finally:
         process.terminate()

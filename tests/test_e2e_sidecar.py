@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import pytest
 from inferwatch import catalog
 from inferwatch.exporters import engines
 from inferwatch.serving import textformat
+from support.ports import announced_url, launch
 from support.shared import shared_path
 from support.wait import wait_for
 
@@ -26,7 +27,7 @@ INFERWATCH = Path(sys.executable).parent / "inferwatch"
 
 
 @pytest.fixture
-def sidecar_url(page_server: Any, unused_port: int, tmp_path: Path) -> Iterator[str]:
+def sidecar_url(page_server: Any, tmp_path: Path) -> Iterator[str]:
     log_path = tmp_path / "sidecar.log"
     with log_path.open("w") as log:
         process = subprocess.Popen(
@@ -34,7 +35,7 @@ def sidecar_url(page_server: Any, unused_port: int, tmp_path: Path) -> Iterator[
                 str(INFERWATCH),
                 "sidecar",
                 f"--engine-url={page_server.url}/fixture/{FIXTURE}/metrics",
-                f"--listen=127.0.0.1:{unused_port}",
+                "--listen=127.0.0.1:0",
                 "--gpu=none",
                 "--model-version=v1",
             ],
@@ -42,8 +43,8 @@ def sidecar_url(page_server: Any, unused_port: int, tmp_path: Path) -> Iterator[
             stderr=subprocess.STDOUT,
             env={"INFERWATCH_SIDECAR_POD": "replica-0", "PATH": "/usr/bin:/bin"},
         )
-    url = f"http://127.0.0.1:{unused_port}"
     try:
+        url = announced_url(process, log_path, "the sidecar")
         wait_for(lambda: httpx.get(f"{url}/healthz").status_code == 200, "the sidecar")
         yield url
     finally:
@@ -54,10 +55,7 @@ def sidecar_url(page_server: Any, unused_port: int, tmp_path: Path) -> Iterator[
 
 
 @pytest.fixture
-def prometheus_url(
-    prometheus_bin: str, sidecar_url: str, tmp_path: Path, new_port: Callable[[], int]
-) -> Iterator[str]:
-    port = new_port()
+def prometheus_url(prometheus_bin: str, sidecar_url: str, tmp_path: Path) -> Iterator[str]:
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, scrape_timeout: 900ms}\n"
@@ -65,20 +63,18 @@ def prometheus_url(
         "  - job_name: inferwatch\n"
         f"    static_configs: [{{targets: ['{sidecar_url.removeprefix('http://')}']}}]\n"
     )
-    with (tmp_path / "prometheus.log").open("w") as log:
-        process = subprocess.Popen(
-            [
-                prometheus_bin,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-    url = f"http://127.0.0.1:{port}"
+    process, url = launch(
+        lambda port: [
+            prometheus_bin,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        tmp_path / "prometheus.log",
+        "/-/ready",
+        "Prometheus",
+    )
     try:
-        wait_for(lambda: httpx.get(f"{url}/-/ready").status_code == 200, "Prometheus")
         yield url
     finally:
         process.terminate()

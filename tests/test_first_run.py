@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferwatch.cli import main
 from inferwatch.exitcodes import ExitCode
 from inferwatch.sim.server import start_subprocess
+from support.ports import announced_url
 from support.wait import wait_for
 
 INFERWATCH = Path(sys.executable).parent / "inferwatch"
@@ -37,7 +38,7 @@ def samples(text: str, name: str) -> list[float]:
 @pytest.mark.e2e
 @pytest.mark.parametrize("sim_args", [[], ["--gpu-port", "0"]], ids=["one-port", "gpu-port"])
 def test_the_simulators_ready_file_urls_work_with_the_flags_that_take_them(
-    sim_args: list[str], unused_port: int, tmp_path: Path
+    sim_args: list[str], tmp_path: Path
 ) -> None:
     with start_subprocess(["--speed", "50", *sim_args]) as sim:
         scraped = CliRunner().invoke(main, ["scrape", sim.url])
@@ -46,11 +47,11 @@ def test_the_simulators_ready_file_urls_work_with_the_flags_that_take_them(
         with log.open("w") as out:
             sidecar = subprocess.Popen(
                 [str(INFERWATCH), "sidecar", "--engine-url", sim.url, "--gpu",
-                 f"dcgm={sim.gpu_url}", "--listen", f"127.0.0.1:{unused_port}"],
+                 f"dcgm={sim.gpu_url}", "--listen", "127.0.0.1:0"],
                 stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
         try:
-            url = f"http://127.0.0.1:{unused_port}"
+            url = announced_url(sidecar, log, "the sidecar")
             wait_for(lambda: httpx.get(url + "/readyz").status_code == 200, "/readyz 200")
             page = httpx.get(url + "/metrics").text
         finally:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 import support.runbooks_harness as h
-from support.ports import free_port
+from support.ports import pick_port
 from support.shared import tool
 
 pytestmark = pytest.mark.e2e
@@ -46,7 +46,7 @@ receivers:
           authorization: {{type: Bearer, credentials_file: {token}}}
 """
     )
-    port = free_port()
+    port = pick_port()
     log = (tmp_path / "alertmanager.log").open("wb")
     process = subprocess.Popen(
         [

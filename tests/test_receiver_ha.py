@@ -26,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from support.ports import free_port
+from support.ports import pick_port
 from support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -69,7 +69,7 @@ class Receiver:
 
     def __init__(self, tmp: Path, name: str) -> None:
         self.name = name
-        self.port = free_port()
+        self.port = pick_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.audit_path = tmp / f"{name}-audit.jsonl"
 
@@ -168,13 +168,13 @@ def test_two_alertmanagers_and_two_receivers_isolate_a_replica_once(
     receivers = [Receiver(tmp_path, "receiver-a"), Receiver(tmp_path, "receiver-b")]
     config, token = mapping_config(tmp_path), tmp_path / "receiver-token"
     token.write_text(RECEIVER_TOKEN + "\n")
-    sidecar_port = free_port()
+    sidecar_port = pick_port()
     sidecar = f"http://127.0.0.1:{sidecar_port}"
     engine = f"{page_server.url}/fixture/{FIXTURE}/metrics"
     (tmp_path / "sidecar-admin-token").write_text(SIDECAR_TOKEN + "\n")
     am_config = alertmanager_config(tmp_path, receivers)
-    web = [free_port(), free_port()]
-    gossip = [free_port(), free_port()]
+    web = [pick_port(), pick_port()]
+    gossip = [pick_port(), pick_port()]
     ams = [f"http://127.0.0.1:{port}" for port in web]
     with contextlib.ExitStack() as stack:
         stack.enter_context(running(

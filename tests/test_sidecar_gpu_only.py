@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -27,6 +26,7 @@ from inferwatch.exporters.gpu.recording import Recording
 from inferwatch.exporters.gpu.replay import ReplayTelemetry
 from inferwatch.exporters.gpu.scope import resolve
 from inferwatch.exporters.sidecar import Sidecar
+from support.ports import announced_url
 from support.shared import shared_path
 from support.wait import wait_for
 
@@ -140,10 +140,7 @@ def test_admin_token_file_without_engine_is_refused(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "no replica to isolate" in result.output
 
 
-def test_cli_without_engine_url_runs_in_gpu_only_mode(
-    promtool: str, new_port: Callable[[], int], tmp_path: Path
-) -> None:
-    port = new_port()
+def test_cli_without_engine_url_runs_in_gpu_only_mode(promtool: str, tmp_path: Path) -> None:
     log = tmp_path / "sidecar.log"
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -151,15 +148,15 @@ def test_cli_without_engine_url_runs_in_gpu_only_mode(
                 str(INFERWATCH),
                 "sidecar",
                 f"--gpu=replay={RECORDING}",
-                f"--listen=127.0.0.1:{port}",
+                "--listen=127.0.0.1:0",
                 "--pod-labels=emit",
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NODE_NAME": "gpu-node-1"},
         )
-    url = f"http://127.0.0.1:{port}"
     try:
+        url = announced_url(process, log, "the sidecar")
         wait_for(lambda: httpx.get(f"{url}/healthz").status_code == 200, "the sidecar")
         metrics = httpx.get(f"{url}/metrics", timeout=30)
         ready = httpx.get(f"{url}/readyz", timeout=30)

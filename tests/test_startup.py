@@ -36,7 +36,7 @@ from inferwatch.serving.page_fetch import EngineScraper
 from inferwatch.sim.coldstart import capture_size
 from inferwatch.sim.server import SimHandle, run_in_thread, start_subprocess
 from inferwatch.sim.simulator import SimConfig
-from support.ports import free_port
+from support.ports import pick_port
 
 pytestmark = pytest.mark.proc
 
@@ -82,7 +82,7 @@ def samples(text: str, name: str, label: str = "phase") -> dict[str, float]:
 
 
 def test_phases_are_recorded_in_order_against_a_real_simulator_process(tmp_path: Path) -> None:
-    sim_port, sidecar_port = free_port(), free_port()
+    sim_port, sidecar_port = pick_port(), pick_port()
     engine = f"http://127.0.0.1:{sim_port}"
     sidecar = f"http://127.0.0.1:{sidecar_port}"
     log_path = tmp_path / "sidecar.log"
@@ -539,7 +539,7 @@ def test_warmup_takes_the_graph_capture_penalty_off_the_first_client_request() -
 
 
 def test_an_engine_restarted_inside_the_pod_is_warmed_up_again() -> None:
-    port = free_port()
+    port = pick_port()
     config = SimConfig(port=port, speed=1000, seed=4)
 
     async def scenario() -> None:

@@ -1,12 +1,118 @@
-"""Loopback ports for tests that start servers which cannot report the port they bound."""
+"""Ports for servers that tests start, with no window between picking a port and binding it.
+
+Our own servers bind ``127.0.0.1:0`` themselves and log the address they got
+(:func:`announced_url`). External binaries (Prometheus, Alertmanager, HAProxy) take a port only on
+their command line, so a port is picked for them and, when another process took it before they
+bound it, they are started again on another (:func:`start_on_free_port`).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import socket
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+
+from support.wait import wait_for
+
+T = TypeVar("T")
+
+#: how many ports :func:`start_on_free_port` tries before it gives up
+ATTEMPTS = 5
 
 
-def free_port() -> int:
-    """A port the OS had free a moment ago (another process may take it before it is bound)."""
+class PortTaken(Exception):
+    """A server could not bind the port it was given: another process holds it."""
+
+
+def in_use(log_text: str) -> bool:
+    """Whether a server's log says its port was taken (Go's, HAProxy's and Python's wording)."""
+    return "address already in use" in log_text.lower()
+
+
+def pick_port() -> int:
+    """A port that was free a moment ago: for :func:`start_on_free_port`, which retries, and
+    for a server a test must address before it starts (prefer :func:`announced_url`)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def start_on_free_port(
+    start: Callable[[int], T], attempts: int = ATTEMPTS, pick: Callable[[], int] = pick_port
+) -> T:
+    """``start(port)`` on a picked port, again on another one each time it raises
+    :class:`PortTaken`, at most ``attempts`` times: a picked port can be taken by another
+    process before the server binds it, which a CI machine running many tests does see."""
+    tried = []
+    for _ in range(attempts):
+        port = pick()
+        try:
+            return start(port)
+        except PortTaken:
+            tried.append(port)
+    raise PortTaken(f"every port tried was taken before it was bound: {tried}")
+
+
+def launch(
+    argv: Callable[[int], Sequence[str]], log: Path, ready_path: str, what: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start an external server whose port is ``argv(port)``'s, on a free port (another one
+    when it was taken), and wait until it answers 200 on ``ready_path``; (process, its URL)."""
+
+    def start(port: int) -> tuple[subprocess.Popen[bytes], str]:
+        with log.open("w") as out:
+            process = subprocess.Popen(list(argv(port)), stdout=out, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+
+        def answering() -> bool:
+            if process.poll() is not None:
+                text = log.read_text(encoding="utf-8", errors="replace")
+                if in_use(text):
+                    raise PortTaken(f"{what}: port {port} taken")
+                raise AssertionError(f"{what} exited: {text[-2000:]}")
+            return httpx.get(url + ready_path, timeout=5).status_code == 200
+
+        try:
+            wait_for(answering, what)
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+        return process, url
+
+    return start_on_free_port(start)
+
+
+def announced_url(process: subprocess.Popen[bytes], log: Path, what: str) -> str:
+    """The ``listen`` URL an inferwatch server logs once it has bound (``--listen HOST:0``
+    gets a port from the OS); fails with the log's last line if the server exits first."""
+
+    def logged() -> str | None:
+        text = log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict) and event.get("listen"):
+                    address = str(event["listen"])  # HOST:PORT as bound
+                    return address if address.startswith("http") else f"http://{address}"
+        if process.poll() is not None:
+            last = text.strip().splitlines()[-1:] or [f"exit code {process.returncode}"]
+            raise AssertionError(f"{what} exited before it listened: {last[0]}")
+        return None
+
+    return wait_for(logged, f"{what} to log its address")
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A loopback port bound but not listening while the block runs: connecting to it is
+    refused, and no other process can start listening on it meanwhile."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
