@@ -96,7 +96,8 @@ def shifted(name: str, folder: Path) -> Path:
     document = yaml.safe_load(text)
     offset = scenario.parse(document, name, REPLICAS).steps[0].at - FIRST_STEP
     for raw in document["steps"]:
-        raw["at"] = round(scenario.parse({"steps": [raw]}, name, REPLICAS).steps[0].at - offset, 3)
+        moved = scenario.parse({"steps": [raw]}, name, REPLICAS).steps[0].at - offset
+        raw["at"] = f"{round(moved * 1000)}ms"  # a duration: whole seconds or milliseconds
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path
