@@ -294,12 +294,12 @@ BAD_CONFIGS = [
     ("autoscaling: {targets: {queue_wait: fast}}\n", "autoscaling.targets.queue_wait", "number"),
     ("autoscaling: {targets: {cpu: 0.8}}\n", "autoscaling.targets.cpu", "unknown field"),
     ("autoscaling: {queue_wait_quantile: 1}\n", "autoscaling.queue_wait_quantile", "between 0"),
-    ("quantiles: [0.5, fast]\n", "quantiles[1]", "expected a finite number, got 'fast'"),
+    ("quantiles: [0.5, fast]\n", "quantiles[1]", "expected a number, got 'fast'"),
     ("slo: {windows: [oops]}\n", "slo.windows[0]", "expected a mapping"),
     (
         "alerts: {InferwatchCostPer1kTokensDrift: {baselines: {m: .inf}}}\n",
         "InferwatchCostPer1kTokensDrift.baselines.m",
-        "finite number",
+        "expected a number, got inf",
     ),
 ]
 

@@ -227,7 +227,7 @@ def _read(document: Any, read: Any) -> Any:
         (
             {"xs": [1, "two"]},
             lambda f: f.each("xs", number_of),
-            "c.yaml: xs[1]: expected a finite number, got 'two'",
+            "c.yaml: xs[1]: expected a number, got 'two'",
         ),
         (
             {"xs": [1, 2, 3]},

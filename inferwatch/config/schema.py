@@ -138,9 +138,9 @@ class Fields:
     def integer(self, key: str, default: int, minimum: int = 0, maximum: int | None = None) -> int:
         return integer_of(self.raw.get(key, default), self.error_at(key), minimum, maximum)
 
-    def text(self, key: str, default: str | None = None) -> str:
+    def text(self, key: str, default: str | None = None, numbers: bool = True) -> str:
         """A string; without a default, a required non-empty one."""
-        return text_of(self.raw.get(key, default), self.error_at(key), default is None)
+        return text_of(self.raw.get(key, default), self.error_at(key), default is None, numbers)
 
     def matching(
         self, key: str, default: str, pattern: re.Pattern[str], what: str, max_length: int
@@ -177,7 +177,7 @@ def number_of(
         or not minimum <= value <= maximum
     ):
         if maximum == math.inf:
-            expected = "a finite number" if minimum == -math.inf else f"a number >= {minimum:g}"
+            expected = "a number" if minimum == -math.inf else f"a number >= {minimum:g}"
         elif minimum == -math.inf:
             expected = f"a number <= {maximum:g}"
         else:
@@ -199,11 +199,13 @@ def integer_of(value: Any, fail: Fail, minimum: int = 0, maximum: int | None = N
     return value
 
 
-def text_of(value: Any, fail: Fail, non_empty: bool = False) -> str:
-    """A string; a number is taken as its spelling (a version such as ``1.0``)."""
+def text_of(value: Any, fail: Fail, non_empty: bool = False, numbers: bool = True) -> str:
+    """A string; with ``numbers``, a number is taken as its spelling (a version such as
+    ``1.0``)."""
     if non_empty and (not isinstance(value, str) or not value):
         raise fail(f"expected a non-empty string, got {kind(value)}")
-    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+    accepted = (str, int, float) if numbers else str
+    if not isinstance(value, accepted) or isinstance(value, bool):
         raise fail(f"expected a string, got {kind(value)}")
     return str(value)
 

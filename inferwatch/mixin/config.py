@@ -100,11 +100,11 @@ def _field(default: Any, given: Fields, key: str) -> Any:
     if key in DURATION_KEYS:
         given.duration(key, default)  # checked; kept as the user wrote it
         return str(given.raw.get(key, default))
-    return given.text(key, default)
+    return given.text(key, default, numbers=False)
 
 
 def _string(value: Any, fail: Fail) -> str:
-    return text_of(value, fail)
+    return text_of(value, fail, numbers=False)
 
 
 def _alerts(base: Mapping[str, Any], given: Fields) -> dict[str, Any]:
@@ -161,7 +161,7 @@ def _strings(given: Fields) -> dict[str, str]:
     for key, value in given.raw.items():
         if not isinstance(key, str) or not _LABEL_NAME.match(key):
             raise given.error(str(key), "not a valid label or annotation name")
-        result[key] = text_of(value, given.error_at(key))
+        result[key] = text_of(value, given.error_at(key), numbers=False)
     return result
 
 
