@@ -235,7 +235,11 @@ def write(tmp_path: Path, text: str) -> Path:
 
 BAD_CONFIGS = [
     ("rate_window: 5 minutes\n", "rate_window", "duration"),
-    ("alerts: {InferwatchNoSuchAlert: {for: 5m}}\n", "alerts.InferwatchNoSuchAlert", "no alert"),
+    (
+        "alerts: {InferwatchNoSuchAlert: {for: 5m}}\n",
+        "alerts.InferwatchNoSuchAlert",
+        "unknown field",
+    ),
     ("alerts: {InferwatchTTFTHigh: {for: soon}}\n", "alerts.InferwatchTTFTHigh.for", "duration"),
     (
         "alerts: {InferwatchTTFTHigh: {threshold: 3}}\n",
@@ -265,7 +269,7 @@ BAD_CONFIGS = [
         "slo.windows[0].short",
         "shorter",
     ),
-    ("slo: {windows: [{long: 1h}]}\n", "slo.windows[0]", "exactly"),
+    ("slo: {windows: [{long: 1h}]}\n", "slo.windows[0].factor", "is required"),
     ("latency: {quantile: 0.95}\n", "latency.quantile", "one of"),
     ("latency: {thresholds: {ttft: {warning: 9}}}\n", "latency.thresholds.ttft", "below critical"),
     ("latency: {models: {m: {ttfb: {warning: 1}}}}\n", "latency.models.m.ttfb", "unknown"),
@@ -277,13 +281,26 @@ BAD_CONFIGS = [
     ('selectors: {"\\n": job}\n', "selectors.\\n", "unknown"),
     ("- just\n- a list\n", "top level", "mapping"),
     ("alerts: {InferwatchTTFTHigh: [\n", "line", ""),
-    ("autoscaling: {targets: {queue_per_replica: 0}}\n", "autoscaling.targets.queue_per_replica",
-     "above 0"),
-    ("autoscaling: {targets: {kv_cache_usage: 1.5}}\n", "autoscaling.targets.kv_cache_usage",
-     "at most 1"),
+    (
+        "autoscaling: {targets: {queue_per_replica: 0}}\n",
+        "autoscaling.targets.queue_per_replica",
+        "above 0",
+    ),
+    (
+        "autoscaling: {targets: {kv_cache_usage: 1.5}}\n",
+        "autoscaling.targets.kv_cache_usage",
+        "at most 1",
+    ),
     ("autoscaling: {targets: {queue_wait: fast}}\n", "autoscaling.targets.queue_wait", "number"),
     ("autoscaling: {targets: {cpu: 0.8}}\n", "autoscaling.targets.cpu", "unknown field"),
     ("autoscaling: {queue_wait_quantile: 1}\n", "autoscaling.queue_wait_quantile", "between 0"),
+    ("quantiles: [0.5, fast]\n", "quantiles[1]", "expected a number, got 'fast'"),
+    ("slo: {windows: [oops]}\n", "slo.windows[0]", "expected a mapping"),
+    (
+        "alerts: {InferwatchCostPer1kTokensDrift: {baselines: {m: .inf}}}\n",
+        "InferwatchCostPer1kTokensDrift.baselines.m",
+        "expected a number, got inf",
+    ),
 ]
 
 

@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from inferwatch import config as layer
-from inferwatch.config import Duration, DurationParam, loader
+from inferwatch.config import Duration, DurationParam, Fields, loader
+from inferwatch.config.schema import number_of
 from inferwatch.mixin import config as alert_config
 from inferwatch.proxy import config as proxy_config
 from inferwatch.runbooks import config as runbooks_config
@@ -171,3 +172,87 @@ def _shipped_configs() -> list[Path]:
 @pytest.mark.parametrize("path", _shipped_configs(), ids=lambda p: p.relative_to(REPO).as_posix())
 def test_every_shipped_config_loads_through_the_layer(path: Path) -> None:
     assert layer.load(path) is not None
+
+
+def _read(document: Any, read: Any) -> Any:
+    """What ``read`` gives from a Fields over ``document``, or the one line it fails with."""
+    try:
+        return read(Fields("c.yaml", document))
+    except layer.ConfigError as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize(
+    ("document", "read", "expected"),
+    [
+        ({"n": 5}, lambda f: f.integer("n", 1, 1, 5), 5),
+        (
+            {"n": 6},
+            lambda f: f.integer("n", 1, 1, 5),
+            "c.yaml: n: expected an integer from 1 to 5, got 6",
+        ),
+        (
+            {"x": float("inf")},
+            lambda f: f.number("x", 0.0),
+            "c.yaml: x: expected a number >= 0, got inf",
+        ),
+        ({}, lambda f: f.choice("mode", "hpa", ("none", "hpa")), "hpa"),
+        (
+            {"mode": "cpu"},
+            lambda f: f.choice("mode", "hpa", ("none", "hpa")),
+            "c.yaml: mode: expected one of none, hpa, got 'cpu'",
+        ),
+        (
+            {"id": "a-1"},
+            lambda f: f.matching("id", "", re.compile("[a-z0-9-]+"), "an id", 3),
+            "a-1",
+        ),
+        (
+            {"id": "a\n"},
+            lambda f: f.matching("id", "", re.compile("[a-z0-9-]+"), "an id", 3),
+            "c.yaml: id: expected an id, got 'a\\n'",
+        ),
+        (
+            {"id": 12},
+            lambda f: f.matching("id", "", re.compile("[a-z0-9-]+"), "an id", 3),
+            "c.yaml: id: expected an id, got 12",
+        ),
+        (
+            {"id": "abcd"},
+            lambda f: f.matching("id", "", re.compile("[a-z0-9-]+"), "an id", 3),
+            "c.yaml: id: expected an id of at most 3 characters, got 4",
+        ),
+        ({"xs": [1, 2]}, lambda f: f.each("xs", number_of), [1.0, 2.0]),
+        ({}, lambda f: f.each("xs", number_of), []),
+        (
+            {"xs": [1, "two"]},
+            lambda f: f.each("xs", number_of),
+            "c.yaml: xs[1]: expected a number, got 'two'",
+        ),
+        (
+            {"xs": [1, 2, 3]},
+            lambda f: f.each("xs", number_of, max_items=2),
+            "c.yaml: xs: expected at most 2 items, got 3",
+        ),
+        (
+            {"rs": [{"a": 1}, {"a": 2}]},
+            lambda f: [r.integer("a", 0) for r in f.records("rs")],
+            [1, 2],
+        ),
+        (
+            {"rs": [{"a": 1}, {"a": -1}]},
+            lambda f: [r.integer("a", 0) for r in f.records("rs")],
+            "c.yaml: rs[1].a: expected an integer >= 0, got -1",
+        ),
+        (
+            {"rs": [{"a": 1}, 7]},
+            lambda f: f.records("rs"),
+            "c.yaml: rs[1]: expected a mapping, got 7",
+        ),
+        ({"a": 1}, lambda f: f.check_keys({"a", "b"}, required={"b"}), "c.yaml: b: is required"),
+    ],
+)
+def test_each_field_read_gives_its_value_or_one_line(
+    document: Any, read: Any, expected: Any
+) -> None:
+    assert _read(document, read) == expected

@@ -94,26 +94,35 @@ def _with_replica(**changes: Any) -> dict[str, Any]:
     return document
 
 
+SMALL = "models.org/small.replicas[0]"
 BAD = {
-    "no models": (_topology(models={}), "models"),
-    "unknown key": (_topology(listeners=1), "unknown topology keys"),
-    "bad listen": (_topology(listen="8080"), "listen"),
-    "runtime path with space": (_topology(runtime="/tmp/a b.sock"), "runtime"),
-    "weight too big": (_with_replica(weight=1000), "weight"),
-    "weight not int": (_with_replica(weight="heavy"), "weight"),
-    "bad check port": (_with_replica(check_port=70000), "check_port"),
-    "reserved version": (_with_replica(version="fallback"), "reserved"),
-    "version with colon": (_with_replica(version="v:1"), "version"),
+    "no models": (_topology(models={}), "models: expected a mapping of model name"),
+    "unknown key": (_topology(listeners=1), "listeners: unknown field (expected one of"),
+    "missing key": (
+        {k: v for k, v in _topology().items() if k != "runtime"}, "runtime: is required"
+    ),
+    "bad listen": (_topology(listen="8080"), "listen: expected host:port, got '8080'"),
+    "runtime path with space": (_topology(runtime="/tmp/a b.sock"), "runtime: unix socket path"),
+    "weight too big": (_with_replica(weight=1000), f"{SMALL}.weight: expected an integer from"),
+    "weight not int": (_with_replica(weight="heavy"), f"{SMALL}.weight: expected an integer"),
+    "bad check port": (
+        _with_replica(check_port=70000), f"{SMALL}.check_port: expected an integer from 1 to"
+    ),
+    "reserved version": (_with_replica(version="fallback"), f"{SMALL}.version: 'fallback' is"),
+    "version with colon": (_with_replica(version="v:1"), f"{SMALL}.version: expected a name"),
+    "replica not a mapping": (
+        _topology(models={"m": {"replicas": ["r1"]}}), "models.m.replicas[0]: expected a mapping"
+    ),
     "model with brace": (
-        _topology(models={"a}b": {"replicas": []}}), "model name"
+        _topology(models={"a}b": {"replicas": []}}), "models.a}b: a model name is"
     ),
     "fallback unknown": (
         _topology(models={**_topology()["models"], "org/big": {
             **_topology()["models"]["org/big"], "fallback": "nope"}}),
-        "fallback",
+        "models.org/big.fallback: 'nope' is not another model",
     ),
-    "not a mapping": ([1, 2], "mapping"),
-}
+    "not a mapping": ([1, 2], "top level: expected a mapping, got a list"),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
@@ -125,7 +134,7 @@ def test_a_bad_topology_is_one_clear_line(name: str, tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error:") and words in lines[0], lines
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {path}: {words}"), lines
 
 
 def test_unreadable_yaml_is_one_clear_line(tmp_path: Path) -> None:

@@ -168,11 +168,11 @@ def test_an_unready_canary_sends_its_header_traffic_to_the_stable_version(fleet:
 @pytest.mark.parametrize(
     ("canary", "reason"),
     [
-        ({"version": "v9"}, "has no replica"),
-        ({"version": "v1", "users": ["a b"]}, "users is a list of ids"),
-        ({"version": "v1", "header": "yes"}, "header is true or false"),
-        ({"version": "v1", "weight": 5}, "canary is a mapping"),
-        ("v1", "canary is a mapping"),
+        ({"version": "v9"}, r"canary\.version: 'v9' has no replica"),
+        ({"version": "v1", "users": ["a b"]}, r"canary\.users\[0\]: expected a name of"),
+        ({"version": "v1", "header": "yes"}, r"canary\.header: expected true or false"),
+        ({"version": "v1", "weight": 5}, r"canary\.weight: unknown field"),
+        ("v1", "canary: expected a mapping"),
     ],
 )
 def test_bad_canary_specs_are_refused(canary: Any, reason: str) -> None:

@@ -49,9 +49,9 @@ def kubectl() -> str:
 
 
 def test_the_kit_scales_its_model_deployment() -> None:
-    assert autoscaling.Scaled(
-        "llama-8b", "meta-llama/Llama-3.1-8B-Instruct", "2024-07-23"
-    ) == SCALED
+    assert (
+        autoscaling.Scaled("llama-8b", "meta-llama/Llama-3.1-8B-Instruct", "2024-07-23") == SCALED
+    )
 
 
 def test_the_hpa_scales_on_the_recorded_signals_at_the_configured_targets(
@@ -237,15 +237,27 @@ def test_every_autoscaler_query_evaluates_to_its_signal_for_the_kits_model_only(
 
 
 BAD_SITES = {
-    "mode": ("autoscaling: {mode: cpu}\n", "autoscaling.mode must be one of none, hpa, keda"),
+    "mode": (
+        "autoscaling: {mode: cpu}\n",
+        "autoscaling.mode: expected one of none, hpa, keda, got 'cpu'",
+    ),
     "min-above-max": (
         "autoscaling: {mode: hpa, min_replicas: 9, max_replicas: 3}\n",
-        "min_replicas 9 is above max_replicas 3",
+        "autoscaling.min_replicas: 9 is above max_replicas 3",
     ),
-    "zero": ("autoscaling: {min_replicas: 0}\n", "min_replicas must be an integer 1..1000"),
-    "bool": ("autoscaling: {max_replicas: true}\n", "max_replicas must be an integer 1..1000"),
-    "string": ("autoscaling: {max_replicas: '8'}\n", "max_replicas must be an integer 1..1000"),
-    "unknown": ("autoscaling: {target_cpu: 80}\n", "unknown key 'target_cpu' in autoscaling"),
+    "zero": (
+        "autoscaling: {min_replicas: 0}\n",
+        "min_replicas: expected an integer from 1 to 1000",
+    ),
+    "bool": (
+        "autoscaling: {max_replicas: true}\n",
+        "max_replicas: expected an integer from 1 to 1000",
+    ),
+    "string": (
+        "autoscaling: {max_replicas: '8'}\n",
+        "max_replicas: expected an integer from 1 to 1000",
+    ),
+    "unknown": ("autoscaling: {target_cpu: 80}\n", "autoscaling.target_cpu: unknown field"),
 }
 
 

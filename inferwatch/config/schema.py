@@ -21,13 +21,31 @@ this reader gives as ``bench.yaml: tenants.tenant-0.budget.window: expected a du
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from typing import Any, TypeVar
 
 from inferwatch.config.duration import Duration
 from inferwatch.config.loader import ConfigError
 
-__all__ = ["ZERO", "Fields", "duration_of", "kind"]
+__all__ = [
+    "ZERO",
+    "Fail",
+    "Fields",
+    "choice_of",
+    "duration_of",
+    "flag_of",
+    "integer_of",
+    "kind",
+    "matching_of",
+    "number_of",
+    "text_of",
+]
+
+T = TypeVar("T")
+#: builds the error of one field from its reason
+Fail = Callable[[str], ConfigError]
 
 
 def kind(value: Any) -> str:
@@ -47,7 +65,10 @@ ZERO = Duration(0)
 
 
 class Fields:
-    """One mapping of a config document, read field by field; ``error`` is the class raised."""
+    """One mapping of a config document, read field by field; ``error`` is the class raised.
+
+    Each typed read is one of the ``*_of`` checks below applied to one field, so that a list's
+    items (:meth:`each`) are checked by the same rule as a field of the same type."""
 
     def __init__(
         self, source: str, raw: Any, path: str = "", error: type[ConfigError] = ConfigError
@@ -65,7 +86,12 @@ class Fields:
     def error(self, key: str, reason: str) -> ConfigError:
         return self.error_class(f"{self.source}: {self.where(key)}: {reason}")
 
-    def check_keys(self, allowed: set[str], required: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    def error_at(self, key: str) -> Fail:
+        return lambda reason: self.error(key, reason)
+
+    def check_keys(
+        self, allowed: AbstractSet[str], required: AbstractSet[str] = frozenset()
+    ) -> None:
         unknown = sorted(str(k) for k in self.raw if k not in allowed)
         if unknown:
             raise self.error(unknown[0], f"unknown field (expected one of {sorted(allowed)})")
@@ -86,43 +112,48 @@ class Fields:
             raise self.error(key, f"expected a list, got {kind(value)}")
         return value
 
+    def each(
+        self, key: str, check: Callable[[Any, Fail], T], max_items: int | None = None
+    ) -> list[T]:
+        """A list (empty when absent), each item read by ``check`` as ``key[index]``."""
+        values = self.items(key)
+        if max_items is not None and len(values) > max_items:
+            raise self.error(key, f"expected at most {max_items} items, got {len(values)}")
+        return [check(value, self.error_at(f"{key}[{i}]")) for i, value in enumerate(values)]
+
+    def records(self, key: str) -> list[Fields]:
+        """A list of mappings (empty when absent), each read as ``key[index]``."""
+        return [
+            Fields(self.source, value, self.where(f"{key}[{i}]"), self.error_class)
+            if isinstance(value, Mapping)
+            else _not_a_mapping(value, self.error_at(f"{key}[{i}]"))
+            for i, value in enumerate(self.items(key))
+        ]
+
     def number(
         self, key: str, default: float, minimum: float = 0.0, maximum: float = math.inf
     ) -> float:
-        value = self.raw.get(key, default)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not minimum <= value <= maximum
-        ):
-            expected = (
-                f"a number >= {minimum:g}"
-                if maximum == math.inf
-                else f"a number from {minimum:g} to {maximum:g}"
-            )
-            raise self.error(key, f"expected {expected}, got {kind(value)}")
-        return float(value)
+        return number_of(self.raw.get(key, default), self.error_at(key), minimum, maximum)
 
-    def integer(self, key: str, default: int, minimum: int = 0) -> int:
-        value = self.raw.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.error(key, f"expected an integer >= {minimum}, got {kind(value)}")
-        return value
+    def integer(self, key: str, default: int, minimum: int = 0, maximum: int | None = None) -> int:
+        return integer_of(self.raw.get(key, default), self.error_at(key), minimum, maximum)
 
-    def text(self, key: str, default: str | None = None) -> str:
+    def text(self, key: str, default: str | None = None, numbers: bool = True) -> str:
         """A string; without a default, a required non-empty one."""
+        return text_of(self.raw.get(key, default), self.error_at(key), default is None, numbers)
+
+    def matching(
+        self, key: str, default: str, pattern: re.Pattern[str], what: str, max_length: int
+    ) -> str:
+        """A string that ``pattern`` matches whole, of at most ``max_length`` characters."""
         value = self.raw.get(key, default)
-        if default is None and (not isinstance(value, str) or not value):
-            raise self.error(key, f"expected a non-empty string, got {kind(value)}")
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise self.error(key, f"expected a string, got {kind(value)}")
-        return str(value)
+        return matching_of(value, self.error_at(key), pattern, what, max_length)
+
+    def choice(self, key: str, default: str, choices: Sequence[str]) -> str:
+        return choice_of(self.raw.get(key, default), self.error_at(key), choices)
 
     def flag(self, key: str, default: bool) -> bool:
-        value = self.raw.get(key, default)
-        if not isinstance(value, bool):
-            raise self.error(key, f"expected true or false, got {kind(value)}")
-        return value
+        return flag_of(self.raw.get(key, default), self.error_at(key))
 
     def duration(
         self, key: str, default: Duration | str, minimum: Duration = ZERO, seconds_int: bool = False
@@ -130,13 +161,83 @@ class Fields:
         """A Prometheus duration; with ``seconds_int``, a whole number of seconds as well."""
         return duration_of(self.raw.get(key, default), self.error_at(key), minimum, seconds_int)
 
-    def error_at(self, key: str) -> Callable[[str], ConfigError]:
-        return lambda reason: self.error(key, reason)
+
+def _not_a_mapping(value: Any, fail: Fail) -> Fields:
+    raise fail(f"expected a mapping, got {kind(value)}")
+
+
+def number_of(
+    value: Any, fail: Fail, minimum: float = -math.inf, maximum: float = math.inf
+) -> float:
+    """A finite number from ``minimum`` to ``maximum``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not minimum <= value <= maximum
+    ):
+        if maximum == math.inf:
+            expected = "a number" if minimum == -math.inf else f"a number >= {minimum:g}"
+        elif minimum == -math.inf:
+            expected = f"a number <= {maximum:g}"
+        else:
+            expected = f"a number from {minimum:g} to {maximum:g}"
+        raise fail(f"expected {expected}, got {kind(value)}")
+    return float(value)
+
+
+def integer_of(value: Any, fail: Fail, minimum: int = 0, maximum: int | None = None) -> int:
+    """An integer from ``minimum`` to ``maximum`` (no upper bound when None)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
+        expected = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise fail(f"expected an integer {expected}, got {kind(value)}")
+    return value
+
+
+def text_of(value: Any, fail: Fail, non_empty: bool = False, numbers: bool = True) -> str:
+    """A string; with ``numbers``, a number is taken as its spelling (a version such as
+    ``1.0``)."""
+    if non_empty and (not isinstance(value, str) or not value):
+        raise fail(f"expected a non-empty string, got {kind(value)}")
+    accepted = (str, int, float) if numbers else str
+    if not isinstance(value, accepted) or isinstance(value, bool):
+        raise fail(f"expected a string, got {kind(value)}")
+    return str(value)
+
+
+def matching_of(
+    value: Any, fail: Fail, pattern: re.Pattern[str], what: str, max_length: int
+) -> str:
+    """A string ``pattern`` matches whole: a name that lands in a manifest or a config line,
+    so a number is not taken for its spelling (``1.10`` would become ``1.1``)."""
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise fail(f"expected {what}, got {kind(value)}")
+    if len(value) > max_length:
+        raise fail(f"expected {what} of at most {max_length} characters, got {len(value)}")
+    return value
+
+
+def choice_of(value: Any, fail: Fail, choices: Sequence[str]) -> str:
+    """One of ``choices``, spelled exactly."""
+    if not isinstance(value, str) or value not in choices:
+        raise fail(f"expected one of {', '.join(choices)}, got {kind(value)}")
+    return value
+
+
+def flag_of(value: Any, fail: Fail) -> bool:
+    if not isinstance(value, bool):
+        raise fail(f"expected true or false, got {kind(value)}")
+    return value
 
 
 def duration_of(
     value: Any,
-    fail: Callable[[str], ConfigError],
+    fail: Fail,
     minimum: Duration = ZERO,
     seconds_int: bool = False,
 ) -> Duration:

@@ -1,9 +1,15 @@
 """The alert configuration: shipped defaults, a user's file on top, validated at load.
 
-The shipped ``config.yaml`` is both the defaults and the schema: a user's file may only name
-keys the defaults have, with values of the same kind. The few open mappings (per-model
-latency thresholds and cost baselines, per-alert extra labels and annotations) are checked
-entry by entry. Every error names the file, the field and the reason on one line.
+The shipped ``config.yaml`` is the defaults, which users read as the commented list of what
+they can set, and it is the schema: a field is declared by writing its default, and its type
+is the default's. Written as code, the declaration would be ``fields.number("usage", 0.9)``
+for every one of the file's fields, repeating each default the file already holds; so the
+merge below walks the defaults and reads each field of a user's file with the
+:class:`~inferwatch.config.schema.Fields` read of its default's type (a duration where the
+key names one). Unknown keys and wrong types therefore read as in every other config. The
+few open mappings (per-model latency thresholds and cost baselines, per-alert labels and
+annotations) and the burn-rate windows are read entry by entry, and rules between fields are
+checked once the document is merged.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 from inferwatch import config as layer
 from inferwatch.config import Duration
-from inferwatch.config.schema import kind as _kind
+from inferwatch.config.schema import Fail, Fields, number_of, text_of
 from inferwatch.mixin import routing
 
 __all__ = [
@@ -61,138 +67,102 @@ def defaults() -> dict[str, Any]:
     return document
 
 
-class _Checker:
-    """Merges a user document onto the defaults, failing on the first wrong field."""
+def _merge(base: Mapping[str, Any], given: Fields) -> dict[str, Any]:
+    """``given`` on top of the section ``base``, each field read as its default's type."""
+    given.check_keys(set(base))
+    merged = dict(base)
+    for key in given.raw:
+        if given.where(key) == "alerts":
+            merged[key] = _alerts(base[key], given.child(key))
+        elif given.where(key) == "latency.models":
+            merged[key] = {
+                model: _partial(base["thresholds"], thresholds)
+                for model, thresholds in given.child(key).entries()
+            }
+        elif given.where(key) == "slo.windows":
+            merged[key] = _windows(base[key][0], given)
+        else:
+            merged[key] = _field(base[key], given, key)
+    return merged
 
-    def __init__(self, source: str) -> None:
-        self.source = source
 
-    def fail(self, path: str, reason: str) -> ConfigError:
-        return ConfigError(f"{self.source}: {path or 'top level'}: {reason}")
+def _field(default: Any, given: Fields, key: str) -> Any:
+    """The field ``key`` of ``given``, read as the type of its ``default``."""
+    if isinstance(default, dict):
+        return _merge(default, given.child(key))
+    if isinstance(default, bool):
+        return given.flag(key, default)
+    if isinstance(default, (int, float)):
+        return given.number(key, default, minimum=-math.inf)
+    if isinstance(default, list):
+        numbers = bool(default) and not isinstance(default[0], str)
+        return given.each(key, number_of if numbers else _string)
+    if key in DURATION_KEYS:
+        given.duration(key, default)  # checked; kept as the user wrote it
+        return str(given.raw.get(key, default))
+    return given.text(key, default, numbers=False)
 
-    def merge(self, base: Any, given: Any, path: str) -> Any:
-        if isinstance(base, dict):
-            if not isinstance(given, dict):
-                raise self.fail(path, f"expected a mapping, got {_kind(given)}")
-            merged = dict(base)
-            for key, value in given.items():
-                where = f"{path}.{key}" if path else str(key)
-                if not isinstance(key, str):
-                    raise self.fail(where, "keys are strings")
-                merged[key] = self.entry(base, key, value, path)
-            return merged
-        return self.scalar(base, given, path)
 
-    def entry(self, base: dict[str, Any], key: str, value: Any, parent: str) -> Any:
-        where = f"{parent}.{key}" if parent else key
-        if parent == "alerts":
-            if key not in base:
-                raise self.fail(where, f"no alert of that name (known: {_short(base)})")
-            return self.alert(base[key], value, where)
-        if parent == "latency.models":
-            thresholds = defaults()["latency"]["thresholds"]
-            return self.partial(thresholds, value, where)
-        if parent.endswith(".baselines"):
-            return self.number(value, where)
-        if key not in base:
-            raise self.fail(where, f"unknown field (known: {_short(base)})")
-        if where == "slo.windows":
-            return self.windows(value, where)
-        return self.merge(base[key], value, where)
+def _string(value: Any, fail: Fail) -> str:
+    return text_of(value, fail, numbers=False)
 
-    def alert(self, base: dict[str, Any], given: Any, path: str) -> dict[str, Any]:
-        if not isinstance(given, dict):
-            raise self.fail(path, f"expected a mapping, got {_kind(given)}")
-        merged = dict(base)
-        for key, value in given.items():
-            where = f"{path}.{key}"
+
+def _alerts(base: Mapping[str, Any], given: Fields) -> dict[str, Any]:
+    """Each alert's entry: ``for``, ``disabled``, labels, annotations and its own parameters."""
+    given.check_keys(set(base))
+    merged = dict(base)
+    for name, entry in given.entries():
+        own = base[name]
+        entry.check_keys({*own, "for", *ALERT_EXTRAS})
+        settings = dict(own)
+        for key in entry.raw:
             if key == "disabled":
-                if not isinstance(value, bool):
-                    raise self.fail(where, f"expected true or false, got {_kind(value)}")
-                merged[key] = value
+                settings[key] = entry.flag(key, False)
             elif key in ("labels", "annotations"):
-                merged[key] = self.strings(value, where)
-            elif key == "for" or key in base:
-                template = base.get(key, "0s")
-                merged[key] = self.merge(template, value, where)
+                settings[key] = _strings(entry.child(key))
+            elif key == "baselines":  # per model, in currency per 1k tokens
+                baselines = entry.child(key)
+                settings[key] = {
+                    str(model): number_of(value, baselines.error_at(str(model)))
+                    for model, value in baselines.raw.items()
+                }
             else:
-                known = sorted({*base, "for", *ALERT_EXTRAS})
-                raise self.fail(where, f"unknown field (known: {', '.join(known)})")
-        return merged
-
-    def partial(self, base: dict[str, Any], given: Any, path: str) -> dict[str, Any]:
-        """A mapping with any subset of ``base``'s keys, merged onto nothing."""
-        if not isinstance(given, dict):
-            raise self.fail(path, f"expected a mapping, got {_kind(given)}")
-        result: dict[str, Any] = {}
-        for key, value in given.items():
-            where = f"{path}.{key}"
-            if key not in base:
-                raise self.fail(where, f"unknown field (known: {_short(base)})")
-            result[key] = (
-                self.partial(base[key], value, where)
-                if isinstance(base[key], dict)
-                else self.scalar(base[key], value, where)
-            )
-        return result
-
-    def windows(self, given: Any, path: str) -> list[dict[str, Any]]:
-        if not isinstance(given, list) or not given:
-            raise self.fail(path, "expected a non-empty list of burn-rate windows")
-        template = defaults()["slo"]["windows"][0]
-        result = []
-        for index, window in enumerate(given):
-            where = f"{path}[{index}]"
-            if not isinstance(window, dict) or set(window) != set(template):
-                raise self.fail(where, f"expected a mapping with exactly {_short(template)}")
-            result.append({k: self.scalar(template[k], window[k], f"{where}.{k}") for k in window})
-        return result
-
-    def scalar(self, base: Any, given: Any, path: str) -> Any:
-        key = path.rsplit(".", 1)[-1]
-        if isinstance(base, bool):
-            if not isinstance(given, bool):
-                raise self.fail(path, f"expected true or false, got {_kind(given)}")
-            return given
-        if isinstance(base, (int, float)):
-            return self.number(given, path)
-        if isinstance(base, list):
-            if not isinstance(given, list):
-                raise self.fail(path, f"expected a list, got {_kind(given)}")
-            item = base[0] if base else ""
-            return [self.scalar(item, v, f"{path}[{i}]") for i, v in enumerate(given)]
-        if isinstance(base, dict):
-            return self.merge(base, given, path)
-        if not isinstance(given, str):
-            raise self.fail(path, f"expected a string, got {_kind(given)}")
-        if key in DURATION_KEYS:
-            try:
-                Duration.parse(given)
-            except ValueError as exc:
-                raise self.fail(path, str(exc)) from None
-        return given
-
-    def number(self, given: Any, path: str) -> float:
-        if isinstance(given, bool) or not isinstance(given, (int, float)):
-            raise self.fail(path, f"expected a number, got {_kind(given)}")
-        if not math.isfinite(given):
-            raise self.fail(path, f"expected a finite number, got {given}")
-        return float(given)
-
-    def strings(self, given: Any, path: str) -> dict[str, str]:
-        if not isinstance(given, dict):
-            raise self.fail(path, f"expected a mapping of names to strings, got {_kind(given)}")
-        for key, value in given.items():
-            if not isinstance(key, str) or not _LABEL_NAME.match(key):
-                raise self.fail(f"{path}.{key}", "not a valid label or annotation name")
-            if not isinstance(value, str):
-                raise self.fail(f"{path}.{key}", f"expected a string, got {_kind(value)}")
-        return dict(given)
+                settings[key] = _field(own.get(key, "0s"), entry, key)
+        merged[name] = settings
+    return merged
 
 
-def _short(mapping: Mapping[str, Any]) -> str:
-    names = sorted(mapping)
-    return ", ".join(names) if len(names) <= 8 else ", ".join(names[:8]) + ", ..."
+def _partial(base: Mapping[str, Any], given: Fields) -> dict[str, Any]:
+    """A mapping with any subset of ``base``'s keys (a model's own latency thresholds)."""
+    given.check_keys(set(base))
+    return {
+        key: _partial(base[key], given.child(key))
+        if isinstance(base[key], dict)
+        else _field(base[key], given, key)
+        for key in given.raw
+    }
+
+
+def _windows(template: Mapping[str, Any], slo: Fields) -> list[dict[str, Any]]:
+    """The burn-rate windows: a non-empty list, each with every key of the shipped ones."""
+    windows = slo.records("windows")
+    if not windows:
+        raise slo.error("windows", "expected a non-empty list of burn-rate windows")
+    result = []
+    for window in windows:
+        window.check_keys(set(template), required=set(template))
+        result.append({key: _field(template[key], window, key) for key in template})
+    return result
+
+
+def _strings(given: Fields) -> dict[str, str]:
+    """Extra labels or annotations: label names to strings."""
+    result = {}
+    for key, value in given.raw.items():
+        if not isinstance(key, str) or not _LABEL_NAME.match(key):
+            raise given.error(str(key), "not a valid label or annotation name")
+        result[key] = text_of(value, given.error_at(key), numbers=False)
+    return result
 
 
 @dataclass(frozen=True)
@@ -342,12 +312,11 @@ def _check_meaning(config: Config, fail: Any) -> None:
 def load(path: Path | None = None) -> Config:
     """The defaults, with ``path`` (if given) on top; raises ConfigError on any bad field."""
     source = "inferwatch/mixin/config.yaml" if path is None else str(path)
-    checker = _Checker(source)
-    given = {} if path is None else _read(path, source)
-    config = Config(checker.merge(defaults(), given, ""), source)
+    given = Fields(source, None if path is None else _read(path, source), error=ConfigError)
+    config = Config(_merge(defaults(), given), source)
 
     def fail(where: str, reason: str) -> None:
-        raise checker.fail(where, reason)
+        raise given.error(where, reason)
 
     _check_meaning(config, fail)
     return config
@@ -355,7 +324,6 @@ def load(path: Path | None = None) -> Config:
 
 def _read(path: Path, source: str) -> Any:
     try:
-        given = layer.load(path, source)
+        return layer.load(path, source)
     except layer.ConfigError as exc:
         raise ConfigError(str(exc)) from None
-    return {} if given is None else given
