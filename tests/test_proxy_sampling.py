@@ -33,7 +33,7 @@ from inferwatch.proxy.tenants import hash_key
 from inferwatch.sim.server import run_in_thread
 from inferwatch.sim.simulator import SimConfig
 
-pytestmark = pytest.mark.proc  # platform.processor() runs uname -p the first time
+pytestmark = pytest.mark.unit
 
 MODEL = "sim-model"
 ADMIN = "admin-token"
