@@ -352,7 +352,8 @@ def test_bad_requests_are_refused_before_the_engine(stack: Callable[..., Stack])
     too_long = client.post(CHAT, json=chat("word " * 100), headers=auth("globex"))
     assert too_long.status_code == 400
     assert "over this endpoint's limit of 50 input tokens" in too_long.json()["error"]["message"]
-    assert proxy.engine.requests == []  # nothing reached the GPU
+    # the engine was only asked to count the over-long prompt (the bound says up to 509)
+    assert proxy.engine.requests == [{"model": "m", "messages": chat("word " * 100)["messages"]}]
     text = proxy.metrics()
     assert (
         samples(

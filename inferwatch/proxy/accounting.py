@@ -4,16 +4,20 @@ and latency series, and one access-log line."""
 
 from __future__ import annotations
 
+import logging
 import time
 
+from inferwatch.logs import log_event
 from inferwatch.probes.client import PROBE_TENANT
 from inferwatch.probes.livesample import DegeneracySampler
 from inferwatch.proxy.accesslog import AccessLog
 from inferwatch.proxy.admission import BudgetLedger
-from inferwatch.proxy.config import ProxyConfig, Tenant
+from inferwatch.proxy.config import Price, ProxyConfig, Tenant
 from inferwatch.proxy.exchange import Exchange
 from inferwatch.proxy.metrics import ProxyMetrics
 from inferwatch.proxy.sampling import TranscribingMeter
+
+logger = logging.getLogger("inferwatch.proxy")
 
 
 class Accounting:
@@ -32,6 +36,7 @@ class Accounting:
         self.ledger = ledger
         self.sampler = sampler
         self.access_log = access_log
+        self._warned_cached = False
 
     def charge(self, exchange: Exchange) -> None:
         """Charge what the request used, and settle its budget reservation either way."""
@@ -45,13 +50,34 @@ class Accounting:
             if exchange.tenant != PROBE_TENANT:
                 price = self.config.price(exchange.model)
                 exchange.cost = price.cost(usage.prompt, usage.cached_prompt, usage.completion)
+                if meter.reported is not None and not meter.prompt_details:
+                    self._no_cached_details(exchange.model, price)
             self.metrics.charge(
-                exchange.identity, usage, meter.source, exchange.accounting, exchange.cost
+                exchange.identity,
+                usage,
+                meter.source,
+                exchange.accounting,
+                exchange.cost,
+                exchange.choices,
             )
         reservation, exchange.reservation = exchange.reservation, None
         tenant: Tenant | None = self.config.tenants.get(exchange.tenant)
         if reservation is not None and tenant is not None and tenant.budget is not None:
             self.ledger.settle(reservation, tenant.budget, spent)
+
+    def _no_cached_details(self, model: str, price: Price) -> None:
+        """Say once that a cached rate cannot apply: the engine reports no cached tokens."""
+        if self._warned_cached or price.cached_prompt == price.prompt:
+            return
+        self._warned_cached = True
+        log_event(
+            logger,
+            logging.WARNING,
+            "prices have a cached prompt rate but the engine reports no cached tokens; "
+            "every prompt token is priced at the full rate (vLLM reports them only with "
+            "--enable-prompt-tokens-details)",
+            model=model,
+        )
 
     def screen(self, exchange: Exchange, meter: TranscribingMeter) -> None:
         """Screen a sampled response that arrived whole; partial text would mislead."""

@@ -2,8 +2,8 @@
 
 Budgets are fixed windows aligned to the epoch (a 1h budget resets on the hour, so every
 replica of the proxy agrees on the window). Admission *reserves* what a request may spend:
-its prompt count plus its completion cap (``max_tokens`` times the choices asked for, or the
-configured default cap when the client sends none). A request fits while the tokens charged
+its prompt count plus its completion cap (``max_tokens`` times the choices asked for; see
+:mod:`app` for the cap of a request that sends none). A request fits while the tokens charged
 in the window, the reservations of requests still running and its own reservation stay
 within the budget plus its tolerance; one that does not fit is clamped (its completion cap
 lowered to what remains) or refused with the seconds until the window resets. When the
@@ -70,6 +70,12 @@ class BudgetLedger:
 
     def reserved(self, tenant: str, budget: Budget) -> int:
         return self._in(self._reserved, tenant, self._window(budget)[1])
+
+    def room(self, tenant: str, budget: Budget) -> int:
+        """Tokens a new reservation may take in the current window, tolerance included."""
+        start = self._window(budget)[1]
+        used = self._in(self._used, tenant, start) + self._in(self._reserved, tenant, start)
+        return budget.tokens + budget.tolerance - used
 
     def reserve(
         self,

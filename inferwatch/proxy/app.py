@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -42,6 +43,7 @@ from inferwatch.proxy.admission import (
 )
 from inferwatch.proxy.config import ProxyConfig
 from inferwatch.proxy.counting import PromptCounter, byte_bound, load_tokenizer
+from inferwatch.proxy.engineinfo import REFRESH_S, EngineInfo
 from inferwatch.proxy.exchange import (
     Exchange,
     Receive,
@@ -75,8 +77,18 @@ MAX_CHOICES = 128
 #: bodies above this size are counted off the event loop when a tokenizer is configured
 _COUNT_IN_THREAD_BYTES = 256 << 10
 VALUE_LABELS = IDENTITY_LABELS[1:-1]  # split has a fixed handful of values
+#: what the OpenAI completions API generates when a request sets no ``max_tokens``
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 logger = logging.getLogger("inferwatch.proxy")
+
+
+@dataclass
+class Prompt:
+    """A request's prompt tokens as admission knows them: exact, or an upper bound."""
+
+    exact: bool
+    tokens: int = 0
 
 
 def _completion_cap(body: dict[str, Any], path: str) -> tuple[str, int | None, int]:
@@ -129,6 +141,7 @@ class ProxyApp:
         self.ledger = BudgetLedger()
         self.gate = ConcurrencyGate(config.max_concurrency, config.queue_timeout_s)
         self.reconciler = Reconciler()
+        self.engine = EngineInfo(self.pool)
         self.direct_traffic = DirectTraffic(config.probe_metrics_urls)
         self.sampler = DegeneracySampler(config.quality_sample_rate)
         self.accounting = Accounting(
@@ -177,6 +190,7 @@ class ProxyApp:
 
     def start_background(self) -> None:
         self._tasks.append(asyncio.ensure_future(self._housekeeping_loop()))
+        self._tasks.append(asyncio.ensure_future(self._engine_info_loop()))
         if self.config.reconcile_interval > 0:
             self._tasks.append(asyncio.ensure_future(self._reconcile_loop()))
 
@@ -211,9 +225,11 @@ class ProxyApp:
             for index in range(3):
                 if name == names[index]:
                     found[index] = value.decode("latin-1")[:128]
+        model_version, engine_version, prompt_version = self._version_defaults
+        defaults = (model_version, engine_version or self.engine.version, prompt_version)
         versions = tuple(
             value if value is not None else default
-            for value, default in zip(found, self._version_defaults, strict=True)
+            for value, default in zip(found, defaults, strict=True)
         )
         exchange.versions = (versions[0], versions[1], versions[2])
         model_l, mv_l, ev_l, pv_l = self.value_labels
@@ -239,15 +255,16 @@ class ProxyApp:
         config = self.config
         tenant = config.tenants.get(exchange.tenant)
         budget = tenant.budget if tenant is not None else None
-        exact = self.counter.count_text is not byte_bound
-        prompt_count = 0
-        if config.max_input_tokens or budget is not None or exact:  # else nothing needs it
+        name, requested, choices = _completion_cap(body, exchange.path)
+        exchange.choices = choices
+        prompt = Prompt(self.counter.count_text is not byte_bound)
+        if config.max_input_tokens or budget is not None or prompt.exact:  # else none needs it
             try:
-                prompt_count = await self._count(body, size)
+                prompt.tokens = await self._count(body, size)
             except ValueError as exc:
                 return Refusal(400, "rejected_bad_request", str(exc)), False
         # without a tokenizer the count is an upper bound: charge the usual estimate instead
-        prompt_estimate = prompt_count if exact else estimate_prompt_tokens(body)
+        prompt_estimate = prompt.tokens if prompt.exact else estimate_prompt_tokens(body)
         if (
             exchange.path in STREAMABLE
             and exchange.tenant != PROBE_TENANT
@@ -256,29 +273,32 @@ class ProxyApp:
             exchange.meter = TranscribingMeter(prompt_estimate, prompt_text(body))
         else:
             exchange.meter = UsageMeter(prompt_estimate)
-        if config.max_input_tokens and prompt_count > config.max_input_tokens:
+        if config.max_input_tokens and prompt.tokens > config.max_input_tokens:
+            await self._recount(exchange, body, prompt)
+        if config.max_input_tokens and prompt.tokens > config.max_input_tokens:
             exchange.meter = None
-            counted = "is" if exact else "may be up to"
+            counted = "is" if prompt.exact else "may be up to"
             return Refusal(
                 400,
                 "rejected_too_long",
-                f"prompt {counted} {prompt_count} tokens, over this endpoint's limit of "
+                f"prompt {counted} {prompt.tokens} tokens, over this endpoint's limit of "
                 f"{config.max_input_tokens} input tokens",
             ), False
         changed = False
         if tenant is not None and budget is not None:
-            name, requested, choices = _completion_cap(body, exchange.path)
             if choices > MAX_CHOICES:
                 exchange.meter = None
                 return Refusal(
                     400, "rejected_bad_request", f"at most {MAX_CHOICES} choices per request"
                 ), False
-            generates = exchange.path in STREAMABLE
-            cap = (requested if requested is not None else config.default_max_tokens) * generates
+            cap, engine_applies = await self._reserved_cap(exchange, body, requested, prompt)
+            if prompt.tokens + cap * choices > self.ledger.room(exchange.tenant, budget):
+                await self._recount(exchange, body, prompt)  # a bound must not refuse or clamp
+                cap, engine_applies = await self._reserved_cap(exchange, body, requested, prompt)
             reserved = self.ledger.reserve(
                 exchange.tenant,
                 budget,
-                prompt_count,
+                prompt.tokens,
                 cap,
                 choices,
                 clamp=config.over_budget == "clamp",
@@ -287,7 +307,7 @@ class ProxyApp:
                 exchange.meter = None
                 return reserved, False
             exchange.reservation = reserved
-            if generates and (reserved.completion_cap is not None or requested is None):
+            if reserved.completion_cap is not None or not engine_applies:
                 body[name] = cap if reserved.completion_cap is None else reserved.completion_cap
                 changed = True
         if config.max_concurrency or (tenant is not None and tenant.max_concurrency):
@@ -301,6 +321,37 @@ class ProxyApp:
             self.gate.enter_ungated()
             exchange.slot = "counted"
         return None, changed
+
+    async def _recount(self, exchange: Exchange, body: dict[str, Any], prompt: Prompt) -> None:
+        """Replace a prompt's upper bound by the engine's own count, where it can count it."""
+        if prompt.exact:
+            return
+        counted = await self.engine.count(exchange.path, body)
+        if counted is not None:
+            prompt.tokens, prompt.exact = counted, True
+            if exchange.meter is not None:
+                exchange.meter.prompt_estimate = counted
+
+    async def _reserved_cap(
+        self, exchange: Exchange, body: dict[str, Any], requested: int | None, prompt: Prompt
+    ) -> tuple[int, bool]:
+        """The completion cap to reserve per choice, and whether the engine applies it itself.
+
+        A cap the client set is the engine's too. Without one, completions take the API's
+        default (16) and chat the rest of the model's context after the prompt (an upper
+        bound of the prompt leaves the whole context), as vLLM does; the configured default
+        only stands in where the engine does not say its context length, and is then sent.
+        """
+        if exchange.path not in STREAMABLE:
+            return 0, True  # embeddings generate nothing
+        if requested is not None:
+            return requested, True
+        if exchange.path == "/v1/completions":
+            return COMPLETIONS_DEFAULT_MAX_TOKENS, True
+        context = await self.engine.context(str(body.get("model", "")))
+        if context is None:
+            return self.config.default_max_tokens, False
+        return max(context - (prompt.tokens if prompt.exact else 0), 0), True
 
     async def _read_request(
         self, exchange: Exchange, scope: Scope, receive: Receive
@@ -430,6 +481,12 @@ class ProxyApp:
         self.metrics.fold("tenant", self.tenant_labels.evict_idle())
         for name, labels in zip(VALUE_LABELS, self.value_labels, strict=True):
             self.metrics.fold(name, labels.evict_idle())
+
+    async def _engine_info_loop(self) -> None:
+        """Keep the engine's version (and context lengths) current for unbudgeted traffic too."""
+        while True:
+            await self.engine.current()
+            await asyncio.sleep(REFRESH_S)
 
     async def _reconcile_loop(self) -> None:
         while True:

@@ -47,6 +47,8 @@ class Exchange:
     error: str = ""
     watcher: DisconnectWatcher | None = None
     reservation: Reservation | None = None
+    #: choices asked for (``n``): the engine processes the prompt once for each
+    choices: int = 1
     slot: str = ""  # "gated": holds a concurrency slot; "counted": only counted in flight
     response_started: bool = False
     #: a stream that ended without its [DONE] marker (its text is not screened)

@@ -56,7 +56,9 @@ class ProxyMetrics:
         self.upstream_errors: dict[str, int] = {}
         self.reconciliation_errors: dict[str, int] = {}
         self.drift: dict[str, float] = {}
-        #: every token charged since start, whatever the labels (reconciliation's side)
+        #: the tokens the engine processed for every request charged since start, whatever the
+        #: labels (reconciliation's side): a prompt counts once per choice, as engines count
+        #: it, where usage reports it once
         self.charged = Usage()
 
     def request(self, identity: Identity, outcome: str) -> None:
@@ -64,8 +66,15 @@ class ProxyMetrics:
         self.requests[key] = self.requests.get(key, 0) + 1
 
     def charge(
-        self, identity: Identity, usage: Usage, source: str, accounting: str, cost: float
+        self,
+        identity: Identity,
+        usage: Usage,
+        source: str,
+        accounting: str,
+        cost: float,
+        choices: int = 1,
     ) -> None:
+        """Add a finished request's usage; ``choices`` is how often the engine took its prompt."""
         tokens = self.tokens
         for token_type, count in usage.items():
             if count:
@@ -76,7 +85,7 @@ class ProxyMetrics:
         accounted_key = (identity, source, accounting)
         self.accounted[accounted_key] = self.accounted.get(accounted_key, 0) + 1
         charged = self.charged
-        charged.prompt += usage.prompt
+        charged.prompt += usage.prompt * choices
         charged.cached_prompt += usage.cached_prompt
         charged.completion += usage.completion
         charged.reasoning += usage.reasoning

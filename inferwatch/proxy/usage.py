@@ -136,6 +136,9 @@ class UsageMeter:
     def __init__(self, prompt_estimate: int) -> None:
         self.prompt_estimate = prompt_estimate
         self.reported: Usage | None = None
+        #: the usage said how many prompt tokens were cached (vLLM only sends it with
+        #: ``--enable-prompt-tokens-details``; without it no cached token can be priced apart)
+        self.prompt_details = False
         self._completion_chars = 0
         self._content_events = 0
 
@@ -150,6 +153,10 @@ class UsageMeter:
                     self._observe_choice(choice)
         if usage is None:
             return False
+        if isinstance(raw_usage, Mapping) and isinstance(
+            raw_usage.get("prompt_tokens_details"), Mapping
+        ):
+            self.prompt_details = True
         if self.reported is None:
             self.reported = usage
         else:
