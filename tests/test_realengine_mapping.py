@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from inferwatch import catalog, identity
-from inferwatch.exporters import engines
+from inferwatch.exporters import engines as adapters
 from inferwatch.exporters.engines import mapping
 from inferwatch.serving import textformat
 from support.realengine import MODEL, Engines
@@ -50,7 +50,7 @@ def test_every_new_vllm_family_has_a_canonical_series(engines: Engines) -> None:
         page = client.get("/metrics").text
     exposition = textformat.parse(page)
     labels = dict.fromkeys(identity.KEYS, "") | {"engine": "vllm"}
-    mapped = {f.name: f for f in engines.normalize(exposition, "vllm", labels)}
+    mapped = {f.name: f for f in adapters.normalize(exposition, "vllm", labels)}
     by_source = {
         mapping.fold(alias.metric): spec
         for spec in catalog.load().by_collector("engine")
@@ -68,7 +68,7 @@ def test_every_new_vllm_family_has_a_canonical_series(engines: Engines) -> None:
 
 def _refused(page: str) -> float:
     """4xx answers on a mapped page, summed over routes."""
-    families = engines.normalize(textformat.parse(page), "vllm", {})
+    families = adapters.normalize(textformat.parse(page), "vllm", {})
     return sum(
         s.value
         for f in families
