@@ -73,6 +73,8 @@ class EngineCollector:
         self._version_checked_at = -VERSION_RETRY_SECONDS
         self.engine: str | None = engine
         self.up = False
+        #: the engine's sleep state when it is not awake (vLLM's sleep mode), else ""
+        self.sleep_state = ""
         self.last_error = "no scrape yet"
         self.last_outcome_at = 0.0
         self.errors: Counter[str] = Counter()
@@ -168,6 +170,7 @@ class EngineCollector:
         self.resets.apply(exposition, self.checks.apply(exposition, wanted))
         families = engines.normalize(exposition, engine, self.identity)
         self._learn_model(families)
+        self.sleep_state = _sleep_state(families)
         return families
 
     def _learn_model(self, families: list[Metric]) -> None:
@@ -272,9 +275,14 @@ class EngineCollector:
         return [up, errors, malformed, dropped, size]
 
     def readiness(self) -> Sequence[Condition]:
-        if self.up:
-            return [Condition("engine", True, f"{self.engine} answering")]
-        return [Condition("engine", False, self.last_error)]
+        """The ``engine`` condition: answering and awake. A sleeping engine (vLLM's sleep
+        mode) still answers /health and /metrics but serves no request until woken."""
+        if not self.up:
+            return [Condition("engine", False, self.last_error)]
+        if self.sleep_state:
+            reason = f"{self.engine} is asleep ({self.sleep_state}) and serves no request"
+            return [Condition("engine", False, reason)]
+        return [Condition("engine", True, f"{self.engine} answering")]
 
     async def refresh(self, max_age: float) -> None:
         """Scrape again when the last outcome is older than ``max_age`` seconds (for /readyz)."""
@@ -288,6 +296,17 @@ class EngineCollector:
             if task is not None:
                 task.cancel()
         await self.scraper.aclose()
+
+
+def _sleep_state(families: Sequence[Metric]) -> str:
+    """The sleep state a mapped page reports as current, other than awake; "" when awake or
+    when the engine has no sleep mode."""
+    name = catalog.load()["engine_sleep_state"].name
+    for family in families:
+        if family.name == name:
+            asleep = (s.labels["state"] for s in family.samples if s.value == 1)
+            return next((state for state in asleep if state != "awake"), "")
+    return ""
 
 
 def _consume_outcome(task: asyncio.Task[list[Metric]]) -> None:

@@ -1,5 +1,6 @@
 """Triton's latency summaries (``--metrics-config summary_latencies=true``) feed the same
-catalogue histograms as its default latency counters, and its labels become ours."""
+catalogue histograms as its default latency counters, and its labels become ours, also on
+the families of vLLM served as a Triton backend."""
 
 from __future__ import annotations
 
@@ -109,3 +110,63 @@ def blank() -> dict[str, str]:
         "namespace": "",
         "node": "",
     }
+
+
+#: vLLM as a Triton backend: Triton's own families next to vLLM's, all labelled Triton's way
+#: (the label shape of the vLLM backend's documented metrics page; values made up)
+HOSTED_VLLM = """\
+# HELP nv_inference_request_success Number of successful inference requests, all batch sizes
+# TYPE nv_inference_request_success counter
+nv_inference_request_success{model="vllm_model",version="1"} 3
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{model="vllm_model",version="1"} 10
+# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{model="vllm_model",version="1"} 16
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model="vllm_model",version="1"} 0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_count{model="vllm_model",version="1"} 1
+vllm:time_to_first_token_seconds_sum{model="vllm_model",version="1"} 0.0323
+vllm:time_to_first_token_seconds_bucket{model="vllm_model",version="1",le="0.001"} 0
+vllm:time_to_first_token_seconds_bucket{model="vllm_model",version="1",le="+Inf"} 1
+"""
+
+
+def test_vllm_hosted_in_triton_takes_its_identity_from_tritons_labels() -> None:
+    exposition = textformat.parse(HOSTED_VLLM.encode())
+    assert engines.detect(exposition) == "vllm"
+    identity = {"model": "unknown", "model_version": "unknown"}
+    families = engines.normalize(exposition, "vllm", identity)
+    labelled = {
+        (f.name, s.labels["model"], s.labels["model_version"]) for f in families for s in f.samples
+    }
+    assert {name for name, _, _ in labelled} >= {
+        "inferwatch_engine_prompt_tokens",
+        "inferwatch_engine_generation_tokens",
+        "inferwatch_engine_time_to_first_token_seconds",
+    }
+    assert {(model, version) for _, model, version in labelled} == {("vllm_model", "1")}
+    assert engines.hosted_in(exposition, "vllm") == "triton"
+
+
+def test_hosted_page_read_with_the_engines_filter_keeps_its_host() -> None:
+    """Once the engine is known the sidecar parses only what the adapter reads: the host's
+    marker family must still be on the page so that the next scrape is read the same way."""
+    exposition = textformat.parse(HOSTED_VLLM.encode(), wanted=engines.wanted("vllm"))
+    assert engines.hosted_in(exposition, "vllm") == "triton"
+
+
+def test_vllm_served_by_itself_keeps_model_name() -> None:
+    page = HOSTED_VLLM.replace('model="vllm_model",version="1"', 'model_name="tiny"')
+    page = "\n".join(line for line in page.splitlines() if "nv_inference" not in line) + "\n"
+    exposition = textformat.parse(page.encode())
+    assert engines.hosted_in(exposition, "vllm") is None
+    families = engines.normalize(exposition, "vllm", {"model_version": "unknown"})
+    identities = {
+        (s.labels["model"], s.labels["model_version"]) for f in families for s in f.samples
+    }
+    assert identities == {("tiny", "unknown")}

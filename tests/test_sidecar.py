@@ -7,6 +7,7 @@ import gzip
 import json
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,6 +25,7 @@ from support.shared import shared_path
 pytestmark = pytest.mark.unit
 
 FIXTURES = shared_path("fixtures")
+REPO = Path(__file__).resolve().parent.parent
 VLLM_PAGE = "fixture/vllm-generated-0.33.0-1engine/metrics"
 
 
@@ -246,6 +248,31 @@ def test_any_failing_readiness_condition_fails_readyz(page_server: Any) -> None:
         "ok": False,
         "reason": "pass rate 0.40 < 0.80",
     }
+
+
+def test_a_sleeping_engine_is_not_ready(page_server: Any) -> None:
+    """vLLM in sleep mode answers its health check and /metrics, but serves nothing: the page
+    of a real vLLM 0.32, put to sleep at level 1."""
+    page = (REPO / "tests" / "golden" / "vllm-0.32.0-cpu-tiny.prom").read_bytes()
+    awake = b'sleep_state="awake"} 1.0'
+    asleep = page.replace(awake, b'sleep_state="awake"} 0.0').replace(
+        b'sleep_state="weights_offloaded"} 0.0', b'sleep_state="weights_offloaded"} 1.0'
+    )
+    assert awake in page and asleep != page
+    page_server.page = asleep
+    sidecar = make_sidecar(f"{page_server.url}/page/metrics")
+    response = get(sidecar, "/readyz")
+    assert response.status_code == 503
+    conditions = {c["name"]: c for c in json.loads(response.text)["conditions"]}
+    assert conditions["engine"] == {
+        "name": "engine",
+        "ok": False,
+        "reason": "vllm is asleep (weights_offloaded) and serves no request",
+    }
+    assert value(get(sidecar, "/metrics").text, "inferwatch_engine_up", model="m") == 1
+    page_server.page = page  # woken: the next scrape makes it ready again
+    get(sidecar, "/metrics")
+    assert get(sidecar, "/readyz").status_code == 200
 
 
 def test_healthz_answers_while_the_engine_is_down(unused_port: int) -> None:

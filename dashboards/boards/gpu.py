@@ -7,8 +7,9 @@ and replica variables narrow GPU series too.
 
 from __future__ import annotations
 
+from inferwatch.capacity.planner import GPU_PRESETS
 from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below
-from inferwatch.mixin import recording
+from inferwatch.mixin import promql, recording
 
 E, C = Scope.ENGINE, Scope.CLUSTER
 GPU = "{{pod}} {{gpu_uuid}}"
@@ -121,6 +122,20 @@ def board(ctx: Ctx) -> Board:
         Panel(16, "Total power by node", "Sum of GPU power per node (energy counter rate). "
               "Compare with the rack's power budget.", "watt",
               [Q(f"sum by ({c}, node) ({power})", "{{node}}")]),
+        Panel(18, "Model FLOPs utilization (MFU)", "FLOP/s the engine estimates each GPU "
+              "ran (vLLM's own estimate from the model's shape and tokens processed) over the "
+              "GPU's peak dense bf16 FLOP/s (datasheet figures of the capacity planner's "
+              f"presets: {', '.join(GPU_PRESETS)}; other GPUs show no line). Prefill-heavy "
+              "traffic runs near the top, decode-heavy traffic far below: compare with the "
+              "next panel.", "percentunit",
+              [Q(_efficiency(ctx, ("engine_estimated_flops",), "bf16_flops"), "{{pod}}")],
+              max=1),
+        Panel(19, "Memory bandwidth efficiency", "Bytes per second the engine estimates "
+              "each GPU read and wrote over the GPU's peak memory bandwidth. Decoding is "
+              "bound by it: near the top, only a smaller model, quantization or more "
+              "replicas make tokens faster.", "percentunit",
+              [Q(_efficiency(ctx, ("engine_estimated_read_bytes", "engine_estimated_write_bytes"),
+                             "bandwidth"), "{{pod}}")], max=1),
     ).row(
         "Saturation",
         Panel(8, "KV-cache usage (5m average)", "KV-cache usage per replica averaged over "
@@ -141,3 +156,16 @@ def board(ctx: Ctx) -> Board:
                  f"{ctx.r(recording.requests(config, 'pod'), E)}", "{{pod}}")],
               thresholds=above(None, preempt)),
     )  # fmt: skip
+
+
+def _efficiency(ctx: Ctx, keys: tuple[str, ...], peak: str) -> str:
+    """The per-GPU rate of the engine's estimate ``keys`` (summed) over the peak ``peak`` of
+    the GPU model the replica runs on, known from ``inferwatch_gpu_info``'s name."""
+    c = ctx.config.cluster_label
+    done = " + ".join(f"sum by ({c}, pod) ({ctx.rate(key, E)})" for key in keys)
+    peaks = " or ".join(
+        f"{ctx.m('gpu_info', C, f'name={promql.quoted(gpu.model_name)}')} * "
+        f"{promql.number(getattr(gpu, peak))}"
+        for gpu in GPU_PRESETS.values()
+    )
+    return f"({done}) / on ({c}, pod) max by ({c}, pod) ({ctx.on_replica(peaks)})"

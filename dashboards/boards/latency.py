@@ -53,14 +53,26 @@ def board(ctx: Ctx) -> Board:
               [Q(f"sum by ({c}, model_version, reason) "
                  f"({ctx.rate('engine_requests_finished', Scope.ENGINE)})",
                  "{{model_version}} {{reason}}")]),
-        Panel(8, "Prefill and decode time per request (mean)", "Mean time to first token "
-              "less mean queue time (prefill), and mean end-to-end less mean time to first "
-              "token (decode). Which of the two grew tells prompt-side from output-side "
-              "slowness.", "s",
-              [Q(f"{_mean(ctx, 'engine_time_to_first_token')} - "
-                 f"{_mean(ctx, 'engine_request_queue_duration')}", "prefill {{model_version}}"),
-               Q(f"{_mean(ctx, 'engine_request_duration')} - "
-                 f"{_mean(ctx, 'engine_time_to_first_token')}", "decode {{model_version}}")]),
+        Panel(8, "Prefill and decode time per request (mean)", "Mean time each request "
+              "spent in prefill and in decode, as the engine measures its phases (vLLM); "
+              "for engines without them, mean time to first token less mean queue time "
+              "(prefill) and mean end-to-end less mean time to first token (decode). Which "
+              "of the two grew tells prompt-side from output-side slowness.", "s",
+              [Q(f"{_mean(ctx, 'engine_request_prefill_duration')} or "
+                 f"({_mean(ctx, 'engine_time_to_first_token')} - "
+                 f"{_mean(ctx, 'engine_request_queue_duration')})", "prefill {{model_version}}"),
+               Q(f"{_mean(ctx, 'engine_request_decode_duration')} or "
+                 f"({_mean(ctx, 'engine_request_duration')} - "
+                 f"{_mean(ctx, 'engine_time_to_first_token')})", "decode {{model_version}}")]),
+        Panel(9, "Engine HTTP answers by status", "Requests the engine's HTTP server "
+              "answered per second, by status class (vLLM). 4xx are requests the engine "
+              "refused (a prompt over the context, max_tokens too large, an unknown model): "
+              "no other engine series counts them, and a jump usually means a client or "
+              "proxy sends what this deployment cannot serve. 5xx count against the "
+              "availability SLO.", "reqps",
+              [Q(f"sum by ({c}, model_version, status) "
+                 f"({ctx.rate('engine_http_requests', Scope.ENGINE)})",
+                 "{{model_version}} {{status}}")]),
     ).row(
         "SLO burn rates",
         _burn(ctx, 10, "ttft", "TTFT SLO"),

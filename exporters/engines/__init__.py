@@ -65,9 +65,20 @@ def normalize(exposition: Exposition, engine: str, identity: Mapping[str, str]) 
     A signal the page lacks yields no family (absent, not zero). ``identity`` gives the
     catalogue's engine identity labels (missing ones are ""). Its ``model`` (and Triton's
     ``model_version``) applies only to samples without a model label of their own, and on a
-    vLLM or SGLang page that names exactly one model, those samples take that model.
+    vLLM or SGLang page that names exactly one model, those samples take that model. An
+    engine hosted in another server (vLLM as a Triton backend) has its identity read from
+    that server's labels.
     """
-    return _plan(engine).run(exposition, identity)
+    return _plan(engine, hosted_in(exposition, engine)).run(exposition, identity)
+
+
+def hosted_in(exposition: Exposition, engine: str) -> str | None:
+    """The server this engine's page was served by when it is not the engine's own (the
+    page carries that server's own families), else None."""
+    for host in _adapter(engine).hosts:
+        if host.family in exposition.families:
+            return host.name
+    return None
 
 
 @functools.cache
@@ -88,8 +99,10 @@ def signals(engine: str) -> frozenset[str]:
 
 
 @functools.cache
-def _plan(engine: str) -> mapping.Plan:
-    return mapping.plan(catalog.load(), _adapter(engine))
+def _plan(engine: str, host: str | None = None) -> mapping.Plan:
+    adapter = _adapter(engine)
+    hosts = {h.name: h for h in adapter.hosts}
+    return mapping.plan(catalog.load(), adapter, None if host is None else hosts[host])
 
 
 def _adapter(engine: str) -> Adapter:

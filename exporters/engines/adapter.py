@@ -57,6 +57,21 @@ class VersionEndpoint:
 
 
 @dataclass(frozen=True)
+class Host:
+    """A server the engine runs inside, which labels the engine's families its own way
+    (vLLM as a Triton backend: Triton's ``model`` and ``version``, not ``model_name``).
+
+    A page is the host's when it carries ``family``, one of the host's own families that is
+    on every page it serves.
+    """
+
+    name: str
+    family: str
+    #: our identity label -> the host's label carrying it, replacing the adapter's own
+    identity_labels: Mapping[str, str]
+
+
+@dataclass(frozen=True)
 class Adapter:
     """What is particular to one engine; everything it names is plain data."""
 
@@ -73,3 +88,5 @@ class Adapter:
     derived: Mapping[str, Derivation | tuple[Derivation, ...]] = field(default_factory=dict)
     #: tried in order by read_version
     version_endpoints: tuple[VersionEndpoint, ...] = ()
+    #: servers the engine may be hosted in, checked in order; the first one found wins
+    hosts: tuple[Host, ...] = ()

@@ -28,7 +28,7 @@ from typing import Protocol, cast
 from prometheus_client.core import Metric
 
 from inferwatch.catalog import Alias, Catalog, MetricSpec
-from inferwatch.exporters.engines.adapter import Adapter, Derivation, LabelValue, Total
+from inferwatch.exporters.engines.adapter import Adapter, Derivation, Host, LabelValue, Total
 from inferwatch.serving.fastpath import OutputSample, add_histogram, format_boundary, remember
 from inferwatch.serving.textformat import Exposition, Family, PageSample
 
@@ -616,6 +616,8 @@ class Plan:
     steps: tuple[Step, ...]
     served_model: tuple[str, str] | None  # (folded family, model label)
     empty_families: Mapping[str, Metric]  # by catalogue key, copied for each page
+    #: families read for what they say about the page, not mapped (a host's own family)
+    markers: frozenset[str] = frozenset()
 
     def run(self, exposition: Exposition, identity: Mapping[str, str]) -> list[Metric]:
         """Catalogue families for the page, in catalogue order; signals it lacks are absent."""
@@ -649,7 +651,7 @@ class Plan:
                 names.add(how.name)
         if self.served_model is not None:
             names.add(self.served_model[0])
-        folded = frozenset(names)
+        folded = frozenset(names) | {fold(name) for name in self.markers}
         answers: dict[str, bool] = {}  # the same names come back on every scrape
 
         def wanted(name: str) -> bool:
@@ -685,13 +687,15 @@ def _derived_step(
     return SumCountStep(spec, sums, reading(spec, derivation.count, ids))
 
 
-def plan(catalog: Catalog, adapter: Adapter) -> Plan:
-    """What to read for every catalogue engine signal on this engine's pages."""
+def plan(catalog: Catalog, adapter: Adapter, host: Host | None = None) -> Plan:
+    """What to read for every catalogue engine signal on this engine's pages, served by the
+    engine itself or, with ``host``, by the server it runs inside (whose labels carry the
+    identity)."""
     unknown = sorted(set(adapter.derived) - set(catalog))
     if unknown:
         raise KeyError(f"{adapter.name}: derived signals {unknown} are not in the catalogue")
     steps: list[Step] = []
-    ids = adapter.identity_labels
+    ids = adapter.identity_labels if host is None else host.identity_labels
     replicas = adapter.replica_labels
     for spec in catalog.by_collector("engine"):
         aliases = spec.sources.get(adapter.name, ())
@@ -708,7 +712,8 @@ def plan(catalog: Catalog, adapter: Adapter) -> Plan:
             alternatives = tuple(_derived_step(spec, d, ids, replicas) for d in tried)
             steps.append(alternatives[0] if len(alternatives) == 1 else FirstStep(alternatives))
     served_model = None
-    if adapter.served_model_family is not None and "model" in adapter.identity_labels:
-        served_model = (fold(adapter.served_model_family), adapter.identity_labels["model"])
+    if adapter.served_model_family is not None and "model" in ids:
+        served_model = (fold(adapter.served_model_family), ids["model"])
     empty_families = {step.spec.key: step.spec.new_family() for step in steps}
-    return Plan(tuple(steps), served_model, empty_families)
+    markers = frozenset(h.family for h in adapter.hosts)
+    return Plan(tuple(steps), served_model, empty_families, markers)

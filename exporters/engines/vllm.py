@@ -10,11 +10,15 @@ catalogue. The cache geometry exists only as labels of the info gauge
 ``vllm:cache_config_info`` (one series per rank, without ``model_name``): block size is the
 same on every rank, GPU blocks add up across ranks, and the model is the one the page's
 other series name.
+
+As a Triton backend (Triton's vLLM backend), vLLM's families are served on Triton's page
+next to Triton's own and labelled Triton's way: ``model`` and ``version`` (the Triton model
+and its version) instead of ``model_name``; they become our ``model`` and ``model_version``.
 """
 
 from __future__ import annotations
 
-from inferwatch.exporters.engines.adapter import Adapter, LabelValue, VersionEndpoint
+from inferwatch.exporters.engines.adapter import Adapter, Host, LabelValue, VersionEndpoint
 
 ADAPTER = Adapter(
     name="vllm",
@@ -25,4 +29,11 @@ ADAPTER = Adapter(
         "engine_kv_cache_blocks": LabelValue("vllm:cache_config_info", "num_gpu_blocks"),
     },
     version_endpoints=(VersionEndpoint("/version", {"engine_version": ("version",)}),),
+    hosts=(
+        Host(
+            "triton",
+            family="nv_inference_request_success",
+            identity_labels={"model": "model", "model_version": "version"},
+        ),
+    ),
 )

@@ -11,7 +11,9 @@ evaluation every interval and add lag for no faster panel.
 
 A request is one the engine finished (any reason but error) or failed: vLLM reports errors
 both as a finish reason and as errors, other engines only as errors, so the total is
-finished-without-error plus errors.
+finished-without-error plus errors. Where the engine's HTTP server counts its answers by
+status (vLLM), its 5xx answers are failures too, some of which never reach the engine's
+counters; a failure both count is counted once (the larger of the two rates).
 
 The autoscaling group records what the autoscalers compare with ``autoscaling.targets``: each
 signal is per *ready* replica, because a replica that is still loading its weights takes no
@@ -147,7 +149,13 @@ def request_total(config: Config, window: str, grouping: str) -> str:
 
 
 def request_errors(config: Config, window: str, grouping: str) -> str:
-    return f"sum {grouping} (rate({metric(config, 'engine_request_errors')}[{window}]))"
+    """Failed requests per second: the engine's errors, or its HTTP server's 5xx answers where
+    those are more."""
+    engine = f"sum {grouping} (rate({metric(config, 'engine_request_errors')}[{window}]))"
+    http_grouping = "without (handler, status)" if grouping == POD else grouping
+    http_5xx = metric(config, "engine_http_requests", 'status="5xx"')
+    http = f"sum {http_grouping} (rate({http_5xx}[{window}]))"
+    return f"(({engine} >= {http}) or {http} or {engine})"
 
 
 def groups(config: Config) -> list[Group]:
