@@ -809,7 +809,7 @@ def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: s
             asyncio.run(scenario_step())
             sidecar = ThreadingHTTPServer(("127.0.0.1", ports.sidecar[spare.name]), Ready)
             threading.Thread(target=sidecar.serve_forever, args=(0.05,), daemon=True).start()
-            asyncio.run(routing.wait_all_up(api, 10, [spare.name]))
+            asyncio.run(routing.wait_all_up(api, 10, [spare]))
         finally:
             process.terminate()
             process.wait(10)

@@ -27,7 +27,7 @@ from support.wait import wait_for
 pytestmark = pytest.mark.realengine
 
 #: seconds the demo runs once up: long enough for a few scrapes and alert evaluations
-DURATION_S = 40
+DURATION_S = 25
 
 
 def finished_requests(engine_url: str) -> float:

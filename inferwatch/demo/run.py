@@ -87,7 +87,7 @@ class Demo:
         self.t0 = 0.0
         self.routes: dict[Role, str] = {}  # where HAProxy sends each role, as last read
         self.context = Context(
-            speed=options.speed,
+            speed=None if options.engines else options.speed,
             prometheus_url=topology.url(self.ports.prometheus) if options.prometheus else None,
             alertmanager_url=(topology.url(self.ports.alertmanager) if self._alerting else None),
             models="   ".join(
