@@ -21,7 +21,6 @@ from inferwatch.mixin.config import ConfigError
 @click.command()
 @click.option(
     "--engine-url",
-    "engine_urls",
     multiple=True,
     show_envvar=True,
     help="An OpenAI-compatible engine you run (vLLM, llama.cpp's server), e.g. "
@@ -110,7 +109,7 @@ from inferwatch.mixin.config import ConfigError
     help="Seconds between summary lines when stdout is not a terminal.",
 )
 def demo(
-    engine_urls: tuple[str, ...],
+    engine_url: tuple[str, ...],
     duration: float | None,
     scenario: str,
     speed: float,
@@ -139,7 +138,7 @@ def demo(
     scenario of load steps is given. Stop with Ctrl-C.
     """
     context = click.get_current_context()
-    urls = [external.base_url(url) for url in engine_urls]
+    urls = [external.base_url(url) for url in engine_url]
     if urls and context.get_parameter_source("speed") != click.core.ParameterSource.DEFAULT:
         raise BadInput(
             "--speed sets the simulators' clock; engines given by --engine-url run in real time"
