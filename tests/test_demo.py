@@ -31,10 +31,13 @@ import yaml
 from click.testing import CliRunner
 
 from inferwatch.cli import main
+from inferwatch.clikit import BadInput, CannotRun
 from inferwatch.demo import alerting, automation, routing, scenario, topology
+from inferwatch.demo import engines as external
 from inferwatch.demo.observer import AuditTail, Observer, ReplicaState
 from inferwatch.demo.signals import History, Scrape, quantiles, rate
 from inferwatch.demo.view import decisions_summary
+from inferwatch.exitcodes import ExitCode
 from inferwatch.exporters import gpu
 from inferwatch.runbooks import config as runbook_config
 from inferwatch.runbooks import registry
@@ -244,6 +247,100 @@ def test_a_started_replica_reports_each_cold_start_phase_once_in_order() -> None
         "primary-v1b: model loaded, warming up (30.0s after start)",
         "primary-v1b: warm-up done, ready for traffic (32.0s after start)",
     ]
+
+
+# --- engines the user runs (--engine-url) -----------------------------------------------------
+def models_page(body: object, status: int = 200) -> httpx.Client:
+    return httpx.Client(transport=httpx.MockTransport(lambda _: httpx.Response(status, json=body)))
+
+
+@pytest.mark.unit
+def test_an_engine_is_asked_for_its_model_and_context_and_an_unclear_answer_is_one_line() -> None:
+    vllm = {"data": [{"id": "tiny", "object": "model", "max_model_len": 1024, "root": "/m"}]}
+    with models_page(vllm) as http:
+        assert external.discover("http://e:8000", http) == external.Engine(
+            "http://e:8000", "tiny", 1024
+        )
+    llama_cpp = {"data": [{"id": "tiny.gguf", "meta": {"n_ctx_train": 1024}}]}  # no context
+    with models_page(llama_cpp) as http:
+        assert external.discover("http://e:8080", http).max_model_len is None
+    for body, status, reason in (({"data": []}, 200, "lists no model"),
+                                 ({"data": [{"id": ""}]}, 200, "lists no model"),
+                                 ({"detail": "Not Found"}, 404, "answered 404")):  # fmt: skip
+        with models_page(body, status) as http, pytest.raises(CannotRun, match=reason):
+            external.discover("http://e:8000", http)
+    assert external.base_url("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000"
+    with pytest.raises(BadInput, match=r"--engine-url 'localhost:8000': expected http\(s\)"):
+        external.base_url("localhost:8000")
+
+
+@pytest.mark.unit
+def test_engines_become_replicas_of_their_models_with_no_simulator_port(tmp_path: Path) -> None:
+    served = [external.Engine("http://a:1", "m1", 1024), external.Engine("http://b:2", "m1", None),
+              external.Engine("http://c:3", "m2", None)]  # fmt: skip
+    fleet = external.replicas(served)
+    assert [(r.name, r.role, r.model, r.weight, r.engine_url) for r in fleet] == [
+        ("engine-1", "primary", "m1", 0.5, "http://a:1"),
+        ("engine-2", "primary", "m1", 0.5, "http://b:2"),
+        ("engine-3", "fallback", "m2", 1.0, "http://c:3"),
+    ]
+    assert {r.version for r in fleet} == {"unknown"}  # the deployment's to say, not the demo's
+    ports = topology.Ports.assign(None, fleet)
+    assert ports.sim == {} and topology.Ports.count(fleet) == 3 * 3 + 5
+    assert set(ports.sidecar) == set(ports.proxy) == {"engine-1", "engine-2", "engine-3"}
+    # the simulated fleet keeps its layout (the committed HAProxy example is made from it)
+    assert topology.Ports.assign(18000).sim == {"primary-v1": 18000, "primary-v2": 18001,
+                                                "fallback": 18002}  # fmt: skip
+    with pytest.raises(BadInput, match="http://d:4 serves m3, a third model"):
+        external.replicas([*served, external.Engine("http://d:4", "m3", None)])
+    alone = external.replicas(served[:1])
+    assert topology.models(alone) == {"primary": "m1", "fallback": "m1"}
+    prices = yaml.safe_load(topology.proxy_config(alone[0], "http://a:1", "", replicas=alone))
+    assert prices["prices"]["models"] == {"m1": dict(topology.PRICES["primary"])}
+
+
+@pytest.mark.unit
+def test_load_for_an_engine_fits_its_context_and_is_unchanged_without_one() -> None:
+    small = [external.Engine("http://a:1", "m", 1024), external.Engine("http://b:1", "m", 4096)]
+    for tenant in external.fitted(topology.TENANTS, small):
+        longest = tenant.prompt_words[1] * external.TOKENS_PER_WORD + tenant.max_tokens[1]
+        assert longest <= 1024 * external.CONTEXT_SHARE, tenant
+        assert tenant.prompt_words[0] <= tenant.prompt_words[1]
+    unstated = [external.Engine("http://a:1", "m", None)]
+    assert external.fitted(topology.TENANTS, unstated) == topology.TENANTS
+    roomy = [external.Engine("http://a:1", "m", 131072)]
+    assert external.fitted(topology.TENANTS, roomy) == topology.TENANTS
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--engine-url", "ftp://a:1"], "--engine-url 'ftp://a:1': expected http(s)://HOST:PORT"),
+        (["--scenario", "gpu-failure"], "scenario gpu-failure: inject at 20s needs the simulator"),
+        (["--speed", "2"], "--speed sets the simulators' clock"),
+        ([], "--engine-url http://127.0.0.1:9: no answer on /v1/models"),
+    ],
+)
+def test_engine_url_arguments_that_cannot_work_are_one_line_before_anything_starts(
+    args: list[str], message: str
+) -> None:
+    # port 9 (discard) has no listener; only the last case gets as far as asking it
+    result = CliRunner().invoke(main, ["demo", "--engine-url", "http://127.0.0.1:9", *args])
+    code = ExitCode.CANNOT_RUN if "no answer" in message else ExitCode.BAD_INPUT
+    assert result.exit_code == code, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"Error: {message}"), line
+
+
+@pytest.mark.unit
+def test_a_scenario_of_load_steps_only_runs_on_an_engine(tmp_path: Path) -> None:
+    path = tmp_path / "ramp.yaml"
+    path.write_text("steps: [{at: 5s, rate: 6}, {at: 20s, rate: 1}]")
+    external.check_scenario(scenario.load(str(path), REPLICAS))
+    path.write_text("steps: [{at: 5s, rate: 6}, {at: 9s, replica: fallback, crash: true}]")
+    with pytest.raises(BadInput, match="crash at 9s needs the simulator's fault injection"):
+        external.check_scenario(scenario.load(str(path), REPLICAS))
 
 
 # --- the demo as a user runs it ---------------------------------------------------------------
@@ -712,7 +809,7 @@ def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: s
             asyncio.run(scenario_step())
             sidecar = ThreadingHTTPServer(("127.0.0.1", ports.sidecar[spare.name]), Ready)
             threading.Thread(target=sidecar.serve_forever, args=(0.05,), daemon=True).start()
-            asyncio.run(routing.wait_all_up(api, 10, [spare.name]))
+            asyncio.run(routing.wait_all_up(api, 10, [spare]))
         finally:
             process.terminate()
             process.wait(10)

@@ -8,15 +8,26 @@ import sys
 from pathlib import Path
 
 import click
+import httpx
 
 from inferwatch.clikit import BadInput, CannotRun
 from inferwatch.demo import alerting, routing, topology
+from inferwatch.demo import engines as external
 from inferwatch.demo import scenario as scenarios
 from inferwatch.demo.run import Demo, Options
 from inferwatch.mixin.config import ConfigError
 
 
 @click.command()
+@click.option(
+    "--engine-url",
+    multiple=True,
+    show_envvar=True,
+    help="An OpenAI-compatible engine you run (vLLM, llama.cpp's server), e.g. "
+    "http://127.0.0.1:8000, which takes a simulated replica's place: the demo puts a sidecar "
+    "(--gpu none) and a tenancy proxy in front of it and sends load for the model its "
+    "/v1/models names. Repeat it for more replicas; no simulator runs.",
+)
 @click.option(
     "--duration",
     type=click.FloatRange(min=0, min_open=True),
@@ -36,7 +47,7 @@ from inferwatch.mixin.config import ConfigError
     type=click.FloatRange(min=0.01),
     default=1.0,
     show_envvar=True,
-    help="Simulated seconds per wall-clock second in every replica.",
+    help="Simulated seconds per wall-clock second in every simulated replica.",
 )
 @click.option(
     "--rate",
@@ -98,6 +109,7 @@ from inferwatch.mixin.config import ConfigError
     help="Seconds between summary lines when stdout is not a terminal.",
 )
 def demo(
+    engine_url: tuple[str, ...],
     duration: float | None,
     scenario: str,
     speed: float,
@@ -122,8 +134,18 @@ def demo(
     Alertmanager from the generated rules, and what the runbook receiver Alertmanager feeds
     decides about them (dry-run unless --execute-runbooks). Without --scenario it plays
     xid-and-repair (a healthy start, one GPU fault and its repair); --scenario none runs
-    quietly. Stop with Ctrl-C.
+    quietly. With --engine-url the replicas are your engines and the run is quiet unless a
+    scenario of load steps is given. Stop with Ctrl-C.
     """
+    context = click.get_current_context()
+    urls = [external.base_url(url) for url in engine_url]
+    if urls and context.get_parameter_source("speed") != click.core.ParameterSource.DEFAULT:
+        raise BadInput(
+            "--speed sets the simulators' clock; engines given by --engine-url run in real time"
+        )
+    source = context.get_parameter_source("scenario")
+    if urls and source == click.core.ParameterSource.DEFAULT:
+        scenario = scenarios.NONE  # the default one injects faults
     timeline = None
     if scenario != scenarios.NONE:
         try:
@@ -134,11 +156,12 @@ def demo(
             )
         except scenarios.ScenarioError as exc:
             raise BadInput(str(exc)) from None
+        if urls:
+            external.check_scenario(timeline)
     try:
         alerts = alerting.demo_config(alert_config)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
-    source = click.get_current_context().get_parameter_source("scenario")
     if timeline is not None and source == click.core.ParameterSource.DEFAULT:
         steps = "; ".join(f"{step.at:g}s {step.describe()}" for step in timeline.steps)
         click.echo(
@@ -146,6 +169,8 @@ def demo(
             f"{timeline.steps[0].at:g}s, then one fault and its repair ({steps}); "
             f"--scenario none for a quiet run"
         )
+    with httpx.Client() as http:
+        engines = tuple(external.discover(url, http) for url in urls)
     haproxy_bin = routing.binary()
     prometheus_bin = shutil.which("prometheus") if prometheus else None
     if prometheus and prometheus_bin is None:
@@ -159,6 +184,7 @@ def demo(
                 "(Debian package: prometheus-alertmanager)"
             )
     options = Options(
+        engines=engines,
         duration=duration,
         scenario=timeline,
         speed=speed,

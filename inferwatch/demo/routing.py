@@ -14,7 +14,7 @@ import asyncio
 import os
 import shutil
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from inferwatch.clikit import CannotRun
@@ -119,9 +119,11 @@ def runtime(workdir: Path) -> RuntimeApi:
     return RuntimeApi(str(workdir / RUNTIME), timeout_s=2.0)
 
 
-async def backends(api: RuntimeApi) -> dict[str, list[ServerState]]:
+async def backends(
+    api: RuntimeApi, replicas: Sequence[Replica] = topology.REPLICAS
+) -> dict[str, list[ServerState]]:
     """Every model's backend as HAProxy reports it, by model name."""
-    models = {r.model for r in topology.REPLICAS}
+    models = {r.model for r in replicas}
     return {model: await api.servers(gateway.backend_name(model)) for model in sorted(models)}
 
 
@@ -157,29 +159,31 @@ def describe(weights: Mapping[str, int]) -> str:
     return ", ".join(f"{name} {weight / total:.0%}" for name, weight in sorted(weights.items()))
 
 
-async def routes(api: RuntimeApi) -> dict[Role, str]:
+async def routes(
+    api: RuntimeApi, replicas: Sequence[Replica] = topology.REPLICAS
+) -> dict[Role, str]:
     """Where each role's model traffic goes now, as the view prints it."""
-    states = await backends(api)
-    by_role = {r.role: r.model for r in topology.REPLICAS}
+    states = await backends(api, replicas)
+    by_role = {r.role: r.model for r in replicas}
     return {role: describe(serving(states, model)) for role, model in by_role.items()}
 
 
 async def wait_all_up(
-    api: RuntimeApi, timeout_s: float, replicas: Collection[str] | None = None
+    api: RuntimeApi, timeout_s: float, replicas: Sequence[Replica] = topology.REPLICAS
 ) -> None:
-    """Return once HAProxy's checks find every server (of ``replicas``, default all) up;
+    """Return once HAProxy's checks find the servers of ``replicas`` (those running) up;
     raise StartError after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
+    names = {r.name for r in replicas}
     down: list[str] = []
     while time.monotonic() < deadline:
         try:
-            states = await backends(api)
+            states = await backends(api, replicas)
             down = [
                 s.name
                 for servers in states.values()
                 for s in servers
-                if not s.up
-                and (replicas is None or gateway.parse_server_name(s.name)[1] in replicas)
+                if not s.up and gateway.parse_server_name(s.name)[1] in names
             ]
             if not down:
                 return

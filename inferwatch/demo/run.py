@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.live import Live
 
 from inferwatch.demo import alerting, automation, routing, topology
+from inferwatch.demo import engines as external
 from inferwatch.demo.loadgen import LoadGenerator
 from inferwatch.demo.observer import Observer
 from inferwatch.demo.processes import INFERWATCH, Component, StartError, Supervisor
@@ -58,6 +59,8 @@ class Options:
     refresh: float
     haproxy: str  # path of the binary: the gateway the load goes through
     execute_runbooks: bool = False  # the runbook receiver acts; else it only audits its plans
+    #: engines the user runs, which replace the simulated replicas
+    engines: tuple[external.Engine, ...] = ()
 
 
 class Demo:
@@ -68,9 +71,12 @@ class Demo:
         self.options = options
         self.out = out
         self.live = live
-        self.replicas = topology.REPLICAS  # running from t=0
+        #: running from t=0
+        self.replicas = external.replicas(options.engines) if options.engines else topology.REPLICAS
         #: those and the spares the scenario starts later
-        self.fleet = topology.fleet(options.scenario.spares if options.scenario else ())
+        spares = options.scenario.spares if options.scenario else ()
+        self.fleet = topology.fleet(spares, self.replicas)
+        self.tenants = external.fitted(topology.TENANTS, options.engines)
         self.ports = Ports.assign(options.base_port, self.fleet)
         self.started: list[str] = []  # the spares started so far, which Prometheus discovers
         self.observer: Observer | None = None  # set at t=0
@@ -81,10 +87,12 @@ class Demo:
         self.t0 = 0.0
         self.routes: dict[Role, str] = {}  # where HAProxy sends each role, as last read
         self.context = Context(
-            speed=options.speed,
+            speed=None if options.engines else options.speed,
             prometheus_url=topology.url(self.ports.prometheus) if options.prometheus else None,
             alertmanager_url=(topology.url(self.ports.alertmanager) if self._alerting else None),
-            models=f"primary {topology.PRIMARY_MODEL}   fallback {topology.FALLBACK_MODEL}",
+            models="   ".join(
+                f"{role} {model}" for role, model in topology.models(self.replicas).items()
+            ),
             runbooks_mode=(
                 ("execute" if options.execute_runbooks else "dry-run") if self._alerting else ""
             ),
@@ -142,8 +150,8 @@ class Demo:
         self._announce(supervisor, workdir)
         if not await self._until_stopped(supervisor.wait_ready(http, START_TIMEOUT)):
             return None
-        running = [r.name for r in self.replicas]
-        if not await self._until_stopped(routing.wait_all_up(self.gateway, START_TIMEOUT, running)):
+        up = routing.wait_all_up(self.gateway, START_TIMEOUT, self.replicas)
+        if not await self._until_stopped(up):
             return None
         self.t0 = time.monotonic()
         self.say(
@@ -152,14 +160,14 @@ class Demo:
         load = LoadGenerator(
             http,
             topology.url(self.ports.gateway),
-            {r.role: r.model for r in self.replicas},
-            topology.TENANTS,
+            topology.models(self.replicas),
+            self.tenants,
             self.options.rate,
         )
         observer = self.observer = Observer(
             http,
             self.replicas,
-            topology.TENANTS,
+            self.tenants,
             {r.name: topology.url(self.ports.sidecar[r.name]) for r in self.replicas},
             {r.name: topology.url(self.ports.proxy_metrics[r.name]) for r in self.replicas},
             self.context.prometheus_url,
@@ -231,7 +239,7 @@ class Demo:
     async def _route(self) -> None:
         """Report where each model's traffic goes now, as HAProxy says."""
         try:
-            after = await routing.routes(self.gateway)
+            after = await routing.routes(self.gateway, self.replicas)
         except RuntimeApiError as exc:
             self.context.routing = f"haproxy: {exc}"
             return
@@ -392,7 +400,9 @@ class Demo:
         self, replica: Replica, index: int, workdir: Path, faults: object = None
     ) -> list[Component]:
         """Engine, sidecar and proxy of one replica; ``faults``: a fault document its
-        engine starts with."""
+        engine starts with. A replica served by the user's engine has no engine process."""
+        if replica.engine_url:
+            return self._servers(replica, replica.engine_url, "none", workdir)
         engine = topology.url(self.ports.sim[replica.name])
         start_faults: list[str] = []
         if faults:
@@ -413,14 +423,20 @@ class Demo:
              "--storage-bandwidth", f"{replica.storage_bandwidth:g}"],
             env={"INFERWATCH_SIM_ADMIN_TOKEN": self.admin_token},
         )  # fmt: skip
+        return [sim, *self._servers(replica, engine, f"dcgm={engine}/gpu/metrics", workdir)]
+
+    def _servers(self, replica: Replica, engine: str, gpu: str, workdir: Path) -> list[Component]:
+        """The sidecar and the tenancy proxy in front of a replica's engine at ``engine``;
+        ``gpu``: the sidecar's ``--gpu`` source."""
         sidecar = Component(
             "sidecar",
             replica.name,
             topology.url(self.ports.sidecar[replica.name]),
             "/healthz",
-            [*INFERWATCH, "sidecar", "--engine-url", engine, "--engine", "vllm",
+            [*INFERWATCH, "sidecar", "--engine-url", engine,
+             "--engine", "auto" if replica.engine_url else "vllm",
              "--listen", f"127.0.0.1:{self.ports.sidecar[replica.name]}",
-             "--gpu", f"dcgm={engine}/gpu/metrics", "--model", replica.model,
+             "--gpu", gpu, "--model", replica.model,
              "--model-version", replica.version, "--pod", replica.name, "--node", replica.node,
              "--namespace", topology.NAMESPACE, "--probes", "default",
              "--admin-token-file", str(workdir / automation.SIDECAR_TOKEN),
@@ -429,7 +445,9 @@ class Demo:
         )  # fmt: skip
         config = workdir / f"proxy-{replica.name}.yaml"
         sidecar_url = topology.url(self.ports.sidecar[replica.name])
-        config.write_text(topology.proxy_config(replica, engine, sidecar_url))
+        config.write_text(
+            topology.proxy_config(replica, engine, sidecar_url, self.tenants, self.fleet)
+        )
         proxy = Component(
             "proxy",
             replica.name,
@@ -440,17 +458,19 @@ class Demo:
              "--metrics-listen", f"127.0.0.1:{self.ports.proxy_metrics[replica.name]}",
              "--drain-grace", "1"],
         )  # fmt: skip
-        return [sim, sidecar, proxy]
+        return [sidecar, proxy]
 
     def _announce(self, supervisor: Supervisor, workdir: Path) -> None:
         """Where everything listens, so that a person can curl it or open it."""
         options = self.options
+        engine = "your engine" if options.engines else "simulated vLLM"
         self.say(
-            f"inferwatch demo: {len(self.replicas)} replicas (simulated vLLM + sidecar + tenancy "
+            f"inferwatch demo: {len(self.replicas)} replicas ({engine} + sidecar + tenancy "
             f"proxy each){', Prometheus with the generated rules' if options.prometheus else ''}"
             f"{', Alertmanager' if self._alerting else ''}"
             f"{f', runbook receiver ({self.context.runbooks_mode})' if self._alerting else ''}; "
-            f"load {options.rate:g} req/s; speed {options.speed:g}x"
+            f"load {options.rate:g} req/s"
+            + ("" if options.engines else f"; speed {options.speed:g}x")
         )
         what = {  # each URL as the flags that take it want it
             "sim": "OpenAI API and /metrics (--engine-url, --upstream); DCGM page {url}/gpu/metrics"
@@ -467,12 +487,19 @@ class Demo:
         for c in supervisor.components:
             about = what[c.kind].format(url=c.url, gateway=topology.url(self.ports.gateway))
             self.say(f"  {c.kind:<12} {c.name:<11} {c.url:<24} pid {c.pid:<7} {about}")
+        if options.engines:
+            for replica, served in zip(self.replicas, options.engines, strict=True):
+                context = f", max_model_len {served.max_model_len}" if served.max_model_len else ""
+                self.say(
+                    f"  engine       {replica.name:<11} {served.url:<24} yours   model "
+                    f"{served.model}{context} (/v1/models); not started or stopped by the demo"
+                )
         for spare in self.fleet[len(self.replicas) :]:
             self.say(
                 f"  spare        {spare.name:<11} a second {spare.version} replica, started by "
                 f"the scenario (gateway server in maintenance until then)"
             )
-        tenants = ", ".join(f"{t.name} ({t.key})" for t in topology.TENANTS)
+        tenants = ", ".join(f"{t.name} ({t.key})" for t in self.tenants)
         first = self.replicas[0]
         self.say(f"  tenant API keys: {tenants}")
         question = "Which planet in our solar system is the largest? Reply with one word."

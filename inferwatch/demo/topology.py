@@ -10,6 +10,10 @@ proxies is the gateway clients call.
 A spare replica (``primary-v1b``, a second replica of ``primary-v1``'s model and version) is
 not running at t=0: a scenario's ``start`` step starts it, as an autoscaler scaling out would.
 Only a scenario that starts it has it in its fleet (ports, gateway server, scrape files).
+
+With ``--engine-url``, engines the user runs take the simulated replicas' place
+(``inferwatch.demo.engines`` makes their replicas): each gets its sidecar and proxy, and no
+simulator runs.
 """
 
 from __future__ import annotations
@@ -31,10 +35,10 @@ Role = Literal["primary", "fallback"]
 
 PRIMARY_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 FALLBACK_MODEL = "Qwen/Qwen2.5-7B-Instruct"
-#: price per million tokens (uncached prompt, cached prompt, completion), by model
-PRICES: Mapping[str, Mapping[str, float]] = {
-    PRIMARY_MODEL: {"prompt": 0.20, "cached_prompt": 0.05, "completion": 0.60},
-    FALLBACK_MODEL: {"prompt": 0.10, "cached_prompt": 0.025, "completion": 0.30},
+#: price per million tokens (uncached prompt, cached prompt, completion), by the model's role
+PRICES: Mapping[Role, Mapping[str, float]] = {
+    "primary": {"prompt": 0.20, "cached_prompt": 0.05, "completion": 0.60},
+    "fallback": {"prompt": 0.10, "cached_prompt": 0.025, "completion": 0.30},
 }
 
 
@@ -54,6 +58,8 @@ class Replica:
     #: GB/s at which its engine reads its weights at start: a cold start of seconds from
     #: the node's local disk
     storage_bandwidth: float = 4.0
+    #: the base URL of an engine the user runs, which serves this replica; empty: simulated
+    engine_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -104,17 +110,29 @@ def replica(name: str) -> Replica:
     raise KeyError(name)
 
 
-def fleet(spares: Iterable[str] = ()) -> tuple[Replica, ...]:
+def fleet(
+    spares: Iterable[str] = (), replicas: Sequence[Replica] = REPLICAS
+) -> tuple[Replica, ...]:
     """The replicas running at t=0 and the named spares, which a scenario starts later."""
     wanted = set(spares)
-    return (*REPLICAS, *(r for r in SPARES if r.name in wanted))
+    return (*replicas, *(r for r in SPARES if r.name in wanted))
+
+
+def models(replicas: Sequence[Replica]) -> dict[Role, str]:
+    """The model of each role the fleet serves; a fleet without a fallback model sends the
+    fallback's tenants to the primary model."""
+    by_role: dict[Role, str] = {}
+    for replica in replicas:
+        by_role.setdefault(replica.role, replica.model)
+    by_role.setdefault("fallback", by_role["primary"])
+    return by_role
 
 
 @dataclass(frozen=True)
 class Ports:
     """Loopback ports of every component."""
 
-    sim: Mapping[str, int]
+    sim: Mapping[str, int]  # the simulated replicas' engines
     sidecar: Mapping[str, int]
     proxy: Mapping[str, int]
     #: each proxy's own metrics listener (tenant series), apart from the client port
@@ -127,27 +145,30 @@ class Ports:
 
     @classmethod
     def count(cls, replicas: Sequence[Replica] = REPLICAS) -> int:
-        """How many ports the fleet uses."""
-        return 4 * len(replicas) + 5
+        """How many ports the fleet uses: a replica served by the user's engine has none."""
+        return 3 * len(replicas) + len(_simulated(replicas)) + 5
 
     @classmethod
     def assign(cls, base: int | None, replicas: Sequence[Replica] = REPLICAS) -> Ports:
         """Consecutive ports from ``base``, or free ones picked by the kernel."""
         count = cls.count(replicas)
-        ports = list(range(base, base + count)) if base else free_ports(count)
+        ports = iter(range(base, base + count) if base else free_ports(count))
         names = [r.name for r in replicas]
-        n = len(names)
         return cls(
-            sim=dict(zip(names, ports[0:n], strict=True)),
-            sidecar=dict(zip(names, ports[n : 2 * n], strict=True)),
-            proxy=dict(zip(names, ports[2 * n : 3 * n], strict=True)),
-            proxy_metrics=dict(zip(names, ports[3 * n : 4 * n], strict=True)),
-            prometheus=ports[4 * n],
-            alertmanager=ports[4 * n + 1],
-            runbooks=ports[4 * n + 2],
-            gateway=ports[4 * n + 3],
-            gateway_metrics=ports[4 * n + 4],
+            sim={name: next(ports) for name in _simulated(replicas)},
+            sidecar={name: next(ports) for name in names},
+            proxy={name: next(ports) for name in names},
+            proxy_metrics={name: next(ports) for name in names},
+            prometheus=next(ports),
+            alertmanager=next(ports),
+            runbooks=next(ports),
+            gateway=next(ports),
+            gateway_metrics=next(ports),
         )
+
+
+def _simulated(replicas: Sequence[Replica]) -> list[str]:
+    return [r.name for r in replicas if not r.engine_url]
 
 
 def served_names(replica: Replica, replicas: Sequence[Replica] = REPLICAS) -> list[str]:
@@ -173,7 +194,11 @@ def url(port: int) -> str:
 
 
 def proxy_config(
-    replica: Replica, upstream: str, sidecar: str, tenants: Sequence[Tenant] = TENANTS
+    replica: Replica,
+    upstream: str,
+    sidecar: str,
+    tenants: Sequence[Tenant] = TENANTS,
+    replicas: Sequence[Replica] = REPLICAS,
 ) -> str:
     """The tenancy proxy's YAML for the proxy in front of one replica.
 
@@ -194,7 +219,7 @@ def proxy_config(
         },
         "tenants": tenant_entries,
         "versions": {"model_version": replica.version},
-        "prices": {"models": {model: dict(price) for model, price in PRICES.items()}},
+        "prices": {"models": {r.model: dict(PRICES[r.role]) for r in replicas}},
         "limits": {"max_input_tokens": 8192},
         # demo traffic is light: screen half of it so injected degeneracy shows in seconds
         "quality_sampling": {"rate": 1.0},

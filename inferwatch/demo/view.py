@@ -39,7 +39,7 @@ TENANT_COLUMNS = ("tenant", "model", "req/s", "ok / rejected / errors", "tokens/
 class Context:
     """What the view shows besides the fleet: routing, scenario progress, recent events."""
 
-    speed: float
+    speed: float | None  # the simulators' clock; None: the replicas are real engines
     prometheus_url: str | None
     alertmanager_url: str | None = None
     models: str = ""
@@ -125,9 +125,10 @@ def budget(tenant: TenantState) -> str:
 # --- the terminal view -----------------------------------------------------------------------
 def render(state: FleetState, context: Context) -> RenderableType:
     load = state.load
+    speed = "" if context.speed is None else f"speed {context.speed:g}x   "
     header = Text.assemble(
         ("inferwatch demo", "bold"),
-        f"   t={state.t:.0f}s   speed {context.speed:g}x   load {state.rate:g} req/s  ",
+        f"   t={state.t:.0f}s   {speed}load {state.rate:g} req/s  ",
         (f"sent {load.sent}  ok {load.ok}  rejected {load.rejected}  failed {load.failed}", "dim"),
     )
     lines: list[RenderableType] = [header]
