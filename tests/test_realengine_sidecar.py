@@ -50,6 +50,8 @@ class Relay:
         self.port = self.listener.getsockname()[1]
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
+        #: bumped by pause(): a connection accepted before it must not outlive it
+        self._generation = 0
         self._serve()
 
     @property
@@ -57,23 +59,28 @@ class Relay:
         return f"http://127.0.0.1:{self.port}"
 
     def _serve(self) -> None:
-        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+        listening = (self.listener, self._generation)
+        threading.Thread(target=self._accept, args=listening, daemon=True).start()
 
-    def _accept(self, listener: socket.socket) -> None:
+    def _accept(self, listener: socket.socket, generation: int) -> None:
         while True:
             try:
                 client, _ = listener.accept()
             except OSError:  # closed by pause() or close()
                 return
-            threading.Thread(target=self._pipe, args=(client,), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(client, generation), daemon=True).start()
 
-    def _pipe(self, client: socket.socket) -> None:
+    def _pipe(self, client: socket.socket, generation: int) -> None:
         try:
             upstream = socket.create_connection(("127.0.0.1", self.upstream))
         except OSError:
             client.close()
             return
         with self._lock:
+            if generation != self._generation:  # paused meanwhile
+                client.close()
+                upstream.close()
+                return
             self._open |= {client, upstream}
         answered = False
         with selectors.DefaultSelector() as selector:
@@ -101,6 +108,7 @@ class Relay:
         """Nothing listens at the relay's port (connections refused), none stays open."""
         self.listener.close()
         with self._lock:
+            self._generation += 1
             for end in self._open:
                 end.close()
             self._open.clear()
@@ -271,7 +279,7 @@ def test_sidecar_on_a_cpu_replica_through_an_engine_restart(
         relay.pause()
         went = time.time()
         wait_for(lambda: phase(url) == "process_start", "the sidecar to see the engine go", 60)
-        assert value(scrape(url), "inferwatch_engine_up") == 0
+        wait_for(lambda: value(scrape(url), "inferwatch_engine_up") == 0, "engine_up 0", 30)
         engine = engines.restart(engines.vllm())
         relay.resume(port_of(engine.url))
         wait_for(lambda: httpx.get(url + "/readyz").status_code == 200, "the engine back", 300)
