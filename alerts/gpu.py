@@ -111,6 +111,8 @@ def _memory(config: Config) -> list[Alert]:
 def _health(config: Config) -> list[Alert]:
     unhealthy = config.alert("InferwatchGPUUnhealthy")
     telemetry = config.alert("InferwatchGPUTelemetryDown")
+    # backend="none" is a replica without GPUs (CPU-only): nothing to read is no outage
+    telemetry_up = metric(config, "gpu_backend_up", 'backend!="none"')
     return [
         Alert(
             name="InferwatchGPUUnhealthy",
@@ -128,7 +130,7 @@ def _health(config: Config) -> list[Alert]:
         Alert(
             name="InferwatchGPUTelemetryDown",
             severity="warning",
-            expr=f"min without (reason) ({metric(config, 'gpu_backend_up')}) == 0",
+            expr=f"min without (reason) ({telemetry_up}) == 0",
             for_=telemetry.for_,
             summary="A sidecar cannot read GPU telemetry.",
             description=(

@@ -7,6 +7,12 @@ So before ``/readyz`` turns ready the sidecar sends a configured set of small re
 engine's OpenAI-compatible API: every prompt length (short and long) at every batch size,
 each batch sent concurrently, a few output tokens each.
 
+Each round first reads the engine's model list: a prompt length that cannot fit the model's
+context (vLLM's ``max_model_len``, less the answer's ``max_tokens``) is fitted to it, so that
+the default lengths warm a small-context model instead of failing forever. Lengths are given
+in words; the tokens per word of this engine's tokenizer are learnt from the usage of the
+answers to the shorter prompts, which go first.
+
 One *round* sends the shapes one after another and succeeds when every request succeeds
 within the round's deadline. A failed round keeps the ``warmup`` readiness condition failing
 with its reason, and the next round follows after an exponential backoff. Every request is
@@ -33,6 +39,7 @@ from prometheus_client.core import Metric
 
 from inferwatch import catalog
 from inferwatch.logs import log_event
+from inferwatch.probes.client import error_message
 from inferwatch.serving.page_fetch import ScrapeFailure, read_bounded
 from inferwatch.serving.readiness import Condition
 
@@ -47,6 +54,8 @@ BACKOFF_INITIAL_S = 2.0
 BACKOFF_MAX_S = 60.0
 #: a usage count above this in one answer is not believed (a few tokens were asked for)
 MAX_USAGE_TOKENS = 10_000_000
+#: share of the context a fitted prompt may fill, for the error in the learnt tokens per word
+FIT_MARGIN = 0.9
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,9 @@ class Warmup:
         self.rounds = 0
         self.done = False
         self.state = WAITING
+        #: the engine's context (max_model_len) and its tokenizer's tokens per prompt word
+        self.context: int | None = None
+        self.tokens_per_word = 1.0
 
     # ---- the rounds ------------------------------------------------------------------------
 
@@ -163,13 +175,30 @@ class Warmup:
         """Every shape once, within the deadline; raises ``WarmupFailure`` on the first failure."""
         try:
             async with asyncio.timeout(self.plan.deadline_s):
-                model = self.model or await self._discover_model()
+                model = await self._discover_model()
                 for words, batch in self.plan.shapes():
-                    await self._batch(model, words, batch)
+                    await self._batch(model, self.fit(words), batch)
         except TimeoutError:
             raise WarmupFailure(
                 "timeout", f"not done within the {self.plan.deadline_s:g}s deadline"
             ) from None
+
+    def fit(self, words: int) -> int:
+        """``words``, or fewer when that prompt and its answer would not fit the context."""
+        if self.context is None:
+            return words
+        room = int((self.context - self.plan.max_tokens) * FIT_MARGIN / self.tokens_per_word)
+        if words <= room:
+            return words
+        log_event(
+            logger,
+            logging.INFO,
+            "warm-up prompt fitted to the engine's context",
+            planned_words=words,
+            words=max(room, 1),
+            max_model_len=self.context,
+        )
+        return max(room, 1)
 
     async def _batch(self, model: str, words: int, batch: int) -> None:
         """One batch sent concurrently; the first failure cancels the rest.
@@ -204,7 +233,7 @@ class Warmup:
             choices = answer.get("choices") if isinstance(answer, dict) else None
             if not isinstance(choices, list) or not choices:
                 raise WarmupFailure("invalid", "the answer has no choices")
-            self._count_tokens(answer.get("usage"))
+            self._count_tokens(answer.get("usage"), words)
             outcome = "ok"
         except WarmupFailure as failure:
             outcome = failure.outcome
@@ -212,22 +241,38 @@ class Warmup:
         finally:
             self.outcomes[outcome] += 1
 
-    def _count_tokens(self, usage: Any) -> None:
-        """The answer's usage, so that reconciliation knows this traffic (see tenancy)."""
+    def _count_tokens(self, usage: Any, words: int) -> None:
+        """The answer's usage, so that reconciliation knows this traffic (see tenancy), and
+        the tokens per word its prompt took (the most seen: fitting errs short)."""
         if not isinstance(usage, dict):
             return
         for token_type in ("prompt", "completion"):
             n = usage.get(f"{token_type}_tokens")
             if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_USAGE_TOKENS:
                 self.tokens[token_type] += n
+                if token_type == "prompt":
+                    self.tokens_per_word = max(self.tokens_per_word, n / words)
 
     async def _discover_model(self) -> str:
-        listing = await self._get("/v1/models")
+        """The model to warm up (``--model``, else the engine's first) and its context."""
+        try:
+            listing = await self._get("/v1/models")
+        except WarmupFailure:
+            if self.model is None:
+                raise
+            return self.model  # a model is given: warm up without knowing the context
         data = listing.get("data") if isinstance(listing, dict) else None
-        if isinstance(data, list) and data and isinstance(data[0], dict) and data[0].get("id"):
-            self.model = str(data[0]["id"])
-            return self.model
-        raise WarmupFailure("invalid", "GET /v1/models lists no model; set --model")
+        entries = [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
+        served = next((e for e in entries if e.get("id") == self.model), None)
+        if self.model is None and entries and entries[0].get("id"):
+            served = entries[0]
+            self.model = str(served["id"])
+        if self.model is None:
+            raise WarmupFailure("invalid", "GET /v1/models lists no model; set --model")
+        context = served.get("max_model_len") if served else None
+        valid = isinstance(context, int) and not isinstance(context, bool) and context > 0
+        self.context = context if valid else None
+        return self.model
 
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
         return await self._request("POST", path, body)
@@ -241,8 +286,11 @@ class Warmup:
                 method, self.base_url + path, json=body, timeout=self.plan.deadline_s
             ) as response:
                 if response.status_code != 200:
+                    said = await error_message(response)
                     raise WarmupFailure(
-                        "http_status", f"{method} {path} answered HTTP {response.status_code}"
+                        "http_status",
+                        f"{method} {path} answered HTTP {response.status_code}"
+                        + (f": {said}" if said else ""),
                     )
                 raw = await read_bounded(response, MAX_RESPONSE_BYTES)
         except ScrapeFailure as failure:  # over the size cap, or an encoding we cannot undo

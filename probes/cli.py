@@ -93,7 +93,8 @@ _GOLDENS_HELP = f"Golden set: a shipped name ({', '.join(golden.builtin_names())
     "--model-version",
     default="",
     show_envvar=True,
-    help="model_version label; the reply's system_fingerprint when empty.",
+    help="model_version label (the deployment's: a rollout name, a checkpoint tag); "
+    "unknown when empty.",
 )
 @click.option(
     "--api-key",

@@ -28,6 +28,9 @@ UNREADABLE: Final = "unreadable_reply"
 PROBE_TENANT: Final = "_probe"
 TENANT_HEADER: Final = "X-Inferwatch-Tenant"
 MAX_BODY_BYTES: Final = 1 << 20
+#: of an error answer: bytes read at most, characters kept of its message
+MAX_ERROR_BYTES: Final = 16 * 1024
+MAX_DETAIL_CHARS: Final = 300
 
 
 class UnreadableReply(ValueError):
@@ -169,6 +172,28 @@ async def _read(response: httpx.Response, assembler: _Assembler) -> None:
         assembler.feed(chunk, time.perf_counter())
 
 
+async def error_message(response: httpx.Response) -> str:
+    """The message of an error answer (OpenAI's ``{"error": {"message"}}``, vLLM's
+    ``{"message"}``, or the text), its first ``MAX_DETAIL_CHARS`` characters."""
+    body = b""
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > MAX_ERROR_BYTES:
+            break
+    text = body[:MAX_ERROR_BYTES].decode("utf-8", "replace")
+    try:
+        document = json.loads(text)
+    except ValueError:
+        document = None
+    if isinstance(document, Mapping):
+        error = document.get("error")
+        inner = error.get("message") if isinstance(error, Mapping) else error
+        message = inner if isinstance(inner, str) and inner else document.get("message")
+        if isinstance(message, str) and message:
+            text = message
+    return " ".join(text.split())[:MAX_DETAIL_CHARS]
+
+
 async def send(
     http: httpx.AsyncClient, endpoint: Endpoint, golden: Golden, timeout_s: float
 ) -> Reply:
@@ -189,12 +214,12 @@ async def send(
                 status = response.status_code
                 headers = dict(response.headers)
                 if status != 200:
-                    await response.aread()
                     return Reply(
                         status=status,
                         error=f"http_{status}",
                         total_s=time.perf_counter() - started,
                         headers=headers,
+                        detail=await error_message(response),
                     )
                 await _read(response, assembler)
     except (TimeoutError, httpx.TimeoutException):

@@ -29,6 +29,8 @@ class ProbeMetrics:
         self.skipped: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.durations: dict[tuple[str, ...], Histogram] = {}
         self.ttfts: dict[tuple[str, ...], Histogram] = {}
+        #: (target, probe) -> why the engine refuses it by configuration
+        self.refused: dict[tuple[str, str], str] = {}
 
     def observe(self, key: SeriesKey, outcome: Outcome) -> None:
         series = _series(key)
@@ -46,6 +48,16 @@ class ProbeMetrics:
 
     def skip(self, target: str, reason: str) -> None:
         self.skipped[(target, reason)] += 1
+
+    def not_applicable(self, target: str, probe: str, reason: str) -> bool:
+        """Record a probe the engine refuses by configuration; True when this is news."""
+        news = self.refused.get((target, probe)) != reason
+        self.refused[(target, probe)] = reason
+        return news
+
+    def applicable(self, target: str, probe: str) -> None:
+        """The engine took the probe (its configuration changed, or it never refused it)."""
+        self.refused.pop((target, probe), None)
 
     def families(self, verdicts: Verdicts, budget_remaining: float) -> list[Metric]:
         cat = catalog.load()
@@ -76,6 +88,9 @@ class ProbeMetrics:
                 state.add_metric([*series_labels, name], float(name == verdict.state))
         remaining = cat.family("probe_budget_remaining")
         remaining.add_metric([], budget_remaining)
+        refused = cat.family("probe_not_applicable")
+        for (target, probe), reason in sorted(self.refused.items()):
+            refused.add_metric([target, self.set_name, probe, reason], 1)
         return [
             runs,
             failures,
@@ -87,4 +102,5 @@ class ProbeMetrics:
             tokens,
             skipped,
             remaining,
+            refused,
         ]

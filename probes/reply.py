@@ -34,6 +34,8 @@ class Reply:
     total_s: float = 0.0
     model: str = ""
     system_fingerprint: str = ""
+    #: the engine's error message when it refused the request (bounded)
+    detail: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)
 
     @property

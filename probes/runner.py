@@ -26,7 +26,7 @@ from prometheus_client.core import Metric
 
 from inferwatch.identity import or_unknown
 from inferwatch.logs import log_event
-from inferwatch.probes import client
+from inferwatch.probes import client, refusal
 from inferwatch.probes.golden import Golden, GoldenSet
 from inferwatch.probes.metrics import ProbeMetrics
 from inferwatch.probes.scoring import Limits, Outcome, score
@@ -42,7 +42,8 @@ _CHARS_PER_TOKEN: Final = 4
 
 @dataclass(frozen=True)
 class Target:
-    """One thing to probe. ``model_version`` falls back to the reply's system_fingerprint."""
+    """One thing to probe. ``model_version`` is the deployment's (flag, env, pod label);
+    empty is ``unknown``, as on the engine's and the proxy's series."""
 
     name: str
     endpoint: client.Endpoint
@@ -163,24 +164,15 @@ class ProbeRunner:
             self.metrics.skip(target.name, client.UNREADABLE)
             log_event(logger, logging.WARNING, "probe reply unreadable", target=target.name)
             return None
+        refused = refusal.not_applicable(golden, reply)
+        if refused is not None:  # the engine's configuration, not its quality
+            self._not_applicable(target, golden, refused)
+            return None
+        self.metrics.applicable(target.name, golden.id)
         outcome = score(golden, reply, self.limits)
-        version = or_unknown(target.model_version or reply.system_fingerprint)
-        key = SeriesKey(target.name, target.route, model, version)
-        previous = self._current.get(target.name)
-        if previous is not None and previous != key and reply.ok:
-            self.verdicts.forget(previous)
-            log_event(
-                logger,
-                logging.INFO,
-                "model version changed",
-                target=target.name,
-                previous=previous.model_version,
-                current=version,
-            )
-        if reply.ok or previous is None:
-            self._current[target.name] = key
-        # A transport failure says nothing about the version: charge it to the current one.
-        key = self._current[target.name]
+        # The deployment names the version; the reply's system_fingerprint is an engine build.
+        key = SeriesKey(target.name, target.route, model, or_unknown(target.model_version))
+        self._current[target.name] = key
         self.verdicts.record(key, golden.id, outcome.passed)
         self.metrics.observe(key, outcome)
         if not outcome.passed:
@@ -194,6 +186,19 @@ class ProbeRunner:
                 failures=outcome.failures,
             )
         return outcome
+
+    def _not_applicable(self, target: Target, golden: Golden, reason: str) -> None:
+        """Report the probe as not applicable here and leave it out of the verdict."""
+        if self.metrics.not_applicable(target.name, golden.id, reason):
+            log_event(
+                logger,
+                logging.WARNING,
+                "probe not applicable: the engine refuses it by configuration",
+                target=target.name,
+                probe=golden.id,
+                reason=reason,
+            )
+        self.verdicts.exclude(golden.id)
 
     async def run_cycle(self, target: Target) -> list[Outcome]:
         """One pass over the golden set in a fresh random order, spaced with jitter."""

@@ -105,9 +105,16 @@ class Verdicts:
     def series(self) -> Iterator[SeriesKey]:
         return iter(list(self._windows))
 
-    def forget(self, key: SeriesKey) -> None:
-        """Drop a target's window (its version changed or it is gone)."""
-        self._windows.pop(key, None)
+    def exclude(self, golden_id: str) -> None:
+        """Leave a probe out of every window and baseline: the engine cannot run it (see
+        :mod:`inferwatch.probes.refusal`)."""
+        if golden_id not in self.golden_ids:
+            return
+        self.golden_ids = self.golden_ids - {golden_id}
+        self._windows = {
+            key: deque((r for r in window if r[0] != golden_id), maxlen=self.window_size)
+            for key, window in self._windows.items()
+        }
 
     def baseline_complete(self, model: str, model_version: str) -> bool:
         baseline = self._baselines.get((model, model_version))

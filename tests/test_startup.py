@@ -277,14 +277,18 @@ def test_failing_warmup_keeps_the_replica_unready_with_the_reason_then_turns_rea
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
-async def _read_head(reader: asyncio.StreamReader) -> None:
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
     head = await reader.readuntil(b"\r\n\r\n")
     length = next(
         (int(line.split(b":")[1]) for line in head.split(b"\r\n")
          if line.lower().startswith(b"content-length")),
         0,
     )  # fmt: skip
-    await reader.readexactly(length)
+    return head + await reader.readexactly(length)
+
+
+async def _read_head(reader: asyncio.StreamReader) -> None:
+    await _read_request(reader)
 
 
 def _answer(status: int, body: bytes, extra: bytes = b"") -> bytes:
@@ -349,10 +353,23 @@ async def no_choices(reader: asyncio.StreamReader, writer: asyncio.StreamWriter)
     await writer.drain()
 
 
+#: the model list of the hostile engines: warm-up reads it first, for the model's context
+MODELS = b'{"data": [{"id": "m", "max_model_len": 4096}]}'
+
+
 async def hostile_server(handler: Handler) -> AsyncIterator[str]:
+    """An engine that lists its model and is hostile to every other request."""
+
     async def guarded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            await handler(reader, writer)
+            request = await _read_request(reader)
+            if request.startswith(b"GET /v1/models"):
+                writer.write(_answer(200, MODELS))
+                await writer.drain()
+                request = await _read_request(reader)
+            rest = asyncio.StreamReader()  # the request again, for the handler to read
+            rest.feed_data(request)
+            await handler(rest, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:

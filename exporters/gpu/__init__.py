@@ -7,7 +7,7 @@
                   and initialisation is retried every minute
     dcgm=URL      scrape a running dcgm-exporter (http://host:9400/metrics)
     replay=PATH   play back an NVML recording (a directory or its series file)
-    none          no GPU telemetry
+    none          no GPU telemetry (a CPU-only replica: no GPU series at all)
 
 The ``scope`` option (a ``GpuScope``, see ``scope``) says which of the GPUs a backend sees
 belong to this replica: only their series are served and only their faults fail readiness.
@@ -39,7 +39,7 @@ def open_backend(spec: str, **options: Any) -> GpuTelemetry:
     if kind in ("auto", "nvml", "none") and argument:
         raise ValueError(f"--gpu {spec!r}: {kind} takes no value (expected {SPEC_HELP})")
     if kind == "none":
-        return NoGpuTelemetry("disabled", "GPU telemetry is off (--gpu none)")
+        return NoGpuTelemetry()
     if kind in ("auto", "nvml"):
         return _open_nvml(required=kind == "nvml", **options)
     if kind == "dcgm":
@@ -92,5 +92,5 @@ def _open_nvml(required: bool, **options: Any) -> GpuTelemetry:
             reason=down.reason,
             detail=down.detail,
         )
-        return NoGpuTelemetry(f"nvml_{down.reason}", down.detail)
+        return NoGpuTelemetry()
     return telemetry

@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any
 
 from prometheus_client.core import Metric
 
@@ -214,11 +213,15 @@ class GpuTelemetry(abc.ABC):
 
 
 class NoGpuTelemetry(GpuTelemetry):
-    """No GPU telemetry (``--gpu none``, or ``auto`` on a host without an NVIDIA driver)."""
+    """No GPU telemetry (``--gpu none``, or ``auto`` on a host without an NVIDIA driver).
 
-    def __init__(self, reason: str, detail: str = "", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._down = BackendDown(reason, detail)
+    A CPU-only replica has no GPU to read, which is not a backend that fails to read one: it
+    serves no GPU series at all, ``inferwatch_gpu_backend_up`` included, so that
+    ``InferwatchGPUTelemetryDown`` stays quiet (why ``auto`` found no GPU is in the start log).
+    """
 
     def poll(self) -> list[Metric]:
-        raise self._down
+        return []
+
+    async def collect(self, deadline: float | None = None) -> list[Metric]:
+        return []

@@ -140,6 +140,16 @@ class EngineScraper:
         return FetchedPage(body, content_type, time.time(), time.monotonic() - started)
 
     async def _get(self) -> tuple[bytes, str]:
+        """One GET, sent again once on a fresh connection when the engine dropped the one
+        it went out on: a kept-alive connection the engine closed as it was reused (vLLM's
+        uvicorn closes idle ones after 5 s) says nothing of the engine, and GET is idempotent.
+        The pool discards the dropped connection, so the second try opens a new one."""
+        try:
+            return await self._get_once()
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+            return await self._get_once()
+
+    async def _get_once(self) -> tuple[bytes, str]:
         async with self.client.stream("GET", self.url) as response:
             content_type = response.headers.get("content-type", "")
             check_headers(response.status_code, content_type)
