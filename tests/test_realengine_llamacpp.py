@@ -26,6 +26,7 @@ from inferwatch.proxy.app import ProxyApp
 from inferwatch.proxy.tenants import hash_key
 from inferwatch.serving import textformat
 from inferwatch.serving.page_fetch import EngineScraper
+from support import tinymodel
 from support.llamacpp import MODEL, LlamaCpp
 from support.proxy_stack import samples
 from support.realengine import Engine
@@ -224,3 +225,29 @@ def test_a_budgeted_tenant_within_the_context_is_served_and_settled(
     assert samples(page, "inferwatch_tenancy_budget_remaining_tokens", tenant="globex") == (
         BUDGET - spent
     )
+
+
+def test_a_budgeted_request_without_max_tokens_runs_to_the_context_and_is_charged(
+    server: Engine, proxy: Proxy
+) -> None:
+    """llama.cpp's default is to generate until the context is full, not the API's 16: the
+    cap the proxy sets for the reservation must not turn the request into a refusal."""
+    before, charged_before = engine_tokens(server.url), proxy.charged("globex")
+    reply = proxy.post("globex", "/v1/completions", {"prompt": "no cap given"})
+    assert reply.status_code == 200, reply.text
+    after, charged = engine_tokens(server.url), proxy.charged("globex")
+    counted = {t: after[t] - before[t] for t in after}
+    assert counted["prompt"] + counted["completion"] == tinymodel.MAX_MODEL_LEN
+    assert {t: charged[t] - charged_before[t] for t in charged} == counted
+
+
+def test_an_over_long_prompt_is_refused_by_llamacpp_and_charged_nothing(
+    server: Engine, proxy: Proxy
+) -> None:
+    before, charged_before = engine_tokens(server.url), proxy.charged("acme")
+    prompt = "an over-long prompt " * tinymodel.MAX_MODEL_LEN
+    reply = proxy.post("acme", "/v1/completions", {"prompt": prompt, "max_tokens": 4})
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["type"] == "exceed_context_size_error"
+    assert engine_tokens(server.url) == before
+    assert proxy.charged("acme") == charged_before
