@@ -21,6 +21,11 @@ from inferwatch import identity
 from inferwatch.cli import main
 from inferwatch.exporters import engines as adapters
 from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.sidecar import Sidecar
+from inferwatch.probes import golden
+from inferwatch.probes.client import Endpoint
+from inferwatch.probes.runner import ProbeRunner, Schedule, Target
+from inferwatch.probes.verdict import Policy
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
 from inferwatch.proxy.tenants import hash_key
@@ -251,3 +256,34 @@ def test_an_over_long_prompt_is_refused_by_llamacpp_and_charged_nothing(
     assert reply.json()["error"]["type"] == "exceed_context_size_error"
     assert engine_tokens(server.url) == before
     assert proxy.charged("acme") == charged_before
+
+
+def test_probes_fail_on_random_weights_and_take_the_replica_out(server: Engine) -> None:
+    target = Target("replica-0", Endpoint(server.url), "direct")
+    probes = ProbeRunner(
+        golden.load("default"),
+        [target],
+        schedule=Schedule(cycle_s=0.01, jitter=0.0, timeout_s=30.0),
+        policy=Policy(window_cycles=2, baseline_cycles=2),
+    )
+    engine = EngineCollector(EngineScraper(server.url + "/metrics", timeout_s=10), {})
+    sidecar = Sidecar([engine, probes], readiness_max_age=0)
+
+    async def scenario() -> tuple[httpx.Response, str]:
+        try:
+            for _ in range(3):
+                await probes.run_cycle(target)
+            transport = httpx.ASGITransport(app=sidecar.app())
+            async with httpx.AsyncClient(transport=transport, base_url="http://sidecar") as client:
+                return await client.get("/readyz"), (await client.get("/metrics")).text
+        finally:
+            await sidecar.aclose()
+
+    readyz, page = asyncio.run(scenario())
+    conditions = {c["name"]: c for c in readyz.json()["conditions"]}
+    assert readyz.status_code == 503
+    assert conditions["engine"]["ok"] and not conditions["quality"]["ok"], conditions
+    failures = "inferwatch_probe_check_failures_total"
+    # the gibberish fails the answer checks (probes over the 1024-token context are refused
+    # by llama.cpp and fail on transport)
+    assert samples(page, failures) - samples(page, failures, check="transport") > 0
