@@ -247,6 +247,12 @@ class EngineCollector:
         self._version_checked_at = now
         self._version_task = asyncio.create_task(self._discover_version(engine))
 
+    async def identify(self) -> None:
+        """Wait for the version endpoints a scrape asked: where the page names no model
+        (llama.cpp, TGI), only they tell it. Best effort, as the read in the background."""
+        if self._version_task is not None:
+            await self._version_task
+
     async def _discover_version(self, engine: str) -> None:
         found = await engines.read_version(self.scraper.client, self.base_url, engine)
         limit = self.checks.limits.label_length

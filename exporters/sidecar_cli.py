@@ -175,7 +175,9 @@ def scrape(url: str, **options: Any) -> None:
 
     async def once() -> Sequence[Metric]:
         try:
-            return await collector.collect()
+            families = await collector.collect()
+            await collector.identify()  # for the model line below
+            return families
         finally:
             await collector.aclose()
 

@@ -23,7 +23,13 @@ BARE_NAMES = ("exporters", "probes", "dashboards", "alerts", "runbooks")
 #: the tier markers, their guard and the per-tier time table; the proxy tests' module-scoped
 #: loop / engine / stack / proxy fixtures (a module that defines its own fixture of one of these
 #: names uses its own)
-pytest_plugins = ["support.tiers", "support.proxy_stack", "support.realengine", "pytester"]
+pytest_plugins = [
+    "support.tiers",
+    "support.proxy_stack",
+    "support.realengine",
+    "support.llamacpp",
+    "pytester",
+]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -1,0 +1,289 @@
+"""The sidecar and the proxy against llama.cpp's own server (``llama-server --metrics``).
+
+The server loads the tiny Llama as a GGUF with random weights: its text is gibberish, its
+slots, limits, usage and ``llamacpp:`` counters are llama.cpp's own. What it counts is the
+reference: the sidecar's mapped counters and the proxy's charges must equal it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+import support.scripted_engine as harness
+from inferwatch import identity
+from inferwatch.cli import main
+from inferwatch.exporters import engines as adapters
+from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.sidecar import Sidecar
+from inferwatch.probes import golden
+from inferwatch.probes.client import Endpoint
+from inferwatch.probes.runner import ProbeRunner, Schedule, Target
+from inferwatch.probes.verdict import Policy
+from inferwatch.proxy import config as proxy_config
+from inferwatch.proxy.app import ProxyApp
+from inferwatch.proxy.tenants import hash_key
+from inferwatch.serving import textformat
+from inferwatch.serving.page_fetch import EngineScraper
+from support import tinymodel
+from support.llamacpp import MODEL, LlamaCpp
+from support.proxy_stack import samples
+from support.realengine import Engine
+
+pytestmark = pytest.mark.realengine
+
+KEYS = {"acme": "sk-acme-1", "globex": "sk-globex-1"}
+BUDGET = 100_000
+MESSAGES = [{"role": "user", "content": "what does the sidecar read?"}]
+
+
+@pytest.fixture(scope="module")
+def server(llamacpp: LlamaCpp) -> Engine:
+    return llamacpp.server()
+
+
+def engine_tokens(url: str) -> dict[str, float]:
+    """llama.cpp's own prompt (computed plus reused from the cache) and generated tokens."""
+    page = httpx.get(url + "/metrics", timeout=10).text
+    return {
+        "prompt": samples(page, "llamacpp:prompt_tokens_total")
+        + samples(page, "llamacpp:prompt_tokens_cached_total"),
+        "completion": samples(page, "llamacpp:tokens_predicted_total"),
+    }
+
+
+def test_the_sidecar_names_the_model_llamacpp_serves(server: Engine) -> None:
+    served = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    build = httpx.get(server.url + "/props", timeout=10).json()["build_info"]
+
+    async def scenario() -> tuple[dict[str, str], set[str]]:
+        collector = EngineCollector(EngineScraper(server.url + "/metrics", timeout_s=10), {})
+        try:
+            await collector.collect()  # asks the version endpoints in the background
+            await collector.identify()
+            families = await collector.collect()
+        finally:
+            await collector.aclose()
+        models = {
+            sample.labels["model"]
+            for family in families
+            if family.name == "inferwatch_engine_prompt_tokens"
+            for sample in family.samples
+        }
+        return collector.identity, models
+
+    labels, models = asyncio.run(scenario())
+    assert labels["engine"] == "llamacpp"
+    assert labels["model"] == served
+    assert labels["engine_version"] == build
+    assert models == {served}
+
+
+def test_scrape_prints_the_model_llamacpp_serves(server: Engine) -> None:
+    """llama.cpp's page names no model; only its /props does, read after the page."""
+    served = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    result = CliRunner().invoke(main, ["scrape", server.url])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0].split() == ["engine:", "llamacpp", "model:", served]
+
+
+def test_mapped_token_counters_equal_llamacpps_own(server: Engine) -> None:
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        for prompt in ("a replica with a dead engine", "the sidecar reads", "the sidecar reads"):
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
+            reply = client.post("/v1/completions", json=body)
+            assert reply.status_code == 200, reply.text
+        page = client.get("/metrics").text
+    exposition = textformat.parse(page)
+    assert adapters.detect(exposition) == "llamacpp"
+    labels = dict.fromkeys(identity.KEYS, "") | {"engine": "llamacpp"}
+    families = {f.name: f for f in adapters.normalize(exposition, "llamacpp", labels)}
+    computed = samples(page, "llamacpp:prompt_tokens_total")
+    cached = samples(page, "llamacpp:prompt_tokens_cached_total")
+    generated = samples(page, "llamacpp:tokens_predicted_total")
+    own = {
+        "inferwatch_engine_prompt_tokens": computed + cached,
+        "inferwatch_engine_generation_tokens": generated,
+        "inferwatch_engine_prefix_cache_hit_tokens": cached,
+    }
+    for key, expected in own.items():
+        mapped = sum(s.value for s in families[key].samples if s.name.endswith("_total"))
+        assert mapped == expected, key
+    assert generated >= 12 and cached > 0  # the repeated prompt came from the cache
+
+
+class Proxy:
+    """The tenancy proxy in front of llama-server: ``acme`` without a budget, ``globex`` with."""
+
+    def __init__(self, upstream: str) -> None:
+        document: dict[str, Any] = {
+            "upstream": {"url": upstream, "reconcile_interval": 0, "read_timeout": 60},
+            "tenants": {
+                "acme": {"key_sha256": [hash_key(KEYS["acme"])]},
+                "globex": {
+                    "key_sha256": [hash_key(KEYS["globex"])],
+                    "budget": {"tokens": BUDGET, "window": "1h"},
+                },
+            },
+        }
+        self.loop = harness.LoopThread()
+        self.server = harness.ProxyServer(
+            self.loop, ProxyApp(proxy_config.parse(document, "test.yaml"), access_log=False)
+        )
+        self.client = httpx.Client(base_url=self.server.url, timeout=60)
+
+    def post(self, tenant: str, path: str, body: dict[str, Any]) -> httpx.Response:
+        headers = {"authorization": f"Bearer {KEYS[tenant]}"}
+        return self.client.post(path, json={"model": MODEL, **body}, headers=headers)
+
+    def charged(self, tenant: str) -> dict[str, float]:
+        page = httpx.get(self.server.metrics_url + "/metrics", timeout=10).text
+        return {
+            token_type: samples(
+                page, "inferwatch_tenancy_tokens_total", tenant=tenant, token_type=token_type
+            )
+            for token_type in ("prompt", "completion")
+        }
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.stop()
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def proxy(server: Engine) -> Iterator[Proxy]:
+    running = Proxy(server.url)
+    yield running
+    running.close()
+
+
+def _usage(reply: httpx.Response) -> dict[str, int]:
+    """The usage of a plain reply, or of the last frame of a stream that sent one."""
+    if not reply.headers["content-type"].startswith("text/event-stream"):
+        usage: dict[str, int] = reply.json()["usage"]
+        return usage
+    frames = [
+        json.loads(line[6:]) for line in reply.text.splitlines() if line.startswith("data: {")
+    ]
+    last: dict[str, dict[str, int]] = frames[-1]
+    return last["usage"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 6}),
+        ("/v1/completions", {"prompt": "the proxy counts", "max_tokens": 6}),
+    ],
+    ids=["chat", "completions"],
+)
+def test_proxy_charges_what_llamacpp_counted(
+    server: Engine, proxy: Proxy, path: str, body: dict[str, Any], stream: bool
+) -> None:
+    before, charged_before = engine_tokens(server.url), proxy.charged("acme")
+    extra: dict[str, Any] = {"stream": stream}
+    if stream:
+        extra["stream_options"] = {"include_usage": True}
+    reply = proxy.post("acme", path, body | extra)
+    assert reply.status_code == 200, reply.text
+    after, charged = engine_tokens(server.url), proxy.charged("acme")
+    counted = {t: after[t] - before[t] for t in after}
+    assert counted["completion"] == 6  # random weights never stop early on this prompt
+    assert {t: charged[t] - charged_before[t] for t in charged} == counted
+    usage = _usage(reply)
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (
+        counted["prompt"],
+        counted["completion"],
+    )
+
+
+def test_a_budgeted_tenant_within_the_context_is_served_and_settled(
+    server: Engine, proxy: Proxy
+) -> None:
+    n_ctx = httpx.get(server.url + "/props", timeout=10).json()["default_generation_settings"][
+        "n_ctx"
+    ]
+    prompt = httpx.post(
+        server.url + "/tokenize", json={"content": "a budgeted tenant asks"}, timeout=10
+    ).json()["tokens"]
+    max_tokens = 8
+    assert len(prompt) + max_tokens < n_ctx
+    before, charged_before = engine_tokens(server.url), proxy.charged("globex")
+    reply = proxy.post(
+        "globex", "/v1/completions", {"prompt": "a budgeted tenant asks", "max_tokens": max_tokens}
+    )
+    assert reply.status_code == 200, reply.text
+    after, charged = engine_tokens(server.url), proxy.charged("globex")
+    counted = {t: after[t] - before[t] for t in after}
+    assert counted == {"prompt": len(prompt) + 1, "completion": max_tokens}  # + bos
+    assert {t: charged[t] - charged_before[t] for t in charged} == counted
+    page = httpx.get(proxy.server.metrics_url + "/metrics", timeout=10).text
+    spent = sum(charged.values())  # the reservation settled at what was used
+    assert samples(page, "inferwatch_tenancy_budget_remaining_tokens", tenant="globex") == (
+        BUDGET - spent
+    )
+
+
+def test_a_budgeted_request_without_max_tokens_runs_to_the_context_and_is_charged(
+    server: Engine, proxy: Proxy
+) -> None:
+    """llama.cpp's default is to generate until the context is full, not the API's 16: the
+    cap the proxy sets for the reservation must not turn the request into a refusal."""
+    before, charged_before = engine_tokens(server.url), proxy.charged("globex")
+    reply = proxy.post("globex", "/v1/completions", {"prompt": "no cap given"})
+    assert reply.status_code == 200, reply.text
+    after, charged = engine_tokens(server.url), proxy.charged("globex")
+    counted = {t: after[t] - before[t] for t in after}
+    assert counted["prompt"] + counted["completion"] == tinymodel.MAX_MODEL_LEN
+    assert {t: charged[t] - charged_before[t] for t in charged} == counted
+
+
+def test_an_over_long_prompt_is_refused_by_llamacpp_and_charged_nothing(
+    server: Engine, proxy: Proxy
+) -> None:
+    before, charged_before = engine_tokens(server.url), proxy.charged("acme")
+    prompt = "an over-long prompt " * tinymodel.MAX_MODEL_LEN
+    reply = proxy.post("acme", "/v1/completions", {"prompt": prompt, "max_tokens": 4})
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["type"] == "exceed_context_size_error"
+    assert engine_tokens(server.url) == before
+    assert proxy.charged("acme") == charged_before
+
+
+def test_probes_fail_on_random_weights_and_take_the_replica_out(server: Engine) -> None:
+    target = Target("replica-0", Endpoint(server.url), "direct")
+    probes = ProbeRunner(
+        golden.load("default"),
+        [target],
+        schedule=Schedule(cycle_s=0.01, jitter=0.0, timeout_s=30.0),
+        policy=Policy(window_cycles=2, baseline_cycles=2),
+    )
+    engine = EngineCollector(EngineScraper(server.url + "/metrics", timeout_s=10), {})
+    sidecar = Sidecar([engine, probes], readiness_max_age=0)
+
+    async def scenario() -> tuple[httpx.Response, str]:
+        try:
+            for _ in range(3):
+                await probes.run_cycle(target)
+            transport = httpx.ASGITransport(app=sidecar.app())
+            async with httpx.AsyncClient(transport=transport, base_url="http://sidecar") as client:
+                return await client.get("/readyz"), (await client.get("/metrics")).text
+        finally:
+            await sidecar.aclose()
+
+    readyz, page = asyncio.run(scenario())
+    conditions = {c["name"]: c for c in readyz.json()["conditions"]}
+    assert readyz.status_code == 503
+    assert conditions["engine"]["ok"] and not conditions["quality"]["ok"], conditions
+    failures = "inferwatch_probe_check_failures_total"
+    # the gibberish fails the answer checks (probes over the 1024-token context are refused
+    # by llama.cpp and fail on transport)
+    assert samples(page, failures) - samples(page, failures, check="transport") > 0
