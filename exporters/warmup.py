@@ -117,6 +117,8 @@ class Warmup:
         self.outcomes: Counter[str] = Counter()
         #: tokens the engine's answers report (usage), by type: prompt, completion
         self.tokens: Counter[str] = Counter()
+        #: when the token counters began (their ``_created`` samples; see ProbeMetrics)
+        self.tokens_since = time.time()
         self.rounds = 0
         self.done = False
         self.state = WAITING
@@ -316,7 +318,7 @@ class Warmup:
             requests.add_metric([outcome], count)
         tokens = cat.family("warmup_tokens")
         for token_type in ("prompt", "completion"):
-            tokens.add_metric([token_type], self.tokens[token_type])
+            tokens.add_metric([token_type], self.tokens[token_type], created=self.tokens_since)
         return [requests, tokens]
 
     async def aclose(self) -> None:

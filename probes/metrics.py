@@ -6,6 +6,7 @@ the sidecar as a ``MetricSource`` and served standalone with the same output.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 from prometheus_client.core import Metric
@@ -26,6 +27,9 @@ class ProbeMetrics:
         self.runs: defaultdict[tuple[str, ...], int] = defaultdict(int)
         self.failures: defaultdict[tuple[str, ...], int] = defaultdict(int)
         self.tokens: defaultdict[tuple[str, ...], int] = defaultdict(int)
+        #: when the token counters began: their ``_created`` samples, by which the proxy's
+        #: reconciliation tells a restarted runner from one whose counters merely grew
+        self.tokens_since = time.time()
         self.skipped: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.durations: dict[tuple[str, ...], Histogram] = {}
         self.ttfts: dict[tuple[str, ...], Histogram] = {}
@@ -68,7 +72,7 @@ class ProbeMetrics:
             failures.add_metric(list(labels), n)
         tokens, skipped = cat.family("probe_tokens"), cat.family("probe_skipped")
         for labels, n in sorted(self.tokens.items()):
-            tokens.add_metric(list(labels), n)
+            tokens.add_metric(list(labels), n, created=self.tokens_since)
         for pair, n in sorted(self.skipped.items()):
             skipped.add_metric(list(pair), n)
         durations, ttfts = cat.family("probe_duration"), cat.family("probe_ttft")

@@ -25,13 +25,15 @@ from starlette.routing import Route
 import support.scripted_engine as harness
 from inferwatch.probes import golden
 from inferwatch.probes.client import Endpoint
+from inferwatch.probes.metrics import ProbeMetrics
 from inferwatch.probes.runner import ProbeRunner, Schedule, Target
+from inferwatch.probes.verdict import Verdicts
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
-from inferwatch.proxy.reconcile import Reconciler, direct_tokens
+from inferwatch.proxy.reconcile import Direct, Reconciler, direct_tokens
 from inferwatch.proxy.tenants import hash_key
 from inferwatch.proxy.usage import Usage
-from inferwatch.serving.endpoints import metrics_response
+from inferwatch.serving.endpoints import encode_metrics, metrics_response
 from inferwatch.sim.server import run_in_thread
 from inferwatch.sim.simulator import SimConfig
 
@@ -68,7 +70,8 @@ PAGE = (
 
 def test_only_direct_tokens_count_as_traffic_around_the_proxy() -> None:
     # router-route probes pass through the proxy, which charges them to _probe already
-    assert direct_tokens(PAGE) == {"prompt": 120.0, "completion": 30.0}
+    direct = direct_tokens(PAGE)
+    assert direct is not None and direct.tokens == {"prompt": 120.0, "completion": 30.0}
     assert direct_tokens(ENGINE_UP) is None
     assert direct_tokens(b"<html>502</html>") is None
 
@@ -76,18 +79,42 @@ def test_only_direct_tokens_count_as_traffic_around_the_proxy() -> None:
 def test_direct_tokens_close_the_gap_and_a_runner_restart_starts_a_new_baseline() -> None:
     reconciler = Reconciler()
     engine, direct = {"prompt": 1000.0, "completion": 500.0}, {"prompt": 50.0, "completion": 5.0}
-    assert reconciler.update(engine, Usage(), direct) == {"prompt": 0.0, "completion": 0.0}
+    assert reconciler.update(engine, Usage(), Direct(direct)) == {"prompt": 0.0, "completion": 0.0}
     # 100/40 tenant tokens through the proxy, 30/10 probe tokens straight to the engine
     engine, direct = {"prompt": 1130.0, "completion": 550.0}, {"prompt": 80.0, "completion": 15.0}
     charged = Usage(prompt=100, completion=40)
-    assert reconciler.update(engine, charged, direct) == {"prompt": 0.0, "completion": 0.0}
+    assert reconciler.update(engine, charged, Direct(direct)) == {"prompt": 0.0, "completion": 0.0}
     reconciler = Reconciler()
-    reconciler.update(engine, charged, direct)
-    restarted = {"prompt": 7.0, "completion": 1.0}  # the sidecar restarted: counters from 0
+    reconciler.update(engine, charged, Direct(direct))
+    restarted = Direct({"prompt": 7.0, "completion": 1.0})  # the sidecar restarted: from 0
     assert reconciler.update(engine, charged, restarted) == {"prompt": 0.0, "completion": 0.0}
     engine = {"prompt": 1140.0, "completion": 553.0}
-    grown = {"prompt": 17.0, "completion": 4.0}
+    grown = Direct({"prompt": 17.0, "completion": 4.0})
     assert reconciler.update(engine, charged, grown) == {"prompt": 0.0, "completion": 0.0}
+
+
+def test_a_restart_whose_new_counters_passed_the_old_ones_is_still_a_restart() -> None:
+    """The runner restarted between two reads and sent more than its old total since: only the
+    creation time of its counters tells, and without it the drift would stay off for good."""
+    reconciler = Reconciler()
+    engine, charged = {"prompt": 1000.0, "completion": 500.0}, Usage()
+    reconciler.update(engine, charged, Direct({"prompt": 50.0, "completion": 5.0}, started=10.0))
+    # the old runner's last 20/2 tokens and the new runner's 80/9 all reached the engine
+    engine = {"prompt": 1100.0, "completion": 511.0}
+    restarted = Direct({"prompt": 80.0, "completion": 9.0}, started=500.0)
+    assert reconciler.update(engine, charged, restarted) == {"prompt": 0.0, "completion": 0.0}
+    engine = {"prompt": 1110.0, "completion": 512.0}
+    grown = Direct({"prompt": 90.0, "completion": 10.0}, started=500.0)
+    assert reconciler.update(engine, charged, grown) == {"prompt": 0.0, "completion": 0.0}
+
+
+def test_a_runners_page_says_since_when_it_counts() -> None:
+    metrics = ProbeMetrics("default")
+    metrics.tokens[("r0", "direct", "m", "v1", "prompt")] = 5
+    page, _ = encode_metrics(metrics.families(Verdicts(golden_ids=()), 1.0), "", "")  # served
+    direct = direct_tokens(page)
+    assert direct is not None and direct.tokens["prompt"] == 5
+    assert direct.started == pytest.approx(metrics.tokens_since)
 
 
 # --- the pod layout on loopback: simulator, direct probes, proxy -----------------------------

@@ -16,10 +16,13 @@ import httpx
 import pytest
 
 import support.scripted_engine as se
+from inferwatch.probes.metrics import ProbeMetrics
+from inferwatch.probes.verdict import Verdicts
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
 from inferwatch.proxy.reconcile import engine_token_counters
 from inferwatch.proxy.tenants import hash_key
+from inferwatch.serving.endpoints import encode_metrics
 from support.proxy_stack import KEYS, auth, samples
 from support.realengine import MODEL, Engine, Engines
 from support.tinymodel import MAX_MODEL_LEN
@@ -317,3 +320,41 @@ def _grown(proxy: RealStack, before: dict[str, float]) -> dict[str, float] | Non
     assert engine is not None
     running = samples(page, "vllm:num_requests_running")
     return engine if running == 0 and engine["completion"] > before["completion"] else None
+
+
+def test_a_probe_runner_restarted_between_reads_leaves_no_drift(
+    stack: Any, page_server: Any, vllm: Engine
+) -> None:
+    """Finding 5: a probe runner restarts and, by the next read, its new counters have passed
+    the old total; the creation time of its counters says it restarted, so the drift is 0."""
+
+    def serve(runner: ProbeMetrics) -> None:
+        page_server.page, _ = encode_metrics(runner.families(Verdicts(golden_ids=()), 1.0), "", "")
+
+    def probe_directly(runner: ProbeMetrics, requests: int) -> None:
+        """``requests`` probes straight to vLLM, counted on ``runner`` as a runner counts."""
+        before = proxy.engine_counters()
+        sent = {"prompt": 0, "completion": 0}
+        for _ in range(requests):
+            usage = proxy.direct.post(COMPLETIONS, json=completion("a probe", max_tokens=3))
+            for token_type in sent:
+                sent[token_type] += usage.json()["usage"][f"{token_type}_tokens"]
+        for token_type, n in sent.items():
+            runner.tokens[("replica", "direct", MODEL, "v1", token_type)] += n
+        wait_for(lambda: all(proxy.engine_counters()[k] - before[k] == sent[k] for k in sent),
+                 "vLLM to count the probes")  # fmt: skip
+        serve(runner)
+
+    proxy = stack(upstream={"url": vllm.url, "reconcile_interval": 0, "read_timeout": 120,
+                            "probe_metrics": [f"{page_server.url}/page"]})  # fmt: skip
+    first = ProbeMetrics("default")
+    serve(first)
+    assert proxy.reconcile() == {"prompt": 0.0, "completion": 0.0}  # the baseline
+    probe_directly(first, 2)
+    assert proxy.reconcile() == {"prompt": 0.0, "completion": 0.0}
+    restarted = ProbeMetrics("default")  # a new process: its counters begin again
+    restarted.tokens_since = first.tokens_since + 60
+    probe_directly(restarted, 5)  # more than the old runner's total before the next read
+    assert proxy.reconcile() == {"prompt": 0.0, "completion": 0.0}
+    probe_directly(restarted, 1)
+    assert proxy.reconcile() == {"prompt": 0.0, "completion": 0.0}

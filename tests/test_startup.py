@@ -630,20 +630,21 @@ def test_warmup_tokens_are_what_the_engine_counted_so_reconciliation_knows_them(
         def collect(self) -> list[Any]:
             return self.families
 
-    async def warm_up() -> bytes:
+    async def warm_up() -> tuple[bytes, float]:
         warm = Warmup(WarmupPlan((1, 3), (16, 64)), fast_sim.url, MODEL)
         try:
             await warm.round()
         finally:
             await warm.aclose()
-        return generate_latest(Page(warm.families()))  # type: ignore[arg-type]
+        return generate_latest(Page(warm.families())), warm.tokens_since  # type: ignore[arg-type]
 
     before = engine_tokens()
-    page = asyncio.run(warm_up())
+    page, since = asyncio.run(warm_up())
     after = engine_tokens()
     direct = direct_tokens(page)
-    assert direct is not None and min(direct.values()) > 0
-    assert direct == {k: after[k] - before[k] for k in ("prompt", "completion")}
+    assert direct is not None and min(direct.tokens.values()) > 0
+    assert direct.tokens == {k: after[k] - before[k] for k in ("prompt", "completion")}
+    assert direct.started == pytest.approx(since)
 
 
 def test_quality_probes_wait_for_the_first_warmup(fast_sim: SimHandle) -> None:

@@ -53,27 +53,48 @@ def engine_token_counters(page: bytes | str) -> dict[str, float] | None:
 
 PROBE_TOKENS = "inferwatch_probe_tokens"
 WARMUP_TOKENS = "inferwatch_warmup_tokens"
+_DIRECT = (PROBE_TOKENS, WARMUP_TOKENS)
 
 
-def direct_tokens(page: bytes | str) -> dict[str, float] | None:
+def _stem(name: str) -> str:
+    """A counter's name without the suffix of its samples: text format 0.0.4 writes a
+    counter's creation times as a family of their own, ``<name>_created``."""
+    return name.removesuffix("_total").removesuffix("_created")
+
+
+@dataclass(frozen=True)
+class Direct:
+    """What one sidecar or probe runner sent straight to the engine, and since when: the
+    creation time of its counters (their ``_created`` samples), which changes when the process
+    restarts even if its new counters have already passed the old ones."""
+
+    tokens: dict[str, float]
+    started: float | None = None
+
+
+def direct_tokens(page: bytes | str) -> Direct | None:
     """Prompt and completion tokens a sidecar or probe runner sent straight to an engine:
     its direct probes and its warm-up requests.
 
     None when the page has neither counter (not a probe runner's or sidecar's page).
     """
-    exposition = textformat.parse(
-        page, wanted=lambda name: name.removesuffix("_total") in (PROBE_TOKENS, WARMUP_TOKENS)
-    )
+    exposition = textformat.parse(page, wanted=lambda name: _stem(name) in _DIRECT)
     if not exposition.families:
         return None
     totals = dict.fromkeys(ENGINE_COUNTERS, 0.0)
+    started: float | None = None
     for family in exposition.families.values():
         for sample in family.samples:
+            if sample.name.endswith("_created"):
+                started = max(started or 0.0, sample.value)
+                continue
+            if not sample.name.endswith("_total"):
+                continue
             token_type = sample.labels.get("type", "")
             probe = sample.name.removesuffix("_total") == PROBE_TOKENS
             if token_type in totals and (not probe or sample.labels.get("route") == "direct"):
                 totals[token_type] += sample.value
-    return totals
+    return Direct(totals, started)
 
 
 class DirectTrafficError(Exception):
@@ -91,16 +112,20 @@ class DirectTraffic:
         self.max_bytes = max_bytes
         self._client = httpx.AsyncClient(timeout=timeout_s) if self.urls else None
 
-    async def read(self) -> dict[str, float]:
-        """Direct probe tokens summed over the runners; raises DirectTrafficError."""
+    async def read(self) -> Direct:
+        """Direct probe tokens summed over the runners, and the latest of their start times
+        (a restart of any one of them moves it); raises DirectTrafficError."""
         totals = dict.fromkeys(ENGINE_COUNTERS, 0.0)
+        started: float | None = None
         for url in self.urls:
             counters = direct_tokens(await self._page(url))
             if counters is None:
                 raise DirectTrafficError("no_probe_counters")
-            for token_type, value in counters.items():
+            for token_type, value in counters.tokens.items():
                 totals[token_type] += value
-        return totals
+            if counters.started is not None:
+                started = max(started or 0.0, counters.started)
+        return Direct(totals, started)
 
     async def _page(self, url: str) -> bytes:
         assert self._client is not None
@@ -126,7 +151,7 @@ class DirectTraffic:
 class _Baseline:
     engine: dict[str, float]
     proxy: dict[str, float]
-    direct: dict[str, float]
+    direct: Direct
 
 
 class Reconciler:
@@ -136,22 +161,23 @@ class Reconciler:
         self._baseline: _Baseline | None = None
 
     def update(
-        self, engine: dict[str, float], charged: Usage, direct: dict[str, float] | None = None
+        self, engine: dict[str, float], charged: Usage, direct: Direct | None = None
     ) -> dict[str, float]:
         """Drift since the baseline: charged + direct growth minus the engine's growth."""
         proxy = {"prompt": float(charged.prompt), "completion": float(charged.completion)}
-        direct = direct or dict.fromkeys(ENGINE_COUNTERS, 0.0)
+        direct = direct or Direct(dict.fromkeys(ENGINE_COUNTERS, 0.0))
         base = self._baseline
         if (
             base is None
             or any(engine.get(k, 0.0) < v for k, v in base.engine.items())
-            or any(direct.get(k, 0.0) < v for k, v in base.direct.items())
+            or any(direct.tokens.get(k, 0.0) < v for k, v in base.direct.tokens.items())
+            or direct.started != base.direct.started
         ):
             # first read, or the engine or a probe runner restarted and began counting again
-            base = self._baseline = _Baseline(dict(engine), proxy, dict(direct))
+            base = self._baseline = _Baseline(dict(engine), proxy, direct)
         return {
             token_type: (proxy[token_type] - base.proxy[token_type])
-            + (direct.get(token_type, 0.0) - base.direct.get(token_type, 0.0))
+            + (direct.tokens.get(token_type, 0.0) - base.direct.tokens.get(token_type, 0.0))
             - (engine.get(token_type, 0.0) - base.engine.get(token_type, 0.0))
             for token_type in ENGINE_COUNTERS
         }
