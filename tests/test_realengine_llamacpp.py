@@ -242,7 +242,11 @@ def test_a_budgeted_request_without_max_tokens_runs_to_the_context_and_is_charge
     assert reply.status_code == 200, reply.text
     after, charged = engine_tokens(server.url), proxy.charged("globex")
     counted = {t: after[t] - before[t] for t in after}
-    assert counted["prompt"] + counted["completion"] == tinymodel.MAX_MODEL_LEN
+    # random weights may draw the end-of-sequence token early; otherwise the context fills
+    if reply.json()["choices"][0]["finish_reason"] == "length":
+        assert counted["prompt"] + counted["completion"] == tinymodel.MAX_MODEL_LEN
+    else:
+        assert counted["prompt"] + counted["completion"] < tinymodel.MAX_MODEL_LEN
     assert {t: charged[t] - charged_before[t] for t in charged} == counted
 
 
