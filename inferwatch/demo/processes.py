@@ -226,11 +226,12 @@ class Supervisor:
                 return component
         return None
 
-    async def stop_all(self, grace: float = 5.0) -> int:
-        """SIGTERM every child, SIGKILL what is left after ``grace`` seconds; reap all."""
+    async def stop_all(self, grace: float = 5.0) -> list[int]:
+        """SIGTERM every child, SIGKILL what is left after ``grace`` seconds; reap all; the
+        pids stopped."""
         processes = [c.process for c in self.components if c.process is not None]
         await _terminate(processes, grace)
-        return len(processes)
+        return [process.pid for process in processes]
 
 
 async def start_on_free_ports(

@@ -144,12 +144,13 @@ class Demo:
             return str(exc)
         finally:
             started = time.monotonic()
-            count = await supervisor.stop_all()
+            stopped = await supervisor.stop_all()
             shutil.rmtree(workdir, ignore_errors=True)
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
-            self.say(
-                f"stopped {count} processes in {time.monotonic() - started:.1f}s; removed {workdir}"
+            self.say(  # the pids too: a start that failed has printed none yet
+                f"stopped {len(stopped)} processes in {time.monotonic() - started:.1f}s "
+                f"({', '.join(f'pid {pid}' for pid in stopped)}); removed work dir {workdir}"
             )
 
     def _on_signal(self, signum: int) -> None:
