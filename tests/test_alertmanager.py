@@ -27,6 +27,7 @@ from inferwatch.demo import observer, topology, view
 from inferwatch.demo.loadgen import LoadStats
 from inferwatch.mixin import config
 from inferwatch.mixin import files as generated
+from support.ports import launch
 from support.wait import wait_for
 
 pytestmark = pytest.mark.proc
@@ -218,16 +219,13 @@ def test_a_bad_section_is_one_line_naming_the_field(
 def running_alertmanager(binary: str, folder: Path) -> Iterator[str]:
     """The generated inhibition rules in a running Alertmanager; receivers send nowhere."""
     path = write(folder, alertmanager.settings(config.load()).silent())
-    port = topology.free_ports(1)[0]
-    with (folder / "alertmanager.log").open("w") as log:
-        process = subprocess.Popen(
-            topology.alertmanager_argv(binary, path, folder / "data", port),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = topology.url(port)
+    process, url = launch(
+        lambda port: topology.alertmanager_argv(binary, path, folder / "data", port),
+        folder / "alertmanager.log",
+        "/-/ready",
+        "Alertmanager",
+    )
     try:
-        wait_for(lambda: httpx.get(f"{url}/-/ready").status_code == 200, "Alertmanager")
         yield url
     finally:
         process.terminate()

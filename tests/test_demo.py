@@ -47,6 +47,7 @@ from inferwatch.runbooks.breaker import CircuitBreaker
 from inferwatch.runbooks.config import Config
 from inferwatch.runbooks.dispatch import Dispatcher
 from inferwatch.runbooks.haproxy_runtime import RuntimeApiError, ServerState
+from support.ports import launch, pick_port
 
 DEMO = [sys.executable, "-P", "-m", "inferwatch", "demo"]
 REPLICAS = [r.name for r in topology.REPLICAS]
@@ -193,7 +194,7 @@ def test_a_spare_is_in_maintenance_at_the_gateway_and_no_scrape_target_until_it_
     from inferwatch.gateway import haproxy as gateway
 
     fleet = topology.fleet(SPARES)
-    ports = topology.Ports.assign(None, fleet)
+    ports = topology.Ports.assign(18000, fleet)
     config = gateway.render(routing.layout(ports, tmp_path, fleet))
     spare = topology.replica("primary-v1b")
     assert re.search(
@@ -556,12 +557,12 @@ def test_a_component_that_cannot_start_is_named_and_everything_is_cleaned_up(
             cwd=tmp_path,
         )
     reaper += pids(result.stdout)
-    assert result.returncode != 0
+    assert result.returncode == ExitCode.PORT_TAKEN, result.stderr
     errors = result.stderr.strip().splitlines()
     assert len(errors) == 1, result.stderr
     assert errors[0].startswith("Error: sim primary-v1 failed to start: "), result.stderr
     assert "address already in use" in errors[0].lower()
-    assert_clean(result.stdout, expected_processes=9)
+    assert_clean(result.stdout, expected_processes=3)  # the engines, started together
 
 
 @pytest.mark.proc
@@ -751,15 +752,18 @@ def test_the_drill_mapping_isolates_a_stalled_engine_by_pod_and_shifts_a_degener
 @pytest.mark.proc
 def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: str) -> None:
     """The real HAProxy: the spare's server stays in maintenance, :func:`routing.enable`
-    returns only once a check has found it down, and it is up once its /readyz answers 200."""
+    points it at the spare's bound ports and returns only once a check has found it down
+    (its /readyz answers 503), and it is up once its /readyz answers 200."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from tempfile import TemporaryDirectory
 
     from inferwatch.gateway import haproxy as gateway
 
+    ready = threading.Event()
+
     class Ready(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            self.send_response(200)
+            self.send_response(200 if ready.is_set() else 503)
             self.send_header("content-length", "0")
             self.end_headers()
 
@@ -771,11 +775,18 @@ def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: s
     ports = topology.Ports.assign(None, fleet)
     backend = gateway.backend_name(spare.model)
     name = f"{spare.version}:{spare.name}"
+    sidecar = ThreadingHTTPServer(("127.0.0.1", 0), Ready)
+    threading.Thread(target=sidecar.serve_forever, args=(0.05,), daemon=True).start()
+    # the spare's sidecar, bound before the gateway is told; no request reaches its proxy here
+    ports.sidecar[spare.name] = ports.proxy[spare.name] = sidecar.server_address[1]
     with TemporaryDirectory(prefix="iw-") as folder:  # a short unix socket path
         workdir = Path(folder)
-        component = routing.component(haproxy_bin, ports, workdir, fleet)
-        process = subprocess.Popen(list(component.argv), stderr=subprocess.DEVNULL)
-        sidecar = None
+
+        def argv(port: int) -> list[str]:  # HAProxy's ports: another pair when one was taken
+            ports.gateway_metrics, ports.gateway = port, pick_port()
+            return list(routing.component(haproxy_bin, ports, workdir, fleet).argv)
+
+        process, _ = launch(argv, workdir / "haproxy.log", "/metrics", "haproxy")
         try:
             api = routing.runtime(workdir)
 
@@ -801,18 +812,16 @@ def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: s
                 await asyncio.sleep(2.5)  # checks ran meanwhile: still in maintenance
                 assert await state() == 0 and await in_maintenance()
                 assert spare.name not in routing.serving(await routing.backends(api), spare.model)
-                await routing.enable(api, spare, 10)
+                await routing.enable(api, spare, ports, 10)
                 assert not await in_maintenance()
-                assert await state() != 2  # down: its sidecar does not answer yet
+                assert await state() != 2  # down: its /readyz does not pass yet
                 assert spare.name not in routing.serving(await routing.backends(api), spare.model)
 
             asyncio.run(scenario_step())
-            sidecar = ThreadingHTTPServer(("127.0.0.1", ports.sidecar[spare.name]), Ready)
-            threading.Thread(target=sidecar.serve_forever, args=(0.05,), daemon=True).start()
+            ready.set()
             asyncio.run(routing.wait_all_up(api, 10, [spare]))
         finally:
             process.terminate()
             process.wait(10)
-            if sidecar is not None:
-                sidecar.shutdown()
-                sidecar.server_close()
+            sidecar.shutdown()
+            sidecar.server_close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import json
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -21,8 +20,8 @@ import httpx
 import pytest
 
 from inferwatch.canary import splits
-from inferwatch.demo.topology import free_ports
 from inferwatch.gateway import haproxy as gateway
+from support.ports import launch
 
 pytestmark = pytest.mark.proc
 
@@ -66,41 +65,39 @@ class _Stub(ThreadingHTTPServer):
 @pytest.fixture
 def fleet(haproxy_bin: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, _Stub]]]:
     """A stable v1 (weight 90) and a canary v2 (weight 10) for alice and the header."""
-    listen, *ports = free_ports(5)
     stubs, sidecars, replicas = [], {}, []
-    for (name, version, weight), (port, check) in zip(
-        (("stable-1", "v1", 90), ("canary-1", "v2", 10)), (ports[:2], ports[2:]), strict=True
-    ):
-        stubs.append(_Stub(port, name, sidecar=False))
-        sidecars[name] = _Stub(check, name, sidecar=True)
+    for name, version, weight in (("stable-1", "v1", 90), ("canary-1", "v2", 10)):
+        stubs.append(_Stub(0, name, sidecar=False))
+        sidecars[name] = _Stub(0, name, sidecar=True)
         stubs.append(sidecars[name])
-        replicas.append({"name": name, "version": version, "address": f"127.0.0.1:{port}",
-                         "check_port": check, "weight": weight})  # fmt: skip
+        replicas.append({"name": name, "version": version,
+                         "address": f"127.0.0.1:{stubs[-2].server_address[1]}",
+                         "check_port": sidecars[name].server_address[1],
+                         "weight": weight})  # fmt: skip
     for stub in stubs:
         threading.Thread(target=stub.serve_forever, args=(0.05,), daemon=True).start()
-    topology = gateway.parse(
-        {
-            "listen": f"127.0.0.1:{listen}",
-            "runtime": str(tmp_path / "admin.sock"),
-            "models": {
-                MODEL: {"replicas": replicas, "canary": {"version": "v2", "users": ["alice"]}}
-            },
-        }
-    )
     config = tmp_path / "haproxy.cfg"
-    config.write_text(gateway.render(topology))
-    log = (tmp_path / "haproxy.log").open("wb")
-    process = subprocess.Popen(
-        [haproxy_bin, "-db", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
-    )
-    url = f"http://127.0.0.1:{listen}"
+
+    def argv(listen: int) -> list[str]:
+        topology = gateway.parse(
+            {
+                "listen": f"127.0.0.1:{listen}",
+                "runtime": str(tmp_path / "admin.sock"),
+                "models": {
+                    MODEL: {"replicas": replicas, "canary": {"version": "v2", "users": ["alice"]}}
+                },
+            }
+        )
+        config.write_text(gateway.render(topology))
+        return [haproxy_bin, "-db", "-f", str(config)]
+
+    process, url = launch(argv, tmp_path / "haproxy.log", "/healthz", "haproxy")
     try:
         _until(lambda: _ask(url, 1) == _ask(url, 1), "haproxy answering")
         yield url, sidecars
     finally:
         process.terminate()
         process.wait(10)
-        log.close()
         for stub in stubs:
             stub.shutdown()
             stub.server_close()

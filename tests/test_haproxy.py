@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import subprocess
 import threading
@@ -24,11 +25,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferwatch.demo.topology import free_ports
 from inferwatch.gateway import haproxy as gateway
 from inferwatch.runbooks.actions.base import ActionError, Alert, Step
 from inferwatch.runbooks.actions.haproxy import ShiftTraffic, _schedule
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError, valid_name
+from support.ports import PortTaken, in_use, refused_port, start_on_free_port
 
 pytestmark = pytest.mark.proc
 
@@ -76,6 +77,8 @@ class Gateway:
     config: Path
     process: subprocess.Popen[bytes]
     stubs: list[_Stub] = field(default_factory=list)
+    #: the dead replicas' ports: bound, not listening, so connecting is refused
+    refused: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def ask(self, model: str | None, count: int, **headers: str) -> collections.Counter[str]:
         """Send ``count`` chat requests for ``model``; which replica answered, by count."""
@@ -114,52 +117,61 @@ def _start(
     dead: frozenset[str] = frozenset(),
 ) -> Gateway:
     """Stubs for ``replicas`` and haproxy in front of them; replicas in ``dead`` listen nowhere."""
-    ports = iter(free_ports(2 * len(replicas) + 1))
-    listen = next(ports)
     models: dict[str, Any] = {
         BIG: {"fallback": SMALL, "replicas": []},
         SMALL: {"replicas": []},
     }
+    refused = contextlib.ExitStack()
     stubs, sidecars = [], {}
     for model, name, version, weight in replicas:
-        port, check = next(ports), next(ports)
-        if name not in dead:
-            stubs.append(_Stub(port, name, "replica"))
-        sidecars[name] = _Stub(check, name, "sidecar")
+        if name in dead:
+            port = refused.enter_context(refused_port())
+        else:
+            stubs.append(_Stub(0, name, "replica"))
+            port = stubs[-1].server_address[1]
+        sidecars[name] = _Stub(0, name, "sidecar")
         stubs.append(sidecars[name])
         models[model]["replicas"].append(
             {
                 "name": name,
                 "version": version,
                 "address": f"127.0.0.1:{port}",
-                "check_port": check,
+                "check_port": sidecars[name].server_address[1],
                 "weight": weight,
             }
         )
     for stub in stubs:
         threading.Thread(target=stub.serve_forever, args=(0.05,), daemon=True).start()
     runtime = str(tmp_path / "admin.sock")
-    topology = gateway.parse(
-        {"listen": f"127.0.0.1:{listen}", "runtime": runtime, "models": models}
-    )
-    config = tmp_path / "haproxy.cfg"
-    config.write_text(gateway.render(topology))
-    log = tmp_path / "haproxy.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [haproxy_bin, "-db", "-f", str(config)], stdout=out, stderr=subprocess.STDOUT
+
+    def start(listen: int) -> Gateway:
+        """HAProxy on ``listen``, once its Runtime API answers; PortTaken if it was taken."""
+        topology = gateway.parse(
+            {"listen": f"127.0.0.1:{listen}", "runtime": runtime, "models": models}
         )
-    result = Gateway(f"http://127.0.0.1:{listen}", runtime, sidecars, config, process, stubs)
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        try:
-            result.states(gateway.backend_name(BIG))
-            break
-        except RuntimeApiError:
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "haproxy's runtime API never answered"
-            time.sleep(0.05)
-    return result
+        config = tmp_path / "haproxy.cfg"
+        config.write_text(gateway.render(topology))
+        log = tmp_path / "haproxy.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [haproxy_bin, "-db", "-f", str(config)], stdout=out, stderr=subprocess.STDOUT
+            )
+        result = Gateway(
+            f"http://127.0.0.1:{listen}", runtime, sidecars, config, process, stubs, refused
+        )
+        deadline = time.monotonic() + DEADLINE
+        while True:
+            try:
+                result.states(gateway.backend_name(BIG))
+                return result
+            except RuntimeApiError:
+                if process.poll() is not None and in_use(log.read_text()):
+                    raise PortTaken(f"haproxy: port {listen} taken") from None
+                assert process.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "haproxy's runtime API never answered"
+                time.sleep(0.05)
+
+    return start_on_free_port(start)
 
 
 @pytest.fixture
@@ -174,6 +186,7 @@ def start_gateway(haproxy_bin: str, tmp_path: Path) -> Iterator[Callable[..., Ga
     for gw in started:
         gw.process.terminate()
         gw.process.wait(10)
+        gw.refused.close()
         for stub in gw.stubs:
             stub.shutdown()
             stub.server_close()
@@ -362,8 +375,10 @@ def test_runtime_api_failures_are_outcomes_not_exceptions(
 
 
 def test_a_refused_port_and_a_bad_command_are_clear_errors() -> None:
-    (port,) = free_ports(1)
-    with pytest.raises(RuntimeApiError, match=f"127.0.0.1:{port}: Connection refused$"):
+    with (
+        refused_port() as port,
+        pytest.raises(RuntimeApiError, match=f"127.0.0.1:{port}: Connection refused$"),
+    ):
         asyncio.run(RuntimeApi(f"127.0.0.1:{port}").command("show info"))
     with pytest.raises(RuntimeApiError, match="malformed"):
         asyncio.run(RuntimeApi("/tmp/x.sock").command("show info\nshutdown frontend gateway"))

@@ -10,10 +10,11 @@ from pathlib import Path
 import click
 import httpx
 
-from inferwatch.clikit import BadInput, CannotRun
+from inferwatch.clikit import BadInput, CannotRun, PortTaken
 from inferwatch.demo import alerting, routing, topology
 from inferwatch.demo import engines as external
 from inferwatch.demo import scenario as scenarios
+from inferwatch.demo.processes import PortInUse
 from inferwatch.demo.run import Demo, Options
 from inferwatch.mixin.config import ConfigError
 
@@ -198,6 +199,9 @@ def demo(
         haproxy=haproxy_bin,
         execute_runbooks=execute_runbooks,
     )
-    error = asyncio.run(Demo(options, sys.stdout, live=sys.stdout.isatty()).run())
+    try:
+        error = asyncio.run(Demo(options, sys.stdout, live=sys.stdout.isatty()).run())
+    except PortInUse as exc:
+        raise PortTaken(str(exc)) from None
     if error:
         raise CannotRun(error)

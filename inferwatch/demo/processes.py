@@ -9,10 +9,13 @@ killed demo leaves no servers behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -32,6 +35,16 @@ class StartError(RuntimeError):
     """A component that did not come up; the message names it and says why."""
 
 
+class PortInUse(StartError):
+    """A component could not bind a port it was given: another process holds it."""
+
+
+#: exit status of an inferwatch server whose listen address is taken (ExitCode.PORT_TAKEN)
+_PORT_TAKEN = 4
+#: how many sets of ports :func:`start_on_free_ports` tries before it gives up
+ATTEMPTS = 5
+
+
 @dataclass
 class Component:
     """One child process and where it answers once it is up."""
@@ -45,6 +58,8 @@ class Component:
     process: subprocess.Popen[bytes] | None = None
     log: Path | None = None
     held_down: bool = False  # stopped by the demo itself (a crash it staged, a restart)
+    #: where it writes the address it bound (the simulator); else its JSON start line says
+    ready_file: Path | None = None
 
     @property
     def label(self) -> str:
@@ -61,6 +76,34 @@ class Component:
             return ""
         lines = self.log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
         return lines[-1].strip().removeprefix("Error: ") if lines else ""
+
+    def failure(self) -> StartError:
+        """Why the exited process did not start: PortInUse when its port was taken."""
+        assert self.process is not None
+        text = self.log.read_text(encoding="utf-8", errors="replace") if self.log else ""
+        reason = self.last_log_line() or f"exit code {self.process.returncode}"
+        taken = self.process.returncode == _PORT_TAKEN or "address already in use" in text.lower()
+        return (PortInUse if taken else StartError)(f"{self.label} failed to start: {reason}")
+
+    def announcement(self) -> dict[str, str] | None:
+        """The addresses it says it bound: its ready file, or the first JSON line of its log
+        with a ``listen`` field (``HOST:PORT`` or a URL); None until it has said so."""
+        if self.ready_file is not None:
+            with contextlib.suppress(OSError, ValueError):
+                return dict(json.loads(self.ready_file.read_text(encoding="utf-8")))
+            return None
+        text = self.log.read_text(encoding="utf-8", errors="replace") if self.log else ""
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict) and event.get("listen"):
+                    return {key: str(value) for key, value in event.items()}
+        return None
+
+
+def port_of(address: str) -> int:
+    """The port of ``HOST:PORT`` or of a URL such as ``http://HOST:PORT``."""
+    return int(address.rstrip("/").rsplit(":", 1)[1])
 
 
 def _death_signal() -> Callable[[], None] | None:
@@ -104,6 +147,25 @@ class Supervisor:
                 preexec_fn=self._preexec,  # only prctl, and the demo starts them before threads
             )
 
+    def discard(self, component: Component) -> None:
+        """Forget a component that exited without starting (it is started again elsewhere)."""
+        self.components.remove(component)
+
+    async def announced(self, component: Component, timeout_s: float) -> dict[str, str]:
+        """What a component that binds port 0 says it bound (:meth:`Component.announcement`),
+        once it has; raise StartError (PortInUse) if it exits first or stays silent."""
+        assert component.process is not None
+        deadline = time.monotonic() + timeout_s
+        while (said := component.announcement()) is None:
+            if component.process.poll() is not None:
+                raise component.failure()
+            if time.monotonic() > deadline:
+                raise StartError(
+                    f"{component.label} did not say its address within {timeout_s:g} s"
+                )
+            await asyncio.sleep(0.05)
+        return said
+
     async def crash(self, component: Component) -> None:
         """SIGKILL a component, as the OOM killer or a segfault would; it stays down."""
         assert component.process is not None
@@ -140,8 +202,7 @@ class Supervisor:
         probe_url = component.url + component.ready_path
         while True:
             if component.process.poll() is not None:
-                reason = component.last_log_line() or f"exit code {component.process.returncode}"
-                raise StartError(f"{component.label} failed to start: {reason}")
+                raise component.failure()
             try:
                 response = await http.get(probe_url, timeout=1.0)
                 if response.status_code == 200:
@@ -165,11 +226,52 @@ class Supervisor:
                 return component
         return None
 
-    async def stop_all(self, grace: float = 5.0) -> int:
-        """SIGTERM every child, SIGKILL what is left after ``grace`` seconds; reap all."""
+    async def stop_all(self, grace: float = 5.0) -> list[int]:
+        """SIGTERM every child, SIGKILL what is left after ``grace`` seconds; reap all; the
+        pids stopped."""
         processes = [c.process for c in self.components if c.process is not None]
         await _terminate(processes, grace)
-        return len(processes)
+        return [process.pid for process in processes]
+
+
+async def start_on_free_ports(
+    supervisor: Supervisor,
+    http: httpx.AsyncClient,
+    count: int,
+    build: Callable[[list[int]], Component],
+    fixed: list[int] | None,
+    timeout_s: float,
+) -> Component:
+    """Start an external server (Prometheus, Alertmanager, HAProxy) whose ``count`` listen
+    ports ``build`` writes into its command line, and wait until it answers.
+
+    Such a binary cannot bind port 0 and say what it got, so its ports are picked free and
+    bound only when it starts: another process may take one in between (a busy CI machine
+    does). When that happens it is started again on other ports, at most :data:`ATTEMPTS`
+    times. ``fixed`` ports (the user's ``--base-port``) are never replaced: a taken one is
+    PortInUse at once.
+    """
+    tries = 1 if fixed is not None else ATTEMPTS
+    while True:
+        component = build(fixed if fixed is not None else _loopback_ports(count))
+        supervisor.start(component)
+        try:
+            await supervisor.wait_answering(component, http, timeout_s)
+            return component
+        except PortInUse:
+            supervisor.discard(component)
+            tries -= 1
+            if tries == 0:
+                raise
+
+
+def _loopback_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports free a moment ago, for :func:`start_on_free_ports`."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
 
 
 async def _terminate(processes: Sequence[subprocess.Popen[bytes]], grace: float) -> None:

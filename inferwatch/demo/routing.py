@@ -25,6 +25,9 @@ from inferwatch.gateway import haproxy as gateway
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError, ServerState
 
 CONFIG = "haproxy.cfg"
+#: the port a spare's server has in the config until its processes bind theirs (:func:`enable`
+#: sets them); a server in maintenance is neither checked nor sent traffic
+UNBOUND = 1
 RUNTIME = "haproxy.sock"
 #: the PATH of an unprivileged shell often lacks /usr/sbin, where Debian installs haproxy
 SEARCH_PATH = "/usr/local/sbin:/usr/sbin:/sbin"
@@ -78,8 +81,8 @@ def fleet_topology(
             gateway.Server(
                 replica=r.name,
                 version=r.version,
-                address=f"127.0.0.1:{ports.proxy[r.name]}",
-                check_port=ports.sidecar[r.name],
+                address=f"127.0.0.1:{ports.proxy[r.name] or UNBOUND}",
+                check_port=ports.sidecar[r.name] or UNBOUND,
                 weight=round(r.weight * 100),
                 disabled=r.spare,
             )
@@ -193,21 +196,27 @@ async def wait_all_up(
     raise StartError(f"haproxy: servers not up within {timeout_s:g} s: {', '.join(down)}")
 
 
-async def enable(api: RuntimeApi, replica: Replica, timeout_s: float) -> None:
-    """Take a spare replica's server out of maintenance, before its processes start.
+async def enable(api: RuntimeApi, replica: Replica, ports: Ports, timeout_s: float) -> None:
+    """Point a started spare replica's server at the ports its proxy and sidecar bound, and
+    take it out of maintenance.
 
-    HAProxy counts a server that leaves maintenance as up until its first check, so this
-    returns once a check has found it down (nothing listens on its sidecar yet): from then on
+    HAProxy counts a server that leaves maintenance as up until its first check (setting its
+    health down while in maintenance does not stick), so its health is set down at once
+    after, and this returns once a check has found it down: from then on
     it takes traffic only once its sidecar's ``/readyz`` passes, as a new pod's endpoint
     joins a Service only once its readiness probe passes. Raises StartError.
     """
     backend = gateway.backend_name(replica.model)
-    server = f"{replica.version}:{replica.name}"
+    server = f"{backend}/{replica.version}:{replica.name}"
     deadline = time.monotonic() + timeout_s
     try:
-        await api.command(f"set server {backend}/{server} state ready")
+        await api.command(f"set server {server} addr 127.0.0.1 port {ports.proxy[replica.name]}")
+        await api.command(f"set server {server} check-port {ports.sidecar[replica.name]}")
+        await api.command(f"set server {server} state ready")
+        await api.command(f"set server {server} health down")
+        name = server.split("/", 1)[1]
         while time.monotonic() < deadline:
-            if not any(s.up for s in await api.servers(backend) if s.name == server):
+            if not any(s.up for s in await api.servers(backend) if s.name == name):
                 return
             await asyncio.sleep(0.1)
     except RuntimeApiError as exc:

@@ -1,11 +1,14 @@
 """The demo's life: start the fleet, drive load and the scenario, show it, tear it all down.
 
-Order of events: every process is started at once on ports chosen up front (the sidecars and
-proxies tolerate an engine that is not up yet), the demo waits until each answers its health
-endpoint and HAProxy's checks find every replica up, then the clock starts (t=0): load (through
-HAProxy), scenario and view run until the duration ends, a signal arrives or a component
-dies. A spare replica that the scenario starts (a scale-out) has its ports, its gateway server
-(in maintenance) and its scrape files from the beginning, and its processes from its step on.
+Order of events: the processes start in stages, each configured with the addresses the earlier
+ones bound: engines, sidecars, proxies and the runbook receiver bind port 0 and say what they
+got, then Alertmanager, Prometheus and HAProxy start with configs written from those addresses
+(:func:`~inferwatch.demo.processes.start_on_free_ports`); no port is picked for one of our
+processes before it binds it. The demo waits until each answers its health endpoint and
+HAProxy's checks find every replica up, then the clock starts (t=0): load (through HAProxy),
+scenario and view run until the duration ends, a signal arrives or a component dies. A spare
+replica that the scenario starts (a scale-out) has its gateway server (in maintenance) from the
+beginning, and its processes, addresses and scrape targets from its step on.
 Teardown always runs: load stops first, then every child gets SIGTERM (SIGKILL after a
 grace period) and is reaped, and the work directory is removed.
 """
@@ -14,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import secrets
 import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -33,7 +37,15 @@ from inferwatch.demo import alerting, automation, routing, topology
 from inferwatch.demo import engines as external
 from inferwatch.demo.loadgen import LoadGenerator
 from inferwatch.demo.observer import Observer
-from inferwatch.demo.processes import INFERWATCH, Component, StartError, Supervisor
+from inferwatch.demo.processes import (
+    INFERWATCH,
+    Component,
+    PortInUse,
+    StartError,
+    Supervisor,
+    port_of,
+    start_on_free_ports,
+)
 from inferwatch.demo.scenario import Scenario, Step
 from inferwatch.demo.topology import Ports, Replica, Role
 from inferwatch.demo.view import Context, render, stamp, summary_line
@@ -88,8 +100,8 @@ class Demo:
         self.routes: dict[Role, str] = {}  # where HAProxy sends each role, as last read
         self.context = Context(
             speed=None if options.engines else options.speed,
-            prometheus_url=topology.url(self.ports.prometheus) if options.prometheus else None,
-            alertmanager_url=(topology.url(self.ports.alertmanager) if self._alerting else None),
+            prometheus_url=None,  # their addresses, once they are bound
+            alertmanager_url=None,
             models="   ".join(
                 f"{role} {model}" for role, model in topology.models(self.replicas).items()
             ),
@@ -126,16 +138,19 @@ class Demo:
         try:
             async with httpx.AsyncClient(limits=httpx.Limits(max_connections=200)) as http:
                 return await self._serve(workdir, http)
+        except PortInUse:
+            raise  # the caller's exit status says so (PORT_TAKEN)
         except StartError as exc:
             return str(exc)
         finally:
             started = time.monotonic()
-            count = await supervisor.stop_all()
+            stopped = await supervisor.stop_all()
             shutil.rmtree(workdir, ignore_errors=True)
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
-            self.say(
-                f"stopped {count} processes in {time.monotonic() - started:.1f}s; removed {workdir}"
+            self.say(  # the pids too: a start that failed has printed none yet
+                f"stopped {len(stopped)} processes in {time.monotonic() - started:.1f}s "
+                f"({', '.join(f'pid {pid}' for pid in stopped)}); removed work dir {workdir}"
             )
 
     def _on_signal(self, signum: int) -> None:
@@ -145,8 +160,8 @@ class Demo:
     async def _serve(self, workdir: Path, http: httpx.AsyncClient) -> str | None:
         supervisor = self.supervisor
         began = time.monotonic()
-        for component in self._components(workdir):
-            supervisor.start(component)
+        if not await self._until_stopped(self._start(workdir, http)):
+            return None
         self._announce(supervisor, workdir)
         if not await self._until_stopped(supervisor.wait_ready(http, START_TIMEOUT)):
             return None
@@ -304,11 +319,9 @@ class Demo:
         It takes traffic once HAProxy's checks find its /readyz passing: after its weights
         loaded and its warm-up passed, which its cold-start phases put on the timeline.
         """
-        await routing.enable(self.gateway, replica, START_TIMEOUT)
-        index = self.fleet.index(replica)
-        components = self._replica_components(replica, index, self.supervisor.log_dir, step.faults)
-        for component in components:
-            self.supervisor.start(component)
+        workdir = self.supervisor.log_dir
+        components = await self._start_replicas([replica], workdir, step.faults)
+        await routing.enable(self.gateway, replica, self.ports, START_TIMEOUT)
         pids = ", ".join(f"{c.kind} {c.pid}" for c in components)
         self.event(f"{replica.name}: processes started ({pids}); gateway checks its /readyz")
         self.joining.append(asyncio.create_task(self._join(replica, components[1:], http)))
@@ -335,18 +348,78 @@ class Demo:
             )
 
     # --- the fleet ------------------------------------------------------------------------------
-    def _components(self, workdir: Path) -> list[Component]:
+    async def _start(self, workdir: Path, http: httpx.AsyncClient) -> None:
+        """Start every component, each stage configured with the addresses bound before it:
+        the receiver before Alertmanager (its webhook), Alertmanager before Prometheus, the
+        replicas before Prometheus and HAProxy (their targets and servers)."""
         automation.write_tokens(workdir)
-        components = []
-        for index, replica in enumerate(self.replicas):
-            components += self._replica_components(replica, index, workdir)
-        if self.options.prometheus:
-            components.append(self._prometheus(workdir))
-        components.append(routing.component(self.options.haproxy, self.ports, workdir, self.fleet))
+        await self._start_replicas(self.replicas, workdir)
         if self._alerting:
-            components.append(self._alertmanager(workdir))
-            components.append(self._runbooks(workdir))
-        return components
+            await self._started(lambda: self._runbooks(workdir))
+            alertmanager = functools.partial(self._alertmanager, workdir)
+            await self._external(http, alertmanager, self.ports.alertmanager)
+            self.context.alertmanager_url = topology.url(self.ports.alertmanager)
+        if self.options.prometheus:
+            prometheus = functools.partial(self._prometheus, workdir)
+            await self._external(http, prometheus, self.ports.prometheus)
+            self.context.prometheus_url = topology.url(self.ports.prometheus)
+        haproxy = functools.partial(self._haproxy, workdir)
+        await self._external(http, haproxy, self.ports.gateway, self.ports.gateway_metrics)
+
+    async def _external(
+        self, http: httpx.AsyncClient, build: Callable[..., Component], *ports: int
+    ) -> None:
+        """Start an external binary on ``ports`` if the user gave them (``--base-port``),
+        else on free ones (another set when one was taken before it bound it)."""
+        fixed = list(ports) if self.ports.fixed else None
+        await start_on_free_ports(
+            self.supervisor, http, len(ports), lambda chosen: build(*chosen), fixed, START_TIMEOUT
+        )
+
+    async def _start_replicas(
+        self, replicas: Sequence[Replica], workdir: Path, faults: object = None
+    ) -> list[Component]:
+        """Engines, then sidecars (which scrape them), then proxies (which read the sidecars'
+        probe counters), each stage all at once; ``faults``: a fault document the engines
+        start with. A replica served by the user's engine has no engine process."""
+        started: list[Component] = []
+        simulated = [r for r in replicas if not r.engine_url]
+        stages: list[tuple[Callable[[Replica, Path], Component], Sequence[Replica]]] = [
+            (functools.partial(self._sim, faults=faults), simulated),
+            (self._sidecar, replicas),
+            (self._proxy, replicas),
+        ]
+        for build, chosen in stages:
+            stage = [build(r, workdir) for r in chosen]
+            for component in stage:
+                self.supervisor.start(component)
+            for replica, component in zip(chosen, stage, strict=True):
+                await self._bound(component, functools.partial(build, replica, workdir))
+            started += stage
+        return started
+
+    async def _started(self, build: Callable[[], Component]) -> None:
+        component = build()
+        self.supervisor.start(component)
+        await self._bound(component, build)
+
+    async def _bound(self, component: Component, rebuild: Callable[[], Component]) -> None:
+        """Record the ports a component says it bound (it was given port 0, or the user's),
+        and give it the command line that binds those again: a restart (a repaired engine, a
+        new sidecar) then comes back where the configs written from them point."""
+        said = await self.supervisor.announced(component, START_TIMEOUT)
+        name, ports = component.name, self.ports
+        if component.kind == "sim":
+            ports.sim[name] = port_of(said["url"])
+        elif component.kind == "sidecar":
+            ports.sidecar[name] = port_of(said["listen"])
+        elif component.kind == "proxy":
+            ports.proxy[name] = port_of(said["listen"])
+            ports.proxy_metrics[name] = port_of(said["metrics_listen"])
+        else:
+            ports.runbooks = port_of(said["listen"])
+        fresh = rebuild()
+        component.argv, component.url = fresh.argv, fresh.url
 
     def _runbooks(self, workdir: Path) -> Component:
         return automation.component(
@@ -357,8 +430,9 @@ class Demo:
             replicas=self.fleet,
         )
 
-    def _prometheus(self, workdir: Path) -> Component:
+    def _prometheus(self, workdir: Path, port: int) -> Component:
         assert self.options.prometheus
+        self.ports.prometheus = port
         rules = alerting.write_rules(workdir / "rules", self.options.alerts)
         config = workdir / "prometheus.yml"
         discovery = None
@@ -372,13 +446,14 @@ class Demo:
             self.options.prometheus,
             f"--config.file={config}",
             f"--storage.tsdb.path={workdir / 'prometheus-data'}",
-            f"--web.listen-address=127.0.0.1:{self.ports.prometheus}",
+            f"--web.listen-address=127.0.0.1:{port}",
             "--log.level=warn",
         ]
-        return Component("prometheus", "", topology.url(self.ports.prometheus), "/-/ready", argv)
+        return Component("prometheus", "", topology.url(port), "/-/ready", argv)
 
-    def _alertmanager(self, workdir: Path) -> Component:
+    def _alertmanager(self, workdir: Path, port: int) -> Component:
         assert self.options.alertmanager
+        self.ports.alertmanager = port
         config = workdir / "alertmanager.yml"
         config.write_text(
             alerting.alertmanager_config(
@@ -388,54 +463,55 @@ class Demo:
             )
         )
         argv = topology.alertmanager_argv(
-            self.options.alertmanager,
-            config,
-            workdir / "alertmanager-data",
-            self.ports.alertmanager,
+            self.options.alertmanager, config, workdir / "alertmanager-data", port
         )
-        url = topology.url(self.ports.alertmanager)
-        return Component("alertmanager", "", url, "/-/ready", argv)
+        return Component("alertmanager", "", topology.url(port), "/-/ready", argv)
 
-    def _replica_components(
-        self, replica: Replica, index: int, workdir: Path, faults: object = None
-    ) -> list[Component]:
-        """Engine, sidecar and proxy of one replica; ``faults``: a fault document its
-        engine starts with. A replica served by the user's engine has no engine process."""
-        if replica.engine_url:
-            return self._servers(replica, replica.engine_url, "none", workdir)
-        engine = topology.url(self.ports.sim[replica.name])
+    def _haproxy(self, workdir: Path, port: int, metrics: int) -> Component:
+        self.ports.gateway, self.ports.gateway_metrics = port, metrics
+        return routing.component(self.options.haproxy, self.ports, workdir, self.fleet)
+
+    def _sim(self, replica: Replica, workdir: Path, faults: object = None) -> Component:
+        """A replica's simulated engine; ``faults``: a fault document it starts with."""
         start_faults: list[str] = []
         if faults:
             path = workdir / f"faults-{replica.name}.json"
             path.write_text(json.dumps(faults), encoding="utf-8")
             start_faults = ["--faults", str(path)]
-        sim = Component(
+        port = self.ports.sim[replica.name]
+        ready = workdir / f"sim-{replica.name}.ready.json"
+        return Component(
             "sim",
             replica.name,
-            engine,
+            topology.url(port),
             "/health",
             [*INFERWATCH, "sim", "--model", replica.model, "--gpu", replica.gpu,
-             "--speed", f"{self.options.speed:g}", "--seed", str(index),
+             "--speed", f"{self.options.speed:g}", "--seed", str(self.fleet.index(replica)),
              "--hostname", replica.node, "--host", "127.0.0.1",
              *(f"--served-model-name={name}" for name in topology.served_names(replica)),
-             "--port", str(self.ports.sim[replica.name]), *replica.sim_flags,
+             "--port", str(port), "--ready-file", str(ready), *replica.sim_flags,
              *start_faults,
              "--storage-bandwidth", f"{replica.storage_bandwidth:g}"],
             env={"INFERWATCH_SIM_ADMIN_TOKEN": self.admin_token},
+            ready_file=ready,
         )  # fmt: skip
-        return [sim, *self._servers(replica, engine, f"dcgm={engine}/gpu/metrics", workdir)]
 
-    def _servers(self, replica: Replica, engine: str, gpu: str, workdir: Path) -> list[Component]:
-        """The sidecar and the tenancy proxy in front of a replica's engine at ``engine``;
-        ``gpu``: the sidecar's ``--gpu`` source."""
-        sidecar = Component(
+    def _engine(self, replica: Replica) -> str:
+        """Where a replica's engine answers: the user's, or its simulator's bound address."""
+        return replica.engine_url or topology.url(self.ports.sim[replica.name])
+
+    def _sidecar(self, replica: Replica, workdir: Path) -> Component:
+        engine = self._engine(replica)
+        gpu = "none" if replica.engine_url else f"dcgm={engine}/gpu/metrics"
+        port = self.ports.sidecar[replica.name]
+        return Component(
             "sidecar",
             replica.name,
-            topology.url(self.ports.sidecar[replica.name]),
+            topology.url(port),
             "/healthz",
             [*INFERWATCH, "sidecar", "--engine-url", engine,
              "--engine", "auto" if replica.engine_url else "vllm",
-             "--listen", f"127.0.0.1:{self.ports.sidecar[replica.name]}",
+             "--listen", f"127.0.0.1:{port}",
              "--gpu", gpu, "--model", replica.model,
              "--model-version", replica.version, "--pod", replica.name, "--node", replica.node,
              "--namespace", topology.NAMESPACE, "--probes", "default",
@@ -443,22 +519,26 @@ class Demo:
              "--probe-cycle", f"{self.options.probe_cycle:g}",
              "--warmup-batch-sizes", "1,4", "--warmup-prompt-tokens", "16,256"],
         )  # fmt: skip
+
+    def _proxy(self, replica: Replica, workdir: Path) -> Component:
         config = workdir / f"proxy-{replica.name}.yaml"
         sidecar_url = topology.url(self.ports.sidecar[replica.name])
         config.write_text(
-            topology.proxy_config(replica, engine, sidecar_url, self.tenants, self.fleet)
+            topology.proxy_config(
+                replica, self._engine(replica), sidecar_url, self.tenants, self.fleet
+            )
         )
-        proxy = Component(
+        port = self.ports.proxy[replica.name]
+        return Component(
             "proxy",
             replica.name,
-            topology.url(self.ports.proxy[replica.name]),
+            topology.url(port),
             "/healthz",
             [*INFERWATCH, "proxy", "--config", str(config), "--no-access-log",
-             "--listen", f"127.0.0.1:{self.ports.proxy[replica.name]}",
+             "--listen", f"127.0.0.1:{port}",
              "--metrics-listen", f"127.0.0.1:{self.ports.proxy_metrics[replica.name]}",
              "--drain-grace", "1"],
         )  # fmt: skip
-        return [sidecar, proxy]
 
     def _announce(self, supervisor: Supervisor, workdir: Path) -> None:
         """Where everything listens, so that a person can curl it or open it."""

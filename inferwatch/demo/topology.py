@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -128,20 +126,24 @@ def models(replicas: Sequence[Replica]) -> dict[Role, str]:
     return by_role
 
 
-@dataclass(frozen=True)
+@dataclass
 class Ports:
-    """Loopback ports of every component."""
+    """Loopback ports of every component; 0 for one not bound yet, which then binds a port
+    the OS gives it and the demo records here the port it announces (so that no port is
+    picked first and bound later by another process, which may have taken it meanwhile)."""
 
-    sim: Mapping[str, int]  # the simulated replicas' engines
-    sidecar: Mapping[str, int]
-    proxy: Mapping[str, int]
+    sim: dict[str, int]  # the simulated replicas' engines
+    sidecar: dict[str, int]
+    proxy: dict[str, int]
     #: each proxy's own metrics listener (tenant series), apart from the client port
-    proxy_metrics: Mapping[str, int]
+    proxy_metrics: dict[str, int]
     prometheus: int
     alertmanager: int
     runbooks: int  # the runbook receiver (inferwatch runbooks serve)
     gateway: int  # HAProxy's client port: the load goes through it
     gateway_metrics: int  # HAProxy's own Prometheus page
+    #: every port was given (``--base-port``): none may be replaced by another
+    fixed: bool = False
 
     @classmethod
     def count(cls, replicas: Sequence[Replica] = REPLICAS) -> int:
@@ -150,9 +152,9 @@ class Ports:
 
     @classmethod
     def assign(cls, base: int | None, replicas: Sequence[Replica] = REPLICAS) -> Ports:
-        """Consecutive ports from ``base``, or free ones picked by the kernel."""
+        """Consecutive ports from ``base``, or all 0: each bound when its component starts."""
         count = cls.count(replicas)
-        ports = iter(range(base, base + count) if base else free_ports(count))
+        ports = iter(range(base, base + count) if base else [0] * count)
         names = [r.name for r in replicas]
         return cls(
             sim={name: next(ports) for name in _simulated(replicas)},
@@ -164,6 +166,7 @@ class Ports:
             runbooks=next(ports),
             gateway=next(ports),
             gateway_metrics=next(ports),
+            fixed=bool(base),
         )
 
 
@@ -176,17 +179,6 @@ def served_names(replica: Replica, replicas: Sequence[Replica] = REPLICAS) -> li
     every other model of the fleet, whose traffic the gateway sends it as their fallback."""
     others = sorted({r.model for r in replicas} - {replica.model})
     return [replica.model, *others]
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports that were free a moment ago (held together so that they are distinct)."""
-    with ExitStack() as stack:
-        sockets = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
 
 
 def url(port: int) -> str:

@@ -13,8 +13,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from inferwatch.clikit import BadInput, CannotRun, Failed, cannot_write
+from inferwatch.clikit import BadInput, CannotRun, Failed, PortTaken, cannot_write
 from inferwatch.demo import alerting, routing
+from inferwatch.demo.processes import PortInUse
 from inferwatch.demo.run import Options
 from inferwatch.drill.run import Drill, Timeline
 from inferwatch.mixin.config import ConfigError
@@ -90,7 +91,10 @@ def drill(report: Path | None, speed: float, rate: float, alert_config: Path | N
         sys.stdout.flush()  # progress shows as it happens, also on a pipe
 
     run = Drill(options, sys.stdout, live=False, progress=progress)
-    error = asyncio.run(run.run())
+    try:
+        error = asyncio.run(run.run())
+    except PortInUse as exc:
+        raise PortTaken(str(exc)) from None
     console = Console(file=sys.stdout, highlight=False, width=140)
     console.print(table(run.timelines))
     result = run.report()
