@@ -12,7 +12,6 @@ import collections
 import json
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +28,7 @@ from inferwatch.gateway import haproxy as gateway
 from inferwatch.runbooks.actions.base import ActionError, Alert, Step
 from inferwatch.runbooks.actions.haproxy import ShiftTraffic, _schedule
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError, valid_name
+from support.wait import wait_for
 
 pytestmark = pytest.mark.proc
 
@@ -98,10 +98,7 @@ class Gateway:
         return {s.name: s.up for s in servers}
 
     def wait_state(self, backend: str, server: str, up: bool) -> None:
-        deadline = time.monotonic() + DEADLINE
-        while self.states(backend)[server] != up:
-            assert time.monotonic() < deadline, f"{backend}/{server} never went {up=}"
-            time.sleep(0.1)
+        wait_for(lambda: self.states(backend)[server] == up, f"{backend}/{server} {up=}", DEADLINE)
 
 
 ReplicaSpec = tuple[str, str, str, int]  # model, replica, version, weight
@@ -150,15 +147,13 @@ def _start(
             [haproxy_bin, "-db", "-f", str(config)], stdout=out, stderr=subprocess.STDOUT
         )
     result = Gateway(f"http://127.0.0.1:{listen}", runtime, sidecars, config, process, stubs)
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        try:
-            result.states(gateway.backend_name(BIG))
-            break
-        except RuntimeApiError:
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "haproxy's runtime API never answered"
-            time.sleep(0.05)
+
+    def answering() -> bool:
+        assert process.poll() is None, log.read_text()
+        result.states(gateway.backend_name(BIG))  # raises until the API answers
+        return True
+
+    wait_for(answering, "haproxy's runtime API", DEADLINE, interval=0.05, ignore=(RuntimeApiError,))
     return result
 
 
