@@ -31,6 +31,7 @@ import yaml
 
 from inferwatch.demo import alerting, automation, scenario, topology
 from support.demo import REPLICAS, Demo, rules_loaded, running_demo
+from support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -173,8 +174,8 @@ def test_a_fault_scenario_makes_its_alerts_reach_alertmanager(
         fault_at = demo.wait_line(r"^\[\s*[\d.]+s\] scenario: ", FIRST_STEP + 60)[0]
         reached: dict[str, float] = {}
         done: set[frozenset[str]] = set()
-        deadline = fault_at + ALERT_DEADLINE
-        while len(done) < len(expect.groups) and time.monotonic() < deadline:
+
+        def all_reached() -> bool:
             for alert in demo.alerts():
                 group = expect.met_by(alert)
                 if group is not None and group not in done:
@@ -183,11 +184,16 @@ def test_a_fault_scenario_makes_its_alerts_reach_alertmanager(
                     reached[alertname] = time.monotonic()
                     if alertname in expect.inhibited:
                         assert alert["status"]["inhibitedBy"], alert
-            time.sleep(0.2)
-        missing = [sorted(g) for g in expect.groups if g not in done]
-        assert not missing, f"never reached Alertmanager: {missing}\n{demo.alerts()}\n{demo.output}"
+            return len(done) == len(expect.groups)
+
+        left = fault_at + ALERT_DEADLINE - time.monotonic()
+        try:
+            wait_for(all_reached, "every expected alert in Alertmanager", left, interval=0.2)
+        except pytest.fail.Exception as failure:
+            missing = [sorted(g) for g in expect.groups if g not in done]
+            pytest.fail(f"{failure.msg}; missing: {missing}\n{demo.alerts()}\n{demo.output}")
         RUN_LENGTHS[name] = time.monotonic() - demo.up_at
-        steps = [at for at, line in demo.lines if re.match(r"^\[\s*[\d.]+s\] scenario: ", line)]
+        steps = [at for at, line in demo.out.lines if re.match(r"^\[\s*[\d.]+s\] scenario: ", line)]
         fault = steps[expect.fault_step]
         lines = [
             f"  {alertname}: {at - fault:.1f}s after the fault"
@@ -205,20 +211,19 @@ def assert_dry_run_isolation(demo: Demo, replica: str, fault_at: float) -> None:
     """The receiver got the replica's XID alert from Alertmanager, audited a dry-run plan to
     isolate it through its sidecar, and the sidecar is not isolated."""
     sidecar = demo.wait_line(rf"^  sidecar +{replica} +(http://127\.0\.0\.1:\d+) ", 5)[1][1]
-    deadline = fault_at + ALERT_DEADLINE
-    plans: list[dict[str, Any]] = []
     records: list[dict[str, Any]] = []
-    while not plans and time.monotonic() < deadline:
-        records = demo.audit()
-        plans = [
+
+    def planned() -> list[dict[str, Any]]:
+        records[:] = demo.audit()
+        return [
             r for r in records
             if (r.get("decision"), r.get("action"), r.get("alertname"))
             == ("dry_run", "isolate_replica", "InferwatchGPUXidErrors")
             and r["labels"].get("replica") == replica
         ]  # fmt: skip
-        time.sleep(0.2)
-    assert plans, f"no dry-run isolation of {replica} audited:\n{records}"
-    plan = plans[0]
+
+    left = fault_at + ALERT_DEADLINE - time.monotonic()
+    plan = wait_for(planned, f"a dry-run isolation of {replica} audited", left, interval=0.2)[0]
     assert plan["am_receiver"] == "automation" and plan["execute"] is False, plan
     assert [step["target"] for step in plan["steps"]] == [f"sidecar {sidecar}/admin/isolation"]
     assert not [r for r in records if r.get("decision") in ("acted", "failed")], records
@@ -233,13 +238,12 @@ def test_a_healthy_run_as_long_as_the_fault_runs_fires_no_alert(healthy: Watched
     demo = healthy.demo
     assert rules_loaded(demo.url("prometheus"))
     length = max(RUN_LENGTHS.values(), default=FIRST_STEP + 30.0)
-    while time.monotonic() < demo.up_at + length:  # when run alone, or outrun by a fault run
-        time.sleep(0.5)
+    # the healthy run lasting that long is what is tested (when run alone, or outrun by a fault
+    # run, it has not yet)
+    time.sleep(max(0.0, demo.up_at + length - time.monotonic()))
     polls = healthy.polls
-    deadline = time.monotonic() + 10
-    while healthy.polls < polls + 2 and time.monotonic() < deadline:  # one more look at the end
-        time.sleep(0.1)
-    assert healthy.polls >= polls + 2, "the watcher stopped reading Alertmanager"
+    # one more look at the end
+    wait_for(lambda: healthy.polls >= polls + 2, "the watcher to read Alertmanager again", 10)
     assert healthy.seen == [], demo.output
     assert demo.audit() == []  # nothing reached the runbook receiver, nothing was decided
     # none is about to be sent either (a pending one, such as the demo's small budgets being

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +31,7 @@ import yaml
 from inferwatch import catalog
 from inferwatch.serving import textformat
 from support.shared import REPO, shared_path
+from support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -91,7 +92,7 @@ def sidecar_template() -> Template:
     url = f"http://127.0.0.1:{port}/metrics"
     ttft_name = catalog.load()["engine_time_to_first_token"].name
     try:
-        _wait(lambda: ttft_name in httpx.get(url, timeout=5).text, "the sidecar's engine scrape")
+        wait_for(lambda: ttft_name in httpx.get(url, timeout=5).text, "the sidecar's scrape", 120)
         page = textformat.parse(httpx.get(url, timeout=5).text)
     finally:
         process.terminate()
@@ -258,7 +259,9 @@ def prometheus(
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait(lambda: httpx.get(f"{url}/-/ready", timeout=2).status_code == 200, "Prometheus ready")
+        wait_for(
+            lambda: httpx.get(f"{url}/-/ready", timeout=2).status_code == 200, "Prometheus", 120
+        )
         yield url, end
     finally:
         process.terminate()
@@ -276,18 +279,6 @@ class socket_port:
 
     def __exit__(self, *exc: object) -> None:
         return None
-
-
-def _wait(check: Callable[[], bool], what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def canary(

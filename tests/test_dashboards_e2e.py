@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ import yaml
 from inferwatch.dashboards import queries, writer
 from inferwatch.demo import topology
 from inferwatch.mixin import config as alert_config
+from support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -115,15 +116,7 @@ class Stack:
 
 
 def wait_ready(url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"{url} did not answer within {timeout:g}s")
+    wait_for(lambda: httpx.get(url, timeout=1).status_code == 200, url, timeout, interval=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -214,12 +207,15 @@ def dead_panels(stack: Stack, boards: Mapping[str, Mapping[str, Any]]) -> list[s
 def dead_after_waiting(stack: Stack) -> list[str]:
     """The dead panels once every panel has data or the deadline passed."""
     boards = writer.dashboards(alert_config.load())
-    deadline = time.monotonic() + DATA_DEADLINE_S
-    dead = dead_panels(stack, boards)
-    while dead and time.monotonic() < deadline:
+    dead: list[str] = []
+
+    def all_alive() -> bool:
         stack.check_demo()
-        time.sleep(3)
-        dead = dead_panels(stack, boards)
+        dead[:] = dead_panels(stack, boards)
+        return not dead
+
+    with suppress(pytest.fail.Exception):  # the test names the panels still dead
+        wait_for(all_alive, "data on every panel", DATA_DEADLINE_S, interval=3)
     return dead
 
 

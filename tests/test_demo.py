@@ -12,14 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import cast
@@ -47,7 +45,9 @@ from inferwatch.runbooks.breaker import CircuitBreaker
 from inferwatch.runbooks.config import Config
 from inferwatch.runbooks.dispatch import Dispatcher
 from inferwatch.runbooks.haproxy_runtime import RuntimeApiError, ServerState
+from support.output import Output
 from support.ports import launch, pick_port
+from support.wait import wait_for
 
 DEMO = [sys.executable, "-P", "-m", "inferwatch", "demo"]
 REPLICAS = [r.name for r in topology.REPLICAS]
@@ -399,41 +399,19 @@ class Demo:
         self.process = subprocess.Popen(
             [*DEMO, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd
         )
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()  # None: stdout closed
-        self._reaper = reaper
-        reaper.append(self.process.pid)  # and its children, as they are reported
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
         assert self.process.stdout is not None
-        with self.process.stdout as stream:
-            for line in stream:
-                self._queue.put(line)
-        self._queue.put(None)
+        reaper.append(self.process.pid)  # and its children, as they are reported
+        self.out = Output(self.process.stdout, on_line=lambda line: reaper.extend(pids(line)))
 
     @property
     def output(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for(self, done: Callable[[str], bool], timeout: float, what: str) -> None:
-        """Read lines until ``done(output so far)``; a failure after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while not done(self.output):
-            try:
-                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                pytest.fail(f"no {what} within {timeout}s:\n{self.output}")
-            if line is None:
-                pytest.fail(f"the demo ended before {what}:\n{self.output}")
-            self.lines.append(line)
-            self._reaper += pids(line)
+        return self.out.text
 
     def stop(self, signum: signal.Signals = signal.SIGINT) -> tuple[int, str]:
         """Signal the demo, wait for it to clean up; (exit code, stderr)."""
         self.process.send_signal(signum)
         code = self.process.wait(timeout=60)
-        self.wait_for(lambda out: "stopped " in out and "removed " in out, 10, "the last line")
+        self.out.wait_text(lambda out: "stopped " in out and "removed " in out, "the last line", 10)
         assert self.process.stderr is not None
         with self.process.stderr as stderr:
             return code, stderr.read()
@@ -477,8 +455,8 @@ def test_demo_runs_a_scenario_and_stops_cleanly(tmp_path: Path, reaper: list[int
                 tmp_path, reaper)  # fmt: skip
     # the scripted faults are seen where an operator would see them, and the repair undoes them
     for event in SCENARIO_EVENTS:
-        demo.wait_for(seen(event), 90, event)
-    demo.wait_for(busy, 60, "traffic on every replica and tenant")
+        demo.out.wait_text(seen(event), event, 90)
+    demo.out.wait_text(busy, "traffic on every replica and tenant", 60)
     code, errors = demo.stop()
     output = demo.output
     assert code == 0, output + errors
@@ -506,7 +484,7 @@ def test_the_default_run_announces_its_scenario_and_its_urls_work_as_printed(
     tmp_path: Path, reaper: list[int], signum: signal.Signals
 ) -> None:
     demo = Demo(["--speed", "50", "--no-prometheus", "--refresh", "1"], tmp_path, reaper)
-    demo.wait_for(lambda out: " | primary-v1 " in out, 60, "a summary line")
+    demo.out.wait_text(lambda out: " | primary-v1 " in out, "a summary line", 60)
     urls = printed_urls(demo.output)
     scraped = CliRunner().invoke(main, ["scrape", urls["engine"]])
     backend = gpu.open_backend(f"dcgm={urls['dcgm']}")
@@ -535,7 +513,7 @@ def test_the_default_run_announces_its_scenario_and_its_urls_work_as_printed(
 def test_scenario_none_is_a_quiet_run(tmp_path: Path, reaper: list[int]) -> None:
     demo = Demo(["--speed", "50", "--no-prometheus", "--refresh", "1", "--scenario", "none"],
                 tmp_path, reaper)  # fmt: skip
-    demo.wait_for(lambda out: len(summaries(out)) >= 2, 60, "two summary lines")
+    demo.out.wait_text(lambda out: len(summaries(out)) >= 2, "two summary lines", 60)
     code, errors = demo.stop()
     assert code == 0, demo.output + errors
     assert "scenario" not in demo.output
@@ -800,15 +778,11 @@ def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: s
                 row = next(r.split() for r in rows if f" {name} " in r)
                 return int(row[6]) & 0x01 == 1
 
+            async def parked() -> bool:
+                assert await state() == 0 and await in_maintenance()
+                return True
+
             async def scenario_step() -> None:
-                deadline = time.monotonic() + 10
-                while True:  # the Runtime API answers once haproxy has started
-                    try:
-                        assert await state() == 0 and await in_maintenance()
-                        break
-                    except RuntimeApiError:
-                        assert time.monotonic() < deadline, "haproxy's runtime API never answered"
-                        await asyncio.sleep(0.05)
                 await asyncio.sleep(2.5)  # checks ran meanwhile: still in maintenance
                 assert await state() == 0 and await in_maintenance()
                 assert spare.name not in routing.serving(await routing.backends(api), spare.model)
@@ -817,6 +791,14 @@ def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: s
                 assert await state() != 2  # down: its /readyz does not pass yet
                 assert spare.name not in routing.serving(await routing.backends(api), spare.model)
 
+            # the Runtime API answers once haproxy has started
+            wait_for(
+                lambda: asyncio.run(parked()),
+                "haproxy's runtime API",
+                10,
+                interval=0.05,
+                ignore=(RuntimeApiError,),
+            )
             asyncio.run(scenario_step())
             ready.set()
             asyncio.run(routing.wait_all_up(api, 10, [spare]))

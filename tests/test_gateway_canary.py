@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import json
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,11 +21,14 @@ import pytest
 from inferwatch.canary import splits
 from inferwatch.gateway import haproxy as gateway
 from support.ports import launch
+from support.wait import wait_for
 
 pytestmark = pytest.mark.proc
 
 MODEL = "org/big"
 DEADLINE = 20.0
+#: what a request to a gateway still starting or still switching raises
+NOT_YET = (httpx.HTTPError, ValueError, KeyError)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -93,7 +95,9 @@ def fleet(haproxy_bin: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, _St
 
     process, url = launch(argv, tmp_path / "haproxy.log", "/healthz", "haproxy")
     try:
-        _until(lambda: _ask(url, 1) == _ask(url, 1), "haproxy answering")
+        wait_for(
+            lambda: _ask(url, 1) == _ask(url, 1), "haproxy answering", DEADLINE, ignore=NOT_YET
+        )
         yield url, sidecars
     finally:
         process.terminate()
@@ -101,18 +105,6 @@ def fleet(haproxy_bin: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, _St
         for stub in stubs:
             stub.shutdown()
             stub.server_close()
-
-
-def _until(check: Any, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except (httpx.HTTPError, ValueError, KeyError):
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def _ask(url: str, count: int, **headers: str) -> collections.Counter[tuple[str, str]]:
@@ -152,13 +144,13 @@ def test_an_unready_canary_sends_its_header_traffic_to_the_stable_version(fleet:
     url, sidecars = fleet
     header = {splits.CANARY_HEADER: "true"}
     sidecars["canary-1"].ready = False
-    _until(lambda: set(_ask(url, 5, **header)) == {("stable-1", "weight")},
-           "the header split to fall back")  # fmt: skip
+    wait_for(lambda: set(_ask(url, 5, **header)) == {("stable-1", "weight")},
+             "the header split to fall back", DEADLINE, ignore=NOT_YET)  # fmt: skip
     # while the canary stays unready, every header request keeps going to the stable version
     assert set(_ask(url, 10, **header)) == {("stable-1", "weight")}
     sidecars["canary-1"].ready = True
-    _until(lambda: set(_ask(url, 5, **header)) == {("canary-1", "header")},
-           "the header split to return")  # fmt: skip
+    wait_for(lambda: set(_ask(url, 5, **header)) == {("canary-1", "header")},
+             "the header split to return", DEADLINE, ignore=NOT_YET)  # fmt: skip
     assert set(_ask(url, 10, **header)) == {("canary-1", "header")}
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from inferwatch.exporters.gpu.recording import Recording
 from inferwatch.exporters.gpu.replay import ReplayTelemetry
 from inferwatch.serving.endpoints import text as exposition
 from support.shared import shared_path
+from support.wait import wait_for
 
 pytestmark = pytest.mark.proc
 
@@ -288,10 +288,10 @@ def test_critical_xid_events_are_counted_and_classified(
     telemetry = make(xid_wait_ms=20)
     collect(telemetry)
     fake.emit_xid(13)  # application error: counted, GPU stays in service
-    _wait_for(lambda: telemetry.xids.total() >= 1)
+    wait_for(lambda: telemetry.xids.total() >= 1, "an XID counted", 5, interval=0.005)
     assert telemetry.readiness()[0].ok
     fake.emit_xid(79)  # fallen off the bus: reboot the node
-    _wait_for(lambda: telemetry.xids.total() >= 2)
+    wait_for(lambda: telemetry.xids.total() >= 2, "a second XID counted", 5, interval=0.005)
     families = collect(telemetry)
     assert value(families, "inferwatch_gpu_xid_errors_total", xid="13") == 1
     assert value(families, "inferwatch_gpu_xid_errors_total", xid="13", action="restart_app") == 1
@@ -308,16 +308,20 @@ def test_event_thread_failure_is_reported_and_restarted(
     fake.inject("nvmlEventSetWait", pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN), 1)
     telemetry = make(clock=lambda: now[0], xid_wait_ms=20, retry_init_s=10.0)
     telemetry.start()
-    _wait_for(lambda: not telemetry.watching)  # the injected error ended the thread
+    wait_for(
+        lambda: not telemetry.watching, "the watcher to end", 5, interval=0.005
+    )  # the injected error ended the thread
     assert fake.calls["nvmlEventSetFree"] == 1
     families = collect(telemetry)
     assert value(families, "inferwatch_gpu_xid_watch_up") == 0
     assert value(families, "inferwatch_gpu_power_watts") > 0  # scrape unaffected
     now[0] = 11.0
     collect(telemetry)  # restarts the watch
-    _wait_for(lambda: telemetry.watching)
+    wait_for(lambda: telemetry.watching, "the watcher to start again", 5, interval=0.005)
     fake.emit_xid(48)
-    _wait_for(lambda: telemetry.xids.total() >= 1)
+    wait_for(
+        lambda: telemetry.xids.total() >= 1, "an XID counted after the restart", 5, interval=0.005
+    )
     assert not telemetry.readiness()[0].ok
 
 
@@ -419,13 +423,6 @@ def test_load_series_recording_replays_too(tmp_path: Path) -> None:
     under_load = recording.at(15.0)
     assert under_load.util_gpu == 100
     assert under_load.memory["used"] + under_load.memory["reserved"] == 21_839_609_856
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.005)
 
 
 def test_a_gpu_field_is_read_from_its_catalogue_entry_alone(recording: Recording) -> None:

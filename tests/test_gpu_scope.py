@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -40,6 +39,7 @@ from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.exporters.sidecar_cli import emits_pod_labels
 from inferwatch.serving.page_fetch import EngineScraper
 from support.shared import shared_path
+from support.wait import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -200,14 +200,18 @@ def test_an_xid_on_one_gpu_fails_only_its_replica(recording: Recording) -> None:
             assert replica.watching
         for fake in fakes:
             fake.emit_xid(79, index=3)
-        deadline = time.monotonic() + 10
-        while ready(replicas[1]) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert not ready(replicas[1]) and "XID 79" in replicas[1].readiness()[0].reason
+        wait_for(lambda: not ready(replicas[1]), "the XID to fail replica 1", 10, interval=0.02)
+        assert "XID 79" in replicas[1].readiness()[0].reason
         for fake in fakes:  # both watchers have taken their event off the queue
-            while not fake._events.empty() and time.monotonic() < deadline:
-                time.sleep(0.02)
-        time.sleep(0.1)
+            wait_for(fake._events.empty, "the watcher to take its event", 10, interval=0.02)
+        waits = [fake.calls["nvmlEventSetWait"] for fake in fakes]
+        # and handled it: each has gone back to waiting for the next one
+        wait_for(
+            lambda: all(f.calls["nvmlEventSetWait"] > n for f, n in zip(fakes, waits, strict=True)),
+            "both watchers to wait for the next event",
+            10,
+            interval=0.02,
+        )
         assert ready(replicas[0])
         families = collect(replicas[0])
         assert "inferwatch_gpu_xid_errors_total" not in {

@@ -13,7 +13,6 @@ import contextlib
 import json
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +29,7 @@ from inferwatch.runbooks.actions.base import ActionError, Alert, Step
 from inferwatch.runbooks.actions.haproxy import ShiftTraffic, _schedule
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError, valid_name
 from support.ports import PortTaken, in_use, refused_port, start_on_free_port
+from support.wait import wait_for
 
 pytestmark = pytest.mark.proc
 
@@ -101,10 +101,7 @@ class Gateway:
         return {s.name: s.up for s in servers}
 
     def wait_state(self, backend: str, server: str, up: bool) -> None:
-        deadline = time.monotonic() + DEADLINE
-        while self.states(backend)[server] != up:
-            assert time.monotonic() < deadline, f"{backend}/{server} never went {up=}"
-            time.sleep(0.1)
+        wait_for(lambda: self.states(backend)[server] == up, f"{backend}/{server} {up=}", DEADLINE)
 
 
 ReplicaSpec = tuple[str, str, str, int]  # model, replica, version, weight
@@ -159,17 +156,17 @@ def _start(
         result = Gateway(
             f"http://127.0.0.1:{listen}", runtime, sidecars, config, process, stubs, refused
         )
-        deadline = time.monotonic() + DEADLINE
-        while True:
-            try:
-                result.states(gateway.backend_name(BIG))
-                return result
-            except RuntimeApiError:
-                if process.poll() is not None and in_use(log.read_text()):
-                    raise PortTaken(f"haproxy: port {listen} taken") from None
-                assert process.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, "haproxy's runtime API never answered"
-                time.sleep(0.05)
+
+        def answering() -> bool:
+            if process.poll() is not None and in_use(log.read_text()):
+                raise PortTaken(f"haproxy: port {listen} taken")
+            assert process.poll() is None, log.read_text()
+            result.states(gateway.backend_name(BIG))  # raises until the API answers
+            return True
+
+        wait_for(answering, "haproxy's runtime API", DEADLINE, interval=0.05,
+                 ignore=(RuntimeApiError,))  # fmt: skip
+        return result
 
     return start_on_free_port(start)
 

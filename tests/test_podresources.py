@@ -12,7 +12,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -24,6 +23,7 @@ from inferwatch.exporters.gpu import podresources_api_pb2 as api
 from inferwatch.exporters.gpu import podresources_api_pb2_grpc as api_grpc
 from inferwatch.exporters.gpu.podresources import PodResourcesClient, PodResourcesError
 from inferwatch.exporters.gpu.scope import KubeletScope, ScopeUnknown, resolve
+from support.wait import wait_for
 
 pytestmark = pytest.mark.proc
 
@@ -208,9 +208,10 @@ def test_a_device_id_that_names_no_gpu_keeps_the_scope_unknown(
     scope = KubeletScope(PodResourcesClient(socket, timeout_s=5), "odd", "serving", retry_s=0.05)
     scope.start()
     try:
-        deadline = time.monotonic() + 10
-        while kubelet.kubelet.calls.count("Get") < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        calls = kubelet.kubelet.calls
+        wait_for(
+            lambda: calls.count("Get") >= 2, "the scope to ask the kubelet again", 10, interval=0.01
+        )
         with pytest.raises(ScopeUnknown) as unknown:
             scope.selection()
         assert unknown.value.reason == "bad_device_id" and "gpu-0x1f" in unknown.value.detail

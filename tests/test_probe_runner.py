@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -25,6 +24,7 @@ from inferwatch.probes import client, golden
 from inferwatch.probes.runner import ProbeRunner, Schedule, Target
 from inferwatch.probes.server import ProbeServer
 from inferwatch.probes.verdict import Policy
+from support.wait import wait_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.unit]
 
@@ -216,14 +216,6 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def until(portal: Any, condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Let the server's event loop run until ``condition`` holds, failing after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        portal.call(asyncio.sleep, 0.02)
-
-
 @pytest.fixture
 def served() -> AsyncIterator[tuple[TestClient, dict[str, FakeEngine], ProbeRunner]]:
     engines = {"a": FakeEngine(), "b": FakeEngine()}
@@ -238,9 +230,7 @@ def test_server_metrics_readyz_and_quality_failure(
 ) -> None:
     test_client, engines, runner = served
     assert test_client.get("/healthz").text == "ok\n"
-    portal = test_client.portal
-    assert portal is not None
-    until(portal, lambda: sum(runner.metrics.runs.values()) >= 4 * 2 * len(GOLDENS))
+    wait_for(lambda: sum(runner.metrics.runs.values()) >= 8 * len(GOLDENS), "four probe rounds")
     ready = test_client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["ready"] is True
     samples = _samples(test_client.get("/metrics").text)
@@ -258,7 +248,7 @@ def test_server_metrics_readyz_and_quality_failure(
     )
     assert any(name == "inferwatch_probe_duration_seconds_count" for name, _ in samples)
     engines["b"].fault = "empty"
-    until(portal, lambda: runner.verdict_for(runner.targets[1])[1] == "fail")
+    wait_for(lambda: runner.verdict_for(runner.targets[1])[1] == "fail", "b's verdict to fail")
     ready = test_client.get("/readyz")
     assert ready.status_code == 503
     quality = next(c for c in ready.json()["conditions"] if c["name"] == "quality")

@@ -8,7 +8,6 @@ proxy. The engine counts both; the proxy charges only the tenants and reads the 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,6 +35,7 @@ from inferwatch.proxy.usage import Usage
 from inferwatch.serving.endpoints import encode_metrics, metrics_response
 from inferwatch.sim.server import run_in_thread
 from inferwatch.sim.simulator import SimConfig
+from support.wait import wait_for
 
 pytestmark = pytest.mark.proc
 
@@ -209,17 +209,19 @@ def test_drift_settles_at_zero_when_the_proxy_reads_the_direct_probes(
         expected = {"acme": 2, "_probe": probe_runs["router"]}
         # The proxy charges a request once its reply has gone out: the client can see the
         # last byte a moment before the charge lands, so wait for it (with a deadline).
-        deadline = time.monotonic() + 20
-        while (metered := metered_requests(proxy)) != expected and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert metered == expected
+        wait_for(
+            lambda: metered_requests(proxy) == expected,
+            f"the proxy to meter {expected}",
+            20,
+            interval=0.02,
+        )
         loop.run(proxy.app.reconcile_once)
         page = httpx.get(proxy.metrics_url + "/metrics").text
         engine_page = httpx.get(sim.url + "/metrics").text
     direct, routed = probe_tokens(runner, "direct"), probe_tokens(runner, "router")
     # the engine's requests are the tenants' and the probes', as the demo shows them
     finished = value(engine_page, "vllm:request_success_total")
-    assert finished == metered["acme"] + metered["_probe"] + probe_runs["direct"]
+    assert finished == expected["acme"] + expected["_probe"] + probe_runs["direct"]
     assert min(direct.values()) > 0 and min(routed.values()) > 0
     # router probes pass the proxy: metered as _probe, at no cost; tenants pay for their own
     for token_type, spent in routed.items():

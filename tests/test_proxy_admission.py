@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from inferwatch.proxy.admission import BudgetLedger
 from inferwatch.proxy.tenants import hash_key
 from support.proxy_stack import CHAT, KEYS, Engine, Stack, auth, samples
+from support.wait import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -32,10 +32,12 @@ def tokens_of(page: str, tenant: str) -> float:
 
 def finished(app: Any) -> None:
     """Wait until the proxy has settled every request (it does so after the last byte)."""
-    deadline = time.monotonic() + 10
-    while app.gate.in_flight or app._handlers:
-        assert time.monotonic() < deadline, "requests still in flight"
-        time.sleep(0.002)
+    wait_for(
+        lambda: not (app.gate.in_flight or app._handlers),
+        "every request settled",
+        10,
+        interval=0.002,
+    )
 
 
 # ---------------------------------------------------------------- budgets under concurrency
@@ -293,10 +295,8 @@ def test_a_tenant_cap_holds_when_queued_requests_are_handed_slots(
 
     with ThreadPoolExecutor(6) as pool:
         hogs = [pool.submit(send, "globex", 400) for _ in range(2)]
-        deadline = time.monotonic() + 10
-        while proxy.app.gate.in_flight < 2:  # both global slots held by globex
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
+        gate = proxy.app.gate
+        wait_for(lambda: gate.in_flight >= 2, "globex to hold both global slots", interval=0.005)
         acme = [pool.submit(send, "acme", 100) for _ in range(4)]
         results = [f.result() for f in acme]
         assert [h.result() for h in hogs] == [200, 200]

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import support.scripted_engine as se
 from support.proxy_stack import CHAT, Engine, Stack, auth, samples
+from support.wait import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -29,10 +30,13 @@ SLOW = settings(
 
 
 def settle(proxy: Stack) -> None:
-    deadline = time.monotonic() + 10
-    while proxy.app.gate.in_flight or proxy.app._handlers:
-        assert time.monotonic() < deadline
-        time.sleep(0.002)
+    app = proxy.app
+    wait_for(
+        lambda: not (app.gate.in_flight or app._handlers),
+        "every request settled",
+        10,
+        interval=0.002,
+    )
 
 
 # ---------------------------------------------------------------- pathological requests
@@ -196,10 +200,8 @@ def test_junk_model_and_version_values_release_their_slots_when_idle(stack: Make
     assert samples(flooded, "inferwatch_tenancy_requests_total", model="other") == 3
     assert samples(flooded, "inferwatch_tenancy_value_label_folds_total", label="model") == 3
     total = samples(flooded, "inferwatch_tenancy_tokens_total")
-    deadline = time.monotonic() + 10
-    while len(proxy.app.value_labels[0]) or len(proxy.app.value_labels[1]):
-        assert time.monotonic() < deadline, "idle label slots were never released"
-        time.sleep(0.02)
+    slots = proxy.app.value_labels
+    wait_for(lambda: not (len(slots[0]) or len(slots[1])), "idle label slots released", 10)
     send("real-model", "rev-42")  # the real release gets its own labels again
     settle(proxy)
     page = proxy.metrics()
@@ -234,17 +236,18 @@ def test_a_trickled_request_head_is_cut_off_while_others_are_served(stack: MakeS
     with connect(proxy) as slow:
         slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-pad: ")
         assert httpx.get(proxy.url + "/healthz").status_code == 200  # others are served
-        closed = False
-        while not closed and time.monotonic() - started < 6:
+        slow.settimeout(0.1)  # a byte every 0.1 s, the trickle
+
+        def cut_off() -> bool:
             try:
                 slow.sendall(b"a")  # a byte at a time does not buy time
             except OSError:
-                closed = True
-                break
-            slow.settimeout(0.1)
+                return True
             with contextlib.suppress(TimeoutError):
-                closed = slow.recv(1) == b""
-    assert closed, "a head trickled for 6s was never cut off"
+                return slow.recv(1) == b""
+            return False
+
+        wait_for(cut_off, "a trickled head to be cut off", 6, interval=0)
     assert time.monotonic() - started < 6
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import support.scripted_engine as se
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
 from inferwatch.proxy.tenants import hash_key
+from support.wait import wait_for
 
 pytestmark = pytest.mark.proc
 
@@ -283,9 +283,7 @@ def test_client_disconnect_mid_stream_charges_tokens_so_far_and_aborts_the_engin
         lines = reply.iter_lines()
         received = sum(1 for _, line in zip(range(10), lines, strict=False) if line)
     assert received == 5  # five events (each followed by a blank line) before walking away
-    deadline = time.monotonic() + 5
-    while proxy.engine.aborted == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: proxy.engine.aborted, "the engine to see the request aborted", 5)
     assert proxy.engine.aborted == 1
     generated = proxy.engine.generation_total
     assert generated < 200
@@ -552,10 +550,12 @@ def test_a_client_that_hangs_up_at_done_completed_its_request(
         for line in reply.iter_lines():
             if line == "data: [DONE]":
                 break  # and hang up, as the openai client does
-    deadline = time.monotonic() + 10
-    while not samples(text := proxy.metrics(), "inferwatch_tenancy_requests_total", tenant="acme"):
-        assert time.monotonic() < deadline, "the request was never accounted"
-        time.sleep(0.02)
+
+    def accounted() -> str:
+        text = proxy.metrics()
+        return text if samples(text, "inferwatch_tenancy_requests_total", tenant="acme") else ""
+
+    text = wait_for(accounted, "the request to be accounted", 10)
     assert samples(text, "inferwatch_tenancy_requests_total", tenant="acme", outcome="ok") == 1
     complete = {"tenant": "acme", "accounting": "complete"}
     assert samples(text, "inferwatch_tenancy_accounted_requests_total", **complete) == 1

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -131,13 +130,15 @@ def deltas(before: Samples, after: Samples, name: str, *by: str) -> dict[tuple[s
 def settled(client: httpx.Client, before: Samples, timeout: float = 5.0) -> Samples:
     """The scrape once exactly one more request was counted (the proxy finishes after the
     client has its last byte, or after the client left)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def counted() -> Samples | None:
         after = scrape(client)
-        counted = sum(deltas(before, after, "inferwatch_tenancy_requests_total").values())
-        if counted >= 1 or time.monotonic() > deadline:
-            return after
-        time.sleep(0.002)
+        one = sum(deltas(before, after, "inferwatch_tenancy_requests_total").values()) >= 1
+        return after if one else None
+
+    found = wait_for(counted, "one more request counted", timeout, interval=0.002)
+    assert found is not None  # wait_for returns only a truthy result
+    return found
 
 
 # ---------------------------------------------------------------- the engine's side

@@ -7,7 +7,6 @@ Tokens the proxy charges must equal the simulator's own vLLM counters
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from inferwatch.proxy.reconcile import engine_token_counters
 from inferwatch.proxy.tenants import hash_key
 from inferwatch.sim.server import run_in_thread
 from inferwatch.sim.simulator import SimConfig
+from support.wait import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -146,17 +146,19 @@ def test_a_client_that_walks_away_is_still_charged() -> None:
             if received == 5:
                 break
         stream.close()
-        deadline = time.monotonic() + 10
-        page, aborted = "", 0.0
-        while time.monotonic() < deadline and not (aborted and page):
+
+        def settled() -> tuple[str, str, float] | None:
             page = httpx.get(proxy.metrics_url + "/metrics").text
-            if not samples(
+            cancelled = samples(
                 page, "inferwatch_tenancy_accounted_requests_total", accounting="client_cancelled"
-            ):
-                page = ""
+            )
             engine_page = httpx.get(sim.url + "/metrics").text
             aborted = samples(engine_page, "vllm:request_success_total", finished_reason="abort")
-            time.sleep(0.02)
+            return (page, engine_page, aborted) if cancelled and aborted else None
+
+        page, engine_page, aborted = wait_for(
+            settled, "the cancelled request on both metrics pages", 10
+        )
         assert aborted == 1  # the proxy cancelled the engine's request
         assert (
             samples(

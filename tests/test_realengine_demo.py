@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import httpx
@@ -62,7 +61,6 @@ def test_the_demo_stack_serves_a_real_vllm_and_prometheus_sees_its_model(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path
     )
     demo = Demo(process)
-    threading.Thread(target=demo.read, daemon=True).start()
     try:
         demo.wait_line(rf"^  engine +engine-1 +{engine.url} .* model {MODEL}, max_model_len", 60)
         assert demo.up_at
@@ -80,7 +78,7 @@ def test_the_demo_stack_serves_a_real_vllm_and_prometheus_sees_its_model(
         if process.poll() is None:
             process.kill()
             process.wait()
-        demo.ended.wait(10)
+        demo.out.ended.wait(10)
     assert process.returncode == 0, demo.output
     # sidecar, proxy, Prometheus, HAProxy, Alertmanager, receiver; never the user's engine
     assert demo.wait_line(r"^stopped (\d+) processes", 5)[1][1] in ("4", "6"), demo.output

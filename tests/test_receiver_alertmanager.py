@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 import support.runbooks_harness as h
 from support.ports import pick_port
 from support.shared import tool
+from support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -62,16 +62,12 @@ receivers:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/-/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+
+        def ready() -> bool:
             assert process.poll() is None, (tmp_path / "alertmanager.log").read_text()
-            assert time.monotonic() < deadline, "alertmanager did not become ready"
-            time.sleep(0.1)
+            return httpx.get(url + "/-/ready", timeout=2).status_code == 200
+
+        wait_for(ready, "alertmanager to become ready", 30)
         yield url
     finally:
         process.terminate()

@@ -100,9 +100,7 @@ def test_a_replica_scoped_to_the_same_gpu_does_fail_readiness() -> None:
     try:
         asyncio.run(backend.collect())
         fake.emit_xid(79, index=2)
-        deadline = time.monotonic() + 20
-        while backend.xids.total() < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: backend.xids.total() >= 1, "the XID counted", 20, interval=0.02)
         assert not all(c.ok for c in backend.readiness())
     finally:
         backend.close()

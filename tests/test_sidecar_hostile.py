@@ -38,6 +38,7 @@ from inferwatch.serving.page_fetch import (
     Inflater,
     ScrapeFailure,
 )
+from support.wait import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -279,10 +280,12 @@ def serving(sidecar: Sidecar) -> Iterator[str]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the sidecar did not start"
-        time.sleep(0.01)
+
+    def started() -> bool:
+        assert thread.is_alive(), "the sidecar ended before it started"
+        return server.started
+
+    wait_for(started, "the sidecar to start", 20, interval=0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
         yield f"http://127.0.0.1:{port}"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from inferwatch.cli import main
 from inferwatch.demo.signals import Scrape, quantiles
 from inferwatch.sim.server import SimHandle, run_in_thread, start_subprocess
 from inferwatch.sim.simulator import SimConfig
+from support.wait import wait_for
 
 pytestmark = pytest.mark.proc
 
@@ -196,10 +196,12 @@ def test_kv_exhaustion_preempts_and_saturates_the_cache() -> None:
         inject(handle, {"hang": True})
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             pending = pool.map(lambda i: chat(handle.url, f"req {i} " + "word " * 8, 40), range(4))
-            deadline = time.monotonic() + 20
-            while value(metrics(handle), "vllm:num_requests_waiting") < 4:
-                assert time.monotonic() < deadline, "the four requests never all queued"
-                time.sleep(0.01)
+            wait_for(
+                lambda: value(metrics(handle), "vllm:num_requests_waiting") >= 4,
+                "the four requests to queue",
+                20,
+                interval=0.01,
+            )
             inject(handle, {"hang": False})
             replies = list(pending)
         assert all(r.status_code == 200 for r in replies)
@@ -228,9 +230,7 @@ def test_faults_from_a_file_at_start_up(tmp_path: Path) -> None:
     path.write_text("error_rate: 1.0\ngpu:\n  - {index: 0, ecc_dbe: 3}\n")
     with start_subprocess(["--speed", "50", "--faults", str(path)]) as proc:
         assert chat(proc.url, "hello").status_code == 500
-        assert (
-            value(httpx.get(proc.gpu_url).text, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") == 3
-        )
+        assert value(httpx.get(proc.gpu_url).text, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL") == 3
 
 
 def test_bad_fault_file_is_a_clear_cli_error(tmp_path: Path) -> None:

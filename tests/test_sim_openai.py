@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferwatch.sim.answers import prompt_key
 from inferwatch.sim.server import SimHandle, run_in_thread, start_subprocess
 from inferwatch.sim.simulator import SimConfig
+from support.wait import wait_for
 
 pytestmark = pytest.mark.proc
 
@@ -252,10 +252,12 @@ def test_client_disconnect_aborts_the_request() -> None:
                 "ignore_eos": True}  # fmt: skip
         with httpx.stream("POST", sim.url + "/v1/completions", json=body, timeout=10) as reply:
             assert next(reply.iter_lines()).startswith("data: {")
-        deadline = time.monotonic() + 10
-        while sample("vllm:request_success_total", finished_reason="abort") == 0:
-            assert time.monotonic() < deadline, "the engine never saw the disconnect"
-            time.sleep(0.05)
+        wait_for(
+            lambda: sample("vllm:request_success_total", finished_reason="abort"),
+            "the engine to see the disconnect",
+            10,
+            interval=0.05,
+        )
         assert sample("vllm:request_success_total", finished_reason="abort") == 1
         assert sample("vllm:request_success_total", finished_reason="length") == 0
         assert sample("vllm:num_requests_running") == 0

@@ -8,58 +8,35 @@ import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from inferwatch.alerts import build
 from inferwatch.demo import alerting, automation, topology
+from support.output import Output
 
 DEMO = [sys.executable, "-P", "-m", "inferwatch", "demo", "--probe-cycle", "3", "--refresh", "5"]
 REPLICAS = [r.name for r in topology.REPLICAS]
 
 
-@dataclass
 class Demo:
     """A running ``inferwatch demo``: its lines as they arrive, and the URLs it announced."""
 
-    process: subprocess.Popen[str]
-    lines: list[tuple[float, str]] = field(default_factory=list)
-    ended: threading.Event = field(default_factory=threading.Event)
-
-    def read(self) -> None:
-        assert self.process.stdout is not None
-        with self.process.stdout:
-            for line in self.process.stdout:
-                self.lines.append((time.monotonic(), line.rstrip("\n")))
-        self.ended.set()
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        self.process = process
+        self.out = Output(process.stdout)
 
     def wait_line(self, pattern: str, timeout: float) -> tuple[float, re.Match[str]]:
         """When the first line matching ``pattern`` arrived, and the match."""
-        deadline = time.monotonic() + timeout
-        seen = 0
-        while time.monotonic() < deadline:
-            ended = self.ended.is_set()  # read first: once set, every line is in
-            batch = self.lines[seen:]  # a copy: the reader keeps appending
-            seen += len(batch)
-            for at, line in batch:
-                match = re.search(pattern, line)
-                if match:
-                    return at, match
-            if ended:
-                break
-            time.sleep(0.05)
-        pytest.fail(f"the demo never printed {pattern!r}:\n{self.output}")
+        return self.out.wait_line(pattern, timeout)
 
     @property
     def output(self) -> str:
-        return "\n".join(line for _, line in self.lines)
+        return self.out.text
 
     @property
     def up_at(self) -> float:
@@ -96,7 +73,6 @@ def running_demo(folder: Path, *args: str) -> Iterator[Demo]:
         cwd=folder,
     )
     demo = Demo(process)
-    threading.Thread(target=demo.read, daemon=True).start()
     try:
         assert demo.up_at
         yield demo
@@ -108,7 +84,7 @@ def running_demo(folder: Path, *args: str) -> Iterator[Demo]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-        demo.ended.wait(10)
+        demo.out.ended.wait(10)
     assert process.returncode == 0, demo.output
     stopped = demo.wait_line(r"^stopped (\d+) processes", 5)[1]
     assert int(stopped[1]) >= 11, demo.output

@@ -14,7 +14,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,13 +114,17 @@ def stop(engine: Engine) -> None:
         return
     with contextlib.suppress(subprocess.TimeoutExpired):
         engine.process.wait(timeout=30)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # children may outlive the leader
+
+    def gone() -> bool:
         try:
             os.killpg(engine.process.pid, 0)
         except ProcessLookupError:
-            return
-        time.sleep(0.2)
+            return True
+        return False
+
+    with contextlib.suppress(pytest.fail.Exception):  # children may outlive the leader
+        wait_for(gone, "the engine's process group to end", 10, interval=0.2)
+        return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(engine.process.pid, signal.SIGKILL)
     engine.process.wait(timeout=10)
