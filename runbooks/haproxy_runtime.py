@@ -83,7 +83,7 @@ class RuntimeApi:
             reader, writer = await asyncio.open_unix_connection(self.address)
         else:
             host, _, port = self.address.rpartition(":")
-            if not port.isdigit():
+            if not (port.isascii() and port.isdigit()):
                 raise RuntimeApiError(f"haproxy runtime API address {self.address!r}: no port")
             reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
         try:
@@ -112,14 +112,15 @@ class RuntimeApi:
         """The servers of ``backend`` in config order (``show servers state``)."""
         answer = await self.command(f"show servers state {_checked(backend)}")
         rows = [line for line in answer.splitlines() if line and not line.startswith("#")]
-        if rows and rows[0].strip().isdigit():
+        if rows and rows[0].strip().isascii() and rows[0].strip().isdigit():
             rows = rows[1:]  # the format version
         states = []
         for row in rows:
             fields = row.split()
             # be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state
             # srv_uweight srv_iweight ...
-            if len(fields) < 9 or not all(f.isdigit() for f in (fields[5], fields[7], fields[8])):
+            numbers = (fields[5], fields[7], fields[8]) if len(fields) >= 9 else ()
+            if not numbers or not all(f.isascii() and f.isdigit() for f in numbers):
                 raise RuntimeApiError(f"haproxy: unreadable servers state row: {row[:120]!r}")
             states.append(
                 ServerState(fields[1], fields[3], int(fields[5]), int(fields[7]), int(fields[8]))

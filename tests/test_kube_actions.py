@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import requests
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from kubernetes import client
 
@@ -611,6 +611,8 @@ PARAMS = st.dictionaries(
 
 @settings(max_examples=300, deadline=None)
 @given(labels=LABELS, params=PARAMS)
+@example(labels={"xid": "\u00b9"}, params={})  # a digit to str.isdigit(), not to int()
+@example(labels={"xid": "\u0664\u0668"}, params={})  # Arabic-Indic digits
 def test_planning_any_alert_either_plans_or_refuses_with_action_error(offline, labels, params):
     firing = Alert("firing", labels, {}, "2026-12-01T08:00:00Z", "", "f")
     for action in (

@@ -147,7 +147,7 @@ class DcgmTelemetry(GpuTelemetry):
             if not uuid or not sample.name.startswith("DCGM_"):
                 continue
             index = sample.labels.get("gpu", "")
-            devices.setdefault(uuid, int(index) if index.isdigit() else None)
+            devices.setdefault(uuid, int(index) if index.isascii() and index.isdigit() else None)
             if pod[1] and (_first(sample.labels, _NAMESPACE), _first(sample.labels, _POD)) == pod:
                 owned.add(uuid)
         selection = self.scope.selection()
@@ -249,7 +249,7 @@ class DcgmTelemetry(GpuTelemetry):
 
     def _xid_window_count(self, uuid: str, xid_label: str, count: int) -> None:
         """Windowed counts: a rise is that many new XIDs (a fall is the window sliding)."""
-        if not xid_label.isdigit():
+        if not (xid_label.isascii() and xid_label.isdigit()):
             return
         xid = int(xid_label)
         before = self._xid_window.get((uuid, xid), 0)

@@ -84,7 +84,7 @@ def parse_devices(text: str) -> Selection:
     for raw in text.split(","):
         entry = raw.strip().split("::", 1)[0]
         nvidia_n = _NVIDIA_N.match(entry)
-        if entry.isdigit():
+        if entry.isascii() and entry.isdigit():
             indices.add(int(entry))
         elif nvidia_n:
             indices.add(int(nvidia_n[1]))

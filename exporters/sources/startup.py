@@ -20,7 +20,7 @@ MAX_WARMUP_PROMPT = 131072
 def int_list(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
     """``1,8,32`` -> (1, 8, 32); every item a positive integer."""
     items = [item.strip() for item in value.split(",") if item.strip()]
-    if not all(item.isdigit() and int(item) > 0 for item in items):
+    if not all(item.isascii() and item.isdigit() and int(item) > 0 for item in items):
         raise click.BadParameter(f"{value!r} is not a comma-separated list of positive integers")
     return tuple(int(item) for item in items)
 

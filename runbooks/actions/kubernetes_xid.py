@@ -38,7 +38,7 @@ def xid_class(alert: Alert) -> Action:
                 return known
         raise ActionError(f"alert label action {label!r} is not one of {', '.join(ACTIONS)}")
     xid = alert.labels.get("xid", "")
-    if not (xid.isdigit() and len(xid) <= 4):
+    if not (xid.isascii() and xid.isdigit() and len(xid) <= 4):
         raise ActionError(f"alert needs an action or xid label, got xid={xid!r}")
     return classify(int(xid)).action
 
