@@ -1,9 +1,15 @@
-"""The one way a test waits for something that happens in another thread or process."""
+"""The one way a test waits for something that happens in another thread, process or task.
+
+``wait_for`` sleeps between checks; ``wait_until`` is its twin for a coroutine, which awaits
+between them so that the event loop it shares with what it waits for keeps turning.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import httpx
@@ -11,10 +17,30 @@ import pytest
 
 T = TypeVar("T")
 
+#: what a wait is for: a phrase, or a function that says it (with the last state seen) when
+#: the wait fails
+What = str | Callable[[], str]
+
+
+class _Deadline:
+    """When a wait gives up, and the one failure it gives up with."""
+
+    def __init__(self, what: What, timeout: float) -> None:
+        self.what, self.timeout = what, timeout
+        self.at = time.monotonic() + timeout
+        self.last_error: Exception | None = None
+
+    def fail_if_passed(self) -> None:
+        if time.monotonic() < self.at:
+            return
+        what = self.what if isinstance(self.what, str) else self.what()
+        detail = f" (last error: {self.last_error!r})" if self.last_error else ""
+        pytest.fail(f"timed out after {self.timeout:g} s waiting for {what}{detail}")
+
 
 def wait_for(
     check: Callable[[], T],
-    what: str,
+    what: What,
     timeout: float = 30.0,
     *,
     interval: float = 0.1,
@@ -26,17 +52,38 @@ def wait_for(
     Every wait has a deadline so that a broken test fails instead of hanging; errors in
     ``ignore`` (by default an HTTP call to a server still starting) count as "not yet".
     """
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
+    deadline = _Deadline(what, timeout)
     while True:
         try:
             result = check()
         except ignore as exc:
-            last_error = exc
+            deadline.last_error = exc
         else:
             if result:
                 return result
-        if time.monotonic() >= deadline:
-            detail = f" (last error: {last_error!r})" if last_error else ""
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}{detail}")
+        deadline.fail_if_passed()
         time.sleep(interval)
+
+
+async def wait_until(
+    check: Callable[[], T | Awaitable[T]],
+    what: What,
+    timeout: float = 30.0,
+    *,
+    interval: float = 0.1,
+    ignore: tuple[type[Exception], ...] = (httpx.HTTPError,),
+) -> T:
+    """``wait_for`` inside a coroutine: ``check`` may be a coroutine function too, and the
+    pause between checks is an ``asyncio.sleep``, never a blocking one."""
+    deadline = _Deadline(what, timeout)
+    while True:
+        try:
+            outcome = check()
+            result = await outcome if inspect.isawaitable(outcome) else outcome
+        except ignore as exc:
+            deadline.last_error = exc
+        else:
+            if result:
+                return result
+        deadline.fail_if_passed()
+        await asyncio.sleep(interval)
