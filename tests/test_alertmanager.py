@@ -10,7 +10,6 @@ import io
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,7 +27,7 @@ from inferwatch.demo.loadgen import LoadStats
 from inferwatch.mixin import config
 from inferwatch.mixin import files as generated
 from support.ports import launch
-from support.wait import wait_for
+from support.wait import wait_for, wait_until
 
 pytestmark = pytest.mark.proc
 
@@ -352,22 +351,26 @@ def test_the_demo_observer_reports_alerts_firing_inhibited_and_resolved(
             watch = observer.Observer(http, replicas, (), down, down, None, alertmanager_url)
             seen = []
 
-            async def poll_until(done: Callable[[observer.FleetState], bool]) -> None:
-                deadline = time.monotonic() + 15  # the observer reads alerts every 2 s
-                while time.monotonic() < deadline:
+            async def poll_until(done: Callable[[observer.FleetState], bool], what: str) -> None:
+                async def polled() -> bool:
                     state = await watch.poll(0.0, LoadStats(), 0.0)
                     seen.append((state, view.summary_line(state)))
-                    if done(state):
-                        return
-                    await asyncio.sleep(0.1)
-                pytest.fail(f"the observer never saw it: {seen[-1][1]}")
+                    return done(state)
+
+                def failed() -> str:
+                    return f"{what}; last seen: {seen[-1][1] if seen else 'nothing'}"
+
+                await wait_until(polled, failed, 15)  # the observer reads alerts every 2 s
 
             post = functools.partial(httpx.post, f"{alertmanager_url}/api/v2/alerts")
             post(json=[{"labels": gpu}, {"labels": symptom}]).raise_for_status()
-            await poll_until(lambda s: {a.inhibited for a in observer_alerts(s)} == {True, False})
+            await poll_until(
+                lambda s: {a.inhibited for a in observer_alerts(s)} == {True, False},
+                "the observer to see the symptom inhibited by the GPU alert",
+            )
             ended = datetime.now(UTC).isoformat()
             post(json=[{"labels": gpu, "endsAt": ended}, {"labels": symptom, "endsAt": ended}])
-            await poll_until(lambda s: not observer_alerts(s))
+            await poll_until(lambda s: not observer_alerts(s), "the observer to see both resolved")
             return seen
 
     with running_alertmanager(alertmanager_bin, tmp_path) as alertmanager_url:

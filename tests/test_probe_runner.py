@@ -24,7 +24,7 @@ from inferwatch.probes import client, golden
 from inferwatch.probes.runner import ProbeRunner, Schedule, Target
 from inferwatch.probes.server import ProbeServer
 from inferwatch.probes.verdict import Policy
-from support.wait import wait_for
+from support.wait import wait_for, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.unit]
 
@@ -177,9 +177,11 @@ async def test_one_probe_in_flight_per_target_while_targets_run_in_parallel() ->
     engines = {"a": FakeEngine(), "b": FakeEngine()}
     runner = _runner(engines)
     task = asyncio.create_task(runner.run())
-    async with asyncio.timeout(30):
-        while sum(runner.metrics.runs.values()) < 3 * len(GOLDENS):
-            await asyncio.sleep(0.01)
+    await wait_until(
+        lambda: sum(runner.metrics.runs.values()) >= 3 * len(GOLDENS),
+        "three probe rounds",
+        interval=0.01,
+    )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

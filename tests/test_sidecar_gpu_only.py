@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -28,7 +27,7 @@ from inferwatch.exporters.gpu.scope import resolve
 from inferwatch.exporters.sidecar import Sidecar
 from support.ports import announced_url
 from support.shared import shared_path
-from support.wait import wait_for
+from support.wait import wait_for, wait_until
 
 pytestmark = pytest.mark.proc
 
@@ -68,9 +67,9 @@ def test_gpu_only_sidecar_serves_gpu_series_and_stays_ready_through_xid_79(
             first = await client.get("/metrics")
             assert backend.watching
             fake.emit_xid(79, index=2)
-            deadline = time.monotonic() + 20
-            while backend.xids.total() < 1 and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
+            await wait_until(
+                lambda: backend.xids.total() >= 1, "the XID counted", 20, interval=0.02
+            )
             after = await client.get("/metrics")
             ready = await client.get("/readyz")
             await sidecar.aclose()
