@@ -37,35 +37,13 @@ from inferwatch.sim.coldstart import capture_size
 from inferwatch.sim.server import SimHandle, run_in_thread, start_subprocess
 from inferwatch.sim.simulator import SimConfig
 from support.ports import pick_port
+from support.wait import wait_for, wait_until
 
 pytestmark = pytest.mark.proc
 
 INFERWATCH = Path(sys.executable).parent / "inferwatch"
 TOKEN = "admin-secret"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-        except httpx.HTTPError:
-            result = None
-        if result:
-            return result
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
-
-
-async def wait_async(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        await asyncio.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def samples(text: str, name: str, label: str = "phase") -> dict[str, float]:
@@ -96,7 +74,7 @@ def test_phases_are_recorded_in_order_against_a_real_simulator_process(tmp_path:
     seen_reasons: list[str] = []
     sim = None
     try:
-        wait_for(lambda: httpx.get(f"{sidecar}/healthz").status_code == 200, 30, "the sidecar")
+        wait_for(lambda: httpx.get(f"{sidecar}/healthz").status_code == 200, "the sidecar", 30)
         # The sidecar is up before the engine: the replica's start is the sidecar's.
         first = httpx.get(f"{sidecar}/readyz")
         assert first.status_code == 503
@@ -112,7 +90,7 @@ def test_phases_are_recorded_in_order_against_a_real_simulator_process(tmp_path:
                 seen_reasons.append(warm["reason"])
             return response.status_code == 200
 
-        wait_for(ready, 60, "readiness after warm-up")
+        wait_for(ready, "readiness after warm-up", 60)
         page = httpx.get(f"{sidecar}/metrics").text
         current = samples(page, "inferwatch_replica_startup_phase")
         assert current["warmup_done"] == 1
@@ -124,7 +102,7 @@ def test_phases_are_recorded_in_order_against_a_real_simulator_process(tmp_path:
             text = httpx.get(f"{sidecar}/metrics").text
             return text if samples(text, "inferwatch_replica_startup_phase")["serving"] else ""
 
-        page = wait_for(serving, 60, "the first client request to be seen")
+        page = wait_for(serving, "the first client request to be seen", 60)
     finally:  # the sidecar first: an engine that stops under it is a restart it would log
         process.terminate()
         process.wait(10)
@@ -166,7 +144,7 @@ def test_warmup_requests_are_not_taken_for_the_first_client_request(fast_sim: Si
         tracker = tracker_for(fast_sim, WarmupPlan((1, 4), (16, 64)))
         task = asyncio.create_task(tracker.run())
         try:
-            await wait_async(lambda: "warmup_done" in tracker.reached, 30, "warm-up")
+            await wait_until(lambda: "warmup_done" in tracker.reached, "warm-up", 30)
             # The engine has counted the 10 warm-up requests, and several polls pass...
             await asyncio.sleep(0.8)
             assert tracker.phase == "warmup_done"
@@ -177,7 +155,7 @@ def test_warmup_requests_are_not_taken_for_the_first_client_request(fast_sim: Si
                 # ... but one client request is the first client request.
                 body = {"prompt": "hello", "max_tokens": 2}
                 assert (await client.post(f"{fast_sim.url}/v1/completions", json=body)).is_success
-            await wait_async(lambda: tracker.phase == "serving", 30, "the client request")
+            await wait_until(lambda: tracker.phase == "serving", "the client request", 30)
             assert tracker.reached["serving"] > tracker.reached["warmup_done"]
         finally:
             task.cancel()
@@ -195,13 +173,13 @@ def test_without_warmup_ready_follows_health_and_serving_waits_for_a_client(
         assert tracker.readiness() == []  # no warm-up: no condition of its own
         task = asyncio.create_task(tracker.run())
         try:
-            await wait_async(lambda: tracker.phase == "warmup_done", 30, "health")
+            await wait_until(lambda: tracker.phase == "warmup_done", "health", 30)
             await asyncio.sleep(0.5)
             assert tracker.phase == "warmup_done"
             async with httpx.AsyncClient() as client:
                 body = {"prompt": "hello", "max_tokens": 2}
                 await client.post(f"{fast_sim.url}/v1/completions", json=body)
-            await wait_async(lambda: tracker.phase == "serving", 30, "the client request")
+            await wait_until(lambda: tracker.phase == "serving", "the client request", 30)
         finally:
             task.cancel()
             await tracker.aclose()
@@ -238,10 +216,10 @@ def test_failing_warmup_keeps_the_replica_unready_with_the_reason_then_turns_rea
         try:
             # a round's number is counted when it starts; its failure is in the reason after
             warmup = tracker.warmup
-            await wait_async(
+            await wait_until(
                 lambda: warmup.rounds >= 2 and "failed" in warmup.state.reason,
-                30,
                 "two failed rounds",
+                30,
             )
             status, conditions, page = await readyz(sidecar)
             assert status == 503
@@ -259,7 +237,7 @@ def test_failing_warmup_keeps_the_replica_unready_with_the_reason_then_turns_rea
             assert ready["warmup"] == 0 and ready["engine"] == 1
             assert tracker.phase == "engine_healthy"
             httpx.delete(faults, headers=auth).raise_for_status()
-            await wait_async(lambda: tracker.warmup.done, 30, "a successful round")
+            await wait_until(lambda: tracker.warmup.done, "a successful round", 30)
             status, conditions, page = await readyz(sidecar)
             assert status == 200 and conditions["warmup"]["ok"]
             outcomes = samples(page, "inferwatch_warmup_requests_total", "outcome")
@@ -449,7 +427,7 @@ def test_a_hostile_health_endpoint_holds_the_phases_back_within_bounds(
         tracker = StartupTracker(engine, None, poll_s=0.05)
         task = asyncio.create_task(tracker.run())
         try:
-            await wait_async(lambda: tracker.phase == phase, 20, phase)
+            await wait_until(lambda: tracker.phase == phase, phase, 20)
             await asyncio.sleep(0.5)  # several polls later, no further
             assert tracker.phase == phase
             assert {f.name for f in await tracker.collect()} >= {
@@ -517,7 +495,7 @@ def test_the_engine_is_not_healthy_until_the_weights_are_read() -> None:
         assert health.status_code == refused.status_code == 503
         assert "loading" in health.json()["error"]["message"]
         assert httpx.get(f"{sim.url}/metrics").status_code == 200
-        wait_for(lambda: httpx.get(f"{sim.url}/health").status_code == 200, 30, "the load")
+        wait_for(lambda: httpx.get(f"{sim.url}/health").status_code == 200, "the load", 30)
         done = httpx.post(f"{sim.url}/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert done.status_code == 200
 
@@ -566,14 +544,14 @@ def test_an_engine_restarted_inside_the_pod_is_warmed_up_again() -> None:
         tracker = StartupTracker(engine, warm, poll_s=0.05, watch_s=0.05)
         task = asyncio.create_task(tracker.run())
         try:
-            await wait_async(lambda: warm.done, 30, "the first warm-up")
+            await wait_until(lambda: warm.done, "the first warm-up", 30)
             first_healthy = tracker.reached["engine_healthy"]
             await asyncio.to_thread(sim.stop)
-            await wait_async(lambda: not warm.done, 30, "the restart to be seen")
+            await wait_until(lambda: not warm.done, "the restart to be seen", 30)
             assert tracker.phase in ("process_start", "engine_reachable")
             assert not warm.readiness()[0].ok  # the gate is closed again
             sim = await asyncio.to_thread(run_in_thread, config)
-            await wait_async(lambda: warm.done, 30, "the second warm-up")
+            await wait_until(lambda: warm.done, "the second warm-up", 30)
             assert tracker.reached["engine_healthy"] > first_healthy
             assert warm.outcomes["ok"] == 6  # one round of 1 + 2 requests per engine process
         finally:
@@ -668,9 +646,9 @@ def test_quality_probes_wait_for_the_first_warmup(fast_sim: SimHandle) -> None:
             asyncio.create_task(tracker.after_warmup(lambda: probes("warm"))),
         ]
         try:
-            await wait_async(lambda: started, 30, "the warm replica's probes")
+            await wait_until(lambda: started, "the warm replica's probes", 30)
             assert "warmup_done" in tracker.reached
-            await wait_async(lambda: loading.phase == "engine_reachable", 30, "a 503")
+            await wait_until(lambda: loading.phase == "engine_reachable", "a 503", 30)
             await asyncio.sleep(0.3)
             assert started == ["warm"]
         finally:

@@ -23,7 +23,6 @@ NOT_YET_CONVERTED = {
     "test_autoscaling_e2e.py",
     "test_canary_demo.py",
     "test_multicluster.py",
-    "test_startup.py",
 }
 
 
