@@ -24,6 +24,7 @@ import pytest
 from inferwatch.demo import alerting, scenario, topology
 from inferwatch.mixin import promql, recording
 from support.demo import REPLICAS, rules_loaded, running_demo
+from support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -92,18 +93,25 @@ def test_the_scaling_signals_cross_their_targets_before_the_ttft_slo_burns(
         url = demo.url("prometheus")
         assert rules_loaded(url)
         up, up_unix = demo.up_at, time.time() - (time.monotonic() - demo.up_at)
-        deadline = up + last_step + BURN_DEADLINE
-        while not _query(url, f"{burn} > {promql.number(budget)}"):
-            if time.monotonic() > deadline:
-                now = {s: _query(url, expr) for s, (expr, _) in signals.items()}
-                pytest.fail(f"the TTFT SLO never burned; signals now {now}\n{demo.output}")
-            time.sleep(1)
+
+        def burning() -> str:
+            now = {s: _query(url, expr) for s, (expr, _) in signals.items()}
+            return f"the TTFT SLO to burn; signals now {now}\n{demo.output}"
+
+        def left(after: float) -> float:
+            """Seconds until ``after`` seconds past the demo's start."""
+            return up + after - time.monotonic()
+
+        slo = f"{burn} > {promql.number(budget)}"
+        wait_for(lambda: _query(url, slo), burning, left(last_step + BURN_DEADLINE), interval=1)
         # the scale-out's replica serves (after the burn: its cold start is the longer)
         joined = f"sum(inferwatch_tenancy_requests_total{{{new}}}) > 0"
-        while not (_query(url, joined) and _query(url, _selector(STARTUP, (new, SERVING)))):
-            if time.monotonic() > up + scale_out + JOIN_DEADLINE:
-                pytest.fail(f"{NEW.name} took no client request\n{demo.output}")
-            time.sleep(1)
+        wait_for(
+            lambda: _query(url, joined) and _query(url, _selector(STARTUP, (new, SERVING))),
+            lambda: f"{NEW.name} to take a client request\n{demo.output}",
+            left(scale_out + JOIN_DEADLINE),
+            interval=1,
+        )
         end = time.time() + 2  # a step past the sample just seen, so the range includes it
         burned = _first_above(_series(url, burn, up_unix, end), budget)
         assert burned is not None

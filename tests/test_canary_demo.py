@@ -29,6 +29,7 @@ from inferwatch.canary import checks, selector
 from inferwatch.demo import scenario, topology
 from inferwatch.mixin import config as alert_config
 from support.demo import running_demo
+from support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -87,21 +88,26 @@ def samples(prometheus: str, end: float, window_s: int) -> dict[str, dict[str, f
 
 def wait_for_window(prometheus: str, end: float, window_s: int) -> dict[str, dict[str, float]]:
     """Poll until every target was scraped after ``end`` and both sides hold the minimums."""
-    deadline = time.monotonic() + DATA_DEADLINE
     counts: dict[str, dict[str, float]] = {}
     scraped: float | None = None
-    while time.monotonic() < deadline:
+
+    def filled() -> dict[str, dict[str, float]] | None:
+        nonlocal counts, scraped
         scraped = query(prometheus, "min(timestamp(up))")
-        if scraped is not None and scraped > end:
-            counts = samples(prometheus, end, window_s)
-            if all(
-                side[kind] >= minimum
-                for side in counts.values()
-                for kind, minimum in MINIMUMS.items()
-            ):
-                return counts
-        time.sleep(0.5)
-    pytest.fail(f"the window ending at {end:.0f} never filled: scraped to {scraped}, {counts}")
+        if scraped is None or scraped <= end:
+            return None
+        counts = samples(prometheus, end, window_s)
+        full = all(
+            side[kind] >= minimum for side in counts.values() for kind, minimum in MINIMUMS.items()
+        )
+        return counts if full else None
+
+    return wait_for(
+        filled,
+        lambda: f"the window ending at {end:.0f} to fill: scraped to {scraped}, {counts}",
+        DATA_DEADLINE,
+        interval=0.5,
+    )
 
 
 #: labels that name the canary on an alert (per-replica alerts carry the replica and pod,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 from pathlib import Path
 
 import httpx
@@ -24,6 +23,7 @@ import localfleet
 import pytest
 
 from support.shared import shared_path
+from support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -57,8 +57,10 @@ def test_every_fleet_panel_spans_both_clusters_in_the_central_store(
     queries = localfleet.panel_queries(absent=("ALERTS",))
     assert len(queries) >= 20
     with localfleet.two_clusters(template, 2, tmp_path, interval="1s") as central:
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
+        missing: list[str] = []
+
+        def complete() -> list[tuple[str, dict[str, dict[str, int]]]] | None:
+            nonlocal missing
             rows = localfleet.panels_by_cluster(central, queries)
             # a panel is complete when both clusters answer, together and alone
             missing = [
@@ -67,10 +69,14 @@ def test_every_fleet_panel_spans_both_clusters_in_the_central_store(
                 if not all(counts["both"].get(c) for c in localfleet.CLUSTERS)
                 or not all(counts[c].get(c) for c in localfleet.CLUSTERS)
             ]
-            if not missing:
-                break
-            assert time.monotonic() < deadline, f"panels without both clusters: {missing}"
-            time.sleep(1)
+            return None if missing else rows
+
+        rows = wait_for(
+            complete,
+            lambda: f"every panel to span both clusters; without: {missing}",
+            DEADLINE_S,
+            interval=1,
+        )
         for title, counts in rows:
             assert set(counts["both"]) == set(localfleet.CLUSTERS), (title, counts)
             for cluster in localfleet.CLUSTERS:

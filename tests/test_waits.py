@@ -19,11 +19,7 @@ WAIT = TESTS / "support" / "wait.py"
 HELPER_NAMES = {"wait_for", "_wait_for", "_wait", "until", "_until", "wait_line"}
 #: modules whose loops are still to be moved onto wait_for (the async ones need a waiter that
 #: does not block their event loop); a module leaves this list as soon as it is clean
-NOT_YET_CONVERTED = {
-    "test_autoscaling_e2e.py",
-    "test_canary_demo.py",
-    "test_multicluster.py",
-}
+NOT_YET_CONVERTED: set[str] = set()
 
 
 def _reads_the_clock(node: ast.AST) -> bool:
