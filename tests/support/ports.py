@@ -60,10 +60,15 @@ def start_on_free_port(
 
 
 def launch(
-    argv: Callable[[int], Sequence[str]], log: Path, ready_path: str, what: str
+    argv: Callable[[int], Sequence[str]],
+    log: Path,
+    ready_path: str,
+    what: str,
+    timeout: float = 30.0,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start an external server whose port is ``argv(port)``'s, on a free port (another one
-    when it was taken), and wait until it answers 200 on ``ready_path``; (process, its URL)."""
+    when it was taken), and wait until it answers 200 on ``ready_path`` (at most ``timeout``
+    seconds: one that loads a large database is given longer); (process, its URL)."""
 
     def start(port: int) -> tuple[subprocess.Popen[bytes], str]:
         with log.open("w") as out:
@@ -79,7 +84,7 @@ def launch(
             return httpx.get(url + ready_path, timeout=5).status_code == 200
 
         try:
-            wait_for(answering, what)
+            wait_for(answering, what, timeout)
         except BaseException:
             process.kill()
             process.wait()
