@@ -36,8 +36,8 @@ def in_use(log_text: str) -> bool:
 
 
 def pick_port() -> int:
-    """A port that was free a moment ago: for :func:`start_on_free_port`, which retries, and
-    for a server a test must address before it starts (prefer :func:`announced_url`)."""
+    """A port that was free a moment ago: only for a start that is retried on another one
+    when it was taken (:func:`start_on_free_port`, :func:`launch`)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
