@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +50,11 @@ import httpx
 import yaml
 from localfleet import (
     CLUSTERS,
-    INFERWATCH,
     MODELS,
     RULE_FILES,
-    free_port,
     panel_queries,
     panels_by_cluster,
-    process,
+    prometheus,
     sidecar,
     static_pages,
     two_clusters,
@@ -63,6 +62,7 @@ from localfleet import (
 )
 
 from inferwatch.serving import textformat
+from inferwatch.sim.server import start_subprocess
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "fixtures"
@@ -96,9 +96,8 @@ def per_replica() -> tuple[list[tuple[str, int, int, int, int]], str]:
             page = sidecar_page(f"{base}/engine", f"{base}/dcgm")
         rows.append(("captures (vLLM 0.33.0 + dcgm-exporter)", series(raw),
                      len(raw.encode()), series(page), len(page.encode())))  # fmt: skip
-    port = free_port()
-    sim = f"http://127.0.0.1:{port}"
-    with process([str(INFERWATCH), "sim", f"--port={port}"], f"{sim}/health"):
+    with start_subprocess() as simulator:
+        sim = simulator.url
         for i in range(40):
             httpx.post(
                 f"{sim}/v1/chat/completions",
@@ -195,6 +194,14 @@ def recording_levels() -> list[list[dict[str, Any]]]:
     return levels
 
 
+def serve_args(config: Path, data: Path, port: int) -> list[str]:
+    """A Prometheus serving the blocks in ``data`` (30 days kept) on ``port``."""
+    return [
+        "prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}",
+        f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d",
+    ]  # fmt: skip
+
+
 def backfill_recordings(data: Path, work: Path, start: float, end: float) -> float:
     """Write the recording rules' output over ``[start, end]`` into ``data`` with ``promtool
     tsdb create-blocks-from rules``, one level at a time: promtool evaluates each rule
@@ -207,13 +214,7 @@ def backfill_recordings(data: Path, work: Path, start: float, end: float) -> flo
         rules = work / f"level-{index}.yaml"
         rules.write_text(yaml.safe_dump({"groups": [{"name": f"level-{index}", "rules": level}]}))
         out = work / f"level-{index}"
-        port = free_port()
-        api = f"http://127.0.0.1:{port}"
-        args = [
-            "prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}",
-            f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d",
-        ]  # fmt: skip
-        with process(args, f"{api}/-/ready"):
+        with prometheus(partial(serve_args, config, data), work / f"level-{index}.log") as api:
             subprocess.run(
                 ["promtool", "tsdb", "create-blocks-from", "rules", f"--start={int(start)}",
                  f"--end={int(end)}", f"--url={api}", f"--output-dir={out}",
@@ -309,13 +310,7 @@ def measure_fleet(
         "global": {"evaluation_interval": f"{STEP}s", "external_labels": {}},
         "rule_files": [str(p) for p in RULE_FILES],
     }))  # fmt: skip
-    port = free_port()
-    api = f"http://127.0.0.1:{port}"
-    args = [
-        "prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}",
-        f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d",
-    ]  # fmt: skip
-    with process(args, f"{api}/-/ready"):
+    with prometheus(partial(serve_args, config, data), work / f"prometheus-{replicas}.log") as api:
         groups = rule_group_times(api)
         counted = httpx.get(
             f"{api}/api/v1/query", params={"query": 'count({__name__=~"inferwatch_.+"})'}

@@ -18,12 +18,12 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -33,6 +33,10 @@ import httpx
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from support.ports import announced_url, launch  # noqa: E402  (the tests' port tools)
+
 #: the console script of the interpreter running this (the project's virtual environment)
 INFERWATCH = Path(sys.executable).parent / "inferwatch"
 RULE_FILES = sorted((REPO / "alerts" / "generated").glob("*.yaml"))
@@ -40,12 +44,6 @@ FLEET_DASHBOARD = REPO / "dashboards" / "generated" / "fleet.json"
 SITE_VALUES = REPO / "deploy/kubernetes/overlays/multi-cluster-east/prometheus-values.yaml"
 MODELS = ("llama-8b", "llama-70b", "qwen-32b", "mixtral-8x7b")
 CLUSTERS = ("east", "west")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, deadline_s: float = 60.0) -> None:
@@ -59,11 +57,9 @@ def wait_http(url: str, deadline_s: float = 60.0) -> None:
 
 
 @contextlib.contextmanager
-def process(args: list[str], ready: str) -> Iterator[None]:
-    """``args`` running until the block ends, entered once ``ready`` answers 200."""
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def stopped(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """``proc`` running until the block ends."""
     try:
-        wait_http(ready)
         yield
     finally:
         proc.terminate()
@@ -72,6 +68,15 @@ def process(args: list[str], ready: str) -> Iterator[None]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def prometheus(args: Callable[[int], list[str]], log: Path) -> Iterator[str]:
+    """A ``prometheus`` whose command line is ``args(port)``, on a free port (another one when
+    it was taken before Prometheus bound it); its URL once ready, until the block ends."""
+    proc, url = launch(args, log, "/-/ready", "prometheus", timeout=60)
+    with stopped(proc):
+        yield url
 
 
 @contextlib.contextmanager
@@ -97,13 +102,18 @@ def sidecar(engine_url: str, dcgm_url: str) -> Iterator[str]:
     """A real ``inferwatch sidecar`` in front of an engine page and a dcgm-exporter page;
     yields its base URL. Identity labels are left to service discovery (``--pod-labels
     omit``), as the fleet pages add their own."""
-    port = free_port()
     args = [
-        str(INFERWATCH), "sidecar", f"--engine-url={engine_url}", f"--listen=127.0.0.1:{port}",
+        str(INFERWATCH), "sidecar", f"--engine-url={engine_url}", "--listen=127.0.0.1:0",
         f"--gpu=dcgm={dcgm_url}", "--gpu-scope=all", "--pod-labels=omit",
     ]  # fmt: skip
-    with process(args, f"http://127.0.0.1:{port}/healthz"):
-        yield f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory(prefix="localfleet-") as folder:
+        log = Path(folder) / "sidecar.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        with stopped(proc):
+            url = announced_url(proc, log, "the sidecar")
+            wait_http(f"{url}/healthz")
+            yield url
 
 
 class FleetPages(ThreadingHTTPServer):
@@ -188,8 +198,6 @@ def two_clusters(template: str, replicas: int, work: Path, interval: str = "5s")
     """East and west, ``replicas`` each, remote-writing into a central Prometheus that
     evaluates the generated rules every ``interval``; yields the central API's URL."""
     values = yaml.safe_load(SITE_VALUES.read_text())["prometheus"]["prometheusSpec"]
-    central_port = free_port()
-    central = f"http://127.0.0.1:{central_port}"
     pages = FleetPages(template)
     try:
         with contextlib.ExitStack() as stack:
@@ -198,26 +206,30 @@ def two_clusters(template: str, replicas: int, work: Path, interval: str = "5s")
                 "global": {"evaluation_interval": interval},
                 "rule_files": [str(p) for p in RULE_FILES],
             }))  # fmt: skip
-            stack.enter_context(process([
-                "prometheus", f"--config.file={config}",
+            central = stack.enter_context(prometheus(lambda port: [
+                "prometheus", f"--config.file={work / 'central.yml'}",
                 f"--storage.tsdb.path={work / 'central'}",
-                f"--web.listen-address=127.0.0.1:{central_port}",
+                f"--web.listen-address=127.0.0.1:{port}",
                 "--web.enable-remote-write-receiver",
-            ], f"{central}/-/ready"))  # fmt: skip
+            ], work / "central.log"))  # fmt: skip
             for cluster in CLUSTERS:
-                port = free_port()
                 config = work / f"{cluster}.yml"
                 config.write_text(yaml.safe_dump(cluster_config(
                     values, cluster, f"{central}/api/v1/write", pages.address, replicas, interval
                 )))  # fmt: skip
-                stack.enter_context(process([
-                    "prometheus", f"--config.file={config}",
-                    f"--storage.tsdb.path={work / cluster}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                ], f"http://127.0.0.1:{port}/-/ready"))  # fmt: skip
+                stack.enter_context(prometheus(partial(cluster_args, work, cluster),
+                                               work / f"{cluster}.log"))  # fmt: skip
             yield central
     finally:
         pages.close()
+
+
+def cluster_args(work: Path, cluster: str, port: int) -> list[str]:
+    """The command line of ``cluster``'s Prometheus, listening on ``port``."""
+    return [
+        "prometheus", f"--config.file={work / f'{cluster}.yml'}",
+        f"--storage.tsdb.path={work / cluster}", f"--web.listen-address=127.0.0.1:{port}",
+    ]  # fmt: skip
 
 
 def cluster_config(

@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
+import multiprocessing.process
 import os
 import shutil
 import signal
@@ -34,6 +36,10 @@ from pathlib import Path
 from typing import Any, cast
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from support.ports import PortTaken, announced_url, in_use, start_on_free_port  # noqa: E402
+
 LITELLM_VENV = REPO / "bench" / ".venv-litellm"
 MASTER_KEY = "sk-bench-master"
 TENANT_KEY = "sk-bench-tenant"
@@ -156,19 +162,19 @@ class _MockProtocol(asyncio.Protocol):
                 self._reply(self.PLAIN)
 
 
-def _serve_forever(protocol: Callable[[], asyncio.Protocol], port: int) -> None:
+def _serve_forever(protocol: Callable[[], asyncio.Protocol], listener: socket.socket) -> None:
     import uvloop
 
     async def main() -> None:
-        server = await asyncio.get_running_loop().create_server(protocol, "127.0.0.1", port)
+        server = await asyncio.get_running_loop().create_server(protocol, sock=listener)
         await server.serve_forever()
 
     uvloop.run(main())
 
 
-def _serve_mock(port: int, delay: float) -> None:
+def _serve_mock(listener: socket.socket, delay: float) -> None:
     _MockProtocol.DELAY = delay
-    _serve_forever(_MockProtocol, port)
+    _serve_forever(_MockProtocol, listener)
 
 
 # ----------------------------------------------------------------------------- relay ceiling
@@ -217,9 +223,9 @@ class _RelayBack(asyncio.Protocol):
         self.client.write(data)
 
 
-def _serve_relay(port: int, upstream_port: int) -> None:
+def _serve_relay(listener: socket.socket, upstream_port: int) -> None:
     _RelayProtocol.UPSTREAM_PORT = upstream_port
-    _serve_forever(_RelayProtocol, port)
+    _serve_forever(_RelayProtocol, listener)
 
 
 # ----------------------------------------------------------------------------- load generator
@@ -319,10 +325,22 @@ def _load(port: int, key: str, stream: bool, concurrency: int, requests: int) ->
 # ----------------------------------------------------------------------------- processes
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _serve_in_child(
+    target: Callable[..., None], *args: object
+) -> tuple[multiprocessing.process.BaseProcess, int]:
+    """``target(listener, *args)`` in a spawned process, on a loopback socket bound here (port
+    0) and handed over, so no other process can take the port in between; (process, port)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = int(listener.getsockname()[1])
+    child = multiprocessing.get_context("spawn").Process(
+        target=target, args=(listener, *args), daemon=True
+    )
+    child.start()
+    try:
+        _wait_ready(port, "none", 30, child.is_alive)
+    finally:
+        listener.close()  # the child holds its own copy
+    return child, port
 
 
 def _wait_ready(port: int, key: str, timeout: float, alive: Callable[[], bool]) -> None:
@@ -362,10 +380,13 @@ def _ensure_litellm() -> Path | None:
     return script if script.exists() else None
 
 
-def _start(argv: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True
-    )
+def _start(
+    argv: Sequence[str], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -378,10 +399,28 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
+def start_proxy(
+    config: Path, key: str, log: Path, timeout: float
+) -> tuple[subprocess.Popen[bytes], int]:
+    """``inferwatch proxy`` with ``config``, its listeners on ports the OS gives it; (process,
+    the client port it logged), once it answers ``/v1/models`` to tenant ``key``."""
+    process = _start(
+        [str(REPO / ".venv" / "bin" / "inferwatch"), "--log-format", "json", "proxy",
+         "--config", str(config), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"],
+        log,
+    )  # fmt: skip
+    try:
+        port = int(announced_url(process, log, "inferwatch proxy").rsplit(":", 1)[1])
+        _wait_ready(port, key, timeout, lambda: process.poll() is None)
+    except BaseException:
+        _stop(process)
+        raise
+    return process, port
+
+
 def _start_inferwatch(mock_port: int, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
     import hashlib
 
-    port = _free_port()
     config = workdir / "proxy.yaml"
     digest = hashlib.sha256(TENANT_KEY.encode()).hexdigest()
     config.write_text(
@@ -389,24 +428,12 @@ def _start_inferwatch(mock_port: int, workdir: Path) -> tuple[subprocess.Popen[b
         f"tenants: {{bench: {{key_sha256: ['{digest}']}}}}\n"
         f"prices: {{default: {{prompt: 0.5, completion: 1.5}}}}\n"
     )
-    process = _start(
-        [
-            str(REPO / ".venv" / "bin" / "inferwatch"),
-            "proxy",
-            "--config",
-            str(config),
-            "--listen",
-            f"127.0.0.1:{port}",
-        ]
-    )
-    _wait_ready(port, TENANT_KEY, 30, lambda: process.poll() is None)
-    return process, port
+    return start_proxy(config, TENANT_KEY, workdir / "proxy.log", 30)
 
 
 def _start_litellm(
     script: Path, mock_port: int, workdir: Path
 ) -> tuple[subprocess.Popen[bytes], int]:
-    port = _free_port()
     config = workdir / "litellm.yaml"
     config.write_text(
         "model_list:\n"
@@ -427,22 +454,25 @@ def _start_litellm(
         DISABLE_SCHEMA_UPDATE="true",
     )
     env.pop("DATABASE_URL", None)
-    process = _start(
-        [
-            str(script),
-            "--config",
-            str(config),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--num_workers",
-            "1",
-        ],
-        env,
-    )
-    _wait_ready(port, MASTER_KEY, 180, lambda: process.poll() is None)
-    return process, port
+    log = workdir / "litellm.log"
+
+    def start(port: int) -> tuple[subprocess.Popen[bytes], int]:
+        process = _start(
+            [str(script), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+             "--num_workers", "1"],
+            log,
+            env,
+        )  # fmt: skip
+        try:
+            _wait_ready(port, MASTER_KEY, 180, lambda: process.poll() is None)
+        except RuntimeError:
+            _stop(process)
+            if in_use(log.read_text(encoding="utf-8", errors="replace")):
+                raise PortTaken(f"LiteLLM: port {port} taken") from None
+            raise
+        return process, port
+
+    return start_on_free_port(start)
 
 
 # ----------------------------------------------------------------------------- report
@@ -480,14 +510,7 @@ def main() -> None:
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
-    mock_port = _free_port()
-    import multiprocessing
-
-    mock = multiprocessing.get_context("spawn").Process(
-        target=_serve_mock, args=(mock_port, args.engine_ms / 1000), daemon=True
-    )
-    mock.start()
-    _wait_ready(mock_port, "none", 30, mock.is_alive)
+    mock, mock_port = _serve_in_child(_serve_mock, args.engine_ms / 1000)
     names = ["direct", "relay", "inferwatch"]
     litellm_note = ""
     script = None
@@ -499,13 +522,8 @@ def main() -> None:
     try:
         # one proxy runs at a time, so that an idle one never takes CPU from the one measured
         _measure(results, "direct", mock_port, "none", args.requests)
-        relay_port = _free_port()
-        relay = multiprocessing.get_context("spawn").Process(
-            target=_serve_relay, args=(relay_port, mock_port), daemon=True
-        )
-        relay.start()
+        relay, relay_port = _serve_in_child(_serve_relay, mock_port)
         try:
-            _wait_ready(relay_port, "none", 30, relay.is_alive)
             _measure(results, "relay", relay_port, "none", args.requests)
         finally:
             relay.terminate()

@@ -86,7 +86,6 @@ def _start_vllm(workdir: Path) -> tuple[Any, str]:
 
 
 def _start_proxy(engine_url: str, workdir: Path) -> tuple[Any, str]:
-    port = common._free_port()
     digest = hashlib.sha256(TENANT_KEY.encode()).hexdigest()
     config = workdir / "proxy.yaml"
     config.write_text(
@@ -94,19 +93,7 @@ def _start_proxy(engine_url: str, workdir: Path) -> tuple[Any, str]:
         f"tenants: {{bench: {{key_sha256: ['{digest}']}}}}\n"
         "prices: {default: {prompt: 0.5, completion: 1.5}}\n"
     )
-    process = common._start(
-        [
-            str(REPO / ".venv" / "bin" / "inferwatch"),
-            "proxy",
-            "--config",
-            str(config),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ]
-    )
-    common._wait_ready(port, TENANT_KEY, 60, lambda: process.poll() is None)
+    process, port = common.start_proxy(config, TENANT_KEY, workdir / "proxy.log", 60)
     return process, f"http://127.0.0.1:{port}"
 
 

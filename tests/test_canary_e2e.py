@@ -30,6 +30,7 @@ import yaml
 
 from inferwatch import catalog
 from inferwatch.serving import textformat
+from support.ports import announced_url, launch
 from support.shared import REPO, shared_path
 from support.wait import wait_for
 
@@ -74,24 +75,24 @@ class Template:
     engine_labels: frozenset[str]
 
 
-def sidecar_template() -> Template:
+def sidecar_template(work: Path) -> Template:
     """One real sidecar in front of the vLLM capture; its /metrics after a scrape."""
     from support.pages import PageServer
 
     pages = PageServer()
     threading.Thread(target=pages.serve_forever, daemon=True).start()
-    with socket_port() as port:
-        pass
     engine = f"{pages.url}/fixture/{CAPTURE.name.removesuffix('.prom')}/metrics"
     args = [
-        str(INFERWATCH), "sidecar", f"--engine-url={engine}", f"--listen=127.0.0.1:{port}",
+        str(INFERWATCH), "sidecar", f"--engine-url={engine}", "--listen=127.0.0.1:0",
         "--gpu=none", "--pod=template", "--namespace=inference", "--node=node-1",
         f"--model={MODEL}", "--model-version=template", "--prompt-version=p1",
     ]  # fmt: skip
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/metrics"
+    log = work / "sidecar.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
     ttft_name = catalog.load()["engine_time_to_first_token"].name
     try:
+        url = announced_url(process, log, "the template sidecar") + "/metrics"
         wait_for(lambda: ttft_name in httpx.get(url, timeout=5).text, "the sidecar's scrape", 120)
         page = textformat.parse(httpx.get(url, timeout=5).text)
     finally:
@@ -245,40 +246,26 @@ def prometheus(
     work = tmp_path_factory.mktemp("canary")
     end = float(int(time.time()) - 60)
     source, data = work / "fleet.om", work / "data"
-    write_fleet(source, end, sidecar_template())
+    write_fleet(source, end, sidecar_template(work))
     subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
                    check=True, capture_output=True, timeout=300)  # fmt: skip
     (work / "prometheus.yml").write_text("global: {scrape_interval: 15s}\n")
-    with socket_port() as port:
-        pass
-    log = (work / "prometheus.log").open("w")
-    process = subprocess.Popen(
-        [prometheus_bin, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={data}",
-         f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d"],
-        stdout=log, stderr=subprocess.STDOUT,
+    process, url = launch(
+        lambda port: [
+            prometheus_bin, f"--config.file={work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{port}",
+            "--storage.tsdb.retention.time=30d",
+        ],
+        work / "prometheus.log",
+        "/-/ready",
+        "Prometheus",
+        timeout=120,
     )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(
-            lambda: httpx.get(f"{url}/-/ready", timeout=2).status_code == 200, "Prometheus", 120
-        )
         yield url, end
     finally:
         process.terminate()
         process.wait(timeout=30)
-        log.close()
-
-
-class socket_port:
-    """A free loopback port (closed again before Prometheus binds it)."""
-
-    def __enter__(self) -> int:
-        from support.ports import pick_port
-
-        return pick_port()
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def canary(

@@ -18,6 +18,7 @@ import pytest
 
 import support.scripted_engine as se
 from inferwatch.proxy.tenants import hash_key
+from support.ports import announced_url
 from support.proxy_stack import KEYS, Engine
 from support.wait import wait_for
 
@@ -25,12 +26,6 @@ pytestmark = pytest.mark.proc
 
 GRACE = 2.0
 INFERWATCH = Path(sys.executable).parent / "inferwatch"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
@@ -89,9 +84,11 @@ def hold(url: str) -> httpx.Response:
     return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
 
 
-def refused(port: int) -> bool:
+def refused(url: str) -> bool:
+    """Whether a connection to ``url``'s host and port is refused."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        socket.create_connection((host, int(port)), timeout=0.5).close()
     except OSError:
         return True
     return False
@@ -109,19 +106,18 @@ def test_sigterm_drains_then_cuts_short_and_charges_every_token(
             }
         )
     )
-    port, metrics_port = free_port(), free_port()
-    process = subprocess.Popen(
-        [str(INFERWATCH), "proxy", "--config", str(config),
-         "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
-         "--drain-grace", f"{GRACE:g}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    log = tmp_path / "proxy.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [str(INFERWATCH), "proxy", "--config", str(config),
+             "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+             "--drain-grace", f"{GRACE:g}"],
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: not refused(metrics_port), "the proxy to start", 15, interval=0.01)
+        url = announced_url(process, log, "the proxy")  # logged once both sockets listen
         short, long = Stream(url, 20), Stream(url, 1000)  # 0.4 s and 20 s at 20 ms a token
         short.start(), long.start()
         held: list[httpx.Response] = []  # a whole (unstreamed) reply the engine holds 30 s
@@ -131,10 +127,10 @@ def test_sigterm_drains_then_cuts_short_and_charges_every_token(
         wait_for(lambda: len(engine.engine.requests) == 3, "3 engine requests", 15, interval=0.01)
         process.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
-        wait_for(lambda: refused(port), "refusal after SIGTERM", 5, interval=0.01)
+        wait_for(lambda: refused(url), "refusal after SIGTERM", 5, interval=0.01)
         assert short.ended.wait(10) and long.ended.wait(GRACE + 10)
         cut_after = time.monotonic() - signalled
-        _, stderr = process.communicate(timeout=20)
+        process.wait(timeout=20)
     finally:
         if process.poll() is None:
             process.kill()
@@ -145,6 +141,7 @@ def test_sigterm_drains_then_cuts_short_and_charges_every_token(
     waiting.join(10)
     assert held[0].status_code == 503 and held[0].json()["error"]["code"] == "shutdown"
     assert GRACE - 0.5 < cut_after < GRACE + 5
+    stderr = log.read_text(encoding="utf-8")
     lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
     access = [line for line in lines if line.get("logger") == "inferwatch.proxy.access"]
     by_tokens = sorted(access, key=lambda line: line["completion_tokens"])

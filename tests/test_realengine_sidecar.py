@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import selectors
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,99 +28,12 @@ from inferwatch.probes.runner import ProbeRunner, Schedule, Target
 from inferwatch.serving.page_fetch import EngineScraper
 from support import tinymodel
 from support.realengine import MODEL, Engines
+from support.relay import Relay, port_of
 from support.wait import wait_for
 
 pytestmark = pytest.mark.realengine
 
 INFERWATCH = Path(sys.executable).parent / "inferwatch"
-
-
-class Relay:
-    """A TCP relay on a fixed loopback port to an upstream port that may change."""
-
-    def __init__(self, upstream: int) -> None:
-        self.upstream = upstream
-        #: drop the second request of every connection without answering it
-        self.drop_reused = False
-        self.dropped = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self._open: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        #: bumped by pause(): a connection accepted before it must not outlive it
-        self._generation = 0
-        self._serve()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _serve(self) -> None:
-        listening = (self.listener, self._generation)
-        threading.Thread(target=self._accept, args=listening, daemon=True).start()
-
-    def _accept(self, listener: socket.socket, generation: int) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:  # closed by pause() or close()
-                return
-            threading.Thread(target=self._pipe, args=(client, generation), daemon=True).start()
-
-    def _pipe(self, client: socket.socket, generation: int) -> None:
-        try:
-            upstream = socket.create_connection(("127.0.0.1", self.upstream))
-        except OSError:
-            client.close()
-            return
-        with self._lock:
-            if generation != self._generation:  # paused meanwhile
-                client.close()
-                upstream.close()
-                return
-            self._open |= {client, upstream}
-        answered = False
-        with selectors.DefaultSelector() as selector:
-            selector.register(client, selectors.EVENT_READ, upstream)
-            selector.register(upstream, selectors.EVENT_READ, client)
-            try:
-                while True:
-                    for key, _ in selector.select():
-                        source: socket.socket = key.fileobj  # type: ignore[assignment]
-                        data = source.recv(65536)
-                        if not data:
-                            return
-                        if source is client and answered and self.drop_reused:
-                            self.dropped += 1
-                            return  # a request on a reused connection, dropped unanswered
-                        answered = answered or source is upstream
-                        key.data.sendall(data)
-            except OSError:
-                return
-            finally:
-                for end in (client, upstream):
-                    end.close()
-
-    def pause(self) -> None:
-        """Nothing listens at the relay's port (connections refused), none stays open."""
-        self.listener.close()
-        with self._lock:
-            self._generation += 1
-            for end in self._open:
-                end.close()
-            self._open.clear()
-
-    def resume(self, upstream: int) -> None:
-        self.upstream = upstream
-        self.listener = socket.create_server(("127.0.0.1", self.port))
-        self._serve()
-
-    def close(self) -> None:
-        self.pause()
-
-
-def port_of(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
 
 
 @pytest.fixture

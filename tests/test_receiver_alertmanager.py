@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,9 +11,8 @@ import httpx
 import pytest
 
 import support.runbooks_harness as h
-from support.ports import pick_port
+from support.ports import launch
 from support.shared import tool
-from support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -46,10 +44,8 @@ receivers:
           authorization: {{type: Bearer, credentials_file: {token}}}
 """
     )
-    port = pick_port()
-    log = (tmp_path / "alertmanager.log").open("wb")
-    process = subprocess.Popen(
-        [
+    process, url = launch(
+        lambda port: [
             tool("prometheus-alertmanager"),
             f"--config.file={config}",
             f"--storage.path={tmp_path / 'am-data'}",
@@ -57,22 +53,15 @@ receivers:
             "--cluster.listen-address=",
             "--log.level=warn",
         ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
+        tmp_path / "alertmanager.log",
+        "/-/ready",
+        "Alertmanager",
     )
-    url = f"http://127.0.0.1:{port}"
     try:
-
-        def ready() -> bool:
-            assert process.poll() is None, (tmp_path / "alertmanager.log").read_text()
-            return httpx.get(url + "/-/ready", timeout=2).status_code == 200
-
-        wait_for(ready, "alertmanager to become ready", 30)
         yield url
     finally:
         process.terminate()
         process.wait(10)
-        log.close()
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ import httpx
 import pytest
 import yaml
 
-from support.ports import pick_port
+from support.ports import announced_url, launch, pick_port
 from support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -41,17 +41,9 @@ WAITING = (httpx.HTTPError, ValueError, KeyError)
 
 
 @contextlib.contextmanager
-def running(args: list[str], ready_url: str, log: Path) -> Iterator[None]:
-    """A process, up once ``ready_url`` answers 200; stopped (and its log checked) after."""
-    with log.open("wb") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+def stopped(process: subprocess.Popen[bytes], log: Path) -> Iterator[None]:
+    """Stop ``process`` after the block; it must exit cleanly and log no traceback."""
     try:
-
-        def ready() -> bool:
-            assert process.poll() is None, f"{args[0]} exited:\n{log.read_text()}"
-            return httpx.get(ready_url, timeout=2).status_code == 200
-
-        wait_for(ready, ready_url, DEADLINE_S, ignore=WAITING)
         yield
     finally:
         process.terminate()
@@ -64,21 +56,49 @@ def running(args: list[str], ready_url: str, log: Path) -> Iterator[None]:
         assert "Traceback" not in log.read_text(), log.read_text()
 
 
+@contextlib.contextmanager
+def ours(args: list[str], ready_path: str, log: Path) -> Iterator[str]:
+    """One of our servers, listening on a port the OS gave it (``--listen=127.0.0.1:0``);
+    its URL once ``ready_path`` answers 200."""
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [*args, "--listen=127.0.0.1:0"], stdout=out, stderr=subprocess.STDOUT
+        )
+    with stopped(process, log):
+        url = announced_url(process, log, log.stem)
+        wait_for(
+            lambda: httpx.get(url + ready_path, timeout=2).status_code == 200,
+            url + ready_path,
+            DEADLINE_S,
+            ignore=WAITING,
+        )
+        yield url
+
+
+@contextlib.contextmanager
+def alertmanager(
+    binary: str, config: Path, storage: Path, log: Path, peers: list[str]
+) -> Iterator[tuple[str, str]]:
+    """An Alertmanager joining the cluster of ``peers`` (gossip addresses); (its URL, its own
+    gossip address). Its web and gossip ports are picked together and picked again when
+    either was taken before it bound them."""
+    gossip = ""
+
+    def argv(web: int) -> list[str]:
+        nonlocal gossip
+        gossip = f"127.0.0.1:{pick_port()}"
+        return peer_args(binary, config, storage, web, gossip, peers)
+
+    process, url = launch(argv, log, "/-/ready", "Alertmanager", DEADLINE_S)
+    with stopped(process, log):
+        yield url, gossip
+
+
 class Receiver:
-    """One ``inferwatch runbooks serve --execute`` process and its audit log."""
+    """One ``inferwatch runbooks serve --execute`` process's URL and audit log."""
 
-    def __init__(self, tmp: Path, name: str) -> None:
-        self.name = name
-        self.port = pick_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.audit_path = tmp / f"{name}-audit.jsonl"
-
-    def args(self, config: Path, token: Path) -> list[str]:
-        return [
-            str(INFERWATCH), "runbooks", "serve", f"--config={config}", "--execute",
-            f"--listen=127.0.0.1:{self.port}", f"--token-file={token}",
-            f"--audit-log={self.audit_path}",
-        ]  # fmt: skip
+    def __init__(self, name: str, url: str, audit_path: Path) -> None:
+        self.name, self.url, self.audit_path = name, url, audit_path
 
     def decisions(self, fingerprint: str) -> list[dict[str, Any]]:
         if not self.audit_path.exists():
@@ -143,14 +163,13 @@ def alertmanager_config(tmp: Path, receivers: list[Receiver]) -> Path:
 
 
 def peer_args(
-    binary: str, config: Path, storage: Path, port: int, gossip: int, peer: int
+    binary: str, config: Path, storage: Path, port: int, gossip: str, peers: list[str]
 ) -> list[str]:
     return [
         binary, f"--config.file={config}", f"--storage.path={storage}",
         f"--web.listen-address=127.0.0.1:{port}",
-        f"--cluster.listen-address=127.0.0.1:{gossip}",
-        f"--cluster.advertise-address=127.0.0.1:{gossip}",
-        f"--cluster.peer=127.0.0.1:{peer}",
+        f"--cluster.listen-address={gossip}", f"--cluster.advertise-address={gossip}",
+        *[f"--cluster.peer={peer}" for peer in peers],
         # gossip fast so the pair settles within a test; a peer waits this long for the
         # other's notification log before it sends
         "--cluster.gossip-interval=50ms", "--cluster.pushpull-interval=1s",
@@ -165,35 +184,34 @@ def now() -> str:
 def test_two_alertmanagers_and_two_receivers_isolate_a_replica_once(
     tmp_path: Path, page_server: Any, alertmanager_bin: str
 ) -> None:
-    receivers = [Receiver(tmp_path, "receiver-a"), Receiver(tmp_path, "receiver-b")]
     config, token = mapping_config(tmp_path), tmp_path / "receiver-token"
     token.write_text(RECEIVER_TOKEN + "\n")
-    sidecar_port = pick_port()
-    sidecar = f"http://127.0.0.1:{sidecar_port}"
     engine = f"{page_server.url}/fixture/{FIXTURE}/metrics"
     (tmp_path / "sidecar-admin-token").write_text(SIDECAR_TOKEN + "\n")
-    am_config = alertmanager_config(tmp_path, receivers)
-    web = [pick_port(), pick_port()]
-    gossip = [pick_port(), pick_port()]
-    ams = [f"http://127.0.0.1:{port}" for port in web]
     with contextlib.ExitStack() as stack:
-        stack.enter_context(running(
-            [str(INFERWATCH), "sidecar", f"--engine-url={engine}",
-             f"--listen=127.0.0.1:{sidecar_port}", "--gpu=none",
+        sidecar = stack.enter_context(ours(
+            [str(INFERWATCH), "sidecar", f"--engine-url={engine}", "--gpu=none",
              f"--admin-token-file={tmp_path / 'sidecar-admin-token'}"],
-            f"{sidecar}/healthz", tmp_path / "sidecar.log",
+            "/healthz", tmp_path / "sidecar.log",
         ))  # fmt: skip
-        for receiver in receivers:
-            stack.enter_context(running(
-                receiver.args(config, token), f"{receiver.url}/healthz",
-                tmp_path / f"{receiver.name}.log",
+        receivers = []
+        for name in ("receiver-a", "receiver-b"):
+            audit = tmp_path / f"{name}-audit.jsonl"
+            url = stack.enter_context(ours(
+                [str(INFERWATCH), "runbooks", "serve", f"--config={config}", "--execute",
+                 f"--token-file={token}", f"--audit-log={audit}"],
+                "/healthz", tmp_path / f"{name}.log",
             ))  # fmt: skip
-        for i in (0, 1):
-            stack.enter_context(running(
-                peer_args(alertmanager_bin, am_config, tmp_path / f"am{i}", web[i], gossip[i],
-                          gossip[1 - i]),
-                f"{ams[i]}/-/ready", tmp_path / f"alertmanager-{i}.log",
+            receivers.append(Receiver(name, url, audit))
+        am_config = alertmanager_config(tmp_path, receivers)
+        ams, gossip = [], []
+        for i in (0, 1):  # the second joins the first
+            am, address = stack.enter_context(alertmanager(
+                alertmanager_bin, am_config, tmp_path / f"am{i}",
+                tmp_path / f"alertmanager-{i}.log", list(gossip),
             ))  # fmt: skip
+            ams.append(am)
+            gossip.append(address)
 
         def clustered() -> bool:
             states = [httpx.get(f"{am}/api/v2/status", timeout=5).json()["cluster"] for am in ams]
@@ -210,7 +228,7 @@ def test_two_alertmanagers_and_two_receivers_isolate_a_replica_once(
         alert = {
             "labels": {
                 "alertname": "InferwatchGPUXidErrors", "severity": "critical",
-                "instance": f"127.0.0.1:{sidecar_port}", "model": "llama", "xid": "79",
+                "instance": sidecar.removeprefix("http://"), "model": "llama", "xid": "79",
             },
             "annotations": {"summary": "XID 79"},
             "startsAt": now(),

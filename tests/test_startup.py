@@ -36,7 +36,8 @@ from inferwatch.serving.page_fetch import EngineScraper
 from inferwatch.sim.coldstart import capture_size
 from inferwatch.sim.server import SimHandle, run_in_thread, start_subprocess
 from inferwatch.sim.simulator import SimConfig
-from support.ports import pick_port
+from support.ports import announced_url
+from support.relay import Relay, port_of
 from support.wait import wait_for, wait_until
 
 pytestmark = pytest.mark.proc
@@ -60,28 +61,27 @@ def samples(text: str, name: str, label: str = "phase") -> dict[str, float]:
 
 
 def test_phases_are_recorded_in_order_against_a_real_simulator_process(tmp_path: Path) -> None:
-    sim_port, sidecar_port = pick_port(), pick_port()
-    engine = f"http://127.0.0.1:{sim_port}"
-    sidecar = f"http://127.0.0.1:{sidecar_port}"
+    relay = Relay()  # the engine's address, refusing until the simulator starts behind it
+    engine = relay.url
     log_path = tmp_path / "sidecar.log"
     with log_path.open("w") as log:
         process = subprocess.Popen(
             [str(INFERWATCH), "--log-format", "json", "sidecar", f"--engine-url={engine}",
-             f"--listen=127.0.0.1:{sidecar_port}", "--gpu=none", "--engine=vllm",
+             "--listen=127.0.0.1:0", "--gpu=none", "--engine=vllm",
              "--warmup-batch-sizes=1,4", "--warmup-prompt-tokens=16,512"],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     seen_reasons: list[str] = []
     sim = None
     try:
+        sidecar = announced_url(process, log_path, "the sidecar")
         wait_for(lambda: httpx.get(f"{sidecar}/healthz").status_code == 200, "the sidecar", 30)
         # The sidecar is up before the engine: the replica's start is the sidecar's.
         first = httpx.get(f"{sidecar}/readyz")
         assert first.status_code == 503
         # About 16 GB of weights at 4 GB/s: the engine answers 503 for some 4 seconds.
-        sim = start_subprocess(
-            ["--port", str(sim_port), "--storage-bandwidth", "4", "--graph-capture-seconds", "1"]
-        )
+        sim = start_subprocess(["--storage-bandwidth", "4", "--graph-capture-seconds", "1"])
+        relay.resume(port_of(sim.url))
 
         def ready() -> bool:
             response = httpx.get(f"{sidecar}/readyz")
@@ -108,6 +108,7 @@ def test_phases_are_recorded_in_order_against_a_real_simulator_process(tmp_path:
         process.wait(10)
         if sim is not None:
             sim.stop()
+        relay.close()
     stamps = samples(page, "inferwatch_replica_startup_phase_timestamp_seconds")
     assert list(stamps) == list(PHASES)
     ordered = [stamps[p] for p in PHASES]
@@ -534,23 +535,25 @@ def test_warmup_takes_the_graph_capture_penalty_off_the_first_client_request() -
 
 
 def test_an_engine_restarted_inside_the_pod_is_warmed_up_again() -> None:
-    port = pick_port()
-    config = SimConfig(port=port, speed=1000, seed=4)
+    config = SimConfig(port=0, speed=1000, seed=4)
 
     async def scenario() -> None:
         sim = run_in_thread(config)
-        engine = EngineCollector(EngineScraper(f"{sim.url}/metrics", timeout_s=5.0), {})
-        warm = Warmup(WarmupPlan((1, 2), (16,)), sim.url, MODEL)
+        relay = Relay(port_of(sim.url))  # one engine address across the restart
+        engine = EngineCollector(EngineScraper(f"{relay.url}/metrics", timeout_s=5.0), {})
+        warm = Warmup(WarmupPlan((1, 2), (16,)), relay.url, MODEL)
         tracker = StartupTracker(engine, warm, poll_s=0.05, watch_s=0.05)
         task = asyncio.create_task(tracker.run())
         try:
             await wait_until(lambda: warm.done, "the first warm-up", 30)
             first_healthy = tracker.reached["engine_healthy"]
             await asyncio.to_thread(sim.stop)
+            relay.pause()
             await wait_until(lambda: not warm.done, "the restart to be seen", 30)
             assert tracker.phase in ("process_start", "engine_reachable")
             assert not warm.readiness()[0].ok  # the gate is closed again
             sim = await asyncio.to_thread(run_in_thread, config)
+            relay.resume(port_of(sim.url))
             await wait_until(lambda: warm.done, "the second warm-up", 30)
             assert tracker.reached["engine_healthy"] > first_healthy
             assert warm.outcomes["ok"] == 6  # one round of 1 + 2 requests per engine process
@@ -560,6 +563,7 @@ def test_an_engine_restarted_inside_the_pod_is_warmed_up_again() -> None:
             await tracker.aclose()
             await engine.aclose()
             sim.stop()
+            relay.close()
 
     asyncio.run(scenario())
 

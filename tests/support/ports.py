@@ -36,8 +36,8 @@ def in_use(log_text: str) -> bool:
 
 
 def pick_port() -> int:
-    """A port that was free a moment ago: for :func:`start_on_free_port`, which retries, and
-    for a server a test must address before it starts (prefer :func:`announced_url`)."""
+    """A port that was free a moment ago: only for a start that is retried on another one
+    when it was taken (:func:`start_on_free_port`, :func:`launch`)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -60,10 +60,15 @@ def start_on_free_port(
 
 
 def launch(
-    argv: Callable[[int], Sequence[str]], log: Path, ready_path: str, what: str
+    argv: Callable[[int], Sequence[str]],
+    log: Path,
+    ready_path: str,
+    what: str,
+    timeout: float = 30.0,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start an external server whose port is ``argv(port)``'s, on a free port (another one
-    when it was taken), and wait until it answers 200 on ``ready_path``; (process, its URL)."""
+    when it was taken), and wait until it answers 200 on ``ready_path`` (at most ``timeout``
+    seconds: one that loads a large database is given longer); (process, its URL)."""
 
     def start(port: int) -> tuple[subprocess.Popen[bytes], str]:
         with log.open("w") as out:
@@ -79,7 +84,7 @@ def launch(
             return httpx.get(url + ready_path, timeout=5).status_code == 200
 
         try:
-            wait_for(answering, what)
+            wait_for(answering, what, timeout)
         except BaseException:
             process.kill()
             process.wait()
