@@ -77,8 +77,12 @@ def test_every_vllm_family_on_the_page_is_mapped_or_left_out_with_a_reason() -> 
 
 
 def test_mapped_page_golden(golden: Callable[[Path, str], None]) -> None:
-    """The mapped page (promtool checks it in test_engines.py)."""
-    golden(MAPPED, generate_latest(_Families(_mapped())).decode())  # type: ignore[arg-type]
+    """The mapped page equals its golden (the fixture compares; promtool checks it in
+    test_engines.py), and every family on it is a catalogue name."""
+    text = generate_latest(_Families(_mapped())).decode()  # type: ignore[arg-type]
+    golden(MAPPED, text)
+    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    assert names and all(name.startswith("inferwatch_") for name in names)
 
 
 def _values(name: str) -> dict[tuple[tuple[str, str], ...], float]:
