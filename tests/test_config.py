@@ -14,6 +14,8 @@ from click.testing import CliRunner
 from inferwatch import config as layer
 from inferwatch.config import Duration, DurationParam, Fields, loader
 from inferwatch.config.schema import number_of
+from inferwatch.gateway import haproxy
+from inferwatch.k8s import kit
 from inferwatch.mixin import config as alert_config
 from inferwatch.proxy import config as proxy_config
 from inferwatch.runbooks import config as runbooks_config
@@ -28,6 +30,8 @@ LOADERS: dict[str, tuple[Callable[[Path], Any], type[Exception]]] = {
     "proxy": (proxy_config.load, proxy_config.ConfigError),
     "runbooks": (runbooks_config.load, runbooks_config.ConfigError),
     "alerts": (alert_config.load, alert_config.ConfigError),
+    "gateway topology": (haproxy.load, haproxy.TopologyError),
+    "k8s site": (kit.load_site, kit.SiteError),
 }
 
 
@@ -42,7 +46,12 @@ def _bomb() -> bytes:
 BAD_FILES = {
     "absent": (None, r"top level: cannot read"),
     "oversize": (b"#" * (loader.MAX_FILE_BYTES + 1), r"top level: larger than \d+ bytes"),
-    "alias bomb": (_bomb(), r"line 6: aliases expand to more than \d+ nodes"),
+    "alias bomb": (_bomb(), r"line 6: aliases expand to more than \d+ characters"),
+    "alias of a long string": (
+        b'url: &u "http://' + b"x" * 20_000 + b'"\nurls: [' + b", ".join([b"*u"] * 40) + b"]\n",
+        r"line 2: aliases expand to more than \d+ characters",
+    ),
+    "alias inside its anchor": (b"a: &a [1, *a]\n", r"line 1: alias \*a is inside its own anchor"),
     "deep nesting": (b"a: " + b"[" * 60 + b"]" * 60, r"line 1: nested deeper than 48 levels"),
     "huge integer": (b"a:\n  b: 99999999999999999999\n", r"line 2: integer larger than"),
     "not UTF-8": (b"a: 1\nb: \xff\xfe\n", r"line 2: not UTF-8 text"),
@@ -73,6 +82,15 @@ def test_an_alias_bomb_is_refused_while_composing_not_after() -> None:
         layer.parse(_bomb().decode(), "bomb.yaml")
     benign = layer.parse("base: &b {x: 1}\none: *b\ntwo: *b\n", "ok.yaml")
     assert benign["two"] == {"x": 1}
+
+
+def test_merge_keys_within_the_alias_bound_still_load() -> None:
+    """Thousands of tenants sharing their defaults through a merge key stay well inside."""
+    tenants = "".join(f"  t{i}: {{<<: *d, key: k{i}}}\n" for i in range(2000))
+    text = "defaults: &d {budget: 1000, window: 1d, rate: 10, model: m}\ntenants:\n" + tenants
+    document = layer.parse(text, "tenants.yaml")
+    assert document["tenants"]["t1999"] == {"budget": 1000, "window": "1d", "rate": 10,
+                                            "model": "m", "key": "k1999"}
 
 
 def test_the_largest_allowed_integer_still_loads() -> None:

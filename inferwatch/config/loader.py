@@ -1,9 +1,10 @@
 """Reading a config file: the one place YAML is parsed, with every bound a user's file meets.
 
 The bounds hold while the file is parsed, not after: an alias bomb (a few lines whose aliases
-expand to billions of nodes) is refused as its aliases are composed, before anything walks
-the document; nesting is refused at the level that crosses the limit, and an integer literal
-is refused by its length before Python converts it. Parsing runs in libyaml where it is built
+expand to billions of nodes, or one long string repeated through an alias) is refused as its
+aliases are composed, before anything walks the document; nesting is refused at the level
+that crosses the limit, and an integer literal is refused by its length before Python
+converts it. Parsing runs in libyaml where it is built
 (the C parser) under PyYAML's Python composer, which is where the bounds are counted.
 """
 
@@ -23,8 +24,8 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.resolver import Resolver
 
 __all__ = [
+    "MAX_ALIAS_EXPANSION",
     "MAX_DEPTH",
-    "MAX_EXPANDED_NODES",
     "MAX_FILE_BYTES",
     "MAX_INTEGER",
     "ConfigError",
@@ -38,9 +39,12 @@ __all__ = [
 
 #: the largest config file read, in bytes
 MAX_FILE_BYTES = 4 << 20
-#: nodes a document may have once every alias is expanded (the largest shipped config, the
-#: metric catalogue, has about 9,000)
-MAX_EXPANDED_NODES = 1_000_000
+#: what aliases may add to a document, weighed as its text would be written out: each node
+#: one, plus the characters of each scalar. Counted in characters, not nodes, because one
+#: alias of a long string is one node yet repeats the whole string into every generated file
+#: (20 KB of config made a 16 MB alertmanager.yaml); 256 KiB leaves room for merge keys in a
+#: config of thousands of tenants (about 70 per tenant)
+MAX_ALIAS_EXPANSION = 256 << 10
 #: mappings and lists inside one another
 MAX_DEPTH = 48
 #: an integer is a signed 64-bit value at most, as every consumer (Prometheus, Kubernetes) has
@@ -91,14 +95,12 @@ class _Loader(Composer, _Parser, SafeConstructor, Resolver):  # type: ignore[mis
         self._expanded = 0
         self._depth = 0
         self._sizes: dict[int, int] = {}
-
-    def _count(self, nodes: int, mark: Any) -> None:
-        self._expanded += nodes
-        if self._expanded > MAX_EXPANDED_NODES:
-            raise _Bounded(mark, f"aliases expand to more than {MAX_EXPANDED_NODES} nodes")
+        #: anchors whose node is still being composed: an alias of one would make a cycle
+        self._open: set[str] = set()
 
     def _size(self, node: Node) -> int:
-        """Nodes under ``node`` with aliases expanded (memoised: shared nodes count once each)."""
+        """The weight of ``node`` with aliases expanded: its nodes and scalar characters
+        (memoised, so a node shared through aliases is walked once)."""
         known = self._sizes.get(id(node))
         if known is None:
             if isinstance(node, SequenceNode):
@@ -106,36 +108,45 @@ class _Loader(Composer, _Parser, SafeConstructor, Resolver):  # type: ignore[mis
             elif isinstance(node, MappingNode):
                 known = 1 + sum(self._size(k) + self._size(v) for k, v in node.value)
             else:
-                known = 1
+                known = 1 + len(node.value)
             self._sizes[id(node)] = known
         return known
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         if self.check_event(AliasEvent):
             event = self.peek_event()
+            if event.anchor in self._open:
+                raise _Bounded(event.start_mark, f"alias *{event.anchor} is inside its own anchor")
             target = self.anchors.get(event.anchor)
             if target is not None:
-                self._count(self._size(target), event.start_mark)
-            return super().compose_node(parent, index)
-        self._count(1, self.peek_event().start_mark)
+                self._expanded += self._size(target)
+                if self._expanded > MAX_ALIAS_EXPANSION:
+                    raise _Bounded(
+                        event.start_mark,
+                        f"aliases expand to more than {MAX_ALIAS_EXPANSION} characters "
+                        "(write the repeated values out)",
+                    )
         return super().compose_node(parent, index)
 
     @contextlib.contextmanager
-    def _nested(self) -> Iterator[None]:
+    def _nested(self, anchor: str | None) -> Iterator[None]:
         self._depth += 1
         if self._depth > MAX_DEPTH:
             raise _Bounded(self.peek_event().start_mark, f"nested deeper than {MAX_DEPTH} levels")
+        if anchor is not None:
+            self._open.add(anchor)
         try:
             yield
         finally:
             self._depth -= 1
+            self._open.discard(anchor or "")
 
     def compose_sequence_node(self, anchor: Any) -> SequenceNode:
-        with self._nested():
+        with self._nested(anchor):
             return super().compose_sequence_node(anchor)
 
     def compose_mapping_node(self, anchor: Any) -> MappingNode:
-        with self._nested():
+        with self._nested(anchor):
             return super().compose_mapping_node(anchor)
 
     def construct_yaml_int(self, node: ScalarNode) -> int:
