@@ -55,7 +55,7 @@ def test_committed_files_are_what_the_generator_writes(default_files: dict[str, 
 
 
 def test_check_fails_on_a_stale_copy(tmp_path: Path, default_files: dict[str, str]) -> None:
-    generated.write(tmp_path, default_files)
+    generated.write(tmp_path, default_files, writer.KINDS)
     (tmp_path / "gpu.yaml").write_text("# edited\n", encoding="utf-8")
     result = CliRunner().invoke(main, ["generate", "alerts", "--check", "--out", str(tmp_path)])
     assert result.exit_code == 1
@@ -66,7 +66,7 @@ def test_check_fails_on_a_stale_copy(tmp_path: Path, default_files: dict[str, st
 def test_promtool_accepts_every_rule_file(
     tmp_path: Path, config_file: Path | None, promtool: str
 ) -> None:
-    generated.write(tmp_path, writer.render(config.load(config_file)))
+    generated.write(tmp_path, writer.render(config.load(config_file)), writer.KINDS)
     files = sorted(str(p) for p in tmp_path.glob("*.yaml"))
     assert {Path(f).stem for f in files} == {"recording", *build.LAYER_BUILDERS}
     done = subprocess.run(
@@ -412,7 +412,7 @@ def test_disable_override_and_per_model_thresholds(tmp_path: Path, promtool: str
     warning = next(r for r in qwen if r["labels"]["severity"] == "warning")
     critical = next(r for r in qwen if r["labels"]["severity"] == "critical")
     assert warning["expr"].endswith("> 1") and critical["expr"].endswith("> 5")
-    generated.write(tmp_path / "out", writer.render(config.load(path)))
+    generated.write(tmp_path / "out", writer.render(config.load(path)), writer.KINDS)
     done = subprocess.run(
         [promtool, "check", "rules", str(tmp_path / "out" / "latency.yaml")],
         capture_output=True,
@@ -488,7 +488,7 @@ def test_model_names_with_quotes_and_dots_stay_valid_promql(tmp_path: Path, prom
             }
         ),
     )
-    generated.write(tmp_path / "out", writer.render(config.load(path)))
+    generated.write(tmp_path / "out", writer.render(config.load(path)), writer.KINDS)
     files = [str(tmp_path / "out" / f) for f in ("latency.yaml", "cost.yaml")]
     done = subprocess.run(
         [promtool, "check", "rules", *files],
@@ -551,7 +551,7 @@ def test_recording_rules_keep_a_known_number_of_series_per_replica(
             if sample.name == "inferwatch_engine_requests_waiting":  # the replica is ready
                 ready = f'inferwatch_replica_ready{{{selector},condition="engine"}}'
                 series.append({"series": ready, "values": "1x10"})
-    generated.write(tmp_path, writer.render(config.load()))
+    generated.write(tmp_path, writer.render(config.load()), writer.KINDS)
     test = {
         "rule_files": [str(tmp_path / "recording.yaml")],
         "evaluation_interval": "1m",

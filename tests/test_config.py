@@ -89,8 +89,13 @@ def test_merge_keys_within_the_alias_bound_still_load() -> None:
     tenants = "".join(f"  t{i}: {{<<: *d, key: k{i}}}\n" for i in range(2000))
     text = "defaults: &d {budget: 1000, window: 1d, rate: 10, model: m}\ntenants:\n" + tenants
     document = layer.parse(text, "tenants.yaml")
-    assert document["tenants"]["t1999"] == {"budget": 1000, "window": "1d", "rate": 10,
-                                            "model": "m", "key": "k1999"}
+    assert document["tenants"]["t1999"] == {
+        "budget": 1000,
+        "window": "1d",
+        "rate": 10,
+        "model": "m",
+        "key": "k1999",
+    }
 
 
 def test_the_largest_allowed_integer_still_loads() -> None:

@@ -22,6 +22,7 @@ import yaml
 from inferwatch.canary import checks
 from inferwatch.canary.analysis import Thresholds
 from inferwatch.canary.checks import CHECKS, Check
+from inferwatch.mixin import validate
 from inferwatch.mixin.config import Config
 from inferwatch.mixin.promql import number
 
@@ -30,6 +31,8 @@ ARGO = "argo-analysistemplate.yaml"
 FLAGGER = "flagger-metrictemplates.yaml"
 PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
 ARGO_WINDOW = "30m"
+#: both templates are YAML whose queries are checked as PromQL before either is written
+KINDS = {"*.yaml": validate.YAML}
 
 
 def _guarded(score: str, totals: tuple[str, str], minimum: int) -> str:

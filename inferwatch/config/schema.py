@@ -20,6 +20,7 @@ this reader gives as ``bench.yaml: tenants.tenant-0.budget.window: expected a du
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,9 +34,11 @@ __all__ = [
     "ZERO",
     "Fail",
     "Fields",
+    "address_of",
     "choice_of",
     "duration_of",
     "flag_of",
+    "host_port",
     "integer_of",
     "kind",
     "matching_of",
@@ -256,3 +259,40 @@ def duration_of(
     if duration < minimum:
         raise fail(f"must be at least {minimum}, got {duration}")
     return duration
+
+
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_DOTTED_DIGITS = re.compile(r"[0-9.]+")
+
+
+def host_port(text: str) -> tuple[str, int]:
+    """(host, port) of ``host:port``, where host is an IPv4 address, a ``[IPv6]`` literal or
+    a DNS name; ValueError with the reason otherwise. Digits and dots are an IPv4 address
+    or nothing, so ``999.999.999.999`` is refused rather than looked up as a name."""
+    host, colon, port = text.rpartition(":")
+    if not colon or not port.isascii() or not port.isdigit() or not 0 < int(port[:6]) < 65536:
+        raise ValueError(f"expected host:port, got {text!r} (a port from 1 to 65535)")
+    try:
+        if host.startswith("[") and host.endswith("]"):
+            ipaddress.IPv6Address(host[1:-1])
+        elif _DOTTED_DIGITS.fullmatch(host):
+            ipaddress.IPv4Address(host)
+        elif len(host) > 253 or not all(_HOST_LABEL.fullmatch(p) for p in host.split(".")):
+            raise ValueError(host)
+    except ValueError:
+        raise ValueError(
+            f"expected host:port, got {text!r} ({host!r} is not an IPv4 address, [IPv6] "
+            "address or DNS name)"
+        ) from None
+    return host, int(port)
+
+
+def address_of(value: Any, fail: Fail) -> str:
+    """``value`` as a ``host:port`` address (see :func:`host_port`)."""
+    if not isinstance(value, str):
+        raise fail(f"expected host:port, got {kind(value)}")
+    try:
+        host_port(value)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    return value

@@ -29,7 +29,7 @@ def write_rules(folder: Path, chosen: config.Config) -> list[Path]:
     """Writes the rule files Prometheus loads into ``folder``; returns their paths."""
     files = writer.render(chosen)
     rules = {name: text for name, text in files.items() if "/" not in name}  # not the CR, AM
-    generated.write(folder, rules)
+    generated.write(folder, rules, writer.KINDS)
     return sorted(folder / name for name in rules)
 
 

@@ -10,6 +10,8 @@ import click
 from inferwatch import catalog
 from inferwatch.clikit import BadInput, F, Failed, cannot_write, check_option
 from inferwatch.generate import docs
+from inferwatch.mixin import validate
+from inferwatch.mixin.files import Written
 
 
 def _config_option(command: str, help: str) -> Callable[[F], F]:
@@ -39,19 +41,38 @@ def _write_or_check(
     files: Mapping[str, str],
     check: bool,
     stale: Callable[[Path, Mapping[str, str]], list[str]],
-    write: Callable[[Path, Mapping[str, str]], list[str]],
+    write: Callable[[Path, Mapping[str, str]], Written],
 ) -> None:
-    """Write the files that changed, or with ``--check`` fail naming the stale ones."""
+    """Write the files that changed, once all are valid, or with ``--check`` fail naming the
+    stale ones."""
     if check:
         outdated = stale(target, files)
         if outdated:
             raise Failed(f"stale under {target}: {', '.join(outdated)}")
         return
+    written = _validated(lambda: write(target, files))
+    click.echo(f"{target}: {len(written.changed)} of {len(files)} files updated")
+
+
+def _validated(write: Callable[[], Written]) -> Written:
+    """Run ``write``: a file that fails its checks is bad input (nothing was written); the
+    checks that could not run are said in one line on stderr."""
     try:
-        changed = write(target, files)
+        written = write()
+    except validate.Invalid as exc:
+        raise BadInput(f"nothing written: {exc}") from None
     except OSError as exc:
         raise cannot_write(exc) from None
-    click.echo(f"{target}: {len(changed)} of {len(files)} files updated")
+    if written.unchecked:
+        click.echo(validate.unchecked_line(written.unchecked), err=True)
+    return written
+
+
+def _kinds_of(
+    write: Callable[[Path, Mapping[str, str], Mapping[str, validate.Kind]], Written],
+    kinds: Mapping[str, validate.Kind],
+) -> Callable[[Path, Mapping[str, str]], Written]:
+    return lambda target, files: write(target, files, kinds)
 
 
 @click.group()
@@ -72,7 +93,7 @@ def docs_pages(out: Path, check: bool) -> None:
     """Write the metric table and the porting tables (docs/metrics.md, docs/porting.md)."""
     from inferwatch.mixin.files import stale, write
 
-    _write_or_check(out, docs.render(catalog.load()), check, stale, write)
+    _write_or_check(out, docs.render(catalog.load()), check, stale, _kinds_of(write, docs.KINDS))
 
 
 @generate.command()
@@ -93,7 +114,7 @@ def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
     except config.ConfigError as exc:
         raise BadInput(str(exc)) from None
     target = out if out is not None else writer.default_out()
-    _write_or_check(target, files, check, stale, write)
+    _write_or_check(target, files, check, stale, _kinds_of(write, writer.KINDS))
 
 
 @generate.command()
@@ -113,7 +134,8 @@ def dashboards(config_path: Path | None, out: Path | None, check: bool) -> None:
         files = writer.render(config.load(config_path))
     except config.ConfigError as exc:
         raise BadInput(str(exc)) from None
-    _write_or_check(writer.default_out() if out is None else out, files, check, stale, write)
+    target = writer.default_out() if out is None else out
+    _write_or_check(target, files, check, stale, _kinds_of(write, writer.KINDS))
 
 
 @generate.command()
@@ -139,6 +161,9 @@ def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
     """Write the HAProxy gateway config (routes, health checks, weights, fallbacks)."""
     from inferwatch.demo import routing
     from inferwatch.gateway import haproxy as gw
+    from inferwatch.mixin.files import write
+
+    kinds = {"*": validate.HAPROXY}  # one HAProxy config, whatever --out names it
 
     try:
         if topology_path is None:
@@ -150,6 +175,7 @@ def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
     if out is None:
         if check:
             raise click.UsageError("--check needs --out")
+        _validated(lambda: Written([], validate.check({"haproxy.cfg": text}, kinds)))
         click.echo(text, nl=False)
         return
     current = out.read_text(encoding="utf-8") if out.is_file() else None
@@ -157,12 +183,7 @@ def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
         if current != text:
             raise Failed(f"{out} is stale: run inferwatch generate gateway")
         return
-    if current != text:
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise cannot_write(exc) from None
+    _validated(lambda: write(out.parent, {out.name: text}, kinds))
     click.echo(f"{out}: {'already current' if current == text else 'updated'}")
 
 
@@ -212,4 +233,4 @@ def canary(config_path: Path | None, out: Path, check: bool) -> None:
         files = templates.render(config.load(config_path))
     except config.ConfigError as exc:
         raise BadInput(str(exc)) from None
-    _write_or_check(out, files, check, stale, write)
+    _write_or_check(out, files, check, stale, _kinds_of(write, templates.KINDS))

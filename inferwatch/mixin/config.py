@@ -26,7 +26,7 @@ from typing import Any
 from inferwatch import config as layer
 from inferwatch.config import Duration
 from inferwatch.config.schema import Fail, Fields, number_of, text_of
-from inferwatch.mixin import routing
+from inferwatch.mixin import gotemplate, routing, validate
 
 __all__ = [
     "ALERT_EXTRAS",
@@ -48,8 +48,8 @@ DURATION_KEYS = frozenset(
 #: keys every ``alerts.<name>`` entry accepts besides its own defaults
 ALERT_EXTRAS = frozenset({"disabled", "labels", "annotations"})
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*'
-_MATCHERS = re.compile(rf"^{_MATCHER}(?:,{_MATCHER})*,?$")
+_MATCHER = r'\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\\n]|\\.)*"\s*'
+_MATCHERS = re.compile(rf"{_MATCHER}(?:,{_MATCHER})*,?")
 
 
 class ConfigError(layer.ConfigError):
@@ -76,7 +76,9 @@ def _merge(base: Mapping[str, Any], given: Fields) -> dict[str, Any]:
             merged[key] = _alerts(base[key], given.child(key))
         elif given.where(key) == "latency.models":
             merged[key] = {
-                model: _partial(base["thresholds"], thresholds)
+                _model_name(model, thresholds.error_at("")): _partial(
+                    base["thresholds"], thresholds
+                )
                 for model, thresholds in given.child(key).entries()
             }
         elif given.where(key) == "slo.windows":
@@ -123,7 +125,9 @@ def _alerts(base: Mapping[str, Any], given: Fields) -> dict[str, Any]:
             elif key == "baselines":  # per model, in currency per 1k tokens
                 baselines = entry.child(key)
                 settings[key] = {
-                    str(model): number_of(value, baselines.error_at(str(model)))
+                    _model_name(str(model), baselines.error_at(str(model))): number_of(
+                        value, baselines.error_at(str(model))
+                    )
                     for model, value in baselines.raw.items()
                 }
             else:
@@ -156,13 +160,25 @@ def _windows(template: Mapping[str, Any], slo: Fields) -> list[dict[str, Any]]:
 
 
 def _strings(given: Fields) -> dict[str, str]:
-    """Extra labels or annotations: label names to strings."""
+    """Extra labels or annotations: label names to strings, each a template that Prometheus
+    can parse (it expands both)."""
     result = {}
     for key, value in given.raw.items():
-        if not isinstance(key, str) or not _LABEL_NAME.match(key):
+        if not isinstance(key, str) or not _LABEL_NAME.fullmatch(key):
             raise given.error(str(key), "not a valid label or annotation name")
-        result[key] = text_of(value, given.error_at(key), numbers=False)
+        text = text_of(value, given.error_at(key), numbers=False)
+        reason = gotemplate.error(text)
+        if reason is not None:
+            raise given.error(key, f"not a template Prometheus can parse: {reason}")
+        result[key] = text
     return result
+
+
+def _model_name(name: str, fail: Fail) -> str:
+    """A model name, which lands in PromQL strings and YAML keys: printable, one line."""
+    if not name or not name.isprintable():
+        raise fail(f"a model name is printable text on one line, got {name!r}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -250,8 +266,11 @@ def _check_meaning(config: Config, fail: Any) -> None:
     if not _LABEL_NAME.match(config.cluster_label):
         fail("cluster_label", f"{config.cluster_label!r} is not a label name")
     for name, selector in config.selectors.items():
-        if selector and not _MATCHERS.match(selector):
+        if selector and not _MATCHERS.fullmatch(selector):
             fail(f"selectors.{name}", 'expected label matchers without braces, e.g. job="x"')
+        reason = validate.promql_error(f"up{{{selector}}}")
+        if reason is not None:
+            fail(f"selectors.{name}", reason)
     for link, fields in (("runbook_url", {"alertname"}), ("dashboard_url", {"uid", "panel"})):
         try:
             config.links[link].format(**{field: "x" for field in fields})
