@@ -84,8 +84,10 @@ def _directive(
     keyword = words[0]
     where = f"line {number}"
     if keyword == "server":
-        if len(words) < 3 or not section.startswith("backend "):
-            return "server NAME ADDRESS belongs in a backend"
+        if not section.startswith("backend "):
+            return "a server belongs in a backend"
+        if len(words) < 3:
+            return f"expected server NAME ADDRESS, got {' '.join(words)!r}"
         name, address = words[1], words[2]
         if not _IDENTIFIER.fullmatch(name):
             return f"server name {name!r} has characters HAProxy refuses"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from inferwatch.config import ConfigError, Duration
+from inferwatch.config.schema import host_port
 
 __all__ = ["Settings", "settings"]
 
@@ -21,7 +22,7 @@ __all__ = ["Settings", "settings"]
 _URL_CHARS = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@/-]|%[0-9A-Fa-f]{2})"
 _URL = re.compile(
     r"\A(?:http|https)://"
-    r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
+    r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
     r"(?::(?P<port>[0-9]{1,5}))?"
     rf"(?:/{_URL_CHARS}*)?(?:\?(?:{_URL_CHARS}|\?)*)?\Z"
 )
@@ -82,6 +83,10 @@ def _url(error: type[ConfigError], url: str, where: str) -> str:
         raise error(
             f"{where}: expected an http(s) URL (scheme://host[:port][/path][?query]), got {url!r}"
         )
+    try:
+        host_port(f"{match['host']}:{match['port'] or 80}")
+    except ValueError as exc:
+        raise error(f"{where}: {exc}") from None
     return url
 
 
