@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["FUNCTIONS", "error"]
+__all__ = ["FUNCTIONS", "VARIABLES", "error"]
 
 #: Go's builtins and Prometheus' template functions (Prometheus 2.42, template/template.go)
 FUNCTIONS = frozenset({
@@ -26,6 +26,8 @@ FUNCTIONS = frozenset({
 })  # fmt: skip
 _OPENERS = frozenset({"if", "range", "with", "define", "block"})
 _WORDS = frozenset({"true", "false", "nil", "template", "break", "continue"})
+#: the variables Prometheus defines for an alert's templates
+VARIABLES = frozenset({"$", "$labels", "$value", "$externalLabels", "$externalURL"})
 _TOKEN = re.compile(
     r"""\s+|"(?:[^"\\\n]|\\.)*"|`[^`]*`|'(?:[^'\\\n]|\\.)+'"""
     r"""|\$[A-Za-z0-9_]*|\.[A-Za-z_][A-Za-z0-9_]*|\.|[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_]\w*)*"""
@@ -37,6 +39,7 @@ _TOKEN = re.compile(
 def error(text: str) -> str | None:
     """Why ``text`` does not parse as a Go template; None when it does."""
     stack: list[str] = []
+    variables = set(VARIABLES)
     at = 0
     while (start := text.find("{{", at)) != -1:
         inner = start + 2
@@ -52,7 +55,7 @@ def error(text: str) -> str | None:
         body, end = _action(text, start + 2)
         if end == -1:
             return "unclosed action (a {{ without }})"
-        reason = _check_action(body, stack)
+        reason = _check_action(body, stack, variables)
         if reason is not None:
             return reason
         at = end + 2
@@ -96,7 +99,9 @@ def _string_end(text: str, start: int) -> int:
     return -1
 
 
-def _check_action(body: str, stack: list[str]) -> str | None:
+def _check_action(body: str, stack: list[str], variables: set[str]) -> str | None:
+    """Checks one action; ``stack`` holds the open control structures, ``variables`` the
+    names declared so far (Go scopes them per structure; one set is close enough)."""
     tokens: list[str] = []
     at = 0
     while at < len(body):
@@ -116,6 +121,8 @@ def _check_action(body: str, stack: list[str]) -> str | None:
     if depth:
         return "unclosed left paren"
     keyword = tokens[0]
+    if keyword in ("break", "continue"):
+        return None if "range" in stack and len(tokens) == 1 else f"{{{{{keyword}}}}} outside range"
     if keyword == "end":
         if not stack:
             return "unexpected {{end}}"
@@ -137,8 +144,17 @@ def _check_action(body: str, stack: list[str]) -> str | None:
     for previous, token, following in zip(
         ["(", *tokens[:-1]], tokens, [*tokens[1:], ")"], strict=True
     ):
-        if token == "|" and (previous in ("(", "|") or following in (")", "|")):
+        if token == "|" and (previous in ("(", "|") or following == "|"):
             return "missing command around |"
+        if token in (":=", "=") and following == ")":
+            return "missing value for command"
+        if token.startswith("$"):
+            name = token.split(".")[0]
+            if following in (":=", ","):
+                variables.add(name)
+            elif name not in variables:
+                return f"undefined variable {name!r}"
+            continue
         name = token.split(".")[0]
         named = name[:1].isalpha() or name[:1] == "_"
         if named and name not in _WORDS and name not in FUNCTIONS:
