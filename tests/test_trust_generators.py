@@ -260,7 +260,9 @@ def test_every_committed_generated_file_passes_the_python_checks() -> None:
         ("{{ nosuch $value }}", 'function "nosuch" not defined'),
         ("{{ (humanize $value }}", "unclosed left paren"),
         ('{{ "open }}', "unclosed action"),
-        ("{{ $value | }}", "missing command"),
+        ("{{ | humanize }}", "missing command"),
+        ("{{ $undeclared }}", "undefined variable"),
+        ("{{ break }}", "outside range"),
         ("{{/* open }}", "unclosed comment"),
     ],
 )
@@ -270,7 +272,12 @@ def test_go_template_syntax(template: str, reason: str | None) -> None:
 
 
 def test_the_haproxy_copy_resolves_here_whatever_the_names() -> None:
-    text = "backend b\n    server v1:r1 replica-1.svc:8000 check port 9400\n    bind [::1]:80\n"
+    text = ("global\n    stats socket ipv4@gw.internal:9999 mode 600\n"
+            "    stats socket /run/haproxy.sock mode 600\nbackend b\n"
+            "    server v1:r1 replica-1.svc:8000 check port 9400\n"
+            "    bind [::1]:80\n    bind gw.internal:80\n")  # fmt: skip
     copy = haproxycfg.resolvable(text)
+    assert "stats socket ipv4@127.0.0.1:9999 mode 600" in copy
+    assert "stats socket /run/haproxy.sock mode 600" in copy
     assert "server v1:r1 127.0.0.1:8000 check port 9400" in copy
-    assert "bind [::1]:80" in copy
+    assert "bind [::1]:80\n    bind 127.0.0.1:80\n" in copy

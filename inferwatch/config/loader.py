@@ -4,8 +4,8 @@ The bounds hold while the file is parsed, not after: an alias bomb (a few lines 
 expand to billions of nodes, or one long string repeated through an alias) is refused as its
 aliases are composed, before anything walks the document; nesting is refused at the level
 that crosses the limit, and an integer literal is refused by its length before Python
-converts it. Parsing runs in libyaml where it is built
-(the C parser) under PyYAML's Python composer, which is where the bounds are counted.
+converts it. Parsing runs in libyaml where it is built (the C parser) under PyYAML's Python
+composer, which is where the bounds are counted.
 """
 
 from __future__ import annotations

@@ -114,15 +114,21 @@ def _directive(
 
 
 def resolvable(text: str) -> str:
-    """``text`` with host names in ``server`` and ``bind`` lines replaced by 127.0.0.1:
-    HAProxy resolves names while checking, and they resolve where it runs, not here."""
+    """``text`` with the host names of ``server``, ``bind`` and ``stats socket`` lines
+    replaced by 127.0.0.1: HAProxy resolves names while checking, and they resolve where it
+    runs, not here."""
     lines = []
     for line in text.split("\n"):
-        words = line.split()
-        at = {"server": 2, "bind": 1}.get(words[0], 0) if words and line[:1] == " " else 0
+        words = line.split() if line[:1] == " " else []
+        at = {"server": 2, "bind": 1, "stats": 2}.get(words[0] if words else "", 0)
         if at and len(words) > at:
-            host, port = host_port(words[at])
-            if not (host.startswith("[") or re.fullmatch(r"[0-9.]+", host)):
-                line = line.replace(f" {words[at]}", f" 127.0.0.1:{port}", 1)
+            address = words[at].removeprefix("ipv4@")
+            try:
+                host, port = host_port(address)
+            except ValueError:
+                address = ""  # a unix socket path
+            if address and not (host.startswith("[") or re.fullmatch(r"[0-9.]+", host)):
+                word = re.compile(rf"(?<=[\s@]){re.escape(address)}(?=\s|$)")
+                line = word.sub(f"127.0.0.1:{port}", line, count=1)
         lines.append(line)
     return "\n".join(lines)
