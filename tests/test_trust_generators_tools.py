@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from inferwatch.cli import main
 from inferwatch.mixin import files, gotemplate
+from support.shared import tool
 
 pytestmark = pytest.mark.proc
 
@@ -263,3 +264,62 @@ def test_a_checker_that_refuses_a_file_stops_the_whole_set(tmp_path: Path) -> No
     assert result.exit_code == 2, result.output
     assert "promtool check rules: " in result.output and "nope" in result.output
     assert not out.exists()
+
+
+KIT = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
+#: a site's fields, with the valid value of the shipped east site and hostile ones
+SITE = {
+    ("namespace",): st.one_of(TEXT, st.just("llm")),
+    ("cluster",): st.one_of(TEXT, st.just("west")),
+    ("image_tag",): st.one_of(TEXT, st.just("1.2.3")),
+    ("monitoring", "release"): TEXT,
+    ("monitoring", "remote_write", "url"): st.one_of(
+        TEXT, st.builds(lambda host: f"https://{host}/push", TEXT)
+    ),
+    ("monitoring", "remote_write", "batch_send_deadline"): DURATION,
+    ("gateway", "hostname"): st.one_of(TEXT, st.just("llm.west.example.com")),
+    ("gateway", "canary_users"): st.lists(NAME, max_size=2),
+}
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@HOSTILE
+@given(
+    values=st.lists(
+        st.sampled_from(sorted(SITE)).flatmap(lambda path: st.tuples(st.just(path), SITE[path])),
+        min_size=1,
+        max_size=2,
+    )
+)
+@example(values=[(("cluster",), "west")])
+@example(values=[(("gateway", "hostname"), "llm.example.com\nx")])
+@example(values=[(("monitoring", "remote_write", "batch_send_deadline"), "9999999999y")])
+def test_generate_k8s_on_a_hostile_site(
+    tmp_path: Path, values: list[tuple[tuple[str, ...], Any]]
+) -> None:
+    kubectl = tool("kubectl")
+    kit = tmp_path / "kit"
+    shutil.rmtree(kit, ignore_errors=True)
+    shutil.copytree(KIT, kit)
+    site = yaml.safe_load((KIT / "sites" / "multi-cluster-east.yaml").read_text())
+    for path, value in values:
+        node = site
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    (kit / "sites" / "west.yaml").write_text(yaml.safe_dump(site), encoding="utf-8")
+    before = _tree(kit)
+    result = CliRunner().invoke(main, ["generate", "k8s", "--dir", str(kit)])
+    event(f"exit {result.exit_code}")
+    if result.exit_code == 0:
+        rendered = _run(kubectl, "kustomize", str(kit / "overlays" / "west"))
+        assert rendered.returncode == 0, rendered.stderr
+        assert [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    else:
+        assert result.exit_code == 2, result.output
+        lines = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+        assert len(lines) == 1 and "Traceback" not in result.output, result.output
+        assert _tree(kit) == before
