@@ -127,7 +127,8 @@ def _documents(text: str) -> list[Any]:
 
 
 def _walk(value: Any, where: str) -> Iterator[tuple[str, str, Any]]:
-    """(path, key, value) of every mapping entry under ``value``."""
+    """(path, key, value) of every mapping entry and list item under ``value`` (an item's
+    key is "")."""
     if isinstance(value, Mapping):
         for key, item in value.items():
             path = f"{where}.{key}" if where else str(key)
@@ -135,11 +136,13 @@ def _walk(value: Any, where: str) -> Iterator[tuple[str, str, Any]]:
             yield from _walk(item, path)
     elif isinstance(value, list):
         for index, item in enumerate(value):
+            yield f"{where}[{index}]", "", item
             yield from _walk(item, f"{where}[{index}]")
 
 
 def _check_strings(document: Any) -> None:
-    """No control character in any value: a newline in a name breaks the line it lands in."""
+    """No control character but line breaks and tabs (which expressions and descriptions
+    hold) in any value: a NUL or an escape sequence reaches whoever reads the file."""
     for path, _, value in _walk(document, ""):
         if isinstance(value, str) and any(not c.isprintable() and c not in "\n\t" for c in value):
             raise _Problem(path, f"control character in {value!r}")
@@ -276,7 +279,7 @@ def _dashboard(text: str) -> None:
 def _text(text: str) -> None:
     """Pages such as the docs tables: text with no control characters beyond line breaks."""
     for number, line in enumerate(text.splitlines(), 1):
-        if not line.isprintable() and any(not c.isprintable() and c != "\t" for c in line):
+        if any(not c.isprintable() and c != "\t" for c in line):
             raise _Problem(f"line {number}", "control character")
 
 
