@@ -358,7 +358,4 @@ def _run(tool: Tool, name: str, text: str, folder: Path) -> None:
 
 def unchecked_line(missing: list[str]) -> str:
     """The one line a command prints for the external checks that did not run."""
-    return (
-        f"not checked by {', '.join(missing)} (not on PATH); the Python checks ran: install "
-        "them to check what Prometheus, Alertmanager and HAProxy will load"
-    )
+    return f"not checked by {', '.join(missing)}: not on PATH (the Python checks ran)"
