@@ -127,7 +127,7 @@ def test_alerts_carry_severity_annotations_and_links(default_files: dict[str, st
         assert annotations["summary"].endswith(".")
         assert "{{" in annotations["description"], f"{name}: description shows no value or label"
         assert annotations["runbook_url"] == cfg.links["runbook_url"].format(alertname=name)
-        assert annotations["runbook_url"].endswith(f"/runbooks/{name}.md")
+        assert annotations["runbook_url"].endswith(f"/runbooks/{name}")
         assert re.search(r"/d/inferwatch-[a-z]+\?viewPanel=\d+$", annotations["dashboard_url"])
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}
 
