@@ -54,6 +54,7 @@ def render(config: Config) -> dict[str, str]:
             "labels": {
                 "app.kubernetes.io/name": "inferwatch",
                 "app.kubernetes.io/part-of": "inferwatch",
+                **config.kubernetes["prometheus_rule_labels"],
             },
         },
         "spec": {"groups": [group_dict(g, config) for groups in layers.values() for g in groups]},

@@ -50,6 +50,7 @@ def render(config: Config) -> dict[str, str]:
             "metadata": {
                 "name": f"inferwatch-dashboard-{name}",
                 "labels": {
+                    **config.kubernetes["dashboard_labels"],
                     "grafana_dashboard": "1",
                     "app.kubernetes.io/name": "inferwatch",
                     "app.kubernetes.io/part-of": "inferwatch",

@@ -3,7 +3,8 @@
 Subcommands live next to the code they drive and are imported only when used, so that
 ``inferwatch scrape`` does not pay for the simulator's imports. Every option has an
 environment twin, ``INFERWATCH_<SUBCOMMAND>_<OPTION>`` (shown in each ``--help``). Exit
-statuses come from :class:`inferwatch.exitcodes.ExitCode` (``docs/cli.md``).
+statuses come from :class:`inferwatch.exitcodes.ExitCode` (``docs/cli.md``). A subcommand
+whose optional extra is not installed fails (exit 3) before its module is imported.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import importlib
 
 import click
 
-from inferwatch import __version__, logs
+from inferwatch import __version__, build_commit, logs
+from inferwatch.clikit import missing_extras, require_extra
 from inferwatch.exitcodes import ExitCode
 
 # name -> (module, attribute) of a click command
@@ -33,6 +35,22 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _needs_extra(name: str) -> click.Command:
+    """A stand-in for a subcommand whose extra is not installed (its module would not even
+    import): listed in the help as such, and failing with one line, whatever its arguments."""
+
+    @click.command(
+        name=name,
+        help=f"Needs inferwatch[{','.join(missing_extras(name))}], which is not installed.",
+        add_help_option=False,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
+    def stand_in() -> None:
+        require_extra(name)
+
+    return stand_in
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(SUBCOMMANDS)
@@ -40,6 +58,8 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in SUBCOMMANDS:
             return None
+        if missing_extras(cmd_name):
+            return _needs_extra(cmd_name)
         module_name, attribute = SUBCOMMANDS[cmd_name]
         command = getattr(importlib.import_module(module_name), attribute)
         assert isinstance(command, click.Command)
@@ -61,7 +81,9 @@ class LazyGroup(click.Group):
         "help_option_names": ["-h", "--help"],
     },
 )
-@click.version_option(__version__, prog_name="inferwatch")
+@click.version_option(
+    __version__, prog_name="inferwatch", message=f"%(prog)s %(version)s (commit {build_commit()})"
+)
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),

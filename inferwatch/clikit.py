@@ -1,5 +1,6 @@
 """What the subcommands' command-line code shares: option groups, ``HOST:PORT`` parsing,
-listening sockets and :class:`CommandError`, the one way a command fails.
+listening sockets, :class:`CommandError` (the one way a command fails) and the check of the
+optional extras a command needs.
 
 Domain CLIs (sidecar, proxy, probes, runbooks, generate, ...) import this and never the
 top-level ``inferwatch.cli``, which only finds the subcommands.
@@ -8,6 +9,7 @@ top-level ``inferwatch.cli``, which only finds the subcommands.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
 import socket
 from collections.abc import Callable
@@ -18,18 +20,23 @@ import click
 from inferwatch.exitcodes import ExitCode
 
 __all__ = [
+    "COMMAND_EXTRAS",
+    "EXTRAS",
     "BadInput",
     "CannotRun",
     "CommandError",
     "F",
     "Failed",
+    "MissingExtra",
     "PortTaken",
     "bind",
     "cannot_write",
     "check_option",
     "listen_error",
+    "missing_extras",
     "option_group",
     "parse_listen",
+    "require_extra",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -56,6 +63,49 @@ class CannotRun(CommandError):
 
 class PortTaken(CommandError):
     exit_code = ExitCode.PORT_TAKEN
+
+
+class MissingExtra(CannotRun):
+    """An optional extra that is not installed: the host must change, not the input."""
+
+
+#: extra (``pip install 'inferwatch[NAME]'``) -> the modules it installs. The core install
+#: carries what the sidecar, proxy, probes, receiver and generators need.
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "snapshot": ("matplotlib",),
+    "console": ("rich",),
+    "kubernetes": ("kubernetes",),
+    "tokenizer": ("tokenizers",),
+}
+
+#: command -> the extras it always needs (an extra one setting needs is checked where the
+#: setting is read)
+COMMAND_EXTRAS: dict[str, tuple[str, ...]] = {
+    "snapshot": ("snapshot",),
+    "demo": ("console",),
+    "canary": ("console",),
+    # the drill's GPU reset request goes through the Kubernetes client to a fake API server
+    "drill": ("console", "kubernetes"),
+}
+
+
+def missing_extras(command: str) -> list[str]:
+    """The extras ``command`` needs that are not installed, looked up without importing."""
+    return [
+        extra
+        for extra in COMMAND_EXTRAS.get(command, ())
+        if any(importlib.util.find_spec(module) is None for module in EXTRAS[extra])
+    ]
+
+
+def require_extra(command: str) -> None:
+    """Fail with one line naming the extra ``command`` lacks, before it starts anything."""
+    missing = ",".join(missing_extras(command))
+    if missing:
+        raise MissingExtra(
+            f"inferwatch {command} needs inferwatch[{missing}], which is not installed: "
+            f"pip install 'inferwatch[{missing}]'"
+        )
 
 
 def cannot_write(exc: OSError) -> CannotRun:

@@ -14,7 +14,7 @@ from inferwatch.auth import TokenError, load_token
 from inferwatch.clikit import BadInput, CannotRun, bind, cannot_write, parse_listen
 from inferwatch.logs import log_event
 from inferwatch.runbooks import config as mapping
-from inferwatch.runbooks import registry
+from inferwatch.runbooks import pages, registry
 from inferwatch.runbooks.actions.base import Action
 from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.breaker import CircuitBreaker
@@ -115,7 +115,9 @@ def serve(
     state_dir: Path | None,
     max_body_bytes: int,
 ) -> None:
-    """Receive Alertmanager webhooks (v4) and run the mapped actions, dry-run by default."""
+    """Receive Alertmanager webhooks (v4) and run the mapped actions, dry-run by default.
+    Also serves the runbook pages at /runbooks/<AlertName> (HTML, or Markdown for
+    Accept: text/markdown), where the generated rules' runbook_url points by default."""
     host, port = parse_listen(listen)
     config = _config(config_path)
     token = _token(token_file)
@@ -152,7 +154,9 @@ def serve(
         rules=len(config.rules),
         audit_log=str(audit_log),
     )
-    uvicorn_server.serve(Receiver(dispatcher, token, max_body_bytes).app(), sock)
+    app = Receiver(dispatcher, token, max_body_bytes).app()
+    app.router.routes.append(pages.route(pages.load()))
+    uvicorn_server.serve(app, sock)
 
 
 @runbooks.command("check-config")

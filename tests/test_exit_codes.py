@@ -37,6 +37,13 @@ def _file(tmp: Path, name: str, text: str) -> str:
     return str(path)
 
 
+def _kit_with_bad_site(tmp: Path) -> Path:
+    """A new kit folder holding one unreadable site file (the shipped kit is copied in)."""
+    (tmp / "kit" / "sites").mkdir(parents=True)
+    _file(tmp, "kit/sites/bad.yaml", UNCLOSED_YAML)
+    return tmp / "kit"
+
+
 def _blocked(tmp: Path) -> str:
     """A path that cannot be created: its parent is a plain file."""
     return str(Path(_file(tmp, "plain-file", "")) / "out")
@@ -96,7 +103,7 @@ CASES: dict[str, Case] = {
         lambda tmp: ["--topology", _file(tmp, "topology.yaml", "models: 3\n")],
         cannot_run=lambda tmp: ["--out", _blocked(tmp)],
     ),
-    "generate k8s": Case(lambda tmp: ["--dir", str(tmp / "no-such-kit")]),
+    "generate k8s": Case(lambda tmp: ["--out", str(_kit_with_bad_site(tmp))]),
     "generate docs": Case(
         lambda tmp: ["--out", _file(tmp, "docs", "a file, not a folder\n")],
         cannot_run=lambda tmp: ["--out", _blocked(tmp)],

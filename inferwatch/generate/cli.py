@@ -1,4 +1,9 @@
-"""``inferwatch generate``: write the files derived from the metric catalogue."""
+"""``inferwatch generate``: write the files derived from the metric catalogue.
+
+Every generator writes under the current directory unless told otherwise, never into the
+installed package: a checkout refreshes its committed copies by naming them
+(``--out alerts/generated``).
+"""
 
 from __future__ import annotations
 
@@ -30,9 +35,10 @@ def _out_dir_option(what: str, default: str) -> Callable[[F], F]:
     return click.option(
         "--out",
         type=click.Path(file_okay=False, path_type=Path),
-        default=None,
+        default=Path(default),
         show_envvar=True,
-        help=f"Directory for the {what} [default: {default} of this checkout].",
+        show_default=f"{default}/ in the current directory",
+        help=f"Directory for the {what}.",
     )
 
 
@@ -100,9 +106,9 @@ def docs_pages(out: Path, check: bool) -> None:
 @_config_option(
     "alerts", "Alert config read on top of the shipped defaults (inferwatch/mixin/config.yaml)."
 )
-@_out_dir_option("rule files", "alerts/generated")
+@_out_dir_option("rule files", "generated/alerts")
 @check_option("a file")
-def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
+def alerts(config_path: Path | None, out: Path, check: bool) -> None:
     """Write the Prometheus rule files (one per layer, recording rules), a PrometheusRule and
     the recommended Alertmanager config."""
     from inferwatch.alerts import writer
@@ -113,8 +119,7 @@ def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
         files = writer.render(config.load(config_path))
     except config.ConfigError as exc:
         raise BadInput(str(exc)) from None
-    target = out if out is not None else writer.default_out()
-    _write_or_check(target, files, check, stale, _kinds_of(write, writer.KINDS))
+    _write_or_check(out, files, check, stale, _kinds_of(write, writer.KINDS))
 
 
 @generate.command()
@@ -122,9 +127,9 @@ def alerts(config_path: Path | None, out: Path | None, check: bool) -> None:
     "dashboards",
     "Alert config (thresholds, selectors, cluster label) read on top of the defaults.",
 )
-@_out_dir_option("dashboards", "dashboards/generated")
+@_out_dir_option("dashboards", "generated/dashboards")
 @check_option("a file")
-def dashboards(config_path: Path | None, out: Path | None, check: bool) -> None:
+def dashboards(config_path: Path | None, out: Path, check: bool) -> None:
     """Write the Grafana dashboards (JSON), a ConfigMap per board and a provisioning file."""
     from inferwatch.dashboards import writer
     from inferwatch.mixin import config
@@ -134,8 +139,7 @@ def dashboards(config_path: Path | None, out: Path | None, check: bool) -> None:
         files = writer.render(config.load(config_path))
     except config.ConfigError as exc:
         raise BadInput(str(exc)) from None
-    target = writer.default_out() if out is None else out
-    _write_or_check(target, files, check, stale, _kinds_of(write, writer.KINDS))
+    _write_or_check(out, files, check, stale, _kinds_of(write, writer.KINDS))
 
 
 @generate.command()
@@ -189,25 +193,36 @@ def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
 
 @generate.command()
 @click.option(
+    "--out",
     "--dir",
-    "kit",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    "out",
+    type=click.Path(file_okay=False, path_type=Path),
     default=Path("deploy/kubernetes"),
-    envvar="INFERWATCH_GENERATE_K8S_DIR",
     show_envvar=True,
+    show_default="deploy/kubernetes/ in the current directory",
     help="The kit's folder: overlays/ are rendered from its sites/*.yaml, components/ from "
-    "the generated rules and dashboards.",
+    "the generated rules and dashboards. A folder without a kit is first given the shipped "
+    "one (base/, example sites/); files already there are kept.",
 )
 @check_option("a generated file")
-def k8s(kit: Path, check: bool) -> None:
+def k8s(out: Path, check: bool) -> None:
     """Write the kustomize overlays (one per site file) and the rules/dashboards components."""
     from inferwatch.k8s import kit as kit_files
+    from inferwatch.k8s import packaged
 
+    if not packaged.is_kit(out):
+        if check:
+            raise Failed(f"{out}: no kit to check ({packaged.KIT_MARKER} is missing)")
+        try:
+            copied = packaged.seed(out)
+        except OSError as exc:
+            raise cannot_write(exc) from None
+        click.echo(f"{out}: {len(copied)} files of the shipped kit copied")
     try:
-        files = kit_files.render(kit)
+        files = kit_files.render(out)
     except kit_files.SiteError as exc:
         raise BadInput(str(exc)) from None
-    _write_or_check(kit, files, check, kit_files.stale, kit_files.write)
+    _write_or_check(out, files, check, kit_files.stale, kit_files.write)
 
 
 @generate.command()

@@ -83,6 +83,8 @@ def _merge(base: Mapping[str, Any], given: Fields) -> dict[str, Any]:
             }
         elif given.where(key) == "slo.windows":
             merged[key] = _windows(base[key][0], given)
+        elif given.where(key) in KUBE_LABELS:
+            merged[key] = {**base[key], **_kube_labels(given.child(key))}
         else:
             merged[key] = _field(base[key], given, key)
     return merged
@@ -181,6 +183,28 @@ def _model_name(name: str, fail: Fail) -> str:
     return name
 
 
+#: the open mappings of Kubernetes labels (kubernetes.* in config.yaml)
+KUBE_LABELS = ("kubernetes.prometheus_rule_labels", "kubernetes.dashboard_labels")
+#: a Kubernetes label key (an optional DNS-subdomain prefix and a name) and value
+_KUBE_LABEL_KEY = re.compile(
+    r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+_KUBE_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+
+def _kube_labels(given: Fields) -> dict[str, str]:
+    """Labels for a Kubernetes resource's metadata: keys and values as the API accepts them."""
+    result = {}
+    for key, value in given.raw.items():
+        if not isinstance(key, str) or not _KUBE_LABEL_KEY.fullmatch(key):
+            raise given.error(str(key), "not a Kubernetes label key")
+        text = text_of(value, given.error_at(key), numbers=False)
+        if not _KUBE_LABEL_VALUE.fullmatch(text):
+            raise given.error(key, f"{text[:64]!r} is not a Kubernetes label value")
+        result[key] = text
+    return result
+
+
 @dataclass(frozen=True)
 class AlertSettings:
     """One alert's entry: ``for``, its own parameters, and the user's overrides."""
@@ -219,6 +243,8 @@ class Config:
         self.cluster_label: str = document["cluster_label"]
         self.selectors: Mapping[str, str] = document["selectors"]
         self.links: Mapping[str, str] = document["links"]
+        #: extra metadata labels: prometheus_rule_labels, dashboard_labels
+        self.kubernetes: Mapping[str, Mapping[str, str]] = document["kubernetes"]
         self.routing = routing.settings(document["alertmanager"], source, ConfigError)
         self.rate_window: str = document["rate_window"]
         self.quantiles: list[float] = [float(q) for q in document["quantiles"]]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import shutil
 import socket
 import subprocess
@@ -48,10 +49,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferwatch.logs import log_event
 from inferwatch.serving import uvicorn_server
 from inferwatch.sim import openai_api as api
 from inferwatch.sim.metrics import UNINSTRUMENTED_PATHS, VllmMetrics
 from inferwatch.sim.simulator import SimConfig, Simulator
+
+logger = logging.getLogger("inferwatch.sim")
 
 
 class HttpMetrics:
@@ -243,10 +247,14 @@ def run_in_thread(config: SimConfig, timeout_s: float = 10.0) -> SimHandle:
 
 
 def serve_forever(config: SimConfig, ready_file: Path | None = None) -> None:
-    """Serve until interrupted (the CLI); writes ``{"url", "gpu_url"}`` to ready_file once up."""
+    """Serve until interrupted (the CLI); once up, logs the addresses it bound (``--port 0``
+    gets one from the OS) and writes ``{"url", "gpu_url"}`` to ready_file."""
     servers = _Servers(Simulator(config))
 
     def announce() -> None:
+        log_event(
+            logger, logging.INFO, "simulator listening", listen=servers.url, gpu=servers.gpu_url
+        )
         if ready_file is not None:
             tmp = ready_file.with_suffix(".tmp")
             tmp.write_text(json.dumps({"url": servers.url, "gpu_url": servers.gpu_url}))
