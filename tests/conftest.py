@@ -47,6 +47,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.fixture
+def no_external_checkers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty PATH, so a generator runs its Python checks only (promtool, amtool and
+    haproxy are processes, which a unit test does not start)."""
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+
+
 @pytest.fixture(scope="session")
 def promtool() -> str:
     return tool("promtool")

@@ -25,6 +25,7 @@ def _tree(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
+@pytest.mark.usefixtures("no_external_checkers")
 @pytest.mark.parametrize(
     ("command", "default", "committed"),
     [
@@ -49,6 +50,7 @@ def test_a_generator_without_out_writes_under_the_current_folder(
     assert f"{default}/ in the current directory" in help_text
 
 
+@pytest.mark.usefixtures("no_external_checkers")
 def test_generate_k8s_out_gives_a_new_folder_the_shipped_kit(tmp_path: Path) -> None:
     out = tmp_path / "kit"
     result = CliRunner().invoke(main, ["generate", "k8s", "--out", str(out)])
@@ -58,6 +60,7 @@ def test_generate_k8s_out_gives_a_new_folder_the_shipped_kit(tmp_path: Path) -> 
     assert again.exit_code == 0, again.output
 
 
+@pytest.mark.usefixtures("no_external_checkers")
 def test_generate_k8s_keeps_a_users_site_files_and_renders_them(tmp_path: Path) -> None:
     out = tmp_path / "kit"
     (out / "sites").mkdir(parents=True)

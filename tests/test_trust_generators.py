@@ -16,18 +16,10 @@ from click.testing import CliRunner
 from inferwatch.cli import main
 from inferwatch.mixin import files, gotemplate, haproxycfg, validate
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_external_checkers")]
 
 REPO = Path(__file__).resolve().parents[1]
 WEBHOOK = "http://127.0.0.1:9405/webhook"
-
-
-@pytest.fixture(autouse=True)
-def no_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An empty PATH: no external checker runs (a unit test starts no process)."""
-    empty = tmp_path / "bin"
-    empty.mkdir()
-    monkeypatch.setenv("PATH", str(empty))
 
 
 def _generate(
