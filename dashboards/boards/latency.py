@@ -1,4 +1,5 @@
-"""Latency and SLOs: each latency signal's quantiles and every burn-rate window.
+"""Latency and SLOs: each latency signal's quantiles and every burn-rate window, and the
+clients' latency as the tenancy proxy measures it, with its exemplars (trace ids).
 
 Panels 1-3 and 10-11 are the ones the latency alerts link to (their ``dashboard_url``).
 """
@@ -79,7 +80,26 @@ def board(ctx: Ctx) -> Board:
         _burn(ctx, 11, "availability", "Availability SLO"),
         *[_budget(ctx, pid, slo, name)
           for pid, slo, name in ((12, "ttft", "TTFT"), (13, "availability", "Availability"))],
+    ).row(
+        "Traces",
+        Panel(14, "Client TTFT and request duration p99 (proxy), with traces", "What clients "
+              "see, measured by the tenancy proxy (its queue and admission included). The "
+              "dots are exemplars: a traced request's latency in its bucket; open one to "
+              "follow that request's trace (the proxy traces with --otlp-endpoint; "
+              "Prometheus keeps exemplars with --enable-feature=exemplar-storage).", "s",
+              [Q(_client_quantile(ctx, key, 0.99), f"{name} p99 {{{{model_version}}}}",
+                 exemplar=True)
+               for key, name in (("tenancy_time_to_first_token", "TTFT"),
+                                 ("tenancy_request_duration", "duration"))],
+              width=24),
     )  # fmt: skip
+
+
+def _client_quantile(ctx: Ctx, key: str, q: float) -> str:
+    """A quantile per model version of one of the proxy's histograms (all tenants)."""
+    bucket = ctx.m(key, Scope.MODEL_VERSION, suffix="_bucket")
+    return (f"histogram_quantile({q:g}, sum by ({ctx.config.cluster_label}, model, "
+            f"model_version, le) (rate({bucket}[$__rate_interval])))")  # fmt: skip
 
 
 def _quantile(ctx: Ctx, key: str, q: float) -> str:
