@@ -48,6 +48,7 @@ __all__ = [
     "request_total",
     "requests",
     "slo_error_ratio",
+    "slo_events",
     "tenant_cost",
     "tenant_tokens",
 ]
@@ -141,21 +142,39 @@ def catalog_name(key: str) -> str:
     return catalog.load()[key].name
 
 
-def request_total(config: Config, window: str, grouping: str) -> str:
+def request_total(config: Config, window: str, grouping: str, *matchers: str) -> str:
     """Requests started and ended (finished or failed) per second, summed by ``grouping``."""
-    finished = metric(config, "engine_requests_finished", 'reason!="error"')
+    finished = metric(config, "engine_requests_finished", 'reason!="error"', *matchers)
     done = f"sum {grouping} (rate({finished}[{window}]))"
-    return f"{done} + ({request_errors(config, window, grouping)} or {done} * 0)"
+    return f"{done} + ({request_errors(config, window, grouping, *matchers)} or {done} * 0)"
 
 
-def request_errors(config: Config, window: str, grouping: str) -> str:
+def request_errors(config: Config, window: str, grouping: str, *matchers: str) -> str:
     """Failed requests per second: the engine's errors, or its HTTP server's 5xx answers where
     those are more."""
-    engine = f"sum {grouping} (rate({metric(config, 'engine_request_errors')}[{window}]))"
+    errors = metric(config, "engine_request_errors", *matchers)
+    engine = f"sum {grouping} (rate({errors}[{window}]))"
     http_grouping = "without (handler, status)" if grouping == POD else grouping
-    http_5xx = metric(config, "engine_http_requests", 'status="5xx"')
+    http_5xx = metric(config, "engine_http_requests", 'status="5xx"', *matchers)
     http = f"sum {http_grouping} (rate({http_5xx}[{window}]))"
     return f"(({engine} >= {http}) or {http} or {engine})"
+
+
+def slo_events(config: Config, slo: str, window: str, *matchers: str) -> tuple[str, str]:
+    """(bad, total) events per second per model version for ``slo`` over ``window``: what
+    the error-ratio rules divide, and the SLI the exported SLO specs carry (``window`` may be
+    a template's placeholder, such as Sloth's ``{{.window}}``)."""
+    mv = by(config, MODEL_VERSION)
+    if slo == "availability":
+        total = f"({request_total(config, window, mv, *matchers)})"
+        return f"({request_errors(config, window, mv, *matchers)} or {total} * 0)", total
+    key = LATENCY[slo]
+    settings = config.slo[slo]
+    bound = promql.snap(float(settings["threshold"]), [float(b) for b in settings["buckets"]])
+    good = metric(config, key, promql.le_matcher(bound), *matchers, suffix="_bucket")
+    count = metric(config, key, *matchers, suffix="_count")
+    total = f"sum {mv} (rate({count}[{window}]))"
+    return f"({total} - sum {mv} (rate({good}[{window}])))", f"({total})"
 
 
 def groups(config: Config) -> list[Group]:
@@ -220,30 +239,14 @@ def _rate_group(config: Config) -> Group:
 
 
 def _slo_group(config: Config) -> Group:
-    """Error ratios per SLO window: the 1 - good/total the burn-rate alerts compare."""
-    mv = by(config, MODEL_VERSION)
-    ttft = config.slo["ttft"]
-    bound = promql.snap(float(ttft["threshold"]), [float(b) for b in ttft["buckets"]])
-    key = LATENCY["ttft"]
-    good = metric(config, key, promql.le_matcher(bound), suffix="_bucket")
-    total = metric(config, key, suffix="_count")
+    """Error ratios per SLO window: the bad/total the burn-rate alerts compare."""
     rules: list[Recording] = []
     for window in config.slo_windows:
-        rules.append(
-            Recording(
-                slo_error_ratio(config, "ttft", window),
-                f"1 - (sum {mv} (rate({good}[{window}])) / sum {mv} (rate({total}[{window}])))",
-                {"slo": "ttft"},
+        for slo in ("ttft", "availability"):
+            bad, total = slo_events(config, slo, window)
+            rules.append(
+                Recording(slo_error_ratio(config, slo, window), f"{bad} / {total}", {"slo": slo})
             )
-        )
-        rules.append(
-            Recording(
-                slo_error_ratio(config, "availability", window),
-                f"({request_errors(config, window, mv)} or ({request_total(config, window, mv)})"
-                f" * 0) / ({request_total(config, window, mv)})",
-                {"slo": "availability"},
-            )
-        )
     return Group("inferwatch-recording-slo", tuple(rules))
 
 

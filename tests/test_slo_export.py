@@ -1,0 +1,201 @@
+"""SLOs as data: per-model objectives in the alert config, and ``inferwatch generate slo``'s
+Sloth, OpenSLO and Pyrra specs, validated against the published schemas read in place from
+``../shared/fixtures/slo/`` and built from the objectives the burn-rate alerts use."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from click.testing import CliRunner
+from referencing import Registry, Resource
+
+from inferwatch.alerts import slo, slo_specs, writer
+from inferwatch.cli import main
+from inferwatch.mixin import config
+from support.shared import shared_path
+
+pytestmark = pytest.mark.unit
+
+FIXTURES = shared_path("fixtures/slo")
+OUT = writer.default_out() / "slo"
+MODEL = "Qwen/Qwen2.5-7B-Instruct"
+
+
+@pytest.fixture
+def per_model(tmp_path: Path) -> config.Config:
+    path = tmp_path / "alerts.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "slo": {
+                    "ttft": {"models": {MODEL: 0.995}},
+                    "availability": {"models": {MODEL: 0.9995}},
+                }
+            }
+        )
+    )
+    return config.load(path)
+
+
+def crd_schema(path: Path) -> dict[str, Any]:
+    crd = yaml.safe_load(path.read_text(encoding="utf-8"))
+    (version,) = crd["spec"]["versions"]
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def openslo_validator() -> jsonschema.Draft7Validator:
+    """The OpenSLO root schema, its parts registered under their absolute ``$id``s."""
+    schemas = FIXTURES / "openslo" / "schemas" / "v1"
+    resources = []
+    for path in [schemas / "openslo.schema.json", *sorted((schemas / "parts").glob("*.json"))]:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        resources.append((document["$id"], Resource.from_contents(document)))
+    registry: Registry[Any] = Registry().with_resources(resources)
+    root = json.loads((schemas / "openslo.schema.json").read_text(encoding="utf-8"))
+    return jsonschema.Draft7Validator(root, registry=registry)
+
+
+def documents(text: str) -> list[dict[str, Any]]:
+    return [document for document in yaml.safe_load_all(text) if document]
+
+
+@pytest.fixture(params=["defaults", "per-model"])
+def files(request: pytest.FixtureRequest, per_model: config.Config) -> dict[str, str]:
+    return slo_specs.render(config.load() if request.param == "defaults" else per_model)
+
+
+def test_the_committed_specs_are_fresh() -> None:
+    for name, text in slo_specs.render(config.load()).items():
+        assert (OUT / name).read_text(encoding="utf-8") == text, f"{name} is stale"
+        assert text.startswith(slo_specs.MARKER)
+    result = CliRunner().invoke(main, ["generate", "slo", "--check"])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_stale_spec_fails_the_check(tmp_path: Path) -> None:
+    runner = CliRunner()
+    assert runner.invoke(main, ["generate", "slo", "--out", str(tmp_path)]).exit_code == 0
+    (tmp_path / "pyrra.yaml").write_text("stale\n")
+    result = runner.invoke(main, ["generate", "slo", "--out", str(tmp_path), "--check"])
+    assert result.exit_code == 1
+    assert "pyrra.yaml" in result.output
+
+
+def test_the_sloth_resource_matches_its_crd_and_the_plain_spec(files: dict[str, str]) -> None:
+    validator = jsonschema.Draft7Validator(
+        crd_schema(FIXTURES / "sloth" / "sloth.slok.dev_prometheusservicelevels.yaml")
+    )
+    resource = yaml.safe_load(files["sloth-prometheusservicelevel.yaml"])
+    validator.validate(resource)
+    broken = yaml.safe_load(files["sloth-prometheusservicelevel.yaml"])
+    del broken["spec"]["slos"][0]["sli"]["events"]["errorQuery"]
+    assert not validator.is_valid(broken)
+    plain = yaml.safe_load(files["sloth.yaml"])
+    assert plain["version"] == "prometheus/v1"
+    assert resource["spec"]["slos"] == slo_specs._camel(plain["slos"])
+
+
+def test_the_plain_sloth_spec_uses_only_sloths_field_names(files: dict[str, str]) -> None:
+    go = (FIXTURES / "sloth" / "prometheus-v1-spec.go.txt").read_text(encoding="utf-8")
+    known = set(re.findall(r'json:"([a-z_]+)', go))
+
+    def keys(node: Any) -> set[str]:
+        if isinstance(node, dict):
+            inner = set().union(
+                *(keys(v) for k, v in node.items() if k not in ("labels", "annotations"))
+            )
+            return set(node) | inner
+        if isinstance(node, list):
+            return set().union(*(keys(item) for item in node))
+        return set()
+
+    assert keys(yaml.safe_load(files["sloth.yaml"])) <= known
+
+
+def test_the_openslo_specs_match_the_v1_schema(files: dict[str, str]) -> None:
+    validator = openslo_validator()
+    specs = documents(files["openslo.yaml"])
+    assert specs
+    for spec in specs:
+        validator.validate(spec)
+    broken = documents(files["openslo.yaml"])[0]
+    broken["spec"]["timeWindow"][0]["duration"] = "30 days"
+    assert not validator.is_valid(broken)
+
+
+def test_the_pyrra_specs_match_its_crd(files: dict[str, str]) -> None:
+    validator = jsonschema.Draft7Validator(
+        crd_schema(FIXTURES / "pyrra" / "pyrra.dev_servicelevelobjectives.yaml")
+    )
+    specs = documents(files["pyrra.yaml"])
+    assert specs
+    for spec in specs:
+        validator.validate(spec)
+    del specs[0]["spec"]["window"]
+    assert not validator.is_valid(specs[0])
+
+
+def test_a_models_own_objective_is_its_own_slo_and_its_own_burn_alerts(
+    per_model: config.Config,
+) -> None:
+    ttft = slo.objectives(per_model, "ttft")
+    assert [(o.model, o.objective, o.matchers) for o in ttft] == [
+        (None, 0.99, ('model!~"Qwen/Qwen2\\\\.5-7B-Instruct"',)),
+        (MODEL, 0.995, (f'model="{MODEL}"',)),
+    ]
+    sloth = {s["name"]: s for s in slo_specs.sloth(per_model)["slos"]}
+    assert sorted(sloth) == [
+        "availability",
+        "availability-qwen-qwen2-5-7b-instruct",
+        "ttft",
+        "ttft-qwen-qwen2-5-7b-instruct",
+    ]
+    assert sloth["ttft-qwen-qwen2-5-7b-instruct"]["objective"] == 99.5
+    assert (
+        f'model="{MODEL}"' in sloth["ttft-qwen-qwen2-5-7b-instruct"]["sli"]["events"]["total_query"]
+    )
+    assert "model!~" in sloth["ttft"]["sli"]["events"]["error_query"]
+    (pyrra_own,) = [p for p in slo_specs.pyrra(per_model) if "qwen" in p["metadata"]["name"]]
+    assert pyrra_own["spec"]["target"] == "99.5"
+    burns = [a for a in slo.alerts(per_model) if a.name == "InferwatchTTFTSLOBurn"]
+    windows = len(per_model.burn_windows)
+    own = [a for a in burns if f'{{model="{MODEL}"}} / 0.005 >' in a.expr]
+    default = [a for a in burns if "{model!~" in a.expr and " / 0.01 >" in a.expr]
+    assert len(own) == len(default) == windows and len(burns) == 2 * windows
+
+
+def test_the_default_config_keeps_one_objective_per_slo() -> None:
+    assert [(o.model, o.matchers) for o in slo.objectives(config.load(), "ttft")] == [(None, ())]
+
+
+@pytest.mark.parametrize(
+    ("document", "field"),
+    [
+        ({"slo": {"ttft": {"models": {MODEL: 1.5}}}}, f"slo.ttft.models.{MODEL}"),
+        (
+            {"slo": {"availability": {"models": {MODEL: "high"}}}},
+            f"slo.availability.models.{MODEL}",
+        ),
+        ({"slo": {"period": "1d"}}, "slo.period"),
+    ],
+)
+def test_a_bad_objective_or_period_is_one_clear_error(
+    tmp_path: Path, document: dict[str, Any], field: str
+) -> None:
+    path = tmp_path / "alerts.yaml"
+    path.write_text(yaml.safe_dump(document))
+    with pytest.raises(config.ConfigError) as caught:
+        config.load(path)
+    assert field in str(caught.value) and str(path) in str(caught.value)
+    result = CliRunner().invoke(
+        main, ["generate", "slo", "--config", str(path), "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert field in result.output
