@@ -69,7 +69,6 @@ LATENCY_ALERTS = ("InferwatchTTFTHigh", "InferwatchTPOTHigh", "InferwatchE2ELate
 #: every alert name the routing and inhibition rules spell (checked against the rule files)
 NAMED_ALERTS = tuple(dict.fromkeys((*GPU_FAULTS, *REPLICA_SYMPTOMS, *LATENCY_ALERTS)))
 
-
 def settings(config: Config) -> Settings:
     """The receivers and intervals the alerts config chose (checked when it was loaded)."""
     return config.routing
