@@ -1,10 +1,10 @@
 """The service level objectives, and their multi-window, multi-burn-rate alerts (SRE
 workbook, "Alerting on SLOs").
 
-:func:`objectives` is the one source of what each SLO promises to whom: the default objective
-for every model, and a model's own where the config sets one (``slo.<slo>.models``). The
-burn-rate alerts here and the Sloth, OpenSLO and Pyrra specs (:mod:`slo_specs`) are both
-built from it, on the SLI of :func:`inferwatch.mixin.recording.slo_events`.
+:func:`~inferwatch.mixin.objectives.objectives` is the one source of what each SLO promises to
+whom (the default objective, and a model's own where the config sets one). The burn-rate
+alerts here, the Sloth, OpenSLO and Pyrra specs (:mod:`slo_specs`) and the budget panels are
+all built from it, on the SLI of :func:`inferwatch.mixin.recording.slo_events`.
 
 For each objective and configured window pair one rule: the burn rate (error ratio over the
 error budget) is above ``factor`` on both the long and the short window, and the model had
@@ -14,12 +14,13 @@ labels so a fast and a slow burn of the same model stay two alerts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from inferwatch.mixin import promql, recording
 from inferwatch.mixin.config import Config
 from inferwatch.mixin.model import Alert, Panel
+from inferwatch.mixin.objectives import Objective, good_bound, objectives
 from inferwatch.mixin.promql import MODEL_VERSION, on
+
+__all__ = ["SLOS", "alerts", "burn_alerts"]
 
 #: SLO -> (alert name, what a good event is, the latency board's burn-rate panel)
 SLOS = {
@@ -30,42 +31,6 @@ SLOS = {
         11,
     ),
 }
-
-
-@dataclass(frozen=True)
-class Objective:
-    """One promise: ``slo`` met for ``objective`` of the events of the models ``matchers``
-    select (``model`` names the one model with its own objective; None: all the others)."""
-
-    slo: str
-    objective: float
-    model: str | None
-    matchers: tuple[str, ...]
-
-    @property
-    def budget(self) -> float:
-        return 1 - self.objective
-
-
-def objectives(config: Config, slo: str) -> list[Objective]:
-    """The default objective (for the models without their own), then each model's own."""
-    own = sorted(config.slo[slo]["models"])
-    default = (f'model!~"{promql.one_of(own)}"',) if own else ()
-    return [
-        Objective(slo, config.slo_objective(slo), None, default),
-        *(
-            Objective(
-                slo, config.slo_objective(slo, model), model, (f"model={promql.quoted(model)}",)
-            )
-            for model in own
-        ),
-    ]
-
-
-def good_bound(config: Config) -> float:
-    """The TTFT a good request stays within: the threshold snapped down to a bucket bound."""
-    ttft = config.slo["ttft"]
-    return promql.snap(float(ttft["threshold"]), [float(b) for b in ttft["buckets"]])
 
 
 def alerts(config: Config) -> list[Alert]:

@@ -17,7 +17,9 @@ from referencing import Registry, Resource
 
 from inferwatch.alerts import slo, slo_specs, writer
 from inferwatch.cli import main
-from inferwatch.mixin import config
+from inferwatch.dashboards import queries
+from inferwatch.dashboards import writer as boards
+from inferwatch.mixin import config, objectives
 from support.shared import shared_path
 
 pytestmark = pytest.mark.unit
@@ -145,7 +147,7 @@ def test_the_pyrra_specs_match_its_crd(files: dict[str, str]) -> None:
 def test_a_models_own_objective_is_its_own_slo_and_its_own_burn_alerts(
     per_model: config.Config,
 ) -> None:
-    ttft = slo.objectives(per_model, "ttft")
+    ttft = objectives.objectives(per_model, "ttft")
     assert [(o.model, o.objective, o.matchers) for o in ttft] == [
         (None, 0.99, ('model!~"Qwen/Qwen2\\\\.5-7B-Instruct"',)),
         (MODEL, 0.995, (f'model="{MODEL}"',)),
@@ -172,7 +174,9 @@ def test_a_models_own_objective_is_its_own_slo_and_its_own_burn_alerts(
 
 
 def test_the_default_config_keeps_one_objective_per_slo() -> None:
-    assert [(o.model, o.matchers) for o in slo.objectives(config.load(), "ttft")] == [(None, ())]
+    assert [(o.model, o.matchers) for o in objectives.objectives(config.load(), "ttft")] == [
+        (None, ())
+    ]
 
 
 @pytest.mark.parametrize(
@@ -199,3 +203,16 @@ def test_a_bad_objective_or_period_is_one_clear_error(
     )
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert field in result.output
+
+
+def test_the_budget_panels_span_the_period_with_each_objectives_budget(
+    per_model: config.Config,
+) -> None:
+    board = json.loads(boards.render(per_model)["latency.json"])
+    (panel,) = [
+        p for p in queries.panels(board) if p["title"] == "TTFT error budget remaining (30d)"
+    ]
+    default, own = (target["expr"] for target in panel["targets"])
+    assert "model!~" in default and default.endswith("[30d:5m]) / 0.01")
+    assert f'model="{MODEL}"' in own and own.endswith("[30d:5m]) / 0.005")
+    assert "slo_error_ratio_rate5m" in default

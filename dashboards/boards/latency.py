@@ -7,7 +7,8 @@ Panels 1-3 and 10-11 are the ones the latency alerts link to (their ``dashboard_
 from __future__ import annotations
 
 from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below
-from inferwatch.mixin import recording
+from inferwatch.mixin import promql, recording
+from inferwatch.mixin.objectives import objectives
 
 MEANING = {
     "ttft": ("Time to first token", "prefill: long prompts, a full queue or a cold prefix "
@@ -153,14 +154,27 @@ def _burn(ctx: Ctx, pid: int, slo: str, title: str) -> Panel:
 
 
 def _budget(ctx: Ctx, pid: int, slo: str, name: str) -> Panel:
+    """The budget left over the SLO period, one query per objective (the default, and each
+    model's own, on the models it covers): 1 - the period's mean error ratio / the budget, as
+    Sloth reads it (the mean of the shortest window's ratios, leaving out the NaN of windows
+    without traffic)."""
     config = ctx.config
-    longest = config.slo_windows[-1]
-    allowed = 1 - float(config.slo[slo]["objective"])
+    period, step = config.slo["period"], config.slo_windows[0]
+    ratio = recording.slo_error_ratio(config, slo, step)
+    promises = objectives(config, slo)
+    queries = [
+        Q(
+            f"1 - avg_over_time(({ctx.r(ratio, Scope.MODEL_VERSION, *o.matchers)} >= 0)"
+            f"[{period}:{step}]) / {promql.number(o.budget)}",
+            "{{model}} {{model_version}}",
+        )
+        for o in promises
+    ]
+    own = "".join(f"; {o.model}: {o.objective:g}" for o in promises if o.model is not None)
     return Panel(
-        pid, f"{name} error budget remaining ({longest})",
-        f"1 - bad ratio / allowed ratio over the last {longest}. Under 0 the objective "
-        f"({float(config.slo[slo]['objective']):g}) is missed for the window.", "percentunit",
-        [Q(f"1 - {ctx.r(recording.slo_error_ratio(config, slo, longest))} / {allowed:g}",
-           "{{model}} {{model_version}}")],
-        thresholds=below(0), width=12,
+        pid, f"{name} error budget remaining ({period})",
+        f"The share of the SLO period's ({period}) error budget still unspent: 1 - bad ratio "
+        f"/ allowed ratio. Under 0 the objective ({config.slo_objective(slo):g}{own}) is "
+        "missed for the period.", "percentunit",
+        queries, thresholds=below(0), width=12,
     )  # fmt: skip
