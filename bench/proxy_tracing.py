@@ -9,8 +9,8 @@ scratch directory and run by this venv's interpreter; ``off`` is this checkout w
 ``--otlp-endpoint``; ``traced`` is this checkout with ``--otlp-endpoint`` at ratio 1.0,
 exporting to an OTLP/HTTP sink in its own process that answers every export with 200. The
 three run in turn, ``--rounds`` times, so that the machine's drift spreads over all of them;
-the table gives each one's median throughput at concurrency 16 and its spread over the rounds
-(the run's noise), as ratios to the baseline.
+the table gives each one's median throughput at concurrency 16, its spread over the rounds
+(the run's noise) and the median of its per-round ratios to the baseline.
 """
 
 from __future__ import annotations
@@ -156,15 +156,20 @@ def main() -> None:
 
 
 def _report(rps: dict[tuple[str, str], list[float]], rev: str, names: list[str]) -> None:
-    print(f"\nbaseline: {rev}; throughput at c=16, median of {len(rps[(names[0], 'plain')])}")
+    """Median throughput per proxy, its spread over the rounds, and the median of the
+    per-round ratios to the baseline (each round's rows ran back to back, so a round's
+    ratio cancels the drift between rounds)."""
+    rounds = len(rps[(names[0], "plain")])
+    print(f"\nbaseline: {rev}; throughput at c=16 over {rounds} rounds")
     print(f"{'proxy':9} {'mode':6} {'req/s':>8} {'spread':>8} {'vs baseline':>11}")
     for mode in ("plain", "stream"):
-        base = statistics.median(rps[("baseline", mode)])
+        base = rps[("baseline", mode)]
         for name in names:
             values = rps[(name, mode)]
             median = statistics.median(values)
             spread = (max(values) - min(values)) / median
-            print(f"{name:9} {mode:6} {median:8.0f} {spread:8.1%} {median / base:11.2f}")
+            ratio = statistics.median(v / b for v, b in zip(values, base, strict=True))
+            print(f"{name:9} {mode:6} {median:8.0f} {spread:8.1%} {ratio:11.2f}")
 
 
 if __name__ == "__main__":

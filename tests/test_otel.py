@@ -247,3 +247,22 @@ def test_the_latency_board_draws_the_proxys_exemplars() -> None:
         if "inferwatch_tenancy_time_to_first_token_seconds_bucket" in target["expr"]
     ]
     assert traced and all(target.get("exemplar") is True for target in traced)
+
+
+def test_an_engine_failure_marks_the_span_an_error(
+    otlp: Receiver, traced: tuple[Stack, TracerProvider]
+) -> None:
+    proxy, provider = traced
+    trace = "e" * 32
+    response = proxy.client.post(
+        CHAT,
+        json=chat(),
+        headers=auth(
+            "acme", traceparent=f"00-{trace}-{'f' * 16}-01", **{"x-scenario": "error_500"}
+        ),
+    )
+    assert response.status_code == 500
+    span = span_of(otlp, provider, trace)
+    assert span.status_code == 2  # ERROR
+    assert span.attributes["error.type"] == "engine_error"
+    assert span.attributes["inferwatch.outcome"] == "engine_error"
