@@ -6,8 +6,8 @@ it no OpenTelemetry module is imported and the request path only tests for ``Non
 over OTLP/HTTP (protobuf) in batches from a background thread, sampled by trace id at the
 configured ratio unless the caller's ``traceparent`` already decided. The resource names the
 service and, from the downward API's environment (``POD_NAME``, ``POD_NAMESPACE``,
-``NODE_NAME``, as the Kubernetes kit sets them), the pod; ``OTEL_RESOURCE_ATTRIBUTES`` adds
-to it, as in every OpenTelemetry SDK.
+``NODE_NAME``, as the Kubernetes kit sets them), the pod; ``OTEL_SERVICE_NAME`` and
+``OTEL_RESOURCE_ATTRIBUTES`` are read as in every OpenTelemetry SDK.
 """
 
 from __future__ import annotations
@@ -81,8 +81,9 @@ def traces_url(endpoint: str) -> str:
 
 
 def resource_attributes(service: str, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """``service.name`` and the pod's identity from the downward API's variables."""
-    attributes = {"service.name": service}
+    """``service.name`` (unless ``OTEL_SERVICE_NAME`` names it, as the SDK then does) and the
+    pod's identity from the downward API's variables."""
+    attributes = {} if environ.get("OTEL_SERVICE_NAME") else {"service.name": service}
     for variable, attribute in DOWNWARD_API.items():
         value = environ.get(variable, "")
         if value:

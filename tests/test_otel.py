@@ -206,6 +206,8 @@ def test_resource_attributes_come_from_the_downward_api() -> None:
         "k8s.pod.name": "p-0",
         "k8s.node.name": "gpu-node-3",
     }
+    named = tracing.resource_attributes("inferwatch-probe", {"OTEL_SERVICE_NAME": "probes-eu"})
+    assert "service.name" not in named  # the SDK takes OTEL_SERVICE_NAME's
 
 
 def test_a_probe_is_a_client_span_and_the_proxys_span_joins_its_trace(
