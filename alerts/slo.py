@@ -2,9 +2,9 @@
 workbook, "Alerting on SLOs").
 
 :func:`~inferwatch.mixin.objectives.objectives` is the one source of what each SLO promises to
-whom (the default objective, and a model's own where the config sets one). The burn-rate
-alerts here, the Sloth, OpenSLO and Pyrra specs (:mod:`slo_specs`) and the budget panels are
-all built from it, on the SLI of :func:`inferwatch.mixin.recording.slo_events`.
+whom (the default objective, a model's own, a tenant class's) and on which series. The
+burn-rate alerts here, the Sloth, OpenSLO and Pyrra specs (:mod:`slo_specs`) and the budget
+panels are all built from it.
 
 For each objective and configured window pair one rule: the burn rate (error ratio over the
 error budget) is above ``factor`` on both the long and the short window, and the model had
@@ -14,7 +14,7 @@ labels so a fast and a slow burn of the same model stay two alerts.
 
 from __future__ import annotations
 
-from inferwatch.mixin import promql, recording
+from inferwatch.mixin import promql
 from inferwatch.mixin.config import Config
 from inferwatch.mixin.model import Alert, Panel
 from inferwatch.mixin.objectives import Objective, good_bound, objectives
@@ -43,17 +43,25 @@ def alerts(config: Config) -> list[Alert]:
     ]
 
 
+def _selector(name: str, matchers: tuple[str, ...]) -> str:
+    return f"{name}{{{','.join(matchers)}}}" if matchers else name
+
+
 def burn_alerts(config: Config, objective: Objective) -> list[Alert]:
     name, meaning, panel = SLOS[objective.slo]
     meaning = meaning.format(bound=promql.number(good_bound(config)))
+    who = "{{ $labels.model }} {{ $labels.model_version }}"
+    labels = {"slo": objective.slo}
+    if objective.tenant_class is not None:
+        who = f"Tenant class {objective.tenant_class} on {who}"
+        labels["tenant_class"] = objective.tenant_class
     budget = promql.number(objective.budget)
     floor = promql.number(float(config.slo["traffic_floor"]))
-    narrowed = f"{{{','.join(objective.matchers)}}}" if objective.matchers else ""
     result = []
     for window in config.burn_windows:
-        long_ratio = recording.slo_error_ratio(config, objective.slo, window.long) + narrowed
-        short_ratio = recording.slo_error_ratio(config, objective.slo, window.short) + narrowed
-        traffic = recording.request_total(config, window.long, promql.by(config, MODEL_VERSION))
+        long_ratio = _selector(*objective.ratio(config, window.long))
+        short_ratio = _selector(*objective.ratio(config, window.short))
+        traffic = objective.traffic(config, window.long)
         factor = promql.number(window.factor)
         expr = (
             f"{long_ratio} / {budget} > {factor}\n"
@@ -68,15 +76,14 @@ def burn_alerts(config: Config, objective: Objective) -> list[Alert]:
                 for_=window.for_,
                 summary=f"A model version is burning its {objective.slo} error budget too fast.",
                 description=(
-                    "{{ $labels.model }} {{ $labels.model_version }} burns its "
-                    f"{meaning} error budget (objective "
+                    f"{who} burns its {meaning} error budget (objective "
                     f"{promql.number(objective.objective * 100)}%) "
                     f"at {{{{ $value | humanize }}}}x over {window.long} and faster than "
                     f"{factor}x over {window.short} too (1x spends exactly the budget of "
                     f"the {config.slo['period']} SLO period)."
                 ),
                 panel=Panel("latency", panel),
-                labels={"slo": objective.slo, "long": window.long, "short": window.short},
+                labels={**labels, "long": window.long, "short": window.short},
             )
         )
     return result

@@ -3,7 +3,7 @@
 (``pyrra.dev/v1alpha1`` ``ServiceLevelObjective``).
 
 Every spec is built from :func:`inferwatch.mixin.objectives.objectives` on the SLI our error-ratio
-recording rules divide (:func:`inferwatch.mixin.recording.slo_events`), so a tool that takes
+recording rules divide (:meth:`~inferwatch.mixin.objectives.Objective.events`), so a tool that takes
 one of them measures the objectives the burn-rate alerts page on, over the configured
 ``slo.period``. Sloth and OpenSLO carry the SLI's PromQL as it is (Sloth with its
 ``{{.window}}`` placeholder; OpenSLO as per-second rates over the rate window). Pyrra takes
@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from inferwatch.alerts.slo import SLOS
-from inferwatch.mixin import promql, recording
+from inferwatch.mixin import promql
 from inferwatch.mixin.config import Config
 from inferwatch.mixin.files import dump
 from inferwatch.mixin.objectives import Objective, good_bound, objectives
@@ -31,7 +31,10 @@ _NOT_NAME = re.compile(r"[^a-z0-9]+")
 
 
 def name(objective: Objective) -> str:
-    """``ttft``, ``availability``, or with a model's own objective ``ttft-<model slug>``."""
+    """``ttft``, ``availability``; with a model's own objective ``ttft-<model slug>``, with a
+    tenant class's ``ttft-class-<class>``."""
+    if objective.tenant_class is not None:
+        return f"{objective.slo}-class-{objective.tenant_class}"
     if objective.model is None:
         return objective.slo
     return f"{objective.slo}-{_NOT_NAME.sub('-', objective.model.lower()).strip('-')}"
@@ -43,7 +46,9 @@ def _all(config: Config) -> list[Objective]:
 
 def _description(config: Config, objective: Objective) -> str:
     meaning = SLOS[objective.slo][1].format(bound=promql.number(good_bound(config)))
-    if objective.model is not None:
+    if objective.tenant_class is not None:
+        who = f"tenant class {objective.tenant_class} ({', '.join(objective.tenants)})"
+    elif objective.model is not None:
         who = f"model {objective.model}"
     else:
         who = "every model without its own" if objective.matchers else "every model"
@@ -58,7 +63,7 @@ def sloth_slos(config: Config) -> list[dict[str, Any]]:
     """The ``slos`` of a Sloth ``prometheus/v1`` spec (snake_case, as its Go types)."""
     out = []
     for objective in _all(config):
-        bad, total = recording.slo_events(config, objective.slo, SLOTH_WINDOW, *objective.matchers)
+        bad, total = objective.events(config, SLOTH_WINDOW)
         alert = SLOS[objective.slo][0]
         out.append(
             {
@@ -113,9 +118,7 @@ def openslo(config: Config) -> list[dict[str, Any]]:
     """One ``openslo/v1`` SLO per objective, its ratio SLI inline (bad over total)."""
     out = []
     for objective in _all(config):
-        bad, total = recording.slo_events(
-            config, objective.slo, config.rate_window, *objective.matchers
-        )
+        bad, total = objective.events(config, config.rate_window)
         slug = name(objective)
         out.append(
             {
@@ -149,17 +152,9 @@ def openslo(config: Config) -> list[dict[str, Any]]:
 
 def pyrra(config: Config) -> list[dict[str, Any]]:
     """One Pyrra latency SLO per TTFT objective (see the module docstring for availability)."""
-    key = recording.LATENCY["ttft"]
     out = []
     for objective in objectives(config, "ttft"):
-        success = promql.metric(
-            config,
-            key,
-            promql.le_matcher(good_bound(config)),
-            *objective.matchers,
-            suffix="_bucket",
-        )
-        total = promql.metric(config, key, *objective.matchers, suffix="_count")
+        success, total = objective.ttft_counters(config)
         out.append(
             {
                 "apiVersion": "pyrra.dev/v1alpha1",

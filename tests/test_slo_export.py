@@ -29,6 +29,20 @@ OUT = writer.default_out() / "slo"
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
 
 
+CLASSES = {"premium": {"tenants": ["acme", "globex"], "ttft": 0.995, "availability": 0.9995}}
+
+
+def load(tmp_path: Path, document: dict[str, Any]) -> config.Config:
+    path = tmp_path / "alerts.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return config.load(path)
+
+
+@pytest.fixture
+def classes(tmp_path: Path) -> config.Config:
+    return load(tmp_path, {"slo": {"tenant_classes": CLASSES}})
+
+
 @pytest.fixture
 def per_model(tmp_path: Path) -> config.Config:
     path = tmp_path / "alerts.yaml"
@@ -68,9 +82,12 @@ def documents(text: str) -> list[dict[str, Any]]:
     return [document for document in yaml.safe_load_all(text) if document]
 
 
-@pytest.fixture(params=["defaults", "per-model"])
-def files(request: pytest.FixtureRequest, per_model: config.Config) -> dict[str, str]:
-    return slo_specs.render(config.load() if request.param == "defaults" else per_model)
+@pytest.fixture(params=["defaults", "per-model", "tenant-classes"])
+def files(
+    request: pytest.FixtureRequest, per_model: config.Config, classes: config.Config
+) -> dict[str, str]:
+    chosen = {"defaults": config.load(), "per-model": per_model, "tenant-classes": classes}
+    return slo_specs.render(chosen[request.param])
 
 
 def test_the_committed_specs_are_fresh() -> None:
@@ -179,9 +196,41 @@ def test_the_default_config_keeps_one_objective_per_slo() -> None:
     ]
 
 
+def test_a_tenant_class_is_measured_on_the_proxys_series_of_its_tenants(
+    classes: config.Config,
+) -> None:
+    (premium,) = [o for o in objectives.objectives(classes, "ttft") if o.tenant_class]
+    assert (premium.objective, premium.tenants) == (0.995, ("acme", "globex"))
+    sloth = {s["name"]: s for s in slo_specs.sloth(classes)["slos"]}
+    events = sloth["ttft-class-premium"]["sli"]["events"]
+    assert "inferwatch_tenancy_time_to_first_token_seconds_count" in events["total_query"]
+    assert 'tenant=~"acme|globex"' in events["error_query"]
+    availability = sloth["availability-class-premium"]["sli"]["events"]
+    assert (
+        'outcome=~"engine_error|upstream_error|shutdown_cancelled"' in availability["error_query"]
+    )
+    assert "rejected" not in availability["total_query"]
+    recorded = writer.render(classes)["recording.yaml"]
+    assert "tenant_class:inferwatch_tenancy_requests:slo_error_ratio_rate1h" in recorded
+    burns = [a for a in slo.alerts(classes) if a.labels.get("tenant_class") == "premium"]
+    assert len(burns) == 2 * len(classes.burn_windows)
+    assert all(
+        '{tenant_class="premium"} / 0.005 >' in a.expr for a in burns if a.labels["slo"] == "ttft"
+    )
+    assert all("inferwatch_tenancy_requests_total{tenant=~" in a.expr for a in burns)
+    (pyrra_class,) = [p for p in slo_specs.pyrra(classes) if "class" in p["metadata"]["name"]]
+    success = pyrra_class["spec"]["indicator"]["latency"]["success"]["metric"]
+    assert success.startswith("inferwatch_tenancy_time_to_first_token_seconds_bucket{tenant=~")
+
+
 @pytest.mark.parametrize(
     ("document", "field"),
     [
+        ({"slo": {"tenant_classes": {"Premium!": {"tenants": ["a"], "ttft": 0.99}}}}, "Premium!"),
+        ({"slo": {"tenant_classes": {"gold": {"tenants": [], "ttft": 0.99}}}}, "gold.tenants"),
+        ({"slo": {"tenant_classes": {"gold": {"tenants": ["a"]}}}}, "slo.tenant_classes.gold"),
+        ({"slo": {"tenant_classes": {"gold": {"tenants": ["a"], "ttft": 1.5}}}}, "gold.ttft"),
+        ({"slo": {"tenant_classes": {"gold": {"tenants": ["a"], "latency": 0.9}}}}, "latency"),
         ({"slo": {"ttft": {"models": {MODEL: 1.5}}}}, f"slo.ttft.models.{MODEL}"),
         (
             {"slo": {"availability": {"models": {MODEL: "high"}}}},
@@ -213,6 +262,6 @@ def test_the_budget_panels_span_the_period_with_each_objectives_budget(
         p for p in queries.panels(board) if p["title"] == "TTFT error budget remaining (30d)"
     ]
     default, own = (target["expr"] for target in panel["targets"])
-    assert "model!~" in default and default.endswith("[30d:5m]) / 0.01")
-    assert f'model="{MODEL}"' in own and own.endswith("[30d:5m]) / 0.005")
+    assert "model!~" in default and default.endswith("[30d]) / 0.01")
+    assert f'model="{MODEL}"' in own and own.endswith("[30d]) / 0.005")
     assert "slo_error_ratio_rate5m" in default

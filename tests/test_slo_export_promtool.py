@@ -1,7 +1,8 @@
 """The SLIs the exported SLO specs carry give the ratios our recording rules give, on the same
 series: ``promtool test rules`` evaluates our generated error-ratio rules beside rules made
 from the Sloth, OpenSLO and Pyrra specs (each as its tool records the ratio), with a model
-that has its own objective and one that has the default.
+that has its own objective, one that has the default, and a tenant class (on the proxy's
+series, where a tenant outside the class and the proxy's refusals must not count).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ LOAD = {OWN: (8, 4, 6, 1, 2), DEFAULT: (8, 6, 7, 1, None)}
 #: than the engine's errors) and 1/8
 EXPECTED = {"ttft": {OWN: 500, DEFAULT: 250}, "availability": {OWN: 250, DEFAULT: 125}}
 IDENTITY = ("cluster", "model", "model_version")
+CLASS = "premium"
+#: the class's tenant on the default model, per minute: proxy TTFT count 8, 7 of them good;
+#: 6 ok, 2 engine errors and 5 refusals (left out); another tenant fails everything
+CLASS_EXPECTED = {"ttft": 125, "availability": 250}
+PROXY_TTFT = "inferwatch_tenancy_time_to_first_token_seconds"
 
 
 def series(name: str, model: str, per_minute: int, **labels: str) -> dict[str, str]:
@@ -59,7 +65,28 @@ def input_series() -> list[dict[str, str]]:
                     handler="/v1/chat/completions",
                 )
             )
+    requests = "inferwatch_tenancy_requests_total"
+    out += [
+        series(f"{PROXY_TTFT}_count", DEFAULT, 8, tenant="acme"),
+        series(f"{PROXY_TTFT}_bucket", DEFAULT, 7, tenant="acme", le="2.5"),
+        series(requests, DEFAULT, 6, tenant="acme", outcome="ok"),
+        series(requests, DEFAULT, 2, tenant="acme", outcome="engine_error"),
+        series(requests, DEFAULT, 5, tenant="acme", outcome="rejected_budget"),
+        series(f"{PROXY_TTFT}_count", DEFAULT, 8, tenant="initech"),
+        series(requests, DEFAULT, 8, tenant="initech", outcome="engine_error"),
+    ]
     return out
+
+
+def record(tool: str, slo: str, name: str, expr: str) -> dict[str, Any]:
+    """A tool's ratio, with the tenant class of a class's spec as a label of its own."""
+    if "-class-" in name:
+        return {
+            "record": f"{tool}:{slo}:class_ratio",
+            "expr": expr,
+            "labels": {"tenant_class": CLASS},
+        }
+    return {"record": f"{tool}:{slo}:ratio", "expr": expr}
 
 
 def spec_rules(cfg: config.Config) -> list[dict[str, Any]]:
@@ -71,20 +98,20 @@ def spec_rules(cfg: config.Config) -> list[dict[str, Any]]:
             events[k].replace(slo_specs.SLOTH_WINDOW, WINDOW)
             for k in ("error_query", "total_query")
         )
-        rules.append(
-            {"record": f"sloth:{spec['labels']['slo']}:ratio", "expr": f"({error}) / ({total})"}
-        )
+        rules.append(record("sloth", spec["labels"]["slo"], spec["name"], f"({error}) / ({total})"))
     for spec in slo_specs.openslo(cfg):
         ratio = spec["spec"]["indicator"]["spec"]["ratioMetric"]
         bad, total = (ratio[k]["metricSource"]["spec"]["query"] for k in ("bad", "total"))
-        slo = "ttft" if spec["metadata"]["name"].startswith("ttft") else "availability"
-        rules.append({"record": f"openslo:{slo}:ratio", "expr": f"({bad}) / ({total})"})
+        name = spec["metadata"]["name"]
+        slo = "ttft" if name.startswith("ttft") else "availability"
+        rules.append(record("openslo", slo, name, f"({bad}) / ({total})"))
     for spec in slo_specs.pyrra(cfg):
         latency = spec["spec"]["indicator"]["latency"]
         by = f"by ({', '.join(latency['grouping'])})"
         total = f"sum {by} (rate({latency['total']['metric']}[{WINDOW}]))"
         good = f"sum {by} (rate({latency['success']['metric']}[{WINDOW}]))"
-        rules.append({"record": "pyrra:ttft:ratio", "expr": f"({total} - {good}) / {total}"})
+        name = spec["metadata"]["name"]
+        rules.append(record("pyrra", "ttft", name, f"({total} - {good}) / {total}"))
     return rules
 
 
@@ -92,7 +119,15 @@ def test_the_exported_slis_give_our_recorded_error_ratios(promtool: str, tmp_pat
     path = tmp_path / "alerts.yaml"
     path.write_text(
         yaml.safe_dump(
-            {"slo": {"ttft": {"models": {OWN: 0.995}}, "availability": {"models": {OWN: 0.9995}}}}
+            {
+                "slo": {
+                    "ttft": {"models": {OWN: 0.995}},
+                    "availability": {"models": {OWN: 0.9995}},
+                    "tenant_classes": {
+                        CLASS: {"tenants": ["acme"], "ttft": 0.995, "availability": 0.9995}
+                    },
+                }
+            }
         )
     )
     cfg = config.load(path)
@@ -124,6 +159,34 @@ def test_the_exported_slis_give_our_recorded_error_ratios(promtool: str, tmp_pat
             tests.append(
                 {
                     "expr": f"abs({ours} - {on} {theirs}) > 1e-9",
+                    "eval_time": "10m",
+                    "exp_samples": [],
+                }
+            )
+        ours = recording.class_error_ratio(cfg, slo, WINDOW)
+        on_class = f"on ({', '.join(IDENTITY)}, tenant_class)"
+        exp = [
+            {
+                "labels": f'{{cluster="c1",model="{DEFAULT}",model_version="v1",'
+                f'tenant_class="{CLASS}"}}',
+                "value": CLASS_EXPECTED[slo],
+            }
+        ]
+        tests.append(
+            {
+                "expr": f"round(1000 * sum by ({', '.join(IDENTITY)}, tenant_class) ({ours}))",
+                "eval_time": "10m",
+                "exp_samples": exp,
+            }
+        )
+        for tool in tools:
+            theirs = f"{tool}:{slo}:class_ratio"
+            tests.append(
+                {"expr": f"round(1000 * {theirs})", "eval_time": "10m", "exp_samples": exp}
+            )
+            tests.append(
+                {
+                    "expr": f"abs({ours} - {on_class} {theirs}) > 1e-9",
                     "eval_time": "10m",
                     "exp_samples": [],
                 }

@@ -154,23 +154,29 @@ def _burn(ctx: Ctx, pid: int, slo: str, title: str) -> Panel:
 
 
 def _budget(ctx: Ctx, pid: int, slo: str, name: str) -> Panel:
-    """The budget left over the SLO period, one query per objective (the default, and each
-    model's own, on the models it covers): 1 - the period's mean error ratio / the budget, as
-    Sloth reads it (the mean of the shortest window's ratios, leaving out the NaN of windows
-    without traffic)."""
+    """The budget left over the SLO period, one query per objective (the default, each
+    model's own, each tenant class's): 1 - the period's mean error ratio / the budget, as
+    Sloth reads it (the mean of the shortest window's ratios; the ratio rules record no
+    sample while there was no traffic)."""
     config = ctx.config
     period, step = config.slo["period"], config.slo_windows[0]
-    ratio = recording.slo_error_ratio(config, slo, step)
     promises = objectives(config, slo)
-    queries = [
-        Q(
-            f"1 - avg_over_time(({ctx.r(ratio, Scope.MODEL_VERSION, *o.matchers)} >= 0)"
-            f"[{period}:{step}]) / {promql.number(o.budget)}",
-            "{{model}} {{model_version}}",
+    queries = []
+    for o in promises:
+        ratio, matchers = o.ratio(config, step)
+        legend = "{{model}} {{model_version}}"
+        queries.append(
+            Q(
+                f"1 - avg_over_time({ctx.r(ratio, Scope.MODEL_VERSION, *matchers)}"
+                f"[{period}]) / {promql.number(o.budget)}",
+                legend if o.tenant_class is None else f"{o.tenant_class} {legend}",
+            )
         )
+    own = "".join(
+        f"; {o.model or o.tenant_class}: {o.objective:g}"
         for o in promises
-    ]
-    own = "".join(f"; {o.model}: {o.objective:g}" for o in promises if o.model is not None)
+        if o.model is not None or o.tenant_class is not None
+    )
     return Panel(
         pid, f"{name} error budget remaining ({period})",
         f"The share of the SLO period's ({period}) error budget still unspent: 1 - bad ratio "

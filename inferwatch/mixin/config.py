@@ -95,6 +95,8 @@ def _merge(base: Mapping[str, Any], given: Fields) -> dict[str, Any]:
                 str(model): number_of(value, objectives.error_at(str(model)))
                 for model, value in objectives.raw.items()
             }
+        elif given.where(key) == "slo.tenant_classes":
+            merged[key] = _tenant_classes(given.child(key))
         elif given.where(key) == "slo.windows":
             merged[key] = _windows(base[key][0], given)
         else:
@@ -157,6 +159,30 @@ def _partial(base: Mapping[str, Any], given: Fields) -> dict[str, Any]:
         else _field(base[key], given, key)
         for key in given.raw
     }
+
+
+_CLASS_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+
+
+def _tenant_classes(given: Fields) -> dict[str, dict[str, Any]]:
+    """Each class: its ``tenants`` (non-empty) and an objective per SLO it names."""
+    classes = {}
+    for name, entry in given.entries():
+        if not _CLASS_NAME.match(name):
+            raise given.error(name, "a class name is lowercase letters, digits and dashes")
+        entry.check_keys({"tenants", "ttft", "availability"}, required={"tenants"})
+        tenants = entry.each("tenants", _string, max_items=1000)
+        if not tenants:
+            raise entry.error("tenants", "expected at least one tenant")
+        objectives = {
+            slo: entry.number(slo, 0.0, minimum=-math.inf)
+            for slo in ("ttft", "availability")
+            if slo in entry.raw
+        }
+        if not objectives:
+            raise given.error(name, "expected an objective: ttft, availability or both")
+        classes[name] = {"tenants": tenants, **objectives}
+    return classes
 
 
 def _windows(template: Mapping[str, Any], slo: Fields) -> list[dict[str, Any]]:
@@ -302,9 +328,17 @@ def _check_meaning(config: Config, fail: Any) -> None:
     for slo in ("ttft", "availability"):
         objectives = {"objective": config.slo[slo]["objective"]}
         objectives.update({f"models.{m}": v for m, v in config.slo[slo]["models"].items()})
+        objectives.update(
+            {
+                f"tenant_classes.{name}.{slo}": entry[slo]
+                for name, entry in config.slo["tenant_classes"].items()
+                if slo in entry
+            }
+        )
         for where, value in objectives.items():
             if not 0 < float(value) < 1:
-                fail(f"slo.{slo}.{where}", f"must be between 0 and 1 (exclusive), got {value}")
+                where = where if where.startswith("tenant_classes") else f"{slo}.{where}"
+                fail(f"slo.{where}", f"must be between 0 and 1 (exclusive), got {value}")
     buckets = config.slo["ttft"]["buckets"]
     if not buckets or sorted(set(buckets)) != list(buckets) or min(buckets) <= 0:
         fail("slo.ttft.buckets", "expected positive bucket bounds in increasing order")
