@@ -20,6 +20,7 @@ from inferwatch.clikit import BadInput
 from inferwatch.dashboards import queries
 from inferwatch.probes import client, golden
 from inferwatch.probes.runner import ProbeRunner, Target
+from inferwatch.serving.histogram import Histogram
 from support.otlp import Receiver, Span, receiver
 from support.proxy_stack import CHAT, KEYS, Stack, auth
 from support.shared import REPO
@@ -268,3 +269,18 @@ def test_an_engine_failure_marks_the_span_an_error(
     assert span.status_code == 2  # ERROR
     assert span.attributes["error.type"] == "engine_error"
     assert span.attributes["inferwatch.outcome"] == "engine_error"
+
+
+def test_a_bucket_keeps_its_latest_traced_observation_across_a_fold() -> None:
+    histogram = Histogram((0.1, 1.0))
+    histogram.observe(0.05)
+    assert histogram.buckets() == [("0.1", 1), ("1.0", 1), ("+Inf", 1)]
+    histogram.observe(0.5, "a" * 32)
+    histogram.observe(0.7, "b" * 32)
+    le, count, exemplar = histogram.buckets()[1]
+    assert (le, count, exemplar.labels, exemplar.value) == ("1.0", 3, {"trace_id": "b" * 32}, 0.7)
+    folded = Histogram((0.1, 1.0))
+    folded.observe(5.0, "c" * 32)
+    folded.merge(histogram)  # an evicted tenant's series folded into ``other``
+    with_exemplars = {b[0]: b[2].labels["trace_id"] for b in folded.buckets() if len(b) == 3}
+    assert with_exemplars == {"1.0": "b" * 32, "+Inf": "c" * 32}
