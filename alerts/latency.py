@@ -25,25 +25,7 @@ def alerts(config: Config) -> list[Alert]:
     result: list[Alert] = []
     for name, signal, meaning, panel in THRESHOLD_ALERTS:
         result += _threshold(config, name, signal, meaning, Panel("latency", panel))
-    ttft = config.slo["ttft"]
-    bound = promql.snap(float(ttft["threshold"]), [float(b) for b in ttft["buckets"]])
-    result += slo.burn_alerts(
-        config,
-        "InferwatchTTFTSLOBurn",
-        "ttft",
-        float(ttft["objective"]),
-        f"TTFT (good: first token within {promql.number(bound)}s)",
-        Panel("latency", 10),
-    )
-    result += slo.burn_alerts(
-        config,
-        "InferwatchAvailabilitySLOBurn",
-        "availability",
-        float(config.slo["availability"]["objective"]),
-        "availability (good: the request did not fail)",
-        Panel("latency", 11),
-    )
-    return result
+    return result + slo.alerts(config)
 
 
 def _threshold(config: Config, name: str, signal: str, meaning: str, panel: Panel) -> list[Alert]:

@@ -143,11 +143,13 @@ class Ctx:
 
 @dataclass(frozen=True)
 class Q:
-    """One query of a panel: expression and legend."""
+    """One query of a panel: expression and legend; ``exemplar`` also draws the exemplars
+    (trace ids) of the histogram buckets it reads, each a link to its trace."""
 
     expr: str
     legend: str = "__auto"
     instant: bool = False
+    exemplar: bool = False
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,8 @@ class Panel:
         for index, q in enumerate(self.queries):
             target = Dataquery().expr(q.expr).legend_format(q.legend).ref_id(chr(ord("A") + index))
             target = target.instant() if q.instant else target.range()
+            if q.exemplar:
+                target = target.exemplar(True)
             if self.kind == "table":
                 target = target.format(PromQueryFormat.TABLE)
             targets.append(target)

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import click
 import httpx
 
+from inferwatch import tracing
 from inferwatch.clikit import CannotRun, bind, parse_listen
 from inferwatch.exitcodes import ExitCode
 from inferwatch.logs import log_event
@@ -187,6 +188,7 @@ _GOLDENS_HELP = f"Golden set: a shipped name ({', '.join(golden.builtin_names())
     show_envvar=True,
     help="Fail /readyz while a directly probed target fails its quality verdict.",
 )
+@tracing.options
 def probe(
     targets: tuple[str, ...],
     routers: tuple[str, ...],
@@ -207,6 +209,8 @@ def probe(
     state_file: Path | None,
     allow_targets: str,
     readyz_quality: bool,
+    otlp_endpoint: str,
+    otlp_sampling_ratio: float,
 ) -> None:
     """Probe replicas with golden prompts and serve /metrics, /healthz, /readyz and /probe.
 
@@ -236,6 +240,9 @@ def probe(
                 policy=Policy(window_cycles, baseline_cycles, max_drop, min_pass_ratio),
                 limits=limits,
                 state_file=state_file,
+                tracer_provider=tracing.provider(
+                    "inferwatch-probe", tracing.TraceOptions(otlp_endpoint, otlp_sampling_ratio)
+                ),
             )
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None

@@ -16,10 +16,10 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import httpx
 from prometheus_client.core import Metric
@@ -29,9 +29,15 @@ from inferwatch.logs import log_event
 from inferwatch.probes import client, refusal
 from inferwatch.probes.golden import Golden, GoldenSet
 from inferwatch.probes.metrics import ProbeMetrics
+from inferwatch.probes.reply import Reply
 from inferwatch.probes.scoring import Limits, Outcome, score
 from inferwatch.probes.verdict import Policy, SeriesKey, Verdicts
 from inferwatch.serving.readiness import Condition
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from inferwatch.probes.tracing import ProbeTracing
 
 logger = logging.getLogger("inferwatch.probes")
 
@@ -100,7 +106,9 @@ class ProbeRunner:
         state_file: Path | None = None,
         http: httpx.AsyncClient | None = None,
         rng: random.Random | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
+        """``tracer_provider``: a span per probe (off, and not imported, without)."""
         names = [t.name for t in targets]
         if len(set(names)) != len(names):
             raise ValueError(f"target names must be unique: {names}")
@@ -118,6 +126,11 @@ class ProbeRunner:
         self._models: dict[str, str] = {}
         self._undiscovered: set[str] = set()
         self._current: dict[str, SeriesKey] = {}
+        self.tracing: ProbeTracing | None = None
+        if tracer_provider is not None:
+            from inferwatch.probes.tracing import ProbeTracing
+
+            self.tracing = ProbeTracing(tracer_provider)
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -154,10 +167,27 @@ class ProbeRunner:
         if model is None:
             self.metrics.skip(target.name, "discovery")
             return None
-        endpoint = client.Endpoint(
-            target.endpoint.url, model, target.endpoint.api_key, target.endpoint.headers
-        )
+        headers = target.endpoint.headers
+        if self.tracing is None:
+            return (await self._send(target, golden, model, headers))[1]
+        span, context = self.tracing.start(target.name, target.route, golden, model)
+        reply: Reply | None = None
+        outcome: Outcome | None = None
+        try:
+            reply, outcome = await self._send(target, golden, model, {**headers, **context})
+        finally:
+            self.tracing.end(span, reply, outcome)
+        return outcome
+
+    async def _send(
+        self, target: Target, golden: Golden, model: str, headers: Mapping[str, str]
+    ) -> tuple[Reply, Outcome | None]:
+        """Send the probe and judge its reply; no outcome when it says nothing of quality."""
+        endpoint = client.Endpoint(target.endpoint.url, model, target.endpoint.api_key, headers)
         reply = await client.send(self.http, endpoint, golden, self.schedule.timeout_s)
+        return reply, self._judge(target, golden, model, reply)
+
+    def _judge(self, target: Target, golden: Golden, model: str, reply: Reply) -> Outcome | None:
         spent = reply.prompt_tokens + reply.completion_tokens
         self.budget.spend(spent or (estimate_tokens(golden) if reply.ok else 0))
         if reply.error == client.UNREADABLE:  # the probe could not run: no quality verdict

@@ -97,6 +97,7 @@ CASES: dict[str, Case] = {
         ],
     ),
     "generate alerts": Case(_alert_config(), cannot_run=lambda tmp: ["--out", _blocked(tmp)]),
+    "generate slo": Case(_alert_config(), cannot_run=lambda tmp: ["--out", _blocked(tmp)]),
     "generate canary": Case(_alert_config(), cannot_run=lambda tmp: ["--out", _blocked(tmp)]),
     "generate dashboards": Case(_alert_config(), cannot_run=lambda tmp: ["--out", _blocked(tmp)]),
     "generate gateway": Case(

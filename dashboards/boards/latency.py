@@ -1,4 +1,5 @@
-"""Latency and SLOs: each latency signal's quantiles and every burn-rate window.
+"""Latency and SLOs: each latency signal's quantiles and every burn-rate window, and the
+clients' latency as the tenancy proxy measures it, with its exemplars (trace ids).
 
 Panels 1-3 and 10-11 are the ones the latency alerts link to (their ``dashboard_url``).
 """
@@ -6,7 +7,8 @@ Panels 1-3 and 10-11 are the ones the latency alerts link to (their ``dashboard_
 from __future__ import annotations
 
 from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below
-from inferwatch.mixin import recording
+from inferwatch.mixin import promql, recording
+from inferwatch.mixin.objectives import objectives
 
 MEANING = {
     "ttft": ("Time to first token", "prefill: long prompts, a full queue or a cold prefix "
@@ -79,7 +81,26 @@ def board(ctx: Ctx) -> Board:
         _burn(ctx, 11, "availability", "Availability SLO"),
         *[_budget(ctx, pid, slo, name)
           for pid, slo, name in ((12, "ttft", "TTFT"), (13, "availability", "Availability"))],
+    ).row(
+        "Traces",
+        Panel(14, "Client TTFT and request duration p99 (proxy), with traces", "What clients "
+              "see, measured by the tenancy proxy (its queue and admission included). The "
+              "dots are exemplars: a traced request's latency in its bucket; open one to "
+              "follow that request's trace (the proxy traces with --otlp-endpoint; "
+              "Prometheus keeps exemplars with --enable-feature=exemplar-storage).", "s",
+              [Q(_client_quantile(ctx, key, 0.99), f"{name} p99 {{{{model_version}}}}",
+                 exemplar=True)
+               for key, name in (("tenancy_time_to_first_token", "TTFT"),
+                                 ("tenancy_request_duration", "duration"))],
+              width=24),
     )  # fmt: skip
+
+
+def _client_quantile(ctx: Ctx, key: str, q: float) -> str:
+    """A quantile per model version of one of the proxy's histograms (all tenants)."""
+    bucket = ctx.m(key, Scope.MODEL_VERSION, suffix="_bucket")
+    return (f"histogram_quantile({q:g}, sum by ({ctx.config.cluster_label}, model, "
+            f"model_version, le) (rate({bucket}[$__rate_interval])))")  # fmt: skip
 
 
 def _quantile(ctx: Ctx, key: str, q: float) -> str:
@@ -133,14 +154,33 @@ def _burn(ctx: Ctx, pid: int, slo: str, title: str) -> Panel:
 
 
 def _budget(ctx: Ctx, pid: int, slo: str, name: str) -> Panel:
+    """The budget left over the SLO period, one query per objective (the default, each
+    model's own, each tenant class's): 1 - the period's mean error ratio / the budget, as
+    Sloth reads it (the mean of the shortest window's ratios; the ratio rules record no
+    sample while there was no traffic)."""
     config = ctx.config
-    longest = config.slo_windows[-1]
-    allowed = 1 - float(config.slo[slo]["objective"])
+    period, step = config.slo["period"], config.slo_windows[0]
+    promises = objectives(config, slo)
+    queries = []
+    for o in promises:
+        ratio, matchers = o.ratio(config, step)
+        legend = "{{model}} {{model_version}}"
+        queries.append(
+            Q(
+                f"1 - avg_over_time({ctx.r(ratio, Scope.MODEL_VERSION, *matchers)}"
+                f"[{period}]) / {promql.number(o.budget)}",
+                legend if o.tenant_class is None else f"{o.tenant_class} {legend}",
+            )
+        )
+    own = "".join(
+        f"; {o.model or o.tenant_class}: {o.objective:g}"
+        for o in promises
+        if o.model is not None or o.tenant_class is not None
+    )
     return Panel(
-        pid, f"{name} error budget remaining ({longest})",
-        f"1 - bad ratio / allowed ratio over the last {longest}. Under 0 the objective "
-        f"({float(config.slo[slo]['objective']):g}) is missed for the window.", "percentunit",
-        [Q(f"1 - {ctx.r(recording.slo_error_ratio(config, slo, longest))} / {allowed:g}",
-           "{{model}} {{model_version}}")],
-        thresholds=below(0), width=12,
+        pid, f"{name} error budget remaining ({period})",
+        f"The share of the SLO period's ({period}) error budget still unspent: 1 - bad ratio "
+        f"/ allowed ratio. Under 0 the objective ({config.slo_objective(slo):g}{own}) is "
+        "missed for the period.", "percentunit",
+        queries, thresholds=below(0), width=12,
     )  # fmt: skip

@@ -123,6 +123,24 @@ def alerts(config_path: Path | None, out: Path, check: bool) -> None:
 
 
 @generate.command()
+@_config_option("slo", "Alert config (its slo section) read on top of the shipped defaults.")
+@_out_dir_option("SLO specs", "generated/slo")
+@check_option("a file")
+def slo(config_path: Path | None, out: Path, check: bool) -> None:
+    """Write the SLOs as Sloth (prometheus/v1 and PrometheusServiceLevel), OpenSLO (v1) and
+    Pyrra (ServiceLevelObjective) specs, from the objectives the burn-rate alerts use."""
+    from inferwatch.alerts import slo_specs
+    from inferwatch.mixin import config
+    from inferwatch.mixin.files import stale, write
+
+    try:
+        files = slo_specs.render(config.load(config_path))
+    except config.ConfigError as exc:
+        raise BadInput(str(exc)) from None
+    _write_or_check(out, files, check, stale, _kinds_of(write, slo_specs.KINDS))
+
+
+@generate.command()
 @_config_option(
     "dashboards",
     "Alert config (thresholds, selectors, cluster label) read on top of the defaults.",

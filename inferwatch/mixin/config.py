@@ -7,9 +7,9 @@ for every one of the file's fields, repeating each default the file already hold
 merge below walks the defaults and reads each field of a user's file with the
 :class:`~inferwatch.config.schema.Fields` read of its default's type (a duration where the
 key names one). Unknown keys and wrong types therefore read as in every other config. The
-few open mappings (per-model latency thresholds and cost baselines, per-alert labels and
-annotations) and the burn-rate windows are read entry by entry, and rules between fields are
-checked once the document is merged.
+few open mappings (per-model latency thresholds, SLO objectives and cost baselines,
+per-alert labels and annotations) and the burn-rate windows are read entry by entry, and
+rules between fields are checked once the document is merged.
 """
 
 from __future__ import annotations
@@ -43,7 +43,17 @@ __all__ = [
 SEVERITIES = ("critical", "warning", "info")
 #: keys whose values are Prometheus durations
 DURATION_KEYS = frozenset(
-    {"for", "window", "lookback", "horizon", "baseline_window", "rate_window", "long", "short"}
+    {
+        "for",
+        "window",
+        "lookback",
+        "horizon",
+        "baseline_window",
+        "rate_window",
+        "long",
+        "short",
+        "period",
+    }
 )
 #: keys every ``alerts.<name>`` entry accepts besides its own defaults
 ALERT_EXTRAS = frozenset({"disabled", "labels", "annotations"})
@@ -81,6 +91,14 @@ def _merge(base: Mapping[str, Any], given: Fields) -> dict[str, Any]:
                 )
                 for model, thresholds in given.child(key).entries()
             }
+        elif given.where(key) in ("slo.ttft.models", "slo.availability.models"):
+            objectives = given.child(key)
+            merged[key] = {
+                str(model): number_of(value, objectives.error_at(str(model)))
+                for model, value in objectives.raw.items()
+            }
+        elif given.where(key) == "slo.tenant_classes":
+            merged[key] = _tenant_classes(given.child(key))
         elif given.where(key) == "slo.windows":
             merged[key] = _windows(base[key][0], given)
         elif given.where(key) in KUBE_LABELS:
@@ -147,6 +165,30 @@ def _partial(base: Mapping[str, Any], given: Fields) -> dict[str, Any]:
         else _field(base[key], given, key)
         for key in given.raw
     }
+
+
+_CLASS_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+
+
+def _tenant_classes(given: Fields) -> dict[str, dict[str, Any]]:
+    """Each class: its ``tenants`` (non-empty) and an objective per SLO it names."""
+    classes = {}
+    for name, entry in given.entries():
+        if not _CLASS_NAME.match(name):
+            raise given.error(name, "a class name is lowercase letters, digits and dashes")
+        entry.check_keys({"tenants", "ttft", "availability"}, required={"tenants"})
+        tenants = entry.each("tenants", _string, max_items=1000)
+        if not tenants:
+            raise entry.error("tenants", "expected at least one tenant")
+        objectives = {
+            slo: entry.number(slo, 0.0, minimum=-math.inf)
+            for slo in ("ttft", "availability")
+            if slo in entry.raw
+        }
+        if not objectives:
+            raise given.error(name, "expected an objective: ttft, availability or both")
+        classes[name] = {"tenants": tenants, **objectives}
+    return classes
 
 
 def _windows(template: Mapping[str, Any], slo: Fields) -> list[dict[str, Any]]:
@@ -280,6 +322,11 @@ class Config:
                 return float(own[severity])
         return float(self.latency["thresholds"][signal][severity])
 
+    def slo_objective(self, slo: str, model: str | None = None) -> float:
+        """The objective of ``slo`` for ``model`` (its own where configured), else the default."""
+        own = self.slo[slo]["models"]
+        return float(own[model] if model in own else self.slo[slo]["objective"])
+
     @property
     def slo_windows(self) -> list[str]:
         """Every window a burn-rate alert reads, shortest first (deduplicated)."""
@@ -319,10 +366,24 @@ def _check_meaning(config: Config, fail: Any) -> None:
             critical = config.latency_threshold(signal, "critical", model)
             if warning >= critical:
                 fail(f"latency.models.{model}.{signal}", "warning must be below critical")
+    if Duration.parse(config.slo["period"]) < Duration.parse(config.slo_windows[-1]):
+        fail(
+            "slo.period", f"must be at least the longest burn-rate window {config.slo_windows[-1]}"
+        )
     for slo in ("ttft", "availability"):
-        objective = float(config.slo[slo]["objective"])
-        if not 0 < objective < 1:
-            fail(f"slo.{slo}.objective", f"must be between 0 and 1 (exclusive), got {objective}")
+        objectives = {"objective": config.slo[slo]["objective"]}
+        objectives.update({f"models.{m}": v for m, v in config.slo[slo]["models"].items()})
+        objectives.update(
+            {
+                f"tenant_classes.{name}.{slo}": entry[slo]
+                for name, entry in config.slo["tenant_classes"].items()
+                if slo in entry
+            }
+        )
+        for where, value in objectives.items():
+            if not 0 < float(value) < 1:
+                where = where if where.startswith("tenant_classes") else f"{slo}.{where}"
+                fail(f"slo.{where}", f"must be between 0 and 1 (exclusive), got {value}")
     buckets = config.slo["ttft"]["buckets"]
     if not buckets or sorted(set(buckets)) != list(buckets) or min(buckets) <= 0:
         fail("slo.ttft.buckets", "expected positive bucket bounds in increasing order")

@@ -26,7 +26,8 @@ from inferwatch import catalog
 from inferwatch.mixin import promql
 from inferwatch.mixin.config import Config
 from inferwatch.mixin.model import Group, Recording
-from inferwatch.mixin.promql import MODEL_VERSION, by, metric
+from inferwatch.mixin.promql import MODEL_VERSION, by, metric, one_of
+from inferwatch.serving.histogram import TTFT_BUCKETS_LONG
 
 __all__ = [
     "LATENCY",
@@ -34,6 +35,8 @@ __all__ = [
     "autoscaling_signals",
     "bucket_rate",
     "catalog_name",
+    "class_error_ratio",
+    "class_events",
     "cost_per_1k",
     "error_ratio",
     "errors",
@@ -48,8 +51,10 @@ __all__ = [
     "request_total",
     "requests",
     "slo_error_ratio",
+    "slo_events",
     "tenant_cost",
     "tenant_tokens",
+    "ttft_counters",
 ]
 
 #: latency signals: alert word -> catalogue key
@@ -91,6 +96,36 @@ def slo_error_ratio(config: Config, slo: str, window: str) -> str:
         "inferwatch_engine_requests" if slo == "availability" else catalog_name(LATENCY[slo])
     )
     return f"model_version:{metric_name}:slo_error_ratio_rate{window}"
+
+
+def class_error_ratio(config: Config, slo: str, window: str) -> str:
+    """A tenant class's error ratio over ``window``, from the proxy's series (label
+    ``tenant_class``)."""
+    key = "tenancy_requests" if slo == "availability" else "tenancy_time_to_first_token"
+    return f"tenant_class:{catalog_name(key).removesuffix('_total')}:slo_error_ratio_rate{window}"
+
+
+#: proxy outcomes that are the engine's or the proxy's failure (refusals and the client's own
+#: errors are neither good nor bad: they are left out of the total)
+PROXY_FAILURES = ("engine_error", "upstream_error", "shutdown_cancelled")
+PROXY_SERVED = ("ok", "client_cancelled", *PROXY_FAILURES)
+
+
+def class_events(
+    config: Config, slo: str, window: str, tenants: tuple[str, ...]
+) -> tuple[str, str]:
+    """(bad, total) events per second per model version for ``slo`` of the requests of
+    ``tenants``, from the tenancy proxy's series (its TTFT buckets are the GenAI ones)."""
+    mv = by(config, MODEL_VERSION)
+    of = f'tenant=~"{one_of(tenants)}"'
+    if slo == "availability":
+        served = metric(config, "tenancy_requests", of, f'outcome=~"{one_of(PROXY_SERVED)}"')
+        failed = metric(config, "tenancy_requests", of, f'outcome=~"{one_of(PROXY_FAILURES)}"')
+        total = f"sum {mv} (rate({served}[{window}]))"
+        return f"(sum {mv} (rate({failed}[{window}])) or {total} * 0)", f"({total})"
+    good, count = ttft_counters(config, tenants=tenants)
+    total = f"sum {mv} (rate({count}[{window}]))"
+    return f"({total} - sum {mv} (rate({good}[{window}])))", f"({total})"
 
 
 def ready_replica() -> str:
@@ -141,21 +176,50 @@ def catalog_name(key: str) -> str:
     return catalog.load()[key].name
 
 
-def request_total(config: Config, window: str, grouping: str) -> str:
+def request_total(config: Config, window: str, grouping: str, *matchers: str) -> str:
     """Requests started and ended (finished or failed) per second, summed by ``grouping``."""
-    finished = metric(config, "engine_requests_finished", 'reason!="error"')
+    finished = metric(config, "engine_requests_finished", 'reason!="error"', *matchers)
     done = f"sum {grouping} (rate({finished}[{window}]))"
-    return f"{done} + ({request_errors(config, window, grouping)} or {done} * 0)"
+    return f"{done} + ({request_errors(config, window, grouping, *matchers)} or {done} * 0)"
 
 
-def request_errors(config: Config, window: str, grouping: str) -> str:
+def request_errors(config: Config, window: str, grouping: str, *matchers: str) -> str:
     """Failed requests per second: the engine's errors, or its HTTP server's 5xx answers where
     those are more."""
-    engine = f"sum {grouping} (rate({metric(config, 'engine_request_errors')}[{window}]))"
+    errors = metric(config, "engine_request_errors", *matchers)
+    engine = f"sum {grouping} (rate({errors}[{window}]))"
     http_grouping = "without (handler, status)" if grouping == POD else grouping
-    http_5xx = metric(config, "engine_http_requests", 'status="5xx"')
+    http_5xx = metric(config, "engine_http_requests", 'status="5xx"', *matchers)
     http = f"sum {http_grouping} (rate({http_5xx}[{window}]))"
     return f"(({engine} >= {http}) or {http} or {engine})"
+
+
+def slo_events(config: Config, slo: str, window: str, *matchers: str) -> tuple[str, str]:
+    """(bad, total) events per second per model version for ``slo`` over ``window``: what
+    the error-ratio rules divide, and the SLI the exported SLO specs carry (``window`` may be
+    a template's placeholder, such as Sloth's ``{{.window}}``)."""
+    mv = by(config, MODEL_VERSION)
+    if slo == "availability":
+        total = f"({request_total(config, window, mv, *matchers)})"
+        return f"({request_errors(config, window, mv, *matchers)} or {total} * 0)", total
+    good, count = ttft_counters(config, *matchers)
+    total = f"sum {mv} (rate({count}[{window}]))"
+    return f"({total} - sum {mv} (rate({good}[{window}])))", f"({total})"
+
+
+def ttft_counters(config: Config, *matchers: str, tenants: tuple[str, ...] = ()) -> tuple[str, str]:
+    """The TTFT SLI's counters: requests within the bound (its bucket) and all of them (the
+    count); from the engine's histogram, or for ``tenants`` the proxy's (GenAI buckets), with
+    the threshold snapped down to a bound of the histogram read."""
+    threshold = float(config.slo["ttft"]["threshold"])
+    if tenants:
+        key, buckets = "tenancy_time_to_first_token", list(TTFT_BUCKETS_LONG)
+        matchers = (*matchers, f'tenant=~"{one_of(tenants)}"')
+    else:
+        key, buckets = LATENCY["ttft"], [float(b) for b in config.slo["ttft"]["buckets"]]
+    bound = promql.le_matcher(promql.snap(threshold, buckets))
+    good = metric(config, key, *matchers, bound, suffix="_bucket")
+    return good, metric(config, key, *matchers, suffix="_count")
 
 
 def groups(config: Config) -> list[Group]:
@@ -219,31 +283,31 @@ def _rate_group(config: Config) -> Group:
     return Group("inferwatch-recording", tuple(rules))
 
 
+def _ratio(bad: str, total: str) -> str:
+    """``bad / total``, and no sample while there was no traffic: a 0/0 NaN would poison
+    every average over a period that includes it (the budget panels')."""
+    return f"{bad} / ({total} > 0)"
+
+
 def _slo_group(config: Config) -> Group:
-    """Error ratios per SLO window: the 1 - good/total the burn-rate alerts compare."""
-    mv = by(config, MODEL_VERSION)
-    ttft = config.slo["ttft"]
-    bound = promql.snap(float(ttft["threshold"]), [float(b) for b in ttft["buckets"]])
-    key = LATENCY["ttft"]
-    good = metric(config, key, promql.le_matcher(bound), suffix="_bucket")
-    total = metric(config, key, suffix="_count")
+    """Error ratios per SLO window: the bad/total the burn-rate alerts compare."""
     rules: list[Recording] = []
     for window in config.slo_windows:
-        rules.append(
-            Recording(
-                slo_error_ratio(config, "ttft", window),
-                f"1 - (sum {mv} (rate({good}[{window}])) / sum {mv} (rate({total}[{window}])))",
-                {"slo": "ttft"},
+        for slo in ("ttft", "availability"):
+            bad, total = slo_events(config, slo, window)
+            rules.append(
+                Recording(slo_error_ratio(config, slo, window), _ratio(bad, total), {"slo": slo})
             )
-        )
-        rules.append(
-            Recording(
-                slo_error_ratio(config, "availability", window),
-                f"({request_errors(config, window, mv)} or ({request_total(config, window, mv)})"
-                f" * 0) / ({request_total(config, window, mv)})",
-                {"slo": "availability"},
-            )
-        )
+            for name, entry in sorted(config.slo["tenant_classes"].items()):
+                if slo in entry:
+                    bad, total = class_events(config, slo, window, tuple(entry["tenants"]))
+                    rules.append(
+                        Recording(
+                            class_error_ratio(config, slo, window),
+                            _ratio(bad, total),
+                            {"slo": slo, "tenant_class": name},
+                        )
+                    )
     return Group("inferwatch-recording-slo", tuple(rules))
 
 

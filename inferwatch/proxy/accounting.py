@@ -96,7 +96,7 @@ class Accounting:
         duration = time.perf_counter() - exchange.start
         self.metrics.request(exchange.identity, exchange.outcome or "ok")
         if exchange.outcome in ("ok", "client_cancelled", "upstream_error") and exchange.meter:
-            self.metrics.timing(exchange.identity, exchange.ttft, duration)
+            self.metrics.timing(exchange.identity, exchange.ttft, duration, exchange.trace_id)
         if not self.access_log.enabled:
             return
         usage = exchange.usage

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
@@ -72,6 +72,11 @@ from inferwatch.proxy.usage import (
 from inferwatch.serving import endpoints
 from inferwatch.serving.readiness import Condition
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from inferwatch.proxy.tracing import RequestTracing
+
 #: the engine work a request may ask for is capped at this many choices (``n``, ``best_of``)
 MAX_CHOICES = 128
 #: bodies above this size are counted off the event loop when a tokenizer is configured
@@ -107,8 +112,20 @@ def _completion_cap(body: dict[str, Any], path: str) -> tuple[str, int | None, i
 
 
 class ProxyApp:
-    def __init__(self, config: ProxyConfig, access_log: bool = True) -> None:
+    def __init__(
+        self,
+        config: ProxyConfig,
+        access_log: bool = True,
+        tracer_provider: TracerProvider | None = None,
+    ) -> None:
+        """``tracer_provider``: a span per metered request (off, and not imported, without)."""
         self.config = config
+        self.tracer_provider = tracer_provider
+        self.tracing: RequestTracing | None = None
+        if tracer_provider is not None:
+            from inferwatch.proxy.tracing import RequestTracing
+
+            self.tracing = RequestTracing(tracer_provider)
         self.access_log = AccessLog(access_log)
         self.pool = UpstreamPool(
             config.upstream_url, Timeouts(config.connect_timeout_s, config.read_timeout_s)
@@ -165,7 +182,7 @@ class ProxyApp:
             passthrough=self._passthrough,
             own=self._own,
             refuse=self.relays.refuse,
-            finish=self.accounting.finish,
+            finish=self._finish,
             handlers=self._handlers,
         )
 
@@ -208,6 +225,8 @@ class ProxyApp:
         self.access_log.flush()
         self.pool.close()
         await self.direct_traffic.aclose()
+        if self.tracer_provider is not None:  # export the spans still batched
+            await asyncio.to_thread(self.tracer_provider.shutdown)
 
     def _resolve(self, exchange: Exchange, scope: Scope) -> Refusal | None:
         client = scope.get("client")
@@ -388,10 +407,15 @@ class ProxyApp:
     async def _metered(
         self, exchange: Exchange, route: Route, scope: Scope, receive: Receive, send: Send
     ) -> None:
+        tracing = self.tracing
+        if tracing is not None:
+            tracing.start(exchange, scope)
         try:
             refusal, body, raw, changed = await self._read_request(exchange, scope, receive)
             if refusal is not None:
                 return await self.relays.refuse(exchange, send, refusal)
+            if tracing is not None:
+                tracing.admitted(exchange)
             await self.relays.forward_metered(
                 exchange, route, scope, receive, send, body, raw, changed
             )
@@ -403,6 +427,11 @@ class ProxyApp:
             self.accounting.charge(exchange)
             if isinstance(exchange.meter, TranscribingMeter):
                 self.accounting.screen(exchange, exchange.meter)
+
+    def _finish(self, exchange: Exchange) -> None:
+        self.accounting.finish(exchange)
+        if self.tracing is not None:
+            self.tracing.end(exchange)
 
     async def _passthrough(
         self, exchange: Exchange, route: Route, scope: Scope, receive: Receive, send: Send

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import click
 
+from inferwatch import tracing
 from inferwatch.clikit import BadInput, bind, parse_listen
 from inferwatch.logs import log_event
 from inferwatch.proxy.config import HTTP_URL, ConfigError, ProxyConfig, Serving, load
@@ -79,6 +80,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     show_envvar=True,
     help="Write one structured line per request.",
 )
+@tracing.options
 def proxy(
     config_path: str | None,
     listen: str,
@@ -87,6 +89,8 @@ def proxy(
     upstream: str | None,
     probe_metrics: tuple[str, ...],
     access_log: bool,
+    otlp_endpoint: str,
+    otlp_sampling_ratio: float,
 ) -> None:
     """Meter tokens and cost per tenant in front of an OpenAI-compatible engine."""
     from inferwatch.proxy.app import ProxyApp
@@ -103,12 +107,15 @@ def proxy(
             if bad:
                 raise ConfigError(f"--probe-metrics: {bad[0]!r} is not an http(s) URL")
             config = dataclasses.replace(config, probe_metrics_urls=probe_metrics)
-        app = ProxyApp(config, access_log=access_log)
+        provider = tracing.provider(
+            "inferwatch-proxy", tracing.TraceOptions(otlp_endpoint, otlp_sampling_ratio)
+        )
+        app = ProxyApp(config, access_log=access_log, tracer_provider=provider)
     except (ConfigError, ValueError) as exc:
         raise BadInput(str(exc)) from None
     client_sock = bind(address)
     metrics_sock = bind(metrics_address, "--metrics-listen")
-    _announce(config, config_path, client_sock, metrics_sock)
+    _announce(config, config_path, client_sock, metrics_sock, otlp_endpoint)
     gc.freeze()  # start-up objects never need collecting: shorter GC pauses on requests
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(serve(app, client_sock, metrics_sock, drain_grace))
@@ -120,7 +127,11 @@ def _url(sock: socket.socket) -> str:
 
 
 def _announce(
-    config: ProxyConfig, config_path: str | None, client: socket.socket, metrics: socket.socket
+    config: ProxyConfig,
+    config_path: str | None,
+    client: socket.socket,
+    metrics: socket.socket,
+    traces: str,
 ) -> None:
     """Say where the proxy listens and what it forwards to, and warn when it can only refuse."""
     log_event(
@@ -133,6 +144,7 @@ def _announce(
         upstream=config.upstream_url,
         tenants=len(config.tenants),
         probe_metrics=" ".join(config.probe_metrics_urls) or "none",
+        traces=tracing.traces_url(traces) if traces else "off",
         config=config_path or "none",
     )
     admits_nobody = (

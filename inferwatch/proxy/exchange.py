@@ -7,13 +7,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferwatch.identity import UNKNOWN as UNKNOWN_VALUE
 from inferwatch.proxy.admission import Refusal, Reservation
 from inferwatch.proxy.metrics import Identity
 from inferwatch.proxy.tenants import UNKNOWN
 from inferwatch.proxy.usage import Usage, UsageMeter
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -53,6 +56,9 @@ class Exchange:
     response_started: bool = False
     #: a stream that ended without its [DONE] marker (its text is not screened)
     done_marker_missing: bool = False
+    #: the request's span while tracing is on, and its trace id when sampled (the exemplar)
+    span: Span | None = None
+    trace_id: str = ""
 
 
 async def read_body(receive: Receive, limit: int, timeout_s: float) -> bytes | Refusal:

@@ -90,17 +90,20 @@ class ProxyMetrics:
         charged.completion += usage.completion
         charged.reasoning += usage.reasoning
 
-    def timing(self, identity: Identity, ttft: float | None, duration: float) -> None:
+    def timing(
+        self, identity: Identity, ttft: float | None, duration: float, trace_id: str = ""
+    ) -> None:
+        """Observe a request's latencies; a traced request's id is their buckets' exemplar."""
         key = (identity,)
         if ttft is not None:
             histogram = self.ttft.get(key)
             if histogram is None:
                 histogram = self.ttft[key] = Histogram(TTFT_BUCKETS_LONG)
-            histogram.observe(ttft)
+            histogram.observe(ttft, trace_id)
         histogram = self.duration.get(key)
         if histogram is None:
             histogram = self.duration[key] = Histogram(DURATION_BUCKETS)
-        histogram.observe(duration)
+        histogram.observe(duration, trace_id)
 
     def upstream_error(self, reason: str) -> None:
         self.upstream_errors[reason] = self.upstream_errors.get(reason, 0) + 1

@@ -141,11 +141,16 @@ class UsageMeter:
         self.prompt_details = False
         self._completion_chars = 0
         self._content_events = 0
+        #: what the engine says it served and why each choice ended (for the request's span)
+        self.response_model = ""
+        self.finish_reasons: list[str] = []
 
     def observe(self, payload: Mapping[str, Any]) -> bool:
         """Take in a response body or one stream event; True if it carried usage."""
         raw_usage = payload.get("usage")
         usage = Usage.from_openai(raw_usage) if raw_usage is not None else None
+        if not self.response_model and type(payload.get("model")) is str:
+            self.response_model = payload["model"][:256]
         choices = payload.get("choices")
         if type(choices) is list:
             for choice in choices:
@@ -164,6 +169,13 @@ class UsageMeter:
         return True
 
     def _observe_choice(self, choice: Mapping[str, Any]) -> None:
+        reason = choice.get("finish_reason")
+        if (
+            type(reason) is str
+            and reason not in self.finish_reasons
+            and len(self.finish_reasons) < 8
+        ):
+            self.finish_reasons.append(reason[:64])
         delta = choice.get("delta") or choice.get("message")
         size = 0
         text = choice.get("text")

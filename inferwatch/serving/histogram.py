@@ -1,17 +1,24 @@
 """Histograms that inferwatch observes itself (the tenancy proxy, the probes).
 
 Bucket boundaries follow the OpenTelemetry GenAI semantic conventions, so a dashboard can put
-the client's view (proxy, probes) next to the engine's on the same buckets.
+the client's view (proxy, probes) next to the engine's on the same buckets. A bucket may carry
+an exemplar, the trace id of its latest traced observation: the OpenMetrics exposition writes
+it (``# {trace_id="..."} value timestamp``) and Prometheus with exemplar storage keeps it,
+so a latency panel links to a trace that fell in that bucket.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+import time
 from dataclasses import dataclass, field
+
+from prometheus_client.samples import Exemplar
 
 __all__ = [
     "DURATION_BUCKETS",
+    "EXEMPLAR_LABEL",
     "TTFT_BUCKETS",
     "TTFT_BUCKETS_LONG",
     "Histogram",
@@ -28,6 +35,8 @@ TTFT_BUCKETS_LONG = (*TTFT_BUCKETS, 15.0, 20.0, 30.0, 45.0, 60.0)
 DURATION_BUCKETS = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 )  # fmt: skip
+#: the exemplar's label, the name Grafana's trace links read by default
+EXEMPLAR_LABEL = "trace_id"
 
 
 @dataclass
@@ -37,26 +46,39 @@ class Histogram:
     bounds: tuple[float, ...]
     counts: list[int] = field(default_factory=list)
     total: float = 0.0
+    #: per bucket, the latest traced observation's exemplar (None until one is traced)
+    exemplars: list[Exemplar | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.counts:
             self.counts = [0] * (len(self.bounds) + 1)
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+    def observe(self, value: float, trace_id: str = "") -> None:
+        """Count ``value``; a ``trace_id`` becomes its bucket's exemplar."""
+        index = bisect.bisect_left(self.bounds, value)
+        self.counts[index] += 1
         self.total += value
+        if trace_id:
+            if self.exemplars is None:
+                self.exemplars = [None] * len(self.counts)
+            self.exemplars[index] = Exemplar({EXEMPLAR_LABEL: trace_id}, value, time.time())
 
     def merge(self, other: Histogram) -> None:
         self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
         self.total += other.total
+        if other.exemplars is not None:
+            mine = self.exemplars or [None] * len(self.counts)
+            self.exemplars = [a or b for a, b in zip(other.exemplars, mine, strict=True)]
 
-    def buckets(self) -> list[tuple[str, float]]:
-        """(le, cumulative count) pairs, ``+Inf`` last."""
+    def buckets(self) -> list[tuple[str, float] | tuple[str, float, Exemplar]]:
+        """(le, cumulative count) pairs, ``+Inf`` last, with the bucket's exemplar if any."""
         cumulative = 0
-        out: list[tuple[str, float]] = []
-        for bound, count in zip((*map(repr, self.bounds), "+Inf"), self.counts, strict=True):
+        out: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
+        exemplars = self.exemplars or [None] * len(self.counts)
+        bounds = (*map(repr, self.bounds), "+Inf")
+        for bound, count, exemplar in zip(bounds, self.counts, exemplars, strict=True):
             cumulative += count
-            out.append((bound, cumulative))
+            out.append((bound, cumulative) if exemplar is None else (bound, cumulative, exemplar))
         return out
 
 
