@@ -155,7 +155,8 @@ class ProxyApp:
             v.prompt_version_header.encode(),
         )
         self._version_defaults = (v.model_version, v.engine_version, v.prompt_version)
-        stripped = {b"authorization", config.tenant_header.encode(), *self._version_headers}
+        # credentials and what the gateway told the proxy never reach the engine
+        stripped = {b"authorization", *(name.encode() for name in config.gateway_headers)}
         self.relays = Relays(
             config, self.pool, self.metrics, frozenset(stripped), lambda: self.draining
         )
@@ -217,6 +218,11 @@ class ProxyApp:
             return Refusal(401, "rejected_auth", resolution.reason)
         exchange.tenant = resolution.tenant
         return None
+
+    def _gateway_said(self, scope: Scope) -> list[tuple[bytes, bytes]]:
+        """The request's headers if its peer may set the split and versions, else none."""
+        client = scope.get("client")
+        return scope["headers"] if self.resolver.from_gateway(client[0] if client else None) else []
 
     def _label(self, exchange: Exchange, headers: list[tuple[bytes, bytes]]) -> None:
         found: list[str | None] = [None, None, None]
@@ -359,7 +365,7 @@ class ProxyApp:
         """Resolve, read, parse and admit; the body (maybe changed) and whether it changed."""
         refusal = self._resolve(exchange, scope)
         if refusal is not None:
-            self._label(exchange, scope["headers"])
+            self._label(exchange, self._gateway_said(scope))
             return refusal, {}, b"", False
         config = self.config
         raw = await read_body(receive, config.max_body_bytes, config.body_timeout_s)
@@ -379,7 +385,7 @@ class ProxyApp:
                     )
         if isinstance(body, dict) and isinstance(body.get("model"), str):
             exchange.model = body["model"][:256]
-        self._label(exchange, scope["headers"])
+        self._label(exchange, self._gateway_said(scope))
         if refusal is not None or not isinstance(body, dict):
             return refusal, {}, b"", False
         refusal, changed = await self._admit(exchange, body, len(raw))
@@ -409,7 +415,7 @@ class ProxyApp:
     ) -> None:
         """An allow-listed route: authenticated like the rest, relayed as is, not metered."""
         refusal = self._resolve(exchange, scope)
-        self._label(exchange, scope["headers"])
+        self._label(exchange, self._gateway_said(scope))
         if refusal is not None:
             return await self.relays.refuse(exchange, send, refusal)
         raw = await read_body(receive, self.config.max_body_bytes, self.config.body_timeout_s)
