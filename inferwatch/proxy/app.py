@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -66,6 +67,8 @@ from inferwatch.proxy.sampling import TranscribingMeter, prompt_text
 from inferwatch.proxy.tenants import UNKNOWN, TenantResolver
 from inferwatch.proxy.upstream import Timeouts, UpstreamError, UpstreamPool
 from inferwatch.proxy.usage import (
+    TEMPLATE_ALLOWANCE,
+    Bounds,
     UsageMeter,
     estimate_prompt_tokens,
 )
@@ -91,19 +94,51 @@ class Prompt:
     tokens: int = 0
 
 
-def _completion_cap(body: dict[str, Any], path: str) -> tuple[str, int | None, int]:
-    """The body field that caps completion tokens, its value if valid, and the choices asked."""
-    name = "max_tokens"  # chat's newer field wins where it is set, as in vLLM
-    if path == "/v1/chat/completions" and type(body.get("max_completion_tokens")) is int:
-        name = "max_completion_tokens"
-    value = body.get(name)
-    cap = value if type(value) is int and value >= 0 else None
-    choices = 1
-    for key in ("n", "best_of"):
-        count = body.get(key)
-        if type(count) is int and count > choices:
-            choices = count
-    return name, cap, choices
+#: the body fields that cap completion tokens (chat reads the newer one where it is set)
+CAP_FIELDS = ("max_completion_tokens", "max_tokens")
+#: the body fields that ask for more than one choice
+CHOICE_FIELDS = ("n", "best_of")
+
+
+def _whole_number(body: dict[str, Any], key: str) -> int | None:
+    """``body[key]`` as a count, None when unset; an integral float is rewritten as an int.
+
+    Raises ValueError for anything else (a string, a fraction, a boolean, a negative number):
+    an engine may read such a value its own way, so it is refused rather than guessed at.
+    """
+    value = body.get(key)
+    if value is None or type(value) is int:
+        number = value
+    elif type(value) is float and value.is_integer():
+        number = body[key] = int(value)
+    else:
+        raise ValueError(f"{key} must be a whole number, got {json.dumps(value)[:40]}")
+    if number is not None and number < 0:
+        raise ValueError(f"{key} must be 0 or more, got {number}")
+    return number
+
+
+@dataclass
+class Caps:
+    """What a body asks the engine to generate, its counts normalised (see ``_whole_number``)."""
+
+    #: the cap fields the body sets
+    fields: list[str]
+    #: the largest cap they set: whichever an engine reads, it generates no more than that
+    requested: int | None
+    choices: int
+    #: a count was rewritten (an integral float), so the body must be sent re-encoded
+    rewritten: bool
+
+
+def _completion_cap(body: dict[str, Any]) -> Caps:
+    """Raises ValueError for a cap or choice count that is not a whole number."""
+    floats = any(type(body.get(key)) is float for key in (*CAP_FIELDS, *CHOICE_FIELDS))
+    caps = {key: _whole_number(body, key) for key in CAP_FIELDS}
+    fields = [key for key, value in caps.items() if value is not None]
+    requested = max((caps[key] or 0 for key in fields), default=None)
+    choices = max([1, *(_whole_number(body, key) or 0 for key in CHOICE_FIELDS)])
+    return Caps(fields, requested, choices, floats)
 
 
 class ProxyApp:
@@ -261,14 +296,14 @@ class ProxyApp:
         config = self.config
         tenant = config.tenants.get(exchange.tenant)
         budget = tenant.budget if tenant is not None else None
-        name, requested, choices = _completion_cap(body, exchange.path)
+        try:
+            asked = _completion_cap(body)  # the counts reach the engine as normalised here
+            prompt = Prompt(self.counter.count_text is not byte_bound)
+            prompt.tokens = await self._count(body, size)  # also the charge's ceiling
+        except ValueError as exc:
+            return Refusal(400, "rejected_bad_request", str(exc)), False
+        requested, choices = asked.requested, asked.choices
         exchange.choices = choices
-        prompt = Prompt(self.counter.count_text is not byte_bound)
-        if config.max_input_tokens or budget is not None or prompt.exact:  # else none needs it
-            try:
-                prompt.tokens = await self._count(body, size)
-            except ValueError as exc:
-                return Refusal(400, "rejected_bad_request", str(exc)), False
         # without a tokenizer the count is an upper bound: charge the usual estimate instead
         prompt_estimate = prompt.tokens if prompt.exact else estimate_prompt_tokens(body)
         if (
@@ -290,14 +325,14 @@ class ProxyApp:
                 f"prompt {counted} {prompt.tokens} tokens, over this endpoint's limit of "
                 f"{config.max_input_tokens} input tokens",
             ), False
-        changed = False
+        changed = asked.rewritten
+        cap, engine_applies = await self._reserved_cap(exchange, body, requested, prompt)
         if tenant is not None and budget is not None:
             if choices > MAX_CHOICES:
                 exchange.meter = None
                 return Refusal(
                     400, "rejected_bad_request", f"at most {MAX_CHOICES} choices per request"
                 ), False
-            cap, engine_applies = await self._reserved_cap(exchange, body, requested, prompt)
             if prompt.tokens + cap * choices > self.ledger.room(exchange.tenant, budget):
                 await self._recount(exchange, body, prompt)  # a bound must not refuse or clamp
                 cap, engine_applies = await self._reserved_cap(exchange, body, requested, prompt)
@@ -314,8 +349,15 @@ class ProxyApp:
                 return reserved, False
             exchange.reservation = reserved
             if reserved.completion_cap is not None or not engine_applies:
-                body[name] = cap if reserved.completion_cap is None else reserved.completion_cap
-                changed = True
+                cap = cap if reserved.completion_cap is None else reserved.completion_cap
+                for key in asked.fields or ["max_tokens"]:  # no twin left uncapped
+                    body[key] = cap
+                changed = engine_applies = True
+        exchange.meter.bounds = Bounds(
+            prompt.tokens + TEMPLATE_ALLOWANCE,
+            cap * choices if engine_applies else None,
+            self.counter.floor,
+        )
         if config.max_concurrency or (tenant is not None and tenant.max_concurrency):
             limit, priority = (tenant.max_concurrency, tenant.priority) if tenant else (0, 1)
             refusal = await self.gate.acquire(exchange.tenant, limit, priority)
