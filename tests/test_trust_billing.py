@@ -327,3 +327,24 @@ def test_a_clamped_cap_leaves_no_twin_uncapped(stack: MakeStack) -> None:
     forwarded = tight.engine.requests[-1]
     # the larger twin decided the reservation; both went out at the clamped cap
     assert forwarded["max_tokens"] == forwarded["max_completion_tokens"] < 60
+
+
+# ---------------------------------------------------------------- label slots
+def test_only_values_the_engine_served_take_a_label_slot(stack: MakeStack) -> None:
+    proxy = stack(labels={"max_version_values": 20, "value_idle": "1h"})
+    refused = {"x-scenario": "unknown_model"}
+    for index in range(300):
+        body = chat(model=f"junk-{index}")
+        reply = proxy.client.post(CHAT, json=body, headers=auth("acme", **refused))
+        assert reply.status_code == 404
+    assert len(proxy.app.value_labels[0]) == 0  # no slot taken
+    page = proxy.metrics()
+    assert samples(page, "inferwatch_tenancy_requests_total", model="other") == 300
+    assert samples(page, "inferwatch_tenancy_value_label_folds_total", label="model") == 0
+    # a real model is recorded by name, at once
+    served = proxy.client.post(CHAT, json=chat(model="llama-3.1-8b"), headers=auth("acme"))
+    assert served.status_code == 200
+    page = proxy.metrics()
+    assert samples(page, "inferwatch_tenancy_requests_total", model="llama-3.1-8b") == 1
+    assert samples(page, "inferwatch_tenancy_tokens_total", model="llama-3.1-8b") > 0
+    assert samples(page, "inferwatch_tenancy_tokens_total", model="other") == 0

@@ -273,15 +273,31 @@ class ProxyApp:
             for value, default in zip(found, defaults, strict=True)
         )
         exchange.versions = (versions[0], versions[1], versions[2])
-        model_l, mv_l, ev_l, pv_l = self.value_labels
+        model, model_version, engine_version, prompt_version = self._values(exchange, take=False)
         exchange.identity = (
             self.tenant_labels.label(exchange.tenant),
-            model_l.label(or_unknown(exchange.model)),
-            mv_l.label(or_unknown(versions[0])),
-            ev_l.label(or_unknown(versions[1])),
-            pv_l.label(or_unknown(versions[2])),
+            model,
+            model_version,
+            engine_version,
+            prompt_version,
             split_label(headers),
         )
+
+    def _values(self, exchange: Exchange, take: bool) -> tuple[str, str, str, str]:
+        """The model and version labels of a request (``take``: values may take a slot)."""
+        values = (exchange.model, *exchange.versions)
+        model, model_version, engine_version, prompt_version = (
+            labels.label(or_unknown(value), take)
+            for labels, value in zip(self.value_labels, values, strict=True)
+        )
+        return model, model_version, engine_version, prompt_version
+
+    def _served(self, exchange: Exchange) -> None:
+        """A model or version the engine served takes a label slot, one it refused never: a
+        flood of junk names answered 404 would otherwise hold every slot."""
+        if 200 <= exchange.status < 400:
+            tenant, *_, split = exchange.identity
+            exchange.identity = (tenant, *self._values(exchange, take=True), split)
 
     async def _count(self, body: dict[str, Any], size: int) -> int:
         """Prompt tokens of ``body``; a big body meets a real tokenizer off the event loop."""
@@ -448,6 +464,7 @@ class ProxyApp:
                 self.gate.release(exchange.tenant)
             elif exchange.slot == "counted":
                 self.gate.leave_ungated()
+            self._served(exchange)
             self.accounting.charge(exchange)
             if isinstance(exchange.meter, TranscribingMeter):
                 self.accounting.screen(exchange, exchange.meter)
@@ -463,7 +480,10 @@ class ProxyApp:
         raw = await read_body(receive, self.config.max_body_bytes, self.config.body_timeout_s)
         if isinstance(raw, Refusal):
             return await self.relays.refuse(exchange, send, raw)
-        await self.relays.passthrough(exchange, route, scope, receive, send, raw)
+        try:
+            await self.relays.passthrough(exchange, route, scope, receive, send, raw)
+        finally:
+            self._served(exchange)
 
     async def _own(self, route: Route, send: Send) -> None:
         if route.path == "/healthz":
