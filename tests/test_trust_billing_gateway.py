@@ -150,3 +150,30 @@ def test_the_kit_reads_renamed_headers_from_its_proxy_config(tmp_path: Path) -> 
     )
     with pytest.raises(kit.SiteError, match=r"proxy\.yaml\): identity\.bogus: unknown field"):
         kit.proxy_headers(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("proxy_yaml", "reason"),
+    [
+        ("identity: {bogus: 1}\n", r"proxy_config: .*proxy\.yaml: identity\.bogus: unknown field"),
+        ("identity: {tenant_header: 'x bad#'}\n", r"proxy_config: header name 'x bad#' is not"),
+        (None, r"proxy_config: .*proxy\.yaml"),  # no such file
+    ],
+    ids=["bad-field", "bad-header-name", "missing"],
+)
+def test_a_topologys_proxy_config_that_cannot_be_used_is_one_line(
+    tmp_path: Path, proxy_yaml: str | None, reason: str
+) -> None:
+    if proxy_yaml is not None:
+        (tmp_path / "proxy.yaml").write_text(proxy_yaml)
+    topology = tmp_path / "topology.yaml"
+    topology.write_text(
+        yaml.safe_dump(
+            {"listen": "127.0.0.1:8080", "runtime": "/tmp/a.sock", "proxy_config": "proxy.yaml",
+             "models": {MODEL: {"replicas": [{"name": "r", "version": "v",
+                                              "address": "127.0.0.1:2", "check_port": 3}]}}}
+        )
+    )  # fmt: skip
+    with pytest.raises(gateway.TopologyError, match=reason) as raised:
+        gateway.load(topology)
+    assert "\n" not in str(raised.value)
