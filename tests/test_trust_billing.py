@@ -208,6 +208,26 @@ def test_a_whole_reply_is_charged_at_least_its_texts_tokens(
     assert tokens["completion"] == -(-len(text) // MAX_TOKEN_BYTES)
 
 
+def test_an_echoed_prompt_is_no_completion_floor(stack: MakeStack) -> None:
+    proxy = stack()
+    prompt = "the quick brown fox " * 200
+    script = se.Script(
+        json.dumps(
+            {"choices": [{"index": 0, "text": prompt + "tok"}], "usage": usage_object(900, 1)}
+        ).encode(),
+        stream=False,
+    )
+    before = samples(proxy.metrics(), "inferwatch_tenancy_tokens_total", token_type="completion")
+    proxy.engine.scripts.append(script)
+    body = {"model": "m", "prompt": prompt, "max_tokens": 1, "echo": True}
+    headers = auth("acme", **{"x-scenario": "scripted"})
+    assert proxy.client.post("/v1/completions", json=body, headers=headers).status_code == 200
+    wait_for(lambda: not proxy.app._handlers, "the request charged", 10, interval=0.002)
+    after = samples(proxy.metrics(), "inferwatch_tenancy_tokens_total", token_type="completion")
+    assert after - before == 1
+    assert samples(proxy.metrics(), ANOMALIES, reason="below_floor") == 0
+
+
 COUNTS = st.one_of(
     st.integers(min_value=-(2**40), max_value=2**40),
     st.sampled_from([2**32 - 1, 2**32, 0]),
@@ -348,3 +368,12 @@ def test_only_values_the_engine_served_take_a_label_slot(stack: MakeStack) -> No
     assert samples(page, "inferwatch_tenancy_requests_total", model="llama-3.1-8b") == 1
     assert samples(page, "inferwatch_tenancy_tokens_total", model="llama-3.1-8b") > 0
     assert samples(page, "inferwatch_tenancy_tokens_total", model="other") == 0
+
+
+def test_a_deeply_nested_cap_is_refused_in_one_line(budgeted: Stack) -> None:
+    raw = '{"model": "m", "messages": [], "max_tokens": ' + "[" * 5000 + "]" * 5000 + "}"
+    reply = budgeted.client.post(
+        CHAT, content=raw, headers=auth("acme", **{"content-type": "application/json"})
+    )
+    assert reply.status_code == 400
+    assert "\n" not in reply.json()["error"]["message"]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
+from inferwatch.config.schema import kind
 from inferwatch.identity import or_unknown
 from inferwatch.logs import log_event
 from inferwatch.probes.client import PROBE_TENANT
@@ -112,7 +112,7 @@ def _whole_number(body: dict[str, Any], key: str) -> int | None:
     elif type(value) is float and value.is_integer():
         number = body[key] = int(value)
     else:
-        raise ValueError(f"{key} must be a whole number, got {json.dumps(value)[:40]}")
+        raise ValueError(f"{key} must be a whole number, got {kind(value)[:60]}")
     if number is not None and number < 0:
         raise ValueError(f"{key} must be 0 or more, got {number}")
     return number
@@ -372,8 +372,9 @@ class ProxyApp:
         exchange.meter.bounds = Bounds(
             prompt.tokens + TEMPLATE_ALLOWANCE,
             cap * choices if engine_applies else None,
-            self.counter.floor,
         )
+        if body.get("echo") is not True:  # an echoed prompt in the reply is not completion
+            exchange.meter.bounds.text_floor = self.counter.floor
         if config.max_concurrency or (tenant is not None and tenant.max_concurrency):
             limit, priority = (tenant.max_concurrency, tenant.priority) if tenant else (0, 1)
             refusal = await self.gate.acquire(exchange.tenant, limit, priority)
