@@ -290,7 +290,7 @@ RENDERED: dict[str, Callable[[dict[str, Any]], None]] = {
         {"role": "assistant", "tool_calls": [{"id": "1", "type": "function",
          "function": {"name": "f", "arguments": {BIG: 1}}}]}),
     "name": lambda b: b["messages"][0].update(name=BIG),
-    "unknown_field": lambda b: b.update(mm_processor_kwargs={"prompt_prefix": BIG}),
+    "unknown_field": lambda b: b.update(house_template_input={"prefix": BIG}),
 }  # fmt: skip
 
 
@@ -309,6 +309,12 @@ def test_every_field_a_template_renders_counts_against_the_input_limit(
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["code"] == "rejected_too_long"
     assert limited.client.post(CHAT, json=chat(), headers=auth("acme")).status_code == 200
+
+
+def test_decoding_parameters_are_not_counted_as_input(limited: Stack) -> None:
+    schema = {"type": "object", "properties": {f"field_{i}": {"type": "string"} for i in range(99)}}
+    body = chat(guided_json=schema, stop=["\n\n"] * 50, logit_bias={str(i): 1 for i in range(99)})
+    assert limited.client.post(CHAT, json=body, headers=auth("acme")).status_code == 200
 
 
 # ---------------------------------------------------------------- every spelling of the cap

@@ -48,6 +48,12 @@ NOT_RENDERED = frozenset(
         "response_format", "tool_choice", "parallel_tool_calls", "service_tier",
         "encoding_format", "dimensions", "ignore_eos", "skip_special_tokens",
         "add_generation_prompt", "continue_final_message", "add_special_tokens",
+        # vLLM's extra sampling and decoding parameters
+        "min_tokens", "length_penalty", "use_beam_search", "include_stop_str_in_output",
+        "spaces_between_special_tokens", "truncate_prompt_tokens", "prompt_logprobs",
+        "allowed_token_ids", "bad_words", "guided_json", "guided_regex", "guided_choice",
+        "guided_grammar", "guided_decoding_backend", "structured_outputs", "priority",
+        "request_id", "return_tokens_as_token_ids", "cache_salt",
     }
 )  # fmt: skip
 #: fields a template writes out as JSON text (at any level of a message too)
