@@ -46,6 +46,7 @@ def test_proxy_series_say_unknown_for_missing_versions_and_model() -> None:
     unlabelled = Exchange(start=0.0, path="/v1/completions")
     app._label(unlabelled, [])
     assert unlabelled.identity[1:] == (UNKNOWN,) * 5  # versions, model and split (no gateway)
-    labelled = Exchange(start=0.0, path="/v1/completions", model="m")
+    labelled = Exchange(start=0.0, path="/v1/completions", model="m", status=200)
     app._label(labelled, [(b"x-model-version", b"2024-07-23")])
+    app._served(labelled)  # values take their label slots once the engine served them
     assert labelled.identity[1:3] == ("m", "2024-07-23")

@@ -308,7 +308,7 @@ def test_the_canary_route_weighs_and_matches(
     # each rule tells the proxy its split, replacing a client's value
     for rule, split in zip((header_rule, weighted, *by_user), SPLITS, strict=False):
         (modifier,) = [f["requestHeaderModifier"] for f in rule["filters"]]
-        assert modifier == {"set": [{"name": "x-inferwatch-split", "value": split}]}
+        assert modifier["set"] == [{"name": "x-inferwatch-split", "value": split}]
     if site.canary_users:
         (user_rule,) = by_user
         users = [m["headers"][0]["value"] for m in user_rule["matches"]]

@@ -99,4 +99,14 @@ def board(ctx: Ctx) -> Board:
               "outcome (ok, rejected_*, upstream errors).", "reqps",
               [Q(f"sum by ({c}, tenant, outcome) ({ctx.rate('tenancy_requests', T)})",
                  "{{tenant}} {{outcome}}")], width=12, stack=True),
+        Panel(10, "Engine usage anomalies", "Usage fields the engines reported that the "
+              "proxies charged at a bound instead: completion below the content relayed, "
+              "prompt or completion above what was reserved, or no count at all. Any is an "
+              "engine (or something in front of it) misreporting tokens; tenants were charged "
+              "the bound. Compare with the engine's own counters (reconciliation drift).",
+              "short",
+              [Q(f"sum by ({c}, instance, token_type, reason) "
+                 f"(increase({ctx.m('tenancy_engine_usage_anomalies', C)}[$__rate_interval]))",
+                 "{{instance}} {{token_type}} {{reason}}")],
+              thresholds=above(None, 1), width=24),
     )  # fmt: skip

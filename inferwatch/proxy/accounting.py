@@ -60,6 +60,8 @@ class Accounting:
                 exchange.cost,
                 exchange.choices,
             )
+            for token_type, reason in meter.anomalies:  # charged at a bound, not as reported
+                self.metrics.usage_anomaly(token_type, reason)
         reservation, exchange.reservation = exchange.reservation, None
         tenant: Tenant | None = self.config.tenants.get(exchange.tenant)
         if reservation is not None and tenant is not None and tenant.budget is not None:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
+from inferwatch.config.schema import kind
 from inferwatch.identity import or_unknown
 from inferwatch.logs import log_event
 from inferwatch.probes.client import PROBE_TENANT
@@ -66,6 +67,8 @@ from inferwatch.proxy.sampling import TranscribingMeter, prompt_text
 from inferwatch.proxy.tenants import UNKNOWN, TenantResolver
 from inferwatch.proxy.upstream import Timeouts, UpstreamError, UpstreamPool
 from inferwatch.proxy.usage import (
+    TEMPLATE_ALLOWANCE,
+    Bounds,
     UsageMeter,
     estimate_prompt_tokens,
 )
@@ -96,19 +99,51 @@ class Prompt:
     tokens: int = 0
 
 
-def _completion_cap(body: dict[str, Any], path: str) -> tuple[str, int | None, int]:
-    """The body field that caps completion tokens, its value if valid, and the choices asked."""
-    name = "max_tokens"  # chat's newer field wins where it is set, as in vLLM
-    if path == "/v1/chat/completions" and type(body.get("max_completion_tokens")) is int:
-        name = "max_completion_tokens"
-    value = body.get(name)
-    cap = value if type(value) is int and value >= 0 else None
-    choices = 1
-    for key in ("n", "best_of"):
-        count = body.get(key)
-        if type(count) is int and count > choices:
-            choices = count
-    return name, cap, choices
+#: the body fields that cap completion tokens (chat reads the newer one where it is set)
+CAP_FIELDS = ("max_completion_tokens", "max_tokens")
+#: the body fields that ask for more than one choice
+CHOICE_FIELDS = ("n", "best_of")
+
+
+def _whole_number(body: dict[str, Any], key: str) -> int | None:
+    """``body[key]`` as a count, None when unset; an integral float is rewritten as an int.
+
+    Raises ValueError for anything else (a string, a fraction, a boolean, a negative number):
+    an engine may read such a value its own way, so it is refused rather than guessed at.
+    """
+    value = body.get(key)
+    if value is None or type(value) is int:
+        number = value
+    elif type(value) is float and value.is_integer():
+        number = body[key] = int(value)
+    else:
+        raise ValueError(f"{key} must be a whole number, got {kind(value)[:60]}")
+    if number is not None and number < 0:
+        raise ValueError(f"{key} must be 0 or more, got {number}")
+    return number
+
+
+@dataclass
+class Caps:
+    """What a body asks the engine to generate, its counts normalised (see ``_whole_number``)."""
+
+    #: the cap fields the body sets
+    fields: list[str]
+    #: the largest cap they set: whichever an engine reads, it generates no more than that
+    requested: int | None
+    choices: int
+    #: a count was rewritten (an integral float), so the body must be sent re-encoded
+    rewritten: bool
+
+
+def _completion_cap(body: dict[str, Any]) -> Caps:
+    """Raises ValueError for a cap or choice count that is not a whole number."""
+    floats = any(type(body.get(key)) is float for key in (*CAP_FIELDS, *CHOICE_FIELDS))
+    caps = {key: _whole_number(body, key) for key in CAP_FIELDS}
+    fields = [key for key, value in caps.items() if value is not None]
+    requested = max((caps[key] or 0 for key in fields), default=None)
+    choices = max([1, *(_whole_number(body, key) or 0 for key in CHOICE_FIELDS)])
+    return Caps(fields, requested, choices, floats)
 
 
 class ProxyApp:
@@ -172,7 +207,8 @@ class ProxyApp:
             v.prompt_version_header.encode(),
         )
         self._version_defaults = (v.model_version, v.engine_version, v.prompt_version)
-        stripped = {b"authorization", config.tenant_header.encode(), *self._version_headers}
+        # credentials and what the gateway told the proxy never reach the engine
+        stripped = {b"authorization", *(name.encode() for name in config.gateway_headers)}
         self.relays = Relays(
             config, self.pool, self.metrics, frozenset(stripped), lambda: self.draining
         )
@@ -237,6 +273,11 @@ class ProxyApp:
         exchange.tenant = resolution.tenant
         return None
 
+    def _gateway_said(self, scope: Scope) -> list[tuple[bytes, bytes]]:
+        """The request's headers if its peer may set the split and versions, else none."""
+        client = scope.get("client")
+        return scope["headers"] if self.resolver.from_gateway(client[0] if client else None) else []
+
     def _label(self, exchange: Exchange, headers: list[tuple[bytes, bytes]]) -> None:
         found: list[str | None] = [None, None, None]
         names = self._version_headers
@@ -251,15 +292,31 @@ class ProxyApp:
             for value, default in zip(found, defaults, strict=True)
         )
         exchange.versions = (versions[0], versions[1], versions[2])
-        model_l, mv_l, ev_l, pv_l = self.value_labels
+        model, model_version, engine_version, prompt_version = self._values(exchange, take=False)
         exchange.identity = (
             self.tenant_labels.label(exchange.tenant),
-            model_l.label(or_unknown(exchange.model)),
-            mv_l.label(or_unknown(versions[0])),
-            ev_l.label(or_unknown(versions[1])),
-            pv_l.label(or_unknown(versions[2])),
+            model,
+            model_version,
+            engine_version,
+            prompt_version,
             split_label(headers),
         )
+
+    def _values(self, exchange: Exchange, take: bool) -> tuple[str, str, str, str]:
+        """The model and version labels of a request (``take``: values may take a slot)."""
+        values = (exchange.model, *exchange.versions)
+        model, model_version, engine_version, prompt_version = (
+            labels.label(or_unknown(value), take)
+            for labels, value in zip(self.value_labels, values, strict=True)
+        )
+        return model, model_version, engine_version, prompt_version
+
+    def _served(self, exchange: Exchange) -> None:
+        """A model or version the engine served takes a label slot, one it refused never: a
+        flood of junk names answered 404 would otherwise hold every slot."""
+        if 200 <= exchange.status < 400:
+            tenant, *_, split = exchange.identity
+            exchange.identity = (tenant, *self._values(exchange, take=True), split)
 
     async def _count(self, body: dict[str, Any], size: int) -> int:
         """Prompt tokens of ``body``; a big body meets a real tokenizer off the event loop."""
@@ -274,14 +331,14 @@ class ProxyApp:
         config = self.config
         tenant = config.tenants.get(exchange.tenant)
         budget = tenant.budget if tenant is not None else None
-        name, requested, choices = _completion_cap(body, exchange.path)
+        try:
+            asked = _completion_cap(body)  # the counts reach the engine as normalised here
+            prompt = Prompt(self.counter.count_text is not byte_bound)
+            prompt.tokens = await self._count(body, size)  # also the charge's ceiling
+        except ValueError as exc:
+            return Refusal(400, "rejected_bad_request", str(exc)), False
+        requested, choices = asked.requested, asked.choices
         exchange.choices = choices
-        prompt = Prompt(self.counter.count_text is not byte_bound)
-        if config.max_input_tokens or budget is not None or prompt.exact:  # else none needs it
-            try:
-                prompt.tokens = await self._count(body, size)
-            except ValueError as exc:
-                return Refusal(400, "rejected_bad_request", str(exc)), False
         # without a tokenizer the count is an upper bound: charge the usual estimate instead
         prompt_estimate = prompt.tokens if prompt.exact else estimate_prompt_tokens(body)
         if (
@@ -303,14 +360,14 @@ class ProxyApp:
                 f"prompt {counted} {prompt.tokens} tokens, over this endpoint's limit of "
                 f"{config.max_input_tokens} input tokens",
             ), False
-        changed = False
+        changed = asked.rewritten
+        cap, engine_applies = await self._reserved_cap(exchange, body, requested, prompt)
         if tenant is not None and budget is not None:
             if choices > MAX_CHOICES:
                 exchange.meter = None
                 return Refusal(
                     400, "rejected_bad_request", f"at most {MAX_CHOICES} choices per request"
                 ), False
-            cap, engine_applies = await self._reserved_cap(exchange, body, requested, prompt)
             if prompt.tokens + cap * choices > self.ledger.room(exchange.tenant, budget):
                 await self._recount(exchange, body, prompt)  # a bound must not refuse or clamp
                 cap, engine_applies = await self._reserved_cap(exchange, body, requested, prompt)
@@ -327,8 +384,16 @@ class ProxyApp:
                 return reserved, False
             exchange.reservation = reserved
             if reserved.completion_cap is not None or not engine_applies:
-                body[name] = cap if reserved.completion_cap is None else reserved.completion_cap
-                changed = True
+                cap = cap if reserved.completion_cap is None else reserved.completion_cap
+                for key in asked.fields or ["max_tokens"]:  # no twin left uncapped
+                    body[key] = cap
+                changed = engine_applies = True
+        exchange.meter.bounds = Bounds(
+            prompt.tokens + TEMPLATE_ALLOWANCE,
+            cap * choices if engine_applies else None,
+        )
+        if body.get("echo") is not True:  # an echoed prompt in the reply is not completion
+            exchange.meter.bounds.text_floor = self.counter.floor
         if config.max_concurrency or (tenant is not None and tenant.max_concurrency):
             limit, priority = (tenant.max_concurrency, tenant.priority) if tenant else (0, 1)
             refusal = await self.gate.acquire(exchange.tenant, limit, priority)
@@ -378,7 +443,7 @@ class ProxyApp:
         """Resolve, read, parse and admit; the body (maybe changed) and whether it changed."""
         refusal = self._resolve(exchange, scope)
         if refusal is not None:
-            self._label(exchange, scope["headers"])
+            self._label(exchange, self._gateway_said(scope))
             return refusal, {}, b"", False
         config = self.config
         raw = await read_body(receive, config.max_body_bytes, config.body_timeout_s)
@@ -398,7 +463,7 @@ class ProxyApp:
                     )
         if isinstance(body, dict) and isinstance(body.get("model"), str):
             exchange.model = body["model"][:256]
-        self._label(exchange, scope["headers"])
+        self._label(exchange, self._gateway_said(scope))
         if refusal is not None or not isinstance(body, dict):
             return refusal, {}, b"", False
         refusal, changed = await self._admit(exchange, body, len(raw))
@@ -424,6 +489,7 @@ class ProxyApp:
                 self.gate.release(exchange.tenant)
             elif exchange.slot == "counted":
                 self.gate.leave_ungated()
+            self._served(exchange)
             self.accounting.charge(exchange)
             if isinstance(exchange.meter, TranscribingMeter):
                 self.accounting.screen(exchange, exchange.meter)
@@ -438,13 +504,16 @@ class ProxyApp:
     ) -> None:
         """An allow-listed route: authenticated like the rest, relayed as is, not metered."""
         refusal = self._resolve(exchange, scope)
-        self._label(exchange, scope["headers"])
+        self._label(exchange, self._gateway_said(scope))
         if refusal is not None:
             return await self.relays.refuse(exchange, send, refusal)
         raw = await read_body(receive, self.config.max_body_bytes, self.config.body_timeout_s)
         if isinstance(raw, Refusal):
             return await self.relays.refuse(exchange, send, raw)
-        await self.relays.passthrough(exchange, route, scope, receive, send, raw)
+        try:
+            await self.relays.passthrough(exchange, route, scope, receive, send, raw)
+        finally:
+            self._served(exchange)
 
     async def _own(self, route: Route, send: Send) -> None:
         if route.path == "/healthz":

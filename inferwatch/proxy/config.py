@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from inferwatch import config as layer
+from inferwatch.canary.splits import SPLIT_HEADER
 from inferwatch.config import schema as _schema
 from inferwatch.probes.client import PROBE_TENANT, TENANT_HEADER
 from inferwatch.proxy import routes
@@ -150,6 +151,21 @@ class ProxyConfig:
 
     def price(self, model: str) -> Price:
         return self.prices.get(model, self.default_price)
+
+    @property
+    def gateway_headers(self) -> tuple[str, ...]:
+        """The request headers the proxy takes from a gateway (lower case): the tenant, the
+        canary split and the three versions. The gateways we generate remove each of them
+        from a client's request and set only those they derived themselves, so this one list
+        is what the HAProxy config and the Kubernetes HTTPRoute are written from."""
+        v = self.versions
+        return (
+            self.tenant_header,
+            SPLIT_HEADER,
+            v.model_version_header,
+            v.engine_version_header,
+            v.prompt_version_header,
+        )
 
     @property
     def key_index(self) -> dict[str, str]:

@@ -1,7 +1,9 @@
 """Bounded label values, so that a flood of tenant ids cannot blow up Prometheus.
 
 Allow-listed values (the configured tenants) always keep their own label. Others take one of
-``capacity`` slots while there is room and fold into ``other`` once the slots are taken. A
+``capacity`` slots while there is room and fold into ``other`` once the slots are taken; a
+caller that does not yet know whether a value deserves a slot (a model name the engine may
+refuse) asks without taking one, and takes it once the engine has served the value. A
 slot that has been idle for ``idle_seconds`` is released; the caller folds that value's
 series into ``other`` so that totals, and the reconciliation with the engine, stay exact.
 """
@@ -38,21 +40,23 @@ class BoundedLabels:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.capacity = capacity
-        self.allow = frozenset(allow) | {OTHER}
+        self.allow = frozenset(allow) | {OTHER, UNKNOWN}  # fixed spellings need no slot
         self.idle_seconds = idle_seconds
         self._clock = clock
         self._last_seen: dict[str, float] = {}
         self.folded = 0  # values turned into OTHER because no slot was free
 
-    def label(self, value: str) -> str:
-        """The label to record ``value`` under (itself, or ``other``)."""
+    def label(self, value: str, take: bool = True) -> str:
+        """The label to record ``value`` under (itself, or ``other``); unless ``take``, a value
+        without a slot is ``other`` and takes none."""
         if value in self.allow:
             return value
         last = self._last_seen
-        if value in last or len(last) < self.capacity:
+        if value in last or (take and len(last) < self.capacity):
             last[value] = self._clock()
             return value
-        self.folded += 1
+        if take:
+            self.folded += 1
         return OTHER
 
     def evict_idle(self) -> list[str]:

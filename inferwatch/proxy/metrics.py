@@ -54,6 +54,8 @@ class ProxyMetrics:
         self.ttft: dict[tuple[Identity], Histogram] = {}
         self.duration: dict[tuple[Identity], Histogram] = {}
         self.upstream_errors: dict[str, int] = {}
+        #: (token type, reason) -> engine usage charged at a bound instead of as reported
+        self.usage_anomalies: dict[tuple[str, str], int] = {}
         self.reconciliation_errors: dict[str, int] = {}
         self.drift: dict[str, float] = {}
         #: the tokens the engine processed for every request charged since start, whatever the
@@ -107,6 +109,10 @@ class ProxyMetrics:
 
     def upstream_error(self, reason: str) -> None:
         self.upstream_errors[reason] = self.upstream_errors.get(reason, 0) + 1
+
+    def usage_anomaly(self, token_type: str, reason: str) -> None:
+        key = (token_type, reason)
+        self.usage_anomalies[key] = self.usage_anomalies.get(key, 0) + 1
 
     def fold(self, label: str, values: Iterable[str]) -> None:
         """Move the series of released values of one identity label into ``other``."""
@@ -163,6 +169,10 @@ class ProxyMetrics:
             for label, value in sorted(plain.items()):
                 family.add_metric([label], value)
             out.append(family)
+        anomalies = cat.family("tenancy_engine_usage_anomalies")
+        for (token_type, reason), value in sorted(self.usage_anomalies.items()):
+            anomalies.add_metric([token_type, reason], value)
+        out.append(anomalies)
         for key, value in (
             ("tenancy_requests_in_flight", in_flight),
             ("tenancy_requests_waiting", waiting),

@@ -195,7 +195,7 @@ class Relays:
                 )
                 return await self.upstream_failed(exchange, send, error, sent=True)
             if exchange.meter is not None:
-                exchange.meter.observe(payload)
+                exchange.meter.observe(payload, whole=True)
                 exchange.accounting = "complete"
             exchange.outcome = "ok"
         else:

@@ -1,13 +1,17 @@
 """Who is calling: an API key from the tenant map, or a tenant header from a trusted source.
 
-A client can only be charged as the tenant its own key belongs to. The tenant header is
-honoured only when the TCP peer is a configured trusted source (the gateway in front of the
-proxy); from anyone else it is ignored, so a client cannot bill its usage to another tenant.
-The reserved names (``unknown``, ``other`` and the probe tenant ``_probe``, whose tokens cost
-nothing) are never honoured from the header, whoever sends it: a gateway that forwards client
-headers must not let a client claim them. Such a request is resolved by its API key alone,
-and refused without one; the probe runner is charged as ``_probe`` through an API key mapped
-to that tenant.
+A valid API key always decides: a client can only be charged as the tenant its own key
+belongs to, whatever headers it adds. Without one, the tenant header is honoured only when
+the TCP peer is a configured trusted source (the gateway in front of the proxy, which removes
+a client's own copy and sets the header itself); from anyone else it is ignored, so a client
+cannot bill its usage to another tenant. The reserved names (``unknown``, ``other`` and the
+probe tenant ``_probe``, whose tokens cost nothing) are never honoured from the header: such a
+request is refused unless its key names a tenant; the probe runner is charged as ``_probe``
+through an API key mapped to that tenant.
+
+The other headers a gateway sets (the canary split, the versions) follow the same rule once
+trusted sources are configured; with none configured there is no gateway to tell apart, and
+they are taken from whoever sends them (see docs/trust.md).
 """
 
 from __future__ import annotations
@@ -62,6 +66,10 @@ class TenantResolver:
             return False
         return any(address in network for network in self._trusted)
 
+    def from_gateway(self, peer: str | None) -> bool:
+        """Whether the split and version headers of a request from ``peer`` are honoured."""
+        return not self._trusted or (peer is not None and self.is_trusted(peer))
+
     def resolve(self, headers: list[tuple[bytes, bytes]], peer: str | None) -> Resolution:
         authorization = header_tenant = None
         for name, value in headers:
@@ -69,6 +77,14 @@ class TenantResolver:
                 authorization = value
             elif name == self._header:
                 header_tenant = value
+        keyed = False
+        if authorization is not None:
+            scheme, _, key = authorization.partition(b" ")
+            if scheme.lower() == b"bearer" and key.strip():
+                keyed = True
+                owner = self._keys.get(hash_key(key.strip()))
+                if owner is not None:
+                    return Resolution(owner, "key")  # a valid key wins over any header
         if (
             header_tenant is not None
             and peer is not None
@@ -77,22 +93,15 @@ class TenantResolver:
         ):
             tenant = header_tenant.decode("latin-1").strip()
             if tenant in HEADER_RESERVED_TENANTS:
-                reserved = f"the tenant header names the reserved tenant {tenant!r}"
-            elif TENANT_PATTERN.match(tenant):
+                # never honoured, nor attributed to `unknown`
+                return Resolution(
+                    None, "rejected", f"the tenant header names the reserved tenant {tenant!r}"
+                )
+            if TENANT_PATTERN.match(tenant):
                 return Resolution(tenant, "header")
-            else:
-                return Resolution(None, "rejected", "tenant header value is not a valid tenant id")
-        else:
-            reserved = ""
-        if authorization is not None:
-            scheme, _, key = authorization.partition(b" ")
-            if scheme.lower() == b"bearer" and key.strip():
-                owner = self._keys.get(hash_key(key.strip()))
-                if owner is not None:
-                    return Resolution(owner, "key")
-                return self._unknown(reserved or "API key is not known")
-        if reserved:  # a reserved name is never honoured, nor attributed to `unknown`
-            return Resolution(None, "rejected", reserved)
+            return Resolution(None, "rejected", "tenant header value is not a valid tenant id")
+        if keyed:
+            return self._unknown("API key is not known")
         return self._unknown("no API key (Authorization: Bearer ...)")
 
     def _unknown(self, reason: str) -> Resolution:

@@ -9,13 +9,21 @@ estimate from the text it saw, and says so (``source == "estimated"``).
 
 Token types follow the OpenTelemetry GenAI conventions: ``cached_prompt`` is part of
 ``prompt`` and ``reasoning`` is part of ``completion``; pricing uses the disjoint parts.
+
+The engine's word is not taken as it is: what is charged lies within what the proxy saw and
+what admission allowed (:class:`Bounds`). Completion tokens are at least the content pieces
+relayed (each streamed piece of text is one token or more) or, for a reply that came whole,
+a floor of its text's tokens; they are at most the completion cap times the choices asked
+for, and prompt tokens at most the prompt's count plus what a chat template adds. A count
+that is no count at all (negative, fractional, a string) is replaced by the estimate. Each
+field charged at a bound instead of as reported is an engine anomaly, counted.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from inferwatch.proxy.jsoncodec import loads
@@ -77,6 +85,27 @@ class Usage:
 
 #: more tokens than any one request can use: a count above it is garbage, not usage
 MAX_REPORTED_TOKENS = 1 << 32
+#: prompt tokens a chat template may add beyond the per-message framing the proxy counts
+#: (Llama 3.1's default system header is about 25; tool-use preambles run longer)
+TEMPLATE_ALLOWANCE = 256
+#: what the usage fields of a reply are called, by the token type they report
+_FIELDS = {"prompt": "prompt_tokens", "completion": "completion_tokens"}
+
+
+def _no_floor(text: str) -> int:
+    return 0
+
+
+@dataclass
+class Bounds:
+    """What admission knows a request may cost; None where no bound is known."""
+
+    #: the prompt's count (an upper bound, or the tokenizer's) plus :data:`TEMPLATE_ALLOWANCE`
+    prompt_ceiling: int | None = None
+    #: the completion cap the engine applies, times the choices asked for
+    completion_ceiling: int | None = None
+    #: tokens at least in a whole reply's text (the tokenizer's count, or a byte floor)
+    text_floor: Callable[[str], int] = field(default=_no_floor)
 
 
 def _count(value: Any) -> int | None:
@@ -139,14 +168,19 @@ class UsageMeter:
         #: the usage said how many prompt tokens were cached (vLLM only sends it with
         #: ``--enable-prompt-tokens-details``; without it no cached token can be priced apart)
         self.prompt_details = False
+        self.bounds = Bounds()
+        #: (token type, reason) of every field charged otherwise than reported, once known
+        self.anomalies: list[tuple[str, str]] = []
+        self._invalid: set[str] = set()
         self._completion_chars = 0
         self._content_events = 0
+        self._whole_floor = 0
         #: what the engine says it served and why each choice ended (for the request's span)
         self.response_model = ""
         self.finish_reasons: list[str] = []
 
-    def observe(self, payload: Mapping[str, Any]) -> bool:
-        """Take in a response body or one stream event; True if it carried usage."""
+    def observe(self, payload: Mapping[str, Any], whole: bool = False) -> bool:
+        """Take in a response body (``whole``) or one stream event; True if it carried usage."""
         raw_usage = payload.get("usage")
         usage = Usage.from_openai(raw_usage) if raw_usage is not None else None
         if not self.response_model and type(payload.get("model")) is str:
@@ -156,6 +190,14 @@ class UsageMeter:
             for choice in choices:
                 if type(choice) is dict:
                     self._observe_choice(choice)
+                    if whole:
+                        self._whole_floor += self.bounds.text_floor(_choice_text(choice))
+        if isinstance(raw_usage, Mapping):
+            for token_type, name in _FIELDS.items():
+                value = raw_usage.get(name)
+                # every usage names its prompt; a reply without completion_tokens has none
+                if (value is not None or token_type == "prompt") and _count(value) is None:
+                    self._invalid.add(token_type)
         if usage is None:
             return False
         if isinstance(raw_usage, Mapping) and isinstance(
@@ -186,6 +228,8 @@ class UsageMeter:
                 text = delta.get(key)
                 if type(text) is str:
                     size += len(text)
+            if "tool_calls" in delta:
+                size += len(_tool_call_text(delta["tool_calls"]))
         if size:
             self._completion_chars += size
             self._content_events += 1
@@ -200,12 +244,71 @@ class UsageMeter:
         return self._content_events
 
     def usage(self) -> Usage:
-        """What to charge: the reported usage, else the estimate."""
-        if self.reported is not None:
-            return Usage(**vars(self.reported))
+        """What to charge: the reported usage within its bounds, else the estimate."""
         # a streamed chunk carries at least one token; chars/4 covers long chunks
-        completion = max(self._content_events, math.ceil(self._completion_chars / CHARS_PER_TOKEN))
-        return Usage(prompt=self.prompt_estimate, completion=completion)
+        estimate = max(self._content_events, math.ceil(self._completion_chars / CHARS_PER_TOKEN))
+        bounds = self.bounds
+        floor = max(self._content_events, self._whole_floor)
+        if self.reported is None:
+            self.anomalies = [(token_type, "invalid") for token_type in sorted(self._invalid)]
+            return Usage(
+                prompt=_at_most(self.prompt_estimate, bounds.prompt_ceiling),
+                completion=_at_most(max(estimate, floor), bounds.completion_ceiling),
+            )
+        usage = Usage(**vars(self.reported))
+        anomalies = self.anomalies = []
+        for token_type in sorted(self._invalid):  # no count at all: the estimate stands in
+            anomalies.append((token_type, "invalid"))
+            if token_type == "prompt":
+                usage.prompt = max(usage.prompt, self.prompt_estimate)
+            else:
+                usage.completion = max(usage.completion, estimate)
+        if usage.completion < floor:
+            usage.completion = floor
+            anomalies.append(("completion", "below_floor"))
+        for token_type, ceiling in (
+            ("prompt", bounds.prompt_ceiling),
+            ("completion", bounds.completion_ceiling),
+        ):
+            if ceiling is not None and getattr(usage, token_type) > ceiling:
+                setattr(usage, token_type, ceiling)
+                anomalies.append((token_type, "above_ceiling"))
+        # the parts never exceed their whole
+        usage.cached_prompt = min(usage.cached_prompt, usage.prompt)
+        usage.reasoning = min(usage.reasoning, usage.completion)
+        return usage
+
+
+def _at_most(value: int, ceiling: int | None) -> int:
+    return value if ceiling is None else min(value, ceiling)
+
+
+def _tool_call_text(calls: Any) -> str:
+    """The generated text of tool calls: names and arguments."""
+    parts: list[str] = []
+    if type(calls) is list:
+        for call in calls:
+            function = call.get("function") if type(call) is dict else None
+            if type(function) is dict:
+                parts.extend(
+                    value for key in ("name", "arguments")
+                    if type(value := function.get(key)) is str
+                )  # fmt: skip
+    return "".join(parts)
+
+
+def _choice_text(choice: Mapping[str, Any]) -> str:
+    """All the text a whole reply's choice generated (content, reasoning, tool calls)."""
+    message = choice.get("message")
+    text = choice.get("text")
+    parts = [text] if type(text) is str else []
+    if type(message) is dict:
+        parts.extend(
+            value for key in ("content", "reasoning_content")
+            if type(value := message.get(key)) is str
+        )  # fmt: skip
+        parts.append(_tool_call_text(message.get("tool_calls")))
+    return "".join(parts)
 
 
 class MalformedEvent(ValueError):
