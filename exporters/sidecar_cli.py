@@ -93,6 +93,7 @@ logger = logging.getLogger("inferwatch.sidecar")
     "receiver's replica isolation). Without it (or INFERWATCH_SIDECAR_ADMIN_TOKEN) the admin "
     "endpoint answers 403.",
 )
+@uvicorn_server.limit_options
 @option_group(*(option for source in CATALOGUE for option in (source.switch(), *source.options)))
 def sidecar(
     listen: str,
@@ -115,6 +116,7 @@ def sidecar(
     Without --engine-url it serves the node's GPU telemetry only.
     """
     host, port = parse_listen(listen)
+    limits = uvicorn_server.limits_from(options)
     try:
         admin_token = load_token(
             os.environ.get("INFERWATCH_SIDECAR_ADMIN_TOKEN"), admin_token_file, what="admin token"
@@ -152,7 +154,7 @@ def sidecar(
         **built.log,
         pod_labels="emitted" if emit_pod else "left to service discovery",
     )
-    uvicorn_server.serve(app, sock)
+    uvicorn_server.serve(app, sock, limits)
 
 
 def emits_pod_labels(choice: str, environ: Mapping[str, str]) -> bool:

@@ -7,6 +7,7 @@ import json
 import logging
 import re
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
@@ -187,6 +188,7 @@ _GOLDENS_HELP = f"Golden set: a shipped name ({', '.join(golden.builtin_names())
     show_envvar=True,
     help="Fail /readyz while a directly probed target fails its quality verdict.",
 )
+@uvicorn_server.limit_options
 def probe(
     targets: tuple[str, ...],
     routers: tuple[str, ...],
@@ -207,6 +209,7 @@ def probe(
     state_file: Path | None,
     allow_targets: str,
     readyz_quality: bool,
+    **server_limits: Any,
 ) -> None:
     """Probe replicas with golden prompts and serve /metrics, /healthz, /readyz and /probe.
 
@@ -256,7 +259,7 @@ def probe(
         goldens=goldens_set.name,
         probes=len(goldens_set),
     )
-    uvicorn_server.serve(server.app(), sock)
+    uvicorn_server.serve(server.app(), sock, uvicorn_server.limits_from(server_limits))
 
 
 @click.command()

@@ -6,6 +6,7 @@ import logging
 import os
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import click
 import httpx
@@ -106,6 +107,7 @@ def runbooks() -> None:
     show_envvar=True,
     help="Webhook bodies larger than this are refused with 413 while being read.",
 )
+@uvicorn_server.limit_options
 def serve(
     config_path: str | None,
     listen: str,
@@ -114,6 +116,7 @@ def serve(
     audit_log: Path,
     state_dir: Path | None,
     max_body_bytes: int,
+    **server_limits: Any,
 ) -> None:
     """Receive Alertmanager webhooks (v4) and run the mapped actions, dry-run by default."""
     host, port = parse_listen(listen)
@@ -152,7 +155,8 @@ def serve(
         rules=len(config.rules),
         audit_log=str(audit_log),
     )
-    uvicorn_server.serve(Receiver(dispatcher, token, max_body_bytes).app(), sock)
+    receiver = Receiver(dispatcher, token, max_body_bytes).app()
+    uvicorn_server.serve(receiver, sock, uvicorn_server.limits_from(server_limits))
 
 
 @runbooks.command("check-config")
