@@ -8,6 +8,7 @@ top-level ``inferwatch.cli``, which only finds the subcommands.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import socket
 from collections.abc import Callable
@@ -23,6 +24,7 @@ __all__ = [
     "CommandError",
     "F",
     "Failed",
+    "FiniteFloat",
     "PortTaken",
     "bind",
     "cannot_write",
@@ -56,6 +58,20 @@ class CannotRun(CommandError):
 
 class PortTaken(CommandError):
     exit_code = ExitCode.PORT_TAKEN
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option within bounds that refuses ``nan`` and ``inf``: click's FloatRange
+    lets ``nan`` through every bound (each comparison with it is false), and a threshold of
+    ``nan`` silently disables the check it sets."""
+
+    name = "finite float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def cannot_write(exc: OSError) -> CannotRun:
