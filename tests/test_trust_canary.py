@@ -9,9 +9,7 @@ server on loopback, answering every query with what the test gives it.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import click
@@ -23,70 +21,17 @@ from hypothesis import strategies as st
 from inferwatch.canary.cli import canary
 from inferwatch.canary.prometheus import DEADLINE_S
 from inferwatch.cli import main
+from support.stub_prometheus import StubPrometheus, stub_prometheus, vector
 
 pytestmark = pytest.mark.unit
 
 SIDES = ["--baseline", 'model_version="a"', "--candidate", 'model_version="b"']
 
 
-class StubPrometheus(ThreadingHTTPServer):
-    """Answers every query with ``body`` (bytes), or trickles it a byte at a time."""
-
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.body = b""
-        self.status = 200
-        self.trickle = False
-        self.queries: list[str] = []
-        self.stop = threading.Event()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: StubPrometheus
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("content-length", "0"))
-        self.server.queries.append(self.rfile.read(length).decode())
-        self.send_response(self.server.status)
-        self.send_header("content-type", "application/json")
-        if self.server.trickle:  # a byte now and then, forever: each read is quick
-            self.end_headers()
-            while not self.server.stop.is_set():
-                self.wfile.write(b" ")
-                self.wfile.flush()
-                self.server.stop.wait(0.05)  # the trickle's pace, not a wait for an event
-            return
-        self.send_header("content-length", str(len(self.server.body)))
-        self.end_headers()
-        self.wfile.write(self.server.body)
-
-
 @pytest.fixture
 def stub() -> Iterator[StubPrometheus]:
-    server = StubPrometheus()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with stub_prometheus() as server:
         yield server
-    finally:
-        server.stop.set()
-        server.shutdown()
-        server.server_close()
-
-
-def vector(*samples: tuple[dict[str, str], Any]) -> bytes:
-    result = [{"metric": labels, "value": [1700000000, value]} for labels, value in samples]
-    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}})\
-        .encode()  # fmt: skip
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -108,12 +53,12 @@ def assert_cannot_run(code: int, output: str, *words: str) -> None:
 def test_a_non_finite_count_is_could_not_run_never_roll_back(
     stub: StubPrometheus, value: str
 ) -> None:
-    stub.body = vector(({"le": "+Inf"}, value))
+    stub.always(vector(({"le": "+Inf"}, value)))
     assert_cannot_run(*run("--prometheus", stub.url, *SIDES), "Prometheus answered")
 
 
 def test_a_bucket_without_a_numeric_bound_is_could_not_run(stub: StubPrometheus) -> None:
-    stub.body = vector(({"le": "abc"}, "5"))
+    stub.always(vector(({"le": "abc"}, "5")))
     assert_cannot_run(*run("--prometheus", stub.url, *SIDES), "histogram bucket")
 
 
@@ -143,12 +88,12 @@ def test_a_bad_prometheus_url_is_one_line_and_exit_3(url: str) -> None:
     ],
 )
 def test_a_malformed_answer_is_one_line_and_exit_3(stub: StubPrometheus, body: bytes) -> None:
-    stub.body = body
+    stub.always(body)
     assert_cannot_run(*run("--prometheus", stub.url, *SIDES))
 
 
 def test_two_samples_for_a_sum_is_a_malformed_answer(stub: StubPrometheus) -> None:
-    stub.body = vector(({"le": "1"}, "5"), ({"le": "+Inf"}, "6"))
+    stub.always(vector(({"le": "1"}, "5"), ({"le": "+Inf"}, "6")))
     assert_cannot_run(*run("--prometheus", stub.url, *SIDES), "samples where one")
 
 
@@ -179,7 +124,7 @@ def test_every_float_flag_is_checked() -> None:
 def test_a_non_finite_or_negative_float_flag_is_bad_input(
     stub: StubPrometheus, flag: str, value: str
 ) -> None:
-    stub.body = vector()
+    stub.always(vector())
     code, output = run("--prometheus", stub.url, *SIDES, f"{flag}={value}")
     assert code == 3, output
     assert flag in output and "Traceback" not in output
@@ -225,7 +170,7 @@ def test_no_answer_prometheus_gives_crashes_canary_or_rolls_back(
     """Both sides get the same answer to every query, so no answer can show a regression:
     whatever it is, the command ends with a verdict other than roll back, or with 3 and one
     line that is not the backstop's internal error."""
-    stub.body, stub.status = json.dumps(reply).encode(), status
+    stub.always(json.dumps(reply).encode(), status)
     code, output = run("--prometheus", stub.url, *SIDES)
     assert code in (0, 2, 3), output
     if code == 3:
