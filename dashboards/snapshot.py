@@ -26,11 +26,11 @@ from inferwatch.clikit import BadInput, CannotRun, FiniteFloat, cannot_write
 from inferwatch.config import Duration
 from inferwatch.dashboards import queries, writer
 from inferwatch.mixin import config as alert_config
+from inferwatch.serving import bounded_request
+from inferwatch.serving.bounded_request import Deadline, RequestFailed
 
 #: largest Prometheus answer read per query
 MAX_ANSWER_BYTES = 16 << 20
-#: the longest wait for one network read; the overall deadline may cut it shorter
-READ_TIMEOUT_S = 10.0
 #: seconds all queries of one snapshot share, by default (``--timeout``)
 DEADLINE_S = 120.0
 #: the longest window drawn, and the longest scrape interval taken
@@ -134,40 +134,26 @@ class Prometheus:
     def __init__(self, url: str, http: httpx.Client, deadline_s: float = DEADLINE_S) -> None:
         self.url = url.rstrip("/")
         self.http = http
-        self.deadline_s = deadline_s
-        self._deadline = time.monotonic() + deadline_s
-
-    def _left(self) -> float:
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            raise CannotRun(
-                f"Prometheus at {self.url} gave no complete answers within the "
-                f"{self.deadline_s:g} s deadline (--timeout)"
-            )
-        return left
+        self.deadline = Deadline(deadline_s)
 
     def get(self, path: str, params: Mapping[str, Any]) -> Any:
-        timeout = min(READ_TIMEOUT_S, self._left())
         try:
-            with self.http.stream(
-                "GET", f"{self.url}{path}", params=params, timeout=timeout
-            ) as response:
-                body = bytearray()
-                for chunk in response.iter_bytes():
-                    body += chunk
-                    if len(body) > MAX_ANSWER_BYTES:
-                        raise BadInput(f"Prometheus answer over {MAX_ANSWER_BYTES} bytes")
-                    self._left()  # a trickle ends at the deadline
-        except httpx.TimeoutException:
-            self._left()
-            raise CannotRun(f"Prometheus at {self.url} did not answer within {timeout:g} s")\
-                from None  # fmt: skip
-        except (httpx.TransportError, httpx.InvalidURL) as exc:
-            raise CannotRun(f"cannot reach Prometheus at {self.url}: {exc}") from None
+            status, body = bounded_request.fetch(
+                self.http,
+                "GET",
+                f"{self.url}{path}",
+                what=f"Prometheus at {self.url}",
+                deadline=self.deadline,
+                max_bytes=MAX_ANSWER_BYTES,
+                params=params,
+            )
+        except RequestFailed as exc:
+            failure = BadInput if exc.too_large else CannotRun
+            raise failure(str(exc)) from None
         try:
             document = json.loads(body)
         except (ValueError, RecursionError):
-            raise BadInput(f"{self.url} answered {response.status_code} without JSON: is it "
+            raise BadInput(f"{self.url} answered {status} without JSON: is it "
                            "a Prometheus?") from None  # fmt: skip
         if not isinstance(document, dict) or document.get("status") != "success":
             error = document.get("error") if isinstance(document, dict) else None

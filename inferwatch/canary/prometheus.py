@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from typing import Any
 
 import httpx
 
+from inferwatch.serving.bounded_request import Deadline, RequestFailed, fetch
+
 MAX_REPLY_BYTES = 8 << 20
-#: the longest wait for one network read; the overall deadline may cut it shorter
-READ_TIMEOUT_S = 15.0
 #: seconds every query of one analysis shares, by default (``--timeout``)
 DEADLINE_S = 120.0
 
@@ -45,40 +44,23 @@ class Prometheus:
         self.url = url.rstrip("/")
         # identity: httpx inflates a compressed network chunk in one call, past any cap
         self._client = client or httpx.Client(headers={"Accept-Encoding": "identity"})
-        self.deadline_s = deadline_s
-        self._deadline = time.monotonic() + deadline_s
-
-    def _left(self) -> float:
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            raise PrometheusError(
-                f"{self.url}: no complete answer within the {self.deadline_s:g} s deadline"
-            )
-        return left
+        self.deadline = Deadline(deadline_s)
 
     def query(self, expr: str, at: float) -> list[Sample]:
         """The instant vector ``expr`` evaluates to at ``at`` (unix seconds)."""
-        timeout = httpx.Timeout(min(READ_TIMEOUT_S, self._left()))
         try:
-            with self._client.stream(
+            status, body = fetch(
+                self._client,
                 "POST",
                 f"{self.url}/api/v1/query",
+                what=f"Prometheus at {self.url}",
+                deadline=self.deadline,
+                max_bytes=MAX_REPLY_BYTES,
                 data={"query": expr, "time": f"{at:.3f}"},
-                timeout=timeout,
-            ) as reply:
-                body = bytearray()
-                for chunk in reply.iter_bytes():
-                    body += chunk
-                    if len(body) > MAX_REPLY_BYTES:
-                        raise PrometheusError(f"{self.url}: reply over {MAX_REPLY_BYTES} bytes")
-                    self._left()  # a trickle ends at the deadline
-                status = reply.status_code
-        except httpx.TimeoutException:
-            self._left()
-            raise PrometheusError(f"{self.url}: no answer within {timeout.read:g} s") from None
-        except (httpx.HTTPError, httpx.InvalidURL) as exc:
-            raise PrometheusError(f"cannot reach Prometheus at {self.url}: {exc}") from None
-        return _samples(self.url, expr, bytes(body), status)
+            )
+        except RequestFailed as exc:
+            raise PrometheusError(str(exc)) from None
+        return _samples(self.url, expr, body, status)
 
     def scalar(self, expr: str, at: float) -> float | None:
         """The single value of ``expr`` (a ``sum``), None when it has no sample."""
