@@ -11,6 +11,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -177,8 +178,12 @@ def scrape(url: str, **options: Any) -> None:
 
     async def once() -> Sequence[Metric]:
         try:
-            families = await collector.collect()
-            await collector.identify()  # for the model line below
+            families = await collector.collect()  # within the engine timeout
+            # for the model line below; best effort, and within the timeout too, so that an
+            # engine trickling its version endpoint holds the command twice the timeout at most
+            with suppress(TimeoutError):
+                async with asyncio.timeout(collector.timeout_s):
+                    await collector.identify()
             return families
         finally:
             await collector.aclose()

@@ -379,7 +379,13 @@ def gate(
             for endpoint, hint in ((base, "baseline"), (cand, "candidate")):
                 if not endpoint.model:
                     try:
-                        model = await client.discover_model(http, endpoint, timeout)
+                        # the timeout bounds each read; wait_for the whole answer
+                        listing = client.discover_model(http, endpoint, timeout)
+                        model = await asyncio.wait_for(listing, timeout)
+                    except TimeoutError:
+                        raise CannotRun(
+                            f"{hint} {endpoint.url}: no list of models within {timeout:g} s"
+                        ) from None
                     except (httpx.HTTPError, ValueError) as exc:
                         reason = str(exc) or type(exc).__name__
                         raise CannotRun(

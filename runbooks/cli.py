@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from importlib import resources
@@ -22,11 +23,13 @@ from inferwatch.runbooks.breaker import CircuitBreaker
 from inferwatch.runbooks.dedup import SeenSet
 from inferwatch.runbooks.dispatch import Dispatcher
 from inferwatch.runbooks.server import MAX_BODY_BYTES, Receiver
-from inferwatch.serving import uvicorn_server
+from inferwatch.serving import bounded_request, uvicorn_server
 
 logger = logging.getLogger("inferwatch.runbooks")
 
 TOKEN_ENV = "INFERWATCH_RUNBOOKS_TOKEN"
+#: seconds reset-breaker waits for the receiver's whole answer
+RESET_DEADLINE_S = 30.0
 DEFAULT_CONFIG = "actions.yaml (shipped)"
 
 
@@ -182,14 +185,23 @@ def reset_breaker(url: str, token_file: Path | None) -> None:
     """Close every open circuit breaker of a running receiver (after a person has looked)."""
     token = _token(token_file)
     try:
-        reply = httpx.post(
-            url.rstrip("/") + "/admin/breaker/reset",
-            headers={"authorization": f"Bearer {token}"},
-            timeout=10,
-        )
-    except httpx.HTTPError as exc:
-        raise CannotRun(f"cannot reach {url}: {exc}") from None
-    if reply.status_code != 200:
-        raise CannotRun(f"{url} answered HTTP {reply.status_code}: {reply.text[:200]}")
-    closed = reply.json()["closed"]
+        with httpx.Client() as http:
+            status, body = bounded_request.fetch(
+                http,
+                "POST",
+                url.rstrip("/") + "/admin/breaker/reset",
+                what=url,
+                deadline=bounded_request.Deadline(RESET_DEADLINE_S),
+                max_bytes=1 << 20,
+                headers={"authorization": f"Bearer {token}"},
+            )
+    except bounded_request.RequestFailed as exc:
+        raise CannotRun(str(exc)) from None
+    if status != 200:
+        shown = " ".join(body[:200].decode(errors="replace").split())
+        raise CannotRun(f"{url} answered HTTP {status}: {shown}")
+    try:
+        closed = [(str(u), str(g)) for u, g in json.loads(body)["closed"]]
+    except (ValueError, RecursionError, KeyError, TypeError):
+        raise CannotRun(f"{url} answered 200 but not as a runbook receiver does") from None
     click.echo(f"closed {len(closed)} breaker(s): " + ", ".join(f"{u}/{g}" for u, g in closed))

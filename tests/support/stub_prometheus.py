@@ -33,6 +33,7 @@ class StubPrometheus(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.answer: Answer = lambda path, query: (200, vector())
         self.trickle = False
+        self.content_type = "application/json"
         self.queries: list[str] = []
         self.stop = threading.Event()
 
@@ -64,7 +65,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.queries.append(query)
         status, body = self.server.answer(urlsplit(self.path).path, query)
         self.send_response(status)
-        self.send_header("content-type", "application/json")
+        self.send_header("content-type", self.server.content_type)
         if self.server.trickle:
             self.end_headers()
             while not self.server.stop.is_set():
