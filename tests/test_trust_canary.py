@@ -98,7 +98,7 @@ def test_two_samples_for_a_sum_is_a_malformed_answer(stub: StubPrometheus) -> No
 
 
 def test_a_trickling_prometheus_ends_at_the_overall_deadline(stub: StubPrometheus) -> None:
-    stub.trickle = True
+    stub.trickle = lambda path: True
     assert_cannot_run(*run("--prometheus", stub.url, *SIDES, "--timeout", "1"), "deadline")
     assert len(stub.queries) == 1  # the deadline is the analysis', not each query's
 

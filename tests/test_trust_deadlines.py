@@ -24,7 +24,7 @@ TOKEN = {"INFERWATCH_RUNBOOKS_TOKEN": "receiver-secret-0123456789"}
 @pytest.fixture
 def trickling() -> Iterator[StubPrometheus]:
     with stub_prometheus() as server:
-        server.trickle = True
+        server.trickle = lambda path: True
         yield server
 
 
@@ -76,3 +76,17 @@ def test_gate_ends_within_its_timeout_when_the_model_list_trickles(
         ["gate", "--baseline", trickling.url, "--candidate", trickling.url, "--timeout", "1"]
     )
     assert "no list of models" in line
+
+
+def test_scrape_ends_within_the_engine_timeout_when_the_version_endpoint_trickles() -> None:
+    """The page answers; the version endpoint read after it (for the model line) trickles."""
+    page = b'vllm:num_requests_running{model_name="m",engine="0"} 1\n'
+    with stub_prometheus() as server:
+        server.content_type = "text/plain; version=0.0.4"
+        server.answer = lambda path, query: (200, page)
+        server.trickle = lambda path: path != "/metrics"
+        result = CliRunner().invoke(
+            main, ["scrape", f"{server.url}/metrics", "--engine", "vllm", "--engine-timeout", "1"]
+        )
+    assert result.exit_code == 0, result.output
+    assert "engine: vllm" in result.output

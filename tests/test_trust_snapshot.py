@@ -143,5 +143,5 @@ def test_a_trickling_prometheus_ends_at_the_overall_deadline(
     stub: StubPrometheus, tmp_path: Path
 ) -> None:
     answering(stub, matrix())
-    stub.trickle = True
+    stub.trickle = lambda path: True
     assert_one_line(*run(stub, tmp_path, "--timeout", "1"), 3, "deadline")

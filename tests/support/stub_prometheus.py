@@ -1,8 +1,9 @@
 """A Prometheus HTTP API that answers what a test tells it: hostile answers on loopback.
 
 Every GET or POST is answered by ``answer(path, query)`` (``query`` the PromQL asked, "" for
-other endpoints) with (status, body); ``trickle`` sends the head and then a byte at a time,
-until the server stops, as a Prometheus (or a proxy before it) that never finishes. Each
+other endpoints) with (status, body); for a path ``trickle(path)`` holds, the head is sent
+and then a byte at a time until the server stops, as a server (or a proxy before it) that
+never finishes. Each
 query asked is kept in ``queries``.
 """
 
@@ -32,7 +33,7 @@ class StubPrometheus(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.answer: Answer = lambda path, query: (200, vector())
-        self.trickle = False
+        self.trickle: Callable[[str], bool] = lambda path: False
         self.content_type = "application/json"
         self.queries: list[str] = []
         self.stop = threading.Event()
@@ -63,10 +64,11 @@ class _Handler(BaseHTTPRequestHandler):
         query = parse_qs(form).get("query", [""])[0]
         if query:
             self.server.queries.append(query)
-        status, body = self.server.answer(urlsplit(self.path).path, query)
+        path = urlsplit(self.path).path
+        status, body = self.server.answer(path, query)
         self.send_response(status)
         self.send_header("content-type", self.server.content_type)
-        if self.server.trickle:
+        if self.server.trickle(path):
             self.end_headers()
             while not self.server.stop.is_set():
                 self.wfile.write(b" ")
