@@ -9,6 +9,7 @@ Prometheus answers are bounded (bytes per answer, series drawn per panel).
 from __future__ import annotations
 
 import io
+import json
 import math
 import re
 import time
@@ -21,13 +22,19 @@ from typing import Any
 import click
 import httpx
 
-from inferwatch.clikit import BadInput, CannotRun, cannot_write
+from inferwatch.clikit import BadInput, CannotRun, FiniteFloat, cannot_write
 from inferwatch.config import Duration
 from inferwatch.dashboards import queries, writer
 from inferwatch.mixin import config as alert_config
+from inferwatch.serving import bounded_request
+from inferwatch.serving.bounded_request import Deadline, RequestFailed
 
 #: largest Prometheus answer read per query
 MAX_ANSWER_BYTES = 16 << 20
+#: seconds all queries of one snapshot share, by default (``--timeout``)
+DEADLINE_S = 120.0
+#: the longest window drawn, and the longest scrape interval taken
+MAX_WINDOW, MAX_SCRAPE_INTERVAL = "90d", "1h"
 #: series drawn per panel (the legend says how many more there were)
 MAX_SERIES = 12
 #: points per series asked for (the step follows from the window)
@@ -44,14 +51,29 @@ UNIT_NAMES = {"reqps": "req/s", "watt": "W", "celsius": "°C", "hertz": "Hz"}
 _IEC = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
 
 
-def _duration(option: str, value: str) -> Duration:
+def _duration(option: str, value: str, longest: str) -> Duration:
     try:
         duration = Duration.parse(value)
     except ValueError as exc:
         raise BadInput(f"{option}: {exc}") from None
     if duration.milliseconds == 0:
         raise BadInput(f"{option}: must be longer than 0s, got {value!r}")
+    if duration.milliseconds > Duration.parse(longest).milliseconds:
+        raise BadInput(f"{option}: at most {longest}, got {value!r}")
     return duration
+
+
+def _url(url: str) -> str:
+    """``--prometheus`` as an http(s) URL with a host and a port that is one."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise BadInput(f"--prometheus {url!r}: not a URL ({exc})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise BadInput(f"--prometheus {url!r}: expected an http:// or https:// URL")
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise BadInput(f"--prometheus {url!r}: port {parsed.port} is not a port")
+    return url
 
 
 @dataclass
@@ -101,40 +123,83 @@ def legend(template: str, labels: Mapping[str, str]) -> str:
 
 
 class Prometheus:
-    """The two queries a snapshot needs, with every failure as one line: unreachable is
-    CANNOT_RUN, an answer that is not Prometheus's a BadInput (the URL is wrong)."""
+    """The two queries a snapshot needs, with every failure as one line: unreachable or too
+    slow is CANNOT_RUN, an answer that is not Prometheus's a BadInput (the URL is wrong).
 
-    def __init__(self, url: str, http: httpx.Client) -> None:
+    Prometheus is not trusted: each answer is read up to ``MAX_ANSWER_BYTES``, all queries of
+    one snapshot share one deadline (a server that trickles bytes never outlasts it), and an
+    answer of any other shape than the API's is refused before anything is drawn from it.
+    """
+
+    def __init__(self, url: str, http: httpx.Client, deadline_s: float = DEADLINE_S) -> None:
         self.url = url.rstrip("/")
         self.http = http
+        self.deadline = Deadline(deadline_s)
 
     def get(self, path: str, params: Mapping[str, Any]) -> Any:
         try:
-            with self.http.stream("GET", f"{self.url}{path}", params=params) as response:
-                body = b""
-                for chunk in response.iter_bytes():
-                    body += chunk
-                    if len(body) > MAX_ANSWER_BYTES:
-                        raise BadInput(f"Prometheus answer over {MAX_ANSWER_BYTES} bytes")
-        except httpx.TransportError as exc:
-            raise CannotRun(f"cannot reach Prometheus at {self.url}: {exc}") from None
+            status, body = bounded_request.fetch(
+                self.http,
+                "GET",
+                f"{self.url}{path}",
+                what=f"Prometheus at {self.url}",
+                deadline=self.deadline,
+                max_bytes=MAX_ANSWER_BYTES,
+                params=params,
+            )
+        except RequestFailed as exc:
+            failure = BadInput if exc.too_large else CannotRun
+            raise failure(str(exc)) from None
         try:
-            document = httpx.Response(200, content=body).json()
-        except ValueError:
-            raise BadInput(f"{self.url} answered {response.status_code} without JSON: is it "
+            document = json.loads(body)
+        except (ValueError, RecursionError):
+            raise BadInput(f"{self.url} answered {status} without JSON: is it "
                            "a Prometheus?") from None  # fmt: skip
         if not isinstance(document, dict) or document.get("status") != "success":
             error = document.get("error") if isinstance(document, dict) else None
-            reason = error or "not a Prometheus API answer"
+            reason = _one_line(error) if isinstance(error, str) else "not a Prometheus API answer"
             raise BadInput(f"Prometheus refused {params.get('query', path)!r}: {reason}")
-        return document["data"]
+        data = document.get("data")
+        if not isinstance(data, dict):
+            raise BadInput(f"{self.url} answered without data: is it a Prometheus?")
+        return data
 
-    def range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+    def range(self, expr: str, start: float, end: float, step: float) -> list[Range]:
         data = self.get(
             "/api/v1/query_range", {"query": expr, "start": start, "end": end, "step": step}
         )
-        result: list[dict[str, Any]] = data["result"]
-        return result
+        result = data.get("result")
+        if data.get("resultType") != "matrix" or not isinstance(result, list):
+            raise BadInput(f"Prometheus answered {expr!r} with no range of series")
+        return [_range(expr, series, start, end) for series in result]
+
+
+@dataclass(frozen=True)
+class Range:
+    """One series of a range answer: its labels and its finite points."""
+
+    labels: dict[str, str]
+    points: list[tuple[float, float]]
+
+
+def _range(expr: str, series: Any, start: float, end: float) -> Range:
+    """A series as the API gives it, checked: labels are strings, points are (time, value)
+    pairs of numbers, times inside the window asked for."""
+    try:
+        metric, values = series["metric"], series["values"]
+        if not isinstance(metric, dict) or not isinstance(values, list):
+            raise TypeError
+        labels = {str(k): str(v) for k, v in metric.items()}
+        points = [(float(t), float(v)) for t, v in values]
+    except (KeyError, TypeError, ValueError):
+        raise BadInput(f"Prometheus answered {expr!r} with a malformed series") from None
+    if any(not start - 1 <= t <= end + 1 for t, _ in points):
+        raise BadInput(f"Prometheus answered {expr!r} with points outside the window")
+    return Range(labels, [(t, v) for t, v in points if math.isfinite(v)])
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:300]
 
 
 @dataclass(frozen=True)
@@ -172,14 +237,13 @@ def fetch(
     for target in panel.get("targets", []):
         expr = queries.substitute(target["expr"], values)
         for series in prom.range(expr, window.start, window.end, window.step):
-            points = [(float(t), float(v)) for t, v in series["values"]]
-            points = [(t, v) for t, v in points if math.isfinite(v)]
+            points = series.points
             if not points:
                 continue
             total += 1
             if len(drawn) < MAX_SERIES:
                 drawn.append(Series(
-                    legend(target.get("legendFormat", ""), series["metric"]),
+                    legend(target.get("legendFormat", ""), series.labels),
                     [datetime.fromtimestamp(t) for t, _ in points], [v for _, v in points],
                 ))  # fmt: skip
     return drawn, total - len(drawn)
@@ -321,7 +385,12 @@ def variable_values(dashboard: Mapping[str, Any], given: Sequence[str]) -> dict[
             raise BadInput(f"--var {item!r}: expected NAME=VALUE")
         if name not in values:
             raise BadInput(f"--var {name}: the board has no such variable ({', '.join(names)})")
-        values[name] = queries.regex_value([value])
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise BadInput(f"--var {name}: control characters are not allowed in a value")
+        # Every board uses a variable inside a double-quoted matcher (=~"$name"): after the
+        # regex escaping, a quote is escaped too, so a value is one label value and never
+        # ends the string to add a matcher or an expression of its own.
+        values[name] = queries.regex_value([value]).replace('"', '\\"')
     return values
 
 
@@ -374,14 +443,21 @@ def variable_values(dashboard: Mapping[str, Any], given: Sequence[str]) -> dict[
     show_envvar=True,
     help="Alert config the boards are built from (thresholds, selectors).",
 )
-@click.option("--timeout", default=10.0, show_envvar=True, help="Seconds per query.")
+@click.option(
+    "--timeout",
+    type=FiniteFloat(1, 3600),
+    default=DEADLINE_S,
+    show_default=True,
+    show_envvar=True,
+    help="Seconds all queries to Prometheus may take together (exit 3 past it).",
+)
 def snapshot(dashboard: str, prometheus: str, since: str, out: Path | None, var: tuple[str, ...],
              scrape_interval: str, config_path: Path | None, timeout: float) -> None:  # fmt: skip
     """Render one dashboard's panels from Prometheus into a PNG, laid out as the board is."""
     name, url = dashboard, prometheus
-    back, interval = _duration("--from", since), _duration("--scrape-interval", scrape_interval)
-    if not url.startswith(("http://", "https://")):
-        raise BadInput(f"--prometheus {url!r}: expected an http:// or https:// URL")
+    back = _duration("--from", since, MAX_WINDOW)
+    interval = _duration("--scrape-interval", scrape_interval, MAX_SCRAPE_INTERVAL)
+    url = _url(url)
     try:
         config = alert_config.load(config_path)
     except alert_config.ConfigError as exc:
@@ -393,8 +469,9 @@ def snapshot(dashboard: str, prometheus: str, since: str, out: Path | None, var:
     values = variable_values(board, var)
     target = out if out is not None else Path(f"{name}.png")
     shown = ", ".join(var) or "all variables at All"
-    with httpx.Client(timeout=timeout) as http:
-        prom = Prometheus(url, http)
+    # identity: httpx inflates a compressed network chunk in one call, past any cap
+    with httpx.Client(headers={"Accept-Encoding": "identity"}) as http:
+        prom = Prometheus(url, http, deadline_s=timeout)
         prom.get("/api/v1/status/buildinfo", {})  # reachable and a Prometheus, or one line
         subtitle = f"last {since} to {datetime.now():%Y-%m-%d %H:%M} · {shown}"
         window = Window.last(back.seconds)

@@ -32,7 +32,7 @@ from inferwatch.identity import KEYS as KNOWABLE
 from inferwatch.identity import UNKNOWN, or_unknown
 from inferwatch.logs import log_event
 from inferwatch.serving import textformat
-from inferwatch.serving.page_fetch import EngineScraper, FetchedPage, ScrapeFailure
+from inferwatch.serving.page_fetch import EngineScraper, FetchedPage, OwnFault, ScrapeFailure
 from inferwatch.serving.readiness import Condition
 
 logger = logging.getLogger("inferwatch.engine")
@@ -78,6 +78,9 @@ class EngineCollector:
         self.last_error = "no scrape yet"
         self.last_outcome_at = 0.0
         self.errors: Counter[str] = Counter()
+        #: times the sidecar could not open a socket (out of descriptors), and the last one
+        self.own_faults = 0
+        self.own_fault = ""
         self.malformed_lines = 0
         self.page_size = 0
         self.checks = PageChecks(limits)
@@ -154,6 +157,7 @@ class EngineCollector:
         self._maybe_discover_version(self.engine or "")
         self.up = True
         self.last_error = ""
+        self.own_fault = ""
         self.last_outcome_at = time.monotonic()
         return families
 
@@ -216,9 +220,29 @@ class EngineCollector:
             )
         return exposition, detected
 
+    def note_own_fault(self, detail: str) -> None:
+        """The sidecar could not open a socket to the engine: our fault, not the engine's.
+        Counted and logged (once until a scrape succeeds again); what was last known of the
+        engine stands, and readiness names the sidecar instead."""
+        self.own_faults += 1
+        if not self.own_fault:
+            log_event(
+                sidecar_logger,
+                logging.ERROR,
+                "sidecar out of file descriptors; the engine's state is unknown",
+                detail=detail,
+                url=self.scraper.url,
+            )
+        self.own_fault = detail
+        self.last_outcome_at = time.monotonic()
+
     def _record_failure(self, scrape: asyncio.Task[Any] | None, failure: ScrapeFailure) -> None:
         """Count the failure unless one was counted for this scrape already (a waiter that
         gave up on it, then the scrape itself)."""
+        if isinstance(failure, OwnFault):
+            self.note_own_fault(failure.detail)
+            return
+        self.own_fault = ""
         if scrape is None or scrape is not self._counted:
             self._counted = scrape
             self.errors[failure.reason] += 1
@@ -278,17 +302,26 @@ class EngineCollector:
             dropped.add_metric([reason], count)
         size = cat.family("engine_scrape_size")
         size.add_metric([], self.page_size)
-        return [up, errors, malformed, dropped, size]
+        own = cat.family("sidecar_descriptor_exhaustion")
+        own.add_metric([], self.own_faults)
+        return [up, errors, malformed, dropped, size, own]
 
     def readiness(self) -> Sequence[Condition]:
         """The ``engine`` condition: answering and awake. A sleeping engine (vLLM's sleep
-        mode) still answers /health and /metrics but serves no request until woken."""
+        mode) still answers /health and /metrics but serves no request until woken. While the
+        sidecar cannot open a socket, the ``sidecar`` condition fails and names that."""
+        if self.own_fault:
+            engine = self._engine_condition()
+            return [engine, Condition("sidecar", False, f"{self.own_fault} (the sidecar's fault)")]
+        return [self._engine_condition()]
+
+    def _engine_condition(self) -> Condition:
         if not self.up:
-            return [Condition("engine", False, self.last_error)]
+            return Condition("engine", False, self.last_error)
         if self.sleep_state:
             reason = f"{self.engine} is asleep ({self.sleep_state}) and serves no request"
-            return [Condition("engine", False, reason)]
-        return [Condition("engine", True, f"{self.engine} answering")]
+            return Condition("engine", False, reason)
+        return Condition("engine", True, f"{self.engine} answering")
 
     async def refresh(self, max_age: float) -> None:
         """Scrape again when the last outcome is older than ``max_age`` seconds (for /readyz)."""

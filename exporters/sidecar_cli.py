@@ -11,6 +11,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,7 @@ logger = logging.getLogger("inferwatch.sidecar")
     "receiver's replica isolation). Without it (or INFERWATCH_SIDECAR_ADMIN_TOKEN) the admin "
     "endpoint answers 403.",
 )
+@uvicorn_server.limit_options
 @option_group(*(option for source in CATALOGUE for option in (source.switch(), *source.options)))
 def sidecar(
     listen: str,
@@ -115,6 +117,7 @@ def sidecar(
     Without --engine-url it serves the node's GPU telemetry only.
     """
     host, port = parse_listen(listen)
+    limits = uvicorn_server.limits_from(options)
     try:
         admin_token = load_token(
             os.environ.get("INFERWATCH_SIDECAR_ADMIN_TOKEN"), admin_token_file, what="admin token"
@@ -152,7 +155,7 @@ def sidecar(
         **built.log,
         pod_labels="emitted" if emit_pod else "left to service discovery",
     )
-    uvicorn_server.serve(app, sock)
+    uvicorn_server.serve(app, sock, limits)
 
 
 def emits_pod_labels(choice: str, environ: Mapping[str, str]) -> bool:
@@ -175,8 +178,12 @@ def scrape(url: str, **options: Any) -> None:
 
     async def once() -> Sequence[Metric]:
         try:
-            families = await collector.collect()
-            await collector.identify()  # for the model line below
+            families = await collector.collect()  # within the engine timeout
+            # for the model line below; best effort, and within the timeout too, so that an
+            # engine trickling its version endpoint holds the command twice the timeout at most
+            with suppress(TimeoutError):
+                async with asyncio.timeout(collector.timeout_s):
+                    await collector.identify()
             return families
         finally:
             await collector.aclose()

@@ -29,7 +29,8 @@ An engine restarted inside the pod (its container, while the sidecar runs on) st
 again. Once healthy, the engine's health endpoint is watched every ``WATCH_POLL_S``; when
 nothing listens there any more (connection refused), the phases start over from
 ``process_start`` and the warm-up gate closes until a round passes on the new process. A slow
-or failing engine that still answers is no restart: the ``engine`` condition covers it.
+or failing engine that still answers is no restart: the ``engine`` condition covers it; nor
+is a socket the sidecar could not open (out of file descriptors): that is its own fault.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from inferwatch import catalog
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.warmup import Warmup
 from inferwatch.logs import log_event
-from inferwatch.serving.page_fetch import ScrapeFailure
+from inferwatch.serving.page_fetch import ScrapeFailure, own_fault
 from inferwatch.serving.readiness import Condition
 
 logger = logging.getLogger("inferwatch.startup")
@@ -201,9 +202,17 @@ class StartupTracker:
                     "GET", self.engine.base_url + path, timeout=timeout
                 ) as response:
                     return response.status_code
-        except httpx.ConnectError:
+        except httpx.ConnectError as exc:
+            if (cause := own_fault(exc)) is not None:  # our socket, not the engine, failed
+                self.engine.note_own_fault(f"cannot open a socket: {cause.strerror}")
+                return NO_ANSWER
             return GONE
         except (TimeoutError, httpx.HTTPError):
+            return NO_ANSWER
+        except OSError as exc:
+            if (cause := own_fault(exc)) is None:
+                raise
+            self.engine.note_own_fault(f"cannot open a socket: {cause.strerror}")
             return NO_ANSWER
 
     async def _successes(self) -> float | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import math
 import os
 import socket
 from collections.abc import Callable
@@ -27,6 +28,7 @@ __all__ = [
     "CommandError",
     "F",
     "Failed",
+    "FiniteFloat",
     "MissingExtra",
     "PortTaken",
     "bind",
@@ -106,6 +108,20 @@ def require_extra(command: str) -> None:
             f"inferwatch {command} needs inferwatch[{missing}], which is not installed: "
             f"pip install 'inferwatch[{missing}]'"
         )
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option within bounds that refuses ``nan`` and ``inf``: click's FloatRange
+    lets ``nan`` through every bound (each comparison with it is false), and a threshold of
+    ``nan`` silently disables the check it sets."""
+
+    name = "finite float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def cannot_write(exc: OSError) -> CannotRun:

@@ -7,6 +7,7 @@ import json
 import logging
 import re
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
@@ -189,6 +190,7 @@ _GOLDENS_HELP = f"Golden set: a shipped name ({', '.join(golden.builtin_names())
     help="Fail /readyz while a directly probed target fails its quality verdict.",
 )
 @tracing.options
+@uvicorn_server.limit_options
 def probe(
     targets: tuple[str, ...],
     routers: tuple[str, ...],
@@ -211,6 +213,7 @@ def probe(
     readyz_quality: bool,
     otlp_endpoint: str,
     otlp_sampling_ratio: float,
+    **server_limits: Any,
 ) -> None:
     """Probe replicas with golden prompts and serve /metrics, /healthz, /readyz and /probe.
 
@@ -263,7 +266,7 @@ def probe(
         goldens=goldens_set.name,
         probes=len(goldens_set),
     )
-    uvicorn_server.serve(server.app(), sock)
+    uvicorn_server.serve(server.app(), sock, uvicorn_server.limits_from(server_limits))
 
 
 @click.command()
@@ -383,7 +386,13 @@ def gate(
             for endpoint, hint in ((base, "baseline"), (cand, "candidate")):
                 if not endpoint.model:
                     try:
-                        model = await client.discover_model(http, endpoint, timeout)
+                        # the timeout bounds each read; wait_for the whole answer
+                        listing = client.discover_model(http, endpoint, timeout)
+                        model = await asyncio.wait_for(listing, timeout)
+                    except TimeoutError:
+                        raise CannotRun(
+                            f"{hint} {endpoint.url}: no list of models within {timeout:g} s"
+                        ) from None
                     except (httpx.HTTPError, ValueError) as exc:
                         reason = str(exc) or type(exc).__name__
                         raise CannotRun(

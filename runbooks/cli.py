@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import click
 import httpx
@@ -21,11 +23,13 @@ from inferwatch.runbooks.breaker import CircuitBreaker
 from inferwatch.runbooks.dedup import SeenSet
 from inferwatch.runbooks.dispatch import Dispatcher
 from inferwatch.runbooks.server import MAX_BODY_BYTES, Receiver
-from inferwatch.serving import uvicorn_server
+from inferwatch.serving import bounded_request, uvicorn_server
 
 logger = logging.getLogger("inferwatch.runbooks")
 
 TOKEN_ENV = "INFERWATCH_RUNBOOKS_TOKEN"
+#: seconds reset-breaker waits for the receiver's whole answer
+RESET_DEADLINE_S = 30.0
 DEFAULT_CONFIG = "actions.yaml (shipped)"
 
 
@@ -106,6 +110,7 @@ def runbooks() -> None:
     show_envvar=True,
     help="Webhook bodies larger than this are refused with 413 while being read.",
 )
+@uvicorn_server.limit_options
 def serve(
     config_path: str | None,
     listen: str,
@@ -114,6 +119,7 @@ def serve(
     audit_log: Path,
     state_dir: Path | None,
     max_body_bytes: int,
+    **server_limits: Any,
 ) -> None:
     """Receive Alertmanager webhooks (v4) and run the mapped actions, dry-run by default.
     Also serves the runbook pages at /runbooks/<AlertName> (HTML, or Markdown for
@@ -156,7 +162,7 @@ def serve(
     )
     app = Receiver(dispatcher, token, max_body_bytes).app()
     app.router.routes.append(pages.route(pages.load()))
-    uvicorn_server.serve(app, sock)
+    uvicorn_server.serve(app, sock, uvicorn_server.limits_from(server_limits))
 
 
 @runbooks.command("check-config")
@@ -182,14 +188,23 @@ def reset_breaker(url: str, token_file: Path | None) -> None:
     """Close every open circuit breaker of a running receiver (after a person has looked)."""
     token = _token(token_file)
     try:
-        reply = httpx.post(
-            url.rstrip("/") + "/admin/breaker/reset",
-            headers={"authorization": f"Bearer {token}"},
-            timeout=10,
-        )
-    except httpx.HTTPError as exc:
-        raise CannotRun(f"cannot reach {url}: {exc}") from None
-    if reply.status_code != 200:
-        raise CannotRun(f"{url} answered HTTP {reply.status_code}: {reply.text[:200]}")
-    closed = reply.json()["closed"]
+        with httpx.Client() as http:
+            status, body = bounded_request.fetch(
+                http,
+                "POST",
+                url.rstrip("/") + "/admin/breaker/reset",
+                what=url,
+                deadline=bounded_request.Deadline(RESET_DEADLINE_S),
+                max_bytes=1 << 20,
+                headers={"authorization": f"Bearer {token}"},
+            )
+    except bounded_request.RequestFailed as exc:
+        raise CannotRun(str(exc)) from None
+    if status != 200:
+        shown = " ".join(body[:200].decode(errors="replace").split())
+        raise CannotRun(f"{url} answered HTTP {status}: {shown}")
+    try:
+        closed = [(str(u), str(g)) for u, g in json.loads(body)["closed"]]
+    except (ValueError, RecursionError, KeyError, TypeError):
+        raise CannotRun(f"{url} answered 200 but not as a runbook receiver does") from None
     click.echo(f"closed {len(closed)} breaker(s): " + ", ".join(f"{u}/{g}" for u, g in closed))

@@ -172,7 +172,7 @@ def _prometheus(handler: httpx.MockTransport) -> Prometheus:
             ),
             "malformed sample",
         ),
-        (httpx.Response(200, content=b" " * (MAX_REPLY_BYTES + 1)), "reply over"),
+        (httpx.Response(200, content=b" " * (MAX_REPLY_BYTES + 1)), "answer over"),
     ],
 )
 def test_bad_prometheus_replies_are_one_line_errors(reply: httpx.Response, reason: str) -> None:

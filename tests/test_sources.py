@@ -93,7 +93,7 @@ def serve(args: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch)
             made.append(self)
 
     monkeypatch.setattr(sidecar_cli, "Sidecar", Recorded)
-    monkeypatch.setattr(sidecar_cli.uvicorn_server, "serve", lambda app, sock: sock.close())
+    monkeypatch.setattr(sidecar_cli.uvicorn_server, "serve", lambda app, sock, limits: sock.close())
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]

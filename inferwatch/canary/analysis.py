@@ -16,7 +16,7 @@ from typing import Literal
 
 from inferwatch.canary import checks, stats
 from inferwatch.canary.checks import Check
-from inferwatch.canary.prometheus import Prometheus
+from inferwatch.canary.prometheus import Prometheus, PrometheusError, count, finite
 from inferwatch.canary.selector import Selector
 from inferwatch.mixin.config import Config
 
@@ -70,9 +70,15 @@ class Result:
     detail: str
 
 
-def _count(value: float | None) -> int:
-    """A counter increase as a count (``increase`` extrapolates to fractions)."""
-    return 0 if value is None or math.isnan(value) else max(0, round(value))
+def _bound(labels: dict[str, str]) -> float:
+    """A bucket's upper bound; a bucket without a numeric one is a malformed answer."""
+    try:
+        bound = float(labels["le"])
+    except (KeyError, ValueError):
+        raise PrometheusError(f"a histogram bucket with le {labels.get('le')!r}") from None
+    if math.isnan(bound):
+        raise PrometheusError("a histogram bucket with le NaN")
+    return bound
 
 
 def _no_data(check: Check, baseline: str, candidate: str, why: str) -> Result:
@@ -134,14 +140,14 @@ class Analysis:
             counts: dict[float, float] = {}
             for labels, value in buckets:
                 # exporters spell a bound differently ("1", "1.0"): one bucket however spelt
-                bound = float(labels.get("le", "nan"))
+                bound = _bound(labels)
                 counts[bound] = counts.get(bound, 0.0) + value
             cumulative.append(counts)
             quantiles.append(
                 self._scalar(checks.quantile(self.config, check, selector, self.window))
             )
         base, cand = cumulative
-        n_b, n_c = _count(base.get(math.inf)), _count(cand.get(math.inf))
+        n_b, n_c = count(base.get(math.inf)), count(cand.get(math.inf))
         shown = [
             f"{q * 1000:.0f} ms" if q is not None and not math.isnan(q) else "-" for q in quantiles
         ]
@@ -165,9 +171,11 @@ class Analysis:
                 "baseline and candidate histograms have different buckets",
             )
         # rounding the extrapolated counts must not make a tail negative
-        k_b, k_c = max(0, n_b - _count(base[bound])), max(0, n_c - _count(cand[bound]))
+        k_b, k_c = max(0, n_b - count(base[bound])), max(0, n_c - count(cand[bound]))
         p = stats.fisher_greater(k_c, n_c, k_b, n_b)
         q_b, q_c = quantiles
+        if q_b is None or q_c is None or math.isnan(q_b) or math.isnan(q_c):
+            return _no_data(check, shown[0], shown[1], "Prometheus gave no p99 for a side")
         slower = q_b is not None and q_c is not None and q_c > q_b * (1 + t.latency_tolerance)
         outcome: Outcome = "fail" if p < t.alpha and slower else "pass"
         detail = f"above {bound * 1000:g} ms: {_share(k_b, n_b)} vs {_share(k_c, n_c)}"
@@ -183,10 +191,10 @@ class Analysis:
                 self.config, check, side.promql(), self.window
             )
             events = {
-                labels.get("signal", ""): _count(value)
+                labels.get("signal", ""): count(value)
                 for labels, value in self.prometheus.query(events_expr, self.at)
             }
-            counted.append((events or {"": 0}, _count(self._scalar(total_expr))))
+            counted.append((events or {"": 0}, count(self._scalar(total_expr))))
         (events_b, n_b), (events_c, n_c) = counted
         if min(n_b, n_c) < minimum:
             return _no_data(
@@ -213,7 +221,7 @@ class Analysis:
     def _cost(self, check: Check) -> Result:
         t = self.thresholds
         tokens = [
-            _count(self._scalar(checks.billed_tokens(self.config, side.promql(), self.window)))
+            count(self._scalar(checks.billed_tokens(self.config, side.promql(), self.window)))
             for side in self.sides
         ]
         if min(tokens) < t.min_tokens:
@@ -225,14 +233,14 @@ class Analysis:
             )
         baseline, candidate = (side.promql() for side in self.sides)
         compared = checks.cost_comparison(self.config, baseline, candidate, self.window)
-        common = _count(self._scalar(compared.tokens))
+        common = count(self._scalar(compared.tokens))
         if common < t.min_tokens:
             return _no_data(
                 check, str(tokens[0]), str(tokens[1]),
                 f"{common} tokens from tenants both sides served, {t.min_tokens} needed",
             )  # fmt: skip
-        actual = self._scalar(compared.actual) or 0.0
-        at_candidate = self._scalar(compared.at_candidate) or 0.0
+        actual = finite(self._scalar(compared.actual))
+        at_candidate = finite(self._scalar(compared.at_candidate))
         base, cand = 1000 * actual / common, 1000 * at_candidate / common
         dearer = cand > base * (1 + t.cost_tolerance)
         # counters give totals only, not the per-request spread a test would need

@@ -1,9 +1,11 @@
 """``inferwatch canary``: the verdict table, and the exit code a pipeline gates on.
 
 Exit codes: 0 promote, 1 roll back, 2 inconclusive, 3 the analysis could not run (bad
-option, bad selector or window, Prometheus unreachable or refusing a query). The verdicts
-keep their documented numbers; as 2 is a verdict here, bad input joins the table's 3
-(:class:`inferwatch.exitcodes.ExitCode`) instead of exiting 2.
+option, bad selector or window, Prometheus unreachable, slow, refusing a query or answering
+nonsense). The verdicts keep their documented numbers; as 2 is a verdict here, bad input
+joins the table's 3 (:class:`inferwatch.exitcodes.ExitCode`) instead of exiting 2. A pipeline
+rolls back on 1, so no fault of the tool's may ever end with 1: whatever goes wrong before a
+verdict is 3.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from rich.table import Table
 
 from inferwatch.canary import analysis, selector
 from inferwatch.canary.analysis import EXIT_CODES, Analysis, Result, Thresholds
-from inferwatch.canary.prometheus import Prometheus, PrometheusError
-from inferwatch.clikit import CannotRun
+from inferwatch.canary.prometheus import DEADLINE_S, Prometheus, PrometheusError
+from inferwatch.clikit import CannotRun, FiniteFloat
 from inferwatch.config import Duration, DurationParam
 from inferwatch.exitcodes import ExitCode
 from inferwatch.mixin import config as alert_config
@@ -52,11 +54,11 @@ def _threshold_options() -> list[Any]:
     for field in dataclasses.fields(Thresholds):
         kind: click.ParamType[Any] = click.IntRange(1)
         if field.name == "alpha":
-            kind = click.FloatRange(0, 1, min_open=True)
+            kind = FiniteFloat(0, 1, min_open=True)
         elif field.name.endswith("_margin"):
-            kind = click.FloatRange(0, 1)
+            kind = FiniteFloat(0, 1)
         elif field.name.endswith("_tolerance"):
-            kind = click.FloatRange(0)
+            kind = FiniteFloat(0)
         options.append(
             click.option(
                 f"--{field.name.replace('_', '-')}",
@@ -116,10 +118,19 @@ def _with_thresholds(command: Any) -> Any:
 @click.option(
     "--at",
     "at",
-    type=float,
+    type=FiniteFloat(0),
     default=None,
     show_envvar=True,
     help="End of the window, unix seconds [default: now].",
+)
+@click.option(
+    "--timeout",
+    type=FiniteFloat(1, 3600),
+    default=DEADLINE_S,
+    show_default=True,
+    show_envvar=True,
+    help="Seconds all queries to Prometheus may take together; past it the analysis "
+    "could not run (exit 3).",
 )
 @click.option(
     "--config",
@@ -137,6 +148,7 @@ def canary(
     candidate: str,
     window: Duration,
     at: float | None,
+    timeout: float,
     config_path: Path | None,
     **limits: Any,
 ) -> None:
@@ -148,7 +160,7 @@ def canary(
             raise selector.SelectorError("--baseline and --candidate select the same series")
         config = alert_config.load(config_path)
         run = Analysis(
-            Prometheus(prometheus),
+            Prometheus(prometheus, deadline_s=timeout),
             config,
             *sides,
             str(window),
@@ -163,6 +175,8 @@ def canary(
         alert_config.ConfigError,
     ) as exc:
         raise CannotRun(exc.message if isinstance(exc, click.BadParameter) else str(exc)) from None
+    except Exception as exc:  # a bug must not exit 1, which a pipeline reads as "roll back"
+        raise CannotRun(f"internal error: {type(exc).__name__}: {exc}") from None
     decided = analysis.verdict(results)
     _print(results, decided, sides, str(window))
     raise click.exceptions.Exit(EXIT_CODES[decided])

@@ -1,65 +1,119 @@
-"""Instant queries against Prometheus' HTTP API, bounded and with one-line errors."""
+"""Instant queries against Prometheus' HTTP API: bounded, under one deadline, one-line errors.
+
+A Prometheus (or whatever answers at its address) is not trusted: every reply is read up to
+``MAX_REPLY_BYTES``, every query of one analysis shares one overall deadline (a server that
+trickles bytes never outlasts it), and a reply that is not the instant vector asked for, or
+holds a sample value that is not a number, is a ``PrometheusError``, which the CLI reports as
+"could not run", never as a verdict.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import httpx
 
+from inferwatch.serving.bounded_request import Deadline, RequestFailed, fetch
+
 MAX_REPLY_BYTES = 8 << 20
-TIMEOUT_S = 15.0
+#: seconds every query of one analysis shares, by default (``--timeout``)
+DEADLINE_S = 120.0
 
 
 class PrometheusError(RuntimeError):
-    """Prometheus cannot be reached or refused a query (one line, for the CLI)."""
+    """Prometheus cannot be reached, refused a query or answered nonsense (one line)."""
 
 
 Sample = tuple[dict[str, str], float]
 
 
 class Prometheus:
-    def __init__(self, url: str, client: httpx.Client | None = None) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise PrometheusError(f"--prometheus must be an http(s) URL, not {url!r}")
+    def __init__(
+        self, url: str, client: httpx.Client | None = None, deadline_s: float = DEADLINE_S
+    ) -> None:
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL as exc:
+            raise PrometheusError(f"--prometheus {url!r} is not a URL: {exc}") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise PrometheusError(f"--prometheus must be an http(s) URL with a host, not {url!r}")
+        if parsed.port is not None and not 0 < parsed.port < 65536:
+            raise PrometheusError(f"--prometheus {url!r}: port {parsed.port} is not a port")
         self.url = url.rstrip("/")
-        self._client = client or httpx.Client(timeout=TIMEOUT_S)
+        # identity: httpx inflates a compressed network chunk in one call, past any cap
+        self._client = client or httpx.Client(headers={"Accept-Encoding": "identity"})
+        self.deadline = Deadline(deadline_s)
 
     def query(self, expr: str, at: float) -> list[Sample]:
         """The instant vector ``expr`` evaluates to at ``at`` (unix seconds)."""
         try:
-            with self._client.stream(
-                "POST", f"{self.url}/api/v1/query", data={"query": expr, "time": f"{at:.3f}"}
-            ) as reply:
-                body = bytearray()
-                for chunk in reply.iter_bytes():
-                    body += chunk
-                    if len(body) > MAX_REPLY_BYTES:
-                        raise PrometheusError(f"{self.url}: reply over {MAX_REPLY_BYTES} bytes")
-                status = reply.status_code
-        except httpx.HTTPError as exc:
-            raise PrometheusError(f"cannot reach Prometheus at {self.url}: {exc}") from None
-        try:
-            document: Any = json.loads(body)
-        except ValueError:
-            raise PrometheusError(
-                f"{self.url}: HTTP {status}, not a Prometheus API reply"
-            ) from None
-        if not isinstance(document, dict) or document.get("status") != "success":
-            error = document.get("error", f"HTTP {status}") if isinstance(document, dict) else ""
-            raise PrometheusError(f"{self.url}: query refused: {error}")
-        data = document.get("data")
-        if not isinstance(data, dict) or data.get("resultType") != "vector":
-            raise PrometheusError(f"{self.url}: expected an instant vector for {expr}")
-        samples: list[Sample] = []
-        for item in data.get("result", []):
-            try:
-                samples.append((dict(item["metric"]), float(item["value"][1])))
-            except (KeyError, IndexError, TypeError, ValueError):
-                raise PrometheusError(f"{self.url}: malformed sample in reply") from None
-        return samples
+            status, body = fetch(
+                self._client,
+                "POST",
+                f"{self.url}/api/v1/query",
+                what=f"Prometheus at {self.url}",
+                deadline=self.deadline,
+                max_bytes=MAX_REPLY_BYTES,
+                data={"query": expr, "time": f"{at:.3f}"},
+            )
+        except RequestFailed as exc:
+            raise PrometheusError(str(exc)) from None
+        return _samples(self.url, expr, body, status)
 
     def scalar(self, expr: str, at: float) -> float | None:
         """The single value of ``expr`` (a ``sum``), None when it has no sample."""
         samples = self.query(expr, at)
+        if len(samples) > 1:
+            raise PrometheusError(f"{self.url}: {len(samples)} samples where one was expected")
         return samples[0][1] if samples else None
+
+
+def _samples(url: str, expr: str, body: bytes, status: int) -> list[Sample]:
+    """The samples of a query reply; anything but an instant vector of numbers raises."""
+    try:
+        document: Any = json.loads(body)
+    except (ValueError, RecursionError):
+        raise PrometheusError(f"{url}: HTTP {status}, not a Prometheus API reply") from None
+    if not isinstance(document, dict) or document.get("status") != "success":
+        error = document.get("error") if isinstance(document, dict) else None
+        shown = error if isinstance(error, str) else f"HTTP {status}"
+        raise PrometheusError(f"{url}: query refused: {' '.join(shown.split())[:200]}")
+    data = document.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != "vector":
+        raise PrometheusError(f"{url}: expected an instant vector for {expr}")
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise PrometheusError(f"{url}: malformed reply: result is not a list")
+    samples: list[Sample] = []
+    for item in result:
+        try:
+            metric, (_, text) = item["metric"], item["value"]
+            labels = {str(k): str(v) for k, v in metric.items()} if isinstance(metric, dict) else {}
+            if not isinstance(metric, dict) or not isinstance(text, str):
+                raise TypeError
+            value = float(text)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+            raise PrometheusError(f"{url}: malformed sample in reply") from None
+        samples.append((labels, value))
+    return samples
+
+
+def count(value: float | None) -> int:
+    """A counter increase as a count (``increase`` extrapolates to fractions); no sample is
+    0. A count that is not a finite number is a malformed answer, never a zero."""
+    if value is None:
+        return 0
+    if not math.isfinite(value):
+        raise PrometheusError(f"Prometheus answered a count of {value}")
+    return max(0, round(value))
+
+
+def finite(value: float | None) -> float:
+    """A value that must be a number (a sum of costs); no sample is 0."""
+    if value is None:
+        return 0.0
+    if not math.isfinite(value):
+        raise PrometheusError(f"Prometheus answered {value} where a number was expected")
+    return value

@@ -18,6 +18,7 @@ within a small multiple of the cap. The engine is read with httpx on the event l
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
 import zlib
 from collections.abc import Iterator, Mapping
@@ -34,14 +35,17 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "INFLATE_STEP",
     "MAX_ENCODINGS",
+    "OWN_FAULT",
     "READ_CHUNK",
     "BoundedBody",
     "EngineScraper",
     "FetchedPage",
     "Inflater",
+    "OwnFault",
     "ScrapeFailure",
     "check_headers",
     "fetch_with_requests",
+    "own_fault",
     "read_bounded",
 ]
 
@@ -74,6 +78,32 @@ class ScrapeFailure(SourceFailure):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+
+
+#: the ``reason`` of an ``OwnFault``
+OWN_FAULT = "out_of_descriptors"
+#: errors that say this process (or the host) ran out of descriptors, not that a peer failed
+_OWN_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+
+
+class OwnFault(ScrapeFailure):
+    """The fetch failed before it reached the engine: this process could not open a socket
+    (out of file descriptors). It says nothing of the engine."""
+
+    def __init__(self, detail: str):
+        super().__init__(OWN_FAULT, detail)
+
+
+def own_fault(exc: BaseException) -> OSError | None:
+    """The descriptor exhaustion (EMFILE, ENFILE) behind ``exc``, through its causes."""
+    seen: BaseException | None = exc
+    for _ in range(16):  # a chain is a few links long; a cycle ends here too
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno in _OWN_ERRNOS:
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 #: Defaults of the engine fetch (also the sidecar's --engine-timeout and --max-page-bytes).
@@ -133,7 +163,9 @@ class EngineScraper:
             ) from None
         except httpx.TimeoutException as exc:
             raise ScrapeFailure("timeout", type(exc).__name__) from None
-        except httpx.TransportError as exc:
+        except (httpx.TransportError, OSError) as exc:
+            if (cause := own_fault(exc)) is not None:
+                raise OwnFault(f"cannot open a socket: {cause.strerror}") from None
             raise ScrapeFailure("connect", f"{type(exc).__name__}: {exc}") from None
         if not body.strip():
             raise ScrapeFailure("empty", "the engine answered with an empty body")
