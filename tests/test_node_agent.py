@@ -18,11 +18,11 @@ from click.testing import CliRunner
 from starlette.testclient import TestClient
 
 from inferwatch.cli import main
+from inferwatch.exitcodes import ExitCode
 from inferwatch.exporters import node_agent
 from inferwatch.exporters.gpu.node_agent import MAX_BODY_BYTES, NodeAgentClient
 from inferwatch.exporters.gpu.podresources import Allocation, PodResourcesError
 from inferwatch.exporters.gpu.scope import FixedScope, KubeletScope, ScopeUnknown, resolve
-from inferwatch.exitcodes import ExitCode
 
 pytestmark = pytest.mark.unit
 

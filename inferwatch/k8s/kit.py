@@ -43,6 +43,8 @@ IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 URL = re.compile(r"https?://[^\s/@]+(/[^\s@]*)?")
 #: the longest text value: a DNS name's
 MAX_TEXT = 253
+#: where base/node-agent runs: the sidecars' --node-agent-url names it
+NODE_AGENT_NAMESPACE = "inferwatch-system"
 
 
 class SiteError(layer.ConfigError):
@@ -294,6 +296,12 @@ def render_overlay(site: Site, scaled: autoscaling.Scaled | None = None) -> dict
         assert scaled is not None, "an autoscaled site needs the kit's model Deployment"
         files.update(_autoscaling_overlay(site, scaled, kustomization))
     files[f"{site.name}/kustomization.yaml"] = header + _dump(kustomization)
+    files[f"{site.name}/node-agent/kustomization.yaml"] = (
+        MARKER + f"# from deploy/kubernetes/sites/{site.name}.yaml: the node agent, in its own\n"
+        f"# namespace ({NODE_AGENT_NAMESPACE}); apply it before the site's overlay\n"
+        f"#   kubectl apply -k deploy/kubernetes/overlays/{site.name}/node-agent\n"
+        + _dump(node_agent_overlay(site))
+    )
     if site.cluster:
         files[f"{site.name}/prometheus-values.yaml"] = (
             MARKER
@@ -304,6 +312,24 @@ def render_overlay(site: Site, scaled: autoscaling.Scaled | None = None) -> dict
             + _dump(prometheus_values(site))
         )
     return files
+
+
+def node_agent_overlay(site: Site) -> dict[str, Any]:
+    """The node agent's kustomization for a site: its image, and the site's inference
+    namespace as the only one whose sidecars its NetworkPolicy lets in."""
+    selector = "/spec/ingress/0/from/0/namespaceSelector/matchLabels/kubernetes.io~1metadata.name"
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": ["../../../base/node-agent"],
+        "images": [{"name": "inferwatch", "newTag": site.image_tag}],
+        "patches": [
+            {
+                "target": {"kind": "NetworkPolicy", "name": "inferwatch-node-agent"},
+                "patch": json.dumps([{"op": "replace", "path": selector, "value": site.namespace}]),
+            }
+        ],
+    }
 
 
 def user_rule(users: tuple[str, ...]) -> dict[str, Any]:
