@@ -218,6 +218,7 @@ FULL_SITE = {
         **yaml.safe_load((KIT / "sites" / "multi-cluster-east.yaml").read_text())["gateway"],
         "canary_users": ["release-qa"],
     },
+    "models": yaml.safe_load((KIT / "sites" / "single-cluster.yaml").read_text())["models"],
 }
 
 
