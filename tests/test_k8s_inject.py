@@ -41,6 +41,8 @@ class Case:
     model: dict[str, Any]
     #: the workload (kind/name) whose serving pod gets the containers
     injected: str
+    #: strategic-merge patches the team applies over ``files`` (llm-d's guides)
+    patches: tuple[str, ...] = ()
 
 
 CASES = {
@@ -54,6 +56,7 @@ CASES = {
         ("llm-d/recipes-single-host-decode-deployment.yaml",),
         {"name": "decode", "workload": "decode", "kind": "Deployment"},
         "Deployment/decode",
+        ("llm-d/optimized-baseline-gpu-vllm-patch-vllm.yaml",),
     ),
     "production-stack": Case(
         ("production-stack/disaggregated-prefill-orchestrated-decode-deploy.yaml",),
@@ -108,6 +111,8 @@ def render(kubectl: str, tmp_path: Path, case: Case, with_component: bool) -> li
         "kind": "Kustomization",
         "resources": [str(EXAMPLES / f) for f in case.files],
     }
+    if case.patches:
+        kustomization["patches"] = [{"path": str(EXAMPLES / p)} for p in case.patches]
     if with_component:
         kustomization["components"] = [os.path.relpath(component(tmp_path, [case.model]), folder)]
     (folder / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
