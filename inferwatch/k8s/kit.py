@@ -37,6 +37,7 @@ SITE_VALUES = "inferwatch-site"
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 OPTIONAL_LABEL_VALUE = re.compile(f"({LABEL_VALUE.pattern})?")
+OPTIONAL_DNS_LABEL = re.compile(f"({DNS_LABEL.pattern})?")
 HOSTNAME = re.compile(r"(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 #: no user-info: a remote-write password belongs in a Secret, never in a committed site file
@@ -78,6 +79,9 @@ class Site:
     canary_weight: int
     #: users whose requests (x-inferwatch-user) always go to the canary
     canary_users: tuple[str, ...] = ()
+    #: another model's Service the route carries at weight 0, for shift_traffic ("": none)
+    fallback: str = ""
+    fallback_port: int = 80
     autoscaling: str = "none"  # none | hpa | keda (see inferwatch/k8s/autoscaling.py)
     min_replicas: int = 2
     max_replicas: int = 8
@@ -100,7 +104,7 @@ SECTIONS = {
     "": {"namespace", "cluster", "image_tag", "monitoring", "gateway", "autoscaling", "models"},
     "monitoring": {"namespace", "release", "remote_write"},
     "monitoring.remote_write": {"url", *QUEUE, "batch_send_deadline"},
-    "gateway": {"class", "hostname", "canary_weight", "canary_users"},
+    "gateway": {"class", "hostname", "canary_weight", "canary_users", "fallback", "fallback_port"},
     "autoscaling": {"mode", "min_replicas", "max_replicas"},
 }
 
@@ -138,6 +142,9 @@ def load_site(path: Path) -> Site:
         canary_weight=gateway.integer("canary_weight", 5, 0, 100),
         # these users' requests (x-inferwatch-user) always go to the canary
         canary_users=tuple(gateway.each("canary_users", _user, max_items=MAX_CANARY_USERS)),
+        # another model's Service in this namespace, at weight 0 beside the stable replicas
+        fallback=gateway.matching("fallback", "", OPTIONAL_DNS_LABEL, "a Service name", 63),
+        fallback_port=gateway.integer("fallback_port", 80, 1, 65535),
         # the model Deployment's autoscaler (inferwatch/k8s/autoscaling.py); none: a fixed count
         autoscaling=scaling.choice("mode", "none", AUTOSCALING_MODES),
         min_replicas=scaling.integer("min_replicas", 2, 1, 1000),
@@ -261,6 +268,10 @@ def render_overlay(site: Site, scaled: autoscaling.Scaled | None = None) -> dict
         {"op": "replace", "path": "/spec/rules/1/backendRefs/1/weight",
          "value": site.canary_weight},
     ]  # fmt: skip
+    if site.fallback:
+        # where the receiver's HTTPRoute shift moves the stable replicas' weight
+        fallback = {"name": site.fallback, "port": site.fallback_port, "weight": 0}
+        route_patch.append({"op": "add", "path": "/spec/rules/1/backendRefs/-", "value": fallback})
     if site.canary_users:
         route_patch.append(
             {"op": "add", "path": "/spec/rules/-", "value": user_rule(site.canary_users)}
