@@ -12,9 +12,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import click
 import pytest
 import yaml
 
+from inferwatch.cli import main
 from support.k8s import KIT, render, validate
 from support.pss import pod_templates, violations
 from support.shared import tool
@@ -61,6 +63,12 @@ def test_only_the_node_agent_mounts_the_kubelets_socket(kubectl: str, site: str)
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     service = next(d for d in documents if d["kind"] == "Service")
     assert service["spec"]["internalTrafficPolicy"] == "Local"
+    # the agent's arguments are ones its real command line accepts
+    command = main.get_command(click.Context(main), container["args"][0])
+    assert command is not None
+    params = command.make_context(container["args"][0], container["args"][1:]).params
+    assert str(params["kubelet_socket"]).startswith(POD_RESOURCES + "/")
+    assert params["listen"].endswith(f":{service['spec']['ports'][0]['port']}")
 
 
 @pytest.mark.parametrize("site", SITES)
