@@ -134,15 +134,26 @@ def serving(states: Mapping[str, list[ServerState]], model: str) -> dict[str, in
     """Replica -> weight of the servers that take ``model``'s new requests now.
 
     A server takes traffic when it is up with a weight above 0; when none of the model's own
-    backend does, the frontend sends the model to its fallback's backend (``nbsrv lt 1``).
+    backend does, the frontend sends the model to its fallback's backend (``nbsrv lt 1``), and
+    when that has none either, to the model's own replicas regardless of their checks
+    (fail-open, :func:`fails_open`), at their configured weights.
     """
     own = _usable(states[model])
     if own:
         return own
     for other, servers in states.items():
-        if other != model:
+        if other != model and _usable(servers):
             return _usable(servers)
-    return {}
+    return {
+        gateway.parse_server_name(s.name)[1]: max(s.initial_weight, 1)
+        for s in states[model]
+        if gateway.parse_server_name(s.name)[0] != gateway.FALLBACK
+    }
+
+
+def fails_open(states: Mapping[str, list[ServerState]]) -> bool:
+    """Whether no server of any backend is usable, so every model is served fail-open."""
+    return not any(_usable(servers) for servers in states.values())
 
 
 def _usable(servers: list[ServerState]) -> dict[str, int]:
@@ -168,7 +179,8 @@ async def routes(
     """Where each role's model traffic goes now, as the view prints it."""
     states = await backends(api, replicas)
     by_role = {r.role: r.model for r in replicas}
-    return {role: describe(serving(states, model)) for role, model in by_role.items()}
+    marker = " (fail-open)" if fails_open(states) else ""
+    return {role: describe(serving(states, model)) + marker for role, model in by_role.items()}
 
 
 async def wait_all_up(
