@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Protocol
 
@@ -24,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from inferwatch import catalog
 from inferwatch.auth import TokenError, bearer_ok, load_token
 from inferwatch.clikit import bind, parse_listen
 from inferwatch.exporters.gpu.node_agent import allocation_path
@@ -48,20 +50,25 @@ class Allocations(Protocol):
 
 def app(kubelet: Allocations, token: str, node: str, socket: Path | None = None) -> Starlette:
     """The agent's routes; ``socket`` (when given) must exist for /readyz to pass."""
+    lookups: Counter[str] = Counter()
 
     async def gpus(request: Request) -> Response:
         if not bearer_ok(request.headers.get("authorization"), token):
+            lookups["unauthorized"] += 1
             return JSONResponse({"reason": "unauthorized"}, status_code=401)
         namespace, pod = request.path_params["namespace"], request.path_params["pod"]
         try:
             allocation_path(namespace, pod)
         except ValueError as exc:
+            lookups["bad_pod"] += 1
             return JSONResponse({"reason": "bad_pod", "detail": str(exc)}, status_code=400)
         try:
             found = await run_in_threadpool(kubelet.allocation, pod, namespace)
         except PodResourcesError as error:
+            lookups[error.reason] += 1
             status = 404 if error.reason == "pod_not_found" else 503
             return JSONResponse({"reason": error.reason, "detail": error.detail}, status)
+        lookups["ok"] += 1
         return JSONResponse(
             {"node": node, "namespace": namespace, "pod": pod, "device_ids": found.device_ids}
         )
@@ -71,9 +78,16 @@ def app(kubelet: Allocations, token: str, node: str, socket: Path | None = None)
         reason = "" if ok else f"no kubelet PodResources socket at {socket}"
         return endpoints.readiness_response([Condition("kubelet_socket", ok, reason)])
 
+    async def metrics(request: Request) -> Response:
+        family = catalog.load().family("node_agent_lookups")
+        for outcome, count in sorted(lookups.items()):
+            family.add_metric([outcome], count)
+        return endpoints.metrics_response(request, [family])
+
     return Starlette(
         routes=[
             Route("/v1/pods/{namespace}/{pod}/gpus", gpus),
+            Route("/metrics", metrics),
             Route("/healthz", endpoints.healthz),
             Route("/readyz", readyz),
         ]

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from inferwatch.cli import main
+from inferwatch.k8s import kit as k8s
 from support.k8s import KIT, render, validate
 from support.pss import pod_templates, violations
 from support.shared import tool
@@ -83,7 +84,17 @@ def test_sidecars_ask_the_agent_its_namespace_lets_in(kubectl: str, site: str) -
     agent_secret = _secret(agent_container, "INFERWATCH_NODE_AGENT_TOKEN")
     meta, port = service["metadata"], service["spec"]["ports"][0]["port"]
     url = f"--node-agent-url=http://{meta['name']}.{meta['namespace']}.svc:{port}"
-    (allowed,) = policy["spec"]["ingress"][0]["from"]
+    sidecars, prometheus = policy["spec"]["ingress"][0]["from"]
+    allowed = sidecars
+    config = k8s.load_site(KIT / "sites" / f"{site}.yaml")
+    assert prometheus["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": config.monitoring_namespace
+    }
+    monitor = next(d for d in agent if d["kind"] == "PodMonitor")
+    assert monitor["metadata"]["labels"]["release"] == config.release
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == [
+        p["name"] for p in agent_container["ports"]
+    ]
     checked = 0
     for document in render(kubectl, site):
         for where, template in pod_templates(document):

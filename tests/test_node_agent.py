@@ -208,3 +208,16 @@ def test_a_sidecar_given_an_agent_without_its_token_says_so() -> None:
     )  # fmt: skip
     assert result.exit_code == ExitCode.BAD_INPUT, result.output
     assert "INFERWATCH_SIDECAR_NODE_AGENT_TOKEN" in result.output
+
+
+def test_lookups_are_counted_by_outcome(kubelet: Kubelet) -> None:
+    app = node_agent.app(kubelet, TOKEN, "gpu-node-1")
+    agent = through(app)
+    client(agent).allocation("llama-0", "serving")
+    with pytest.raises(PodResourcesError):
+        client(agent).allocation("gone-0", "serving")
+    with pytest.raises(PodResourcesError):
+        client(agent, token="someone-elses-token-000").allocation("llama-0", "serving")
+    page = TestClient(app).get("/metrics").text
+    for outcome in ("ok", "pod_not_found", "unauthorized"):
+        assert f'inferwatch_node_agent_lookups_total{{outcome="{outcome}"}} 1.0' in page, page

@@ -352,9 +352,22 @@ def inject_component(site: Site) -> dict[str, str]:
 
 
 def node_agent_overlay(site: Site) -> dict[str, Any]:
-    """The node agent's kustomization for a site: its image, and the site's inference
-    namespace as the only one whose sidecars its NetworkPolicy lets in."""
-    selector = "/spec/ingress/0/from/0/namespaceSelector/matchLabels/kubernetes.io~1metadata.name"
+    """The node agent's kustomization for a site: its image, the site's inference namespace
+    as the only one whose sidecars its NetworkPolicy lets in, and the site's Prometheus."""
+    selector = "/spec/ingress/0/from/{}/namespaceSelector/matchLabels/kubernetes.io~1metadata.name"
+    policy = [
+        {"op": "replace", "path": selector.format(0), "value": site.namespace},
+        {"op": "replace", "path": selector.format(1), "value": site.monitoring_namespace},
+    ]
+    monitor = [
+        {"op": "replace", "path": "/metadata/labels/release", "value": site.release},
+        *(
+            [{"op": "add", "path": "/spec/podMetricsEndpoints/0/relabelings/-",
+              "value": {"targetLabel": "cluster", "replacement": site.cluster}}]
+            if site.cluster
+            else []
+        ),
+    ]  # fmt: skip
     return {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
@@ -363,8 +376,12 @@ def node_agent_overlay(site: Site) -> dict[str, Any]:
         "patches": [
             {
                 "target": {"kind": "NetworkPolicy", "name": "inferwatch-node-agent"},
-                "patch": json.dumps([{"op": "replace", "path": selector, "value": site.namespace}]),
-            }
+                "patch": json.dumps(policy),
+            },
+            {
+                "target": {"kind": "PodMonitor", "name": "inferwatch-node-agent"},
+                "patch": json.dumps(monitor),
+            },
         ],
     }
 
