@@ -135,20 +135,16 @@ def serving(states: Mapping[str, list[ServerState]], model: str) -> dict[str, in
 
     A server takes traffic when it is up with a weight above 0; when none of the model's own
     backend does, the frontend sends the model to its fallback's backend (``nbsrv lt 1``), and
-    when that has none either, to the model's own replicas regardless of their checks
-    (fail-open, :func:`fails_open`), at their configured weights.
+    when that has none either, to the model's fail-open backend (:func:`fails_open`), which
+    this leaves empty.
     """
     own = _usable(states[model])
     if own:
         return own
     for other, servers in states.items():
-        if other != model and _usable(servers):
+        if other != model:
             return _usable(servers)
-    return {
-        gateway.parse_server_name(s.name)[1]: max(s.initial_weight, 1)
-        for s in states[model]
-        if gateway.parse_server_name(s.name)[0] != gateway.FALLBACK
-    }
+    return {}
 
 
 def fails_open(states: Mapping[str, list[ServerState]]) -> bool:
@@ -179,8 +175,9 @@ async def routes(
     """Where each role's model traffic goes now, as the view prints it."""
     states = await backends(api, replicas)
     by_role = {r.role: r.model for r in replicas}
-    marker = " (fail-open)" if fails_open(states) else ""
-    return {role: describe(serving(states, model)) + marker for role, model in by_role.items()}
+    if fails_open(states):
+        return {role: "its replicas, unready (fail-open)" for role in by_role}
+    return {role: describe(serving(states, model)) for role, model in by_role.items()}
 
 
 async def wait_all_up(
