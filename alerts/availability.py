@@ -2,12 +2,15 @@
 
 Readiness reads ``inferwatch_replica_ready``, the sidecar's /readyz conditions as series:
 one replica out is a warning (the router already routes around it), more than a configured
-share of a model's replicas out pages. A replica whose model has loaded but whose warm-up
-does not pass (``inferwatch_replica_startup_phase``) is named as such.
+share of a model's replicas out pages. A gateway that fails open (no ready replica of the model
+or of its fallback) marks what it sends anyway with the ``fail_open`` split; any such traffic
+pages, since those replicas' own checks say they should not serve. A replica whose model has
+loaded but whose warm-up does not pass (``inferwatch_replica_startup_phase``) is named as such.
 """
 
 from __future__ import annotations
 
+from inferwatch.canary import splits
 from inferwatch.mixin import promql, recording
 from inferwatch.mixin.config import Config
 from inferwatch.mixin.model import Alert, Panel
@@ -21,6 +24,7 @@ def alerts(config: Config) -> list[Alert]:
         *_scrape_errors(config),
         *_error_ratio(config),
         *_readiness(config),
+        *_fail_open(config),
         *_startup(config),
     ]
 
@@ -170,6 +174,27 @@ def _readiness(config: Config) -> list[Alert]:
             ),
             panel=Panel("fleet", 6),
         ),
+    ]
+
+
+def _fail_open(config: Config) -> list[Alert]:
+    settings = config.alert("InferwatchFailingOpen")
+    window = config.rate_window
+    opened = metric(config, "tenancy_requests", f'split="{splits.FAIL_OPEN}"')
+    return [
+        Alert(
+            name="InferwatchFailingOpen",
+            severity="critical",
+            expr=f"sum {by(config, MODEL)} (rate({opened}[{window}])) > 0",
+            for_=settings.for_,
+            summary="The gateway sends a model's traffic to replicas that are not ready.",
+            description=(
+                "{{ $labels.model }} and its fallback have no ready replica, so the gateway "
+                "serves its requests from its unready replicas anyway ({{ $value | humanize }} "
+                f"requests/s over {window}): answers may be slow, wrong or failing."
+            ),
+            panel=Panel("fleet", 6),
+        )
     ]
 
 

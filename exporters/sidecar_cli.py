@@ -132,7 +132,7 @@ def sidecar(
         "prompt_version": prompt_version,
         **({"pod": pod, "namespace": namespace, "node": node} if emit_pod else {}),
     }
-    setup = Setup({**options, "pod": pod, "namespace": namespace}, identity)
+    setup = Setup({**options, "pod": pod, "namespace": namespace, "node": node}, identity)
     built = build_all(CATALOGUE, setup)
     if not built.sources:
         raise click.UsageError("every source is switched off or has nothing to do")

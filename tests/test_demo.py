@@ -684,8 +684,11 @@ def test_routing_reads_where_haproxy_sends_each_model_from_its_server_states() -
     states[primary][0] = state("p", "v1:primary-v1", 0, 67, 67)  # and v1 failing its checks
     # nothing of its own is usable: the frontend sends the model to its fallback's backend
     assert routing.serving(states, primary) == {"fallback": 100}
+    assert not routing.fails_open(states)
     states[fallback][0] = state("f", "v1:fallback", 0, 100, 100)
-    assert routing.describe(routing.serving(states, primary)) == "nothing (503)"
+    # nor is the fallback's: the gateway fails open to the model's own replicas
+    assert routing.fails_open(states)
+    assert routing.serving(states, primary) == {}
 
 
 @pytest.mark.unit

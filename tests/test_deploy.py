@@ -97,19 +97,21 @@ def test_pod_monitors_are_picked_up_by_a_default_kube_prometheus_stack() -> None
             assert "node" in targets  # node comes from discovery, as pod and namespace do
 
 
-def test_sidecars_scoped_by_the_kubelet_can_reach_its_socket() -> None:
+def test_sidecars_scoped_by_the_node_agent_know_their_pod_and_node() -> None:
+    """The agent answers for a named pod and a sidecar checks the answer's node: both come
+    from the downward API. No replica mounts the kubelet's socket itself."""
+    scoped = 0
     for deployment in documents("Deployment"):
         spec = deployment["spec"]["template"]["spec"]
-        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        assert not any("hostPath" in v for v in spec.get("volumes", [])), deployment["metadata"]
         for container in spec["containers"]:
-            if "--gpu-scope=kubelet" not in container.get("args", []):
+            if "--gpu-scope=agent" not in container.get("args", []):
                 continue
-            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
-            name = mounts.get("/var/lib/kubelet/pod-resources")
-            assert name is not None, f"{container['name']}: the socket's directory is not mounted"
-            assert volumes[name]["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
             env = {e["name"] for e in container.get("env", [])}
-            assert {"POD_NAME", "POD_NAMESPACE"} <= env
+            assert {"POD_NAME", "POD_NAMESPACE", "NODE_NAME"} <= env, container["name"]
+            assert any(a.startswith("--node-agent-url=") for a in container["args"])
+            scoped += 1
+    assert scoped, "no sidecar asks the node agent for its GPUs"
 
 
 def test_tenant_metrics_are_scraped_on_a_port_no_service_exposes() -> None:

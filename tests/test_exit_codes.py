@@ -154,6 +154,17 @@ CASES: dict[str, Case] = {
     "scrape": Case(
         lambda tmp: ["not a url"], cannot_run=lambda tmp: ["http://127.0.0.1:1/metrics"]
     ),
+    "node-agent": Case(
+        lambda tmp: ["--listen", "nowhere", "--node", "gpu-1"],
+        port_taken=lambda tmp, port: [
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--node",
+            "gpu-1",
+            "--token-file",
+            _file(tmp, "agent-token", TOKEN),
+        ],
+    ),
     "sidecar": Case(
         lambda tmp: ["--engine-url", "not a url"],
         port_taken=lambda tmp, port: [

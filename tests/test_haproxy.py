@@ -51,7 +51,8 @@ class _Replica(BaseHTTPRequestHandler):
         if server.role == "sidecar":
             status, body = (200 if server.ready else 503), b"{}"
         else:
-            status, body = 200, json.dumps({"replica": server.replica}).encode()
+            split = self.headers.get("x-inferwatch-split")
+            status, body = 200, json.dumps({"replica": server.replica, "split": split}).encode()
         self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
@@ -112,11 +113,12 @@ def _start(
     tmp_path: Path,
     replicas: list[ReplicaSpec],
     dead: frozenset[str] = frozenset(),
+    fail_open: bool = True,
 ) -> Gateway:
     """Stubs for ``replicas`` and haproxy in front of them; replicas in ``dead`` listen nowhere."""
     models: dict[str, Any] = {
-        BIG: {"fallback": SMALL, "replicas": []},
-        SMALL: {"replicas": []},
+        BIG: {"fallback": SMALL, "replicas": [], "fail_open": fail_open},
+        SMALL: {"replicas": [], "fail_open": fail_open},
     }
     refused = contextlib.ExitStack()
     stubs, sidecars = [], {}
@@ -175,8 +177,10 @@ def _start(
 def start_gateway(haproxy_bin: str, tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
     started: list[Gateway] = []
 
-    def start(replicas: list[ReplicaSpec], dead: frozenset[str] = frozenset()) -> Gateway:
-        started.append(_start(haproxy_bin, tmp_path, replicas, dead))
+    def start(
+        replicas: list[ReplicaSpec], dead: frozenset[str] = frozenset(), fail_open: bool = True
+    ) -> Gateway:
+        started.append(_start(haproxy_bin, tmp_path, replicas, dead, fail_open))
         return started[-1]
 
     yield start
@@ -228,6 +232,37 @@ def test_no_ready_replica_sends_the_model_to_its_fallback(start_gateway: Any) ->
         gw.sidecars[name].ready = False
         gw.wait_state(B_BIG, server, up=False)
     assert gw.ask(BIG, 10) == {"small-1": 10}
+
+
+def _all_unready(gw: Gateway) -> None:
+    for name, server in (("big-1", "v1:big-1"), ("big-2", "v2:big-2"), ("small-1", "v1:small-1")):
+        gw.sidecars[name].ready = False
+        gw.wait_state(B_SMALL if name == "small-1" else B_BIG, server, up=False)
+
+
+def test_with_no_ready_replica_anywhere_a_model_fails_open_to_its_own(start_gateway: Any) -> None:
+    """Neither the model nor its fallback has a ready replica: its own replicas serve anyway,
+    each request marked as the fail_open split for the proxy's counters, instead of a 503."""
+    gw = start_gateway(FLEET)
+    _all_unready(gw)
+    assert set(gw.ask(BIG, 20)) == {"big-1", "big-2"}
+    assert gw.ask(SMALL, 5) == {"small-1": 5}
+    with httpx.Client(timeout=10) as client:
+        reply = client.post(gw.url + "/v1/chat/completions", json={"model": BIG},
+                            headers={"x-inferwatch-split": "weight"})  # fmt: skip
+    assert reply.json()["split"] == "fail_open"
+    gw.sidecars["small-1"].ready = True  # the fallback is back: it takes the traffic again
+    gw.wait_state(B_SMALL, "v1:small-1", up=True)
+    assert gw.ask(BIG, 5) == {"small-1": 5}
+    with httpx.Client(timeout=10) as client:
+        reply = client.post(gw.url + "/v1/chat/completions", json={"model": SMALL})
+    assert reply.json()["split"] == "weight", "a ready replica's request is not fail_open"
+
+
+def test_without_fail_open_no_ready_replica_is_a_503(start_gateway: Any) -> None:
+    gw = start_gateway(FLEET, fail_open=False)
+    _all_unready(gw)
+    assert gw.ask(BIG, 5) == {"HTTP 503": 5}
 
 
 def test_a_dead_replica_loses_no_request_to_redispatch(start_gateway: Any) -> None:

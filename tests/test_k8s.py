@@ -317,10 +317,14 @@ def test_the_canary_route_weighs_and_matches(
     else:
         assert by_user == []
     weights = {b["name"]: b["weight"] for b in weighted["backendRefs"]}
-    assert weights == {"llama-8b": 100 - site.canary_weight, "llama-8b-canary": site.canary_weight}
+    # another model's Service (not in this overlay) at weight 0, for the receiver's shift
+    fallback = {site.fallback: 0} if site.fallback else {}
+    assert weights == {
+        "llama-8b": 100 - site.canary_weight, "llama-8b-canary": site.canary_weight, **fallback
+    }
     services = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Service"}
     templates = [t["metadata"]["labels"] for _, t in pods(documents)]
-    for name in weights:
+    for name in set(weights) - set(fallback):
         selector = services[name]["spec"]["selector"]
         assert len([t for t in templates if _selects(selector, t)]) == 1, name
 

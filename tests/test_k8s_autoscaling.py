@@ -290,4 +290,5 @@ def test_a_site_without_autoscaling_renders_neither_component(tmp_path: Path) ->
     files = k8s.render_overlay(k8s.load_site(path), SCALED)
     kustomization = yaml.safe_load(files["plain/kustomization.yaml"])
     assert not any("autoscaling" in c for c in kustomization["components"])
-    assert set(files) == {"plain/kustomization.yaml"}
+    # no adapter values: the overlay and the node agent's are all
+    assert set(files) == {"plain/kustomization.yaml", "plain/node-agent/kustomization.yaml"}

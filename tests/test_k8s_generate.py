@@ -217,7 +217,10 @@ FULL_SITE = {
     "gateway": {
         **yaml.safe_load((KIT / "sites" / "multi-cluster-east.yaml").read_text())["gateway"],
         "canary_users": ["release-qa"],
+        "fallback": "qwen3-32b-inferwatch",
+        "fallback_port": 80,
     },
+    "models": yaml.safe_load((KIT / "sites" / "single-cluster.yaml").read_text())["models"],
 }
 
 

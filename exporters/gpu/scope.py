@@ -3,7 +3,9 @@
 On a node with one replica per GPU, a fault on one GPU must take out only the replica that
 uses it. The sidecar therefore scopes its GPU backend to the GPUs the engine was given:
 
-    kubelet        the kubelet's PodResources API for this pod (Kubernetes)
+    agent          this pod's allocation, asked of the node agent on its node (Kubernetes:
+                   only the agent mounts the kubelet's socket, see ``node_agent.py``)
+    kubelet        the kubelet's PodResources API for this pod (a pod that mounts its socket)
     DEVICES        an explicit list: GPU UUIDs (``GPU-...``, unique prefixes as CUDA accepts
                    them), MIG device UUIDs (``MIG-...``), indices (``0,1``), ``nvidiaN``;
                    the engine's ``CUDA_VISIBLE_DEVICES`` value can be passed as it is
@@ -30,12 +32,13 @@ from typing import TYPE_CHECKING
 from inferwatch.logs import log_event
 
 if TYPE_CHECKING:  # gRPC is imported only by sidecars that ask the kubelet
+    from inferwatch.exporters.gpu.node_agent import NodeAgentClient
     from inferwatch.exporters.gpu.podresources import PodResourcesClient
 
 logger = logging.getLogger("inferwatch.gpu.scope")
 
 KUBELET_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-SCOPE_HELP = "kubelet, all, node, or a device list (GPU-uuid, MIG-uuid, index, nvidiaN)"
+SCOPE_HELP = "agent, kubelet, all, node, or a device list (GPU-uuid, MIG-uuid, index, nvidiaN)"
 _NVIDIA_N = re.compile(r"^nvidia(\d+)(?:/gi\d+)?(?:/vgpu\d+)?$")
 _NO_DEVICES = frozenset({"", "none", "void", "-1"})
 
@@ -140,7 +143,8 @@ class _Lookup:
 
 
 class KubeletScope(GpuScope):
-    """This pod's GPUs as the kubelet allocated them, looked up on a thread of its own.
+    """This pod's GPUs as the kubelet allocated them, looked up on a thread of its own (from
+    the kubelet itself or through the node agent: ``source`` says which).
 
     An allocation does not change during a pod's life, so one answer is kept for good; until
     then the lookup is retried every ``retry_s`` and the scope is unknown, which fails the GPU
@@ -149,13 +153,14 @@ class KubeletScope(GpuScope):
 
     def __init__(
         self,
-        client: PodResourcesClient,
+        client: PodResourcesClient | NodeAgentClient,
         pod: str,
         namespace: str,
         *,
         retry_s: float = 15.0,
+        source: str = "kubelet",
     ) -> None:
-        super().__init__(gated=True, source="kubelet")
+        super().__init__(gated=True, source=source)
         self.client = client
         self.pod = pod
         self.namespace = namespace
@@ -203,7 +208,8 @@ class KubeletScope(GpuScope):
                     log_event(
                         logger,
                         logging.WARNING,
-                        "gpu allocation unknown; gpu readiness fails until the kubelet answers",
+                        f"gpu allocation unknown; gpu readiness fails until the {self.source} "
+                        "answers",
                         pod=f"{self.namespace}/{self.pod}",
                         reason=reason,
                         detail=str(error),
@@ -215,7 +221,7 @@ class KubeletScope(GpuScope):
             log_event(
                 logger,
                 logging.INFO,
-                "gpu allocation read from the kubelet",
+                f"gpu allocation read from the {self.source}",
                 pod=f"{self.namespace}/{self.pod}",
                 devices=str(selection),
             )
@@ -225,7 +231,8 @@ class KubeletScope(GpuScope):
     def __str__(self) -> str:
         lookup = self._lookup
         found = str(lookup.selection) if lookup.selection is not None else "not read yet"
-        return f"kubelet allocation of {self.namespace}/{self.pod} ({found})"
+        via = "" if self.source == "kubelet" else f", through the node {self.source}"
+        return f"kubelet allocation of {self.namespace}/{self.pod} ({found}{via})"
 
 
 def covered(
@@ -249,18 +256,27 @@ def resolve(
     namespace: str,
     environ: Mapping[str, str],
     socket: Path = KUBELET_SOCKET,
+    agent: NodeAgentClient | None = None,
 ) -> GpuScope:
     """The scope a ``--gpu-scope`` value names; ValueError (one line) when it is wrong.
 
-    ``auto`` is the kubelet's allocation in a Kubernetes pod (``KUBERNETES_SERVICE_HOST`` set
-    and the pod known from the downward API), else ``CUDA_VISIBLE_DEVICES`` when set, else
-    every GPU the sidecar sees. GPU resources renamed in the device plugin's config are
-    named in ``NVIDIA_RESOURCE_NAMES`` (comma-separated), as for dcgm-exporter.
+    ``auto`` is, in a Kubernetes pod (``KUBERNETES_SERVICE_HOST`` set and the pod known from
+    the downward API), the node agent's answer when ``agent`` is given, else the devices the
+    NVIDIA device plugin gave this container (``NVIDIA_VISIBLE_DEVICES`` as a device list),
+    else the kubelet's allocation; outside Kubernetes ``CUDA_VISIBLE_DEVICES`` when set, else
+    every GPU the sidecar sees. GPU resources renamed in the device plugin's config are named
+    in ``NVIDIA_RESOURCE_NAMES`` (comma-separated), as for dcgm-exporter.
     """
     value = value.strip()
     if value == "auto":
+        plugin = environ.get("NVIDIA_VISIBLE_DEVICES", "").strip()
         if environ.get("KUBERNETES_SERVICE_HOST") and pod and namespace:
-            value = "kubelet"
+            if agent is not None:
+                value = "agent"
+            elif plugin and plugin.lower() != "all":
+                return FixedScope(parse_devices(plugin), "device_plugin")
+            else:
+                value = "kubelet"
         elif "CUDA_VISIBLE_DEVICES" in environ:
             return FixedScope(parse_devices(environ["CUDA_VISIBLE_DEVICES"]), "visible_devices")
         else:
@@ -269,12 +285,19 @@ def resolve(
         return GpuScope(gated=True, source="all")
     if value == "node":
         return GpuScope(gated=False, source="node")
-    if value == "kubelet":
-        if not pod or not namespace:
+    if value in ("kubelet", "agent") and (not pod or not namespace):
+        raise ValueError(
+            f"--gpu-scope {value} needs the pod's name and namespace "
+            "(--pod/--namespace or the downward-API POD_NAME and POD_NAMESPACE)"
+        )
+    if value == "agent":
+        if agent is None:
             raise ValueError(
-                "--gpu-scope kubelet needs the pod's name and namespace "
-                "(--pod/--namespace or the downward-API POD_NAME and POD_NAMESPACE)"
+                "--gpu-scope agent needs --node-agent-url and the node agent's token "
+                "($INFERWATCH_SIDECAR_NODE_AGENT_TOKEN or --node-agent-token-file)"
             )
+        return KubeletScope(agent, pod, namespace, source="agent").start()
+    if value == "kubelet":
         from inferwatch.exporters.gpu.podresources import PodResourcesClient
 
         renamed = [name for name in environ.get("NVIDIA_RESOURCE_NAMES", "").split(",") if name]

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import click
 
+from inferwatch.auth import TokenError, load_token
 from inferwatch.exporters import gpu
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.gpu import GpuTelemetry, scope
+from inferwatch.exporters.gpu.node_agent import NodeAgentClient
 from inferwatch.exporters.gpu.scope import GpuScope
 from inferwatch.exporters.registry import Built, Registration, Setup
 
@@ -23,8 +28,9 @@ def build(setup: Setup) -> Built:
         gpu_scope = _gpu_only_scope(spec, gpu_scope)
     gpus = None
     if spec != "none":
+        agent = _node_agent(options)
         gpus = _gpu_scope(
-            gpu_scope, options["kubelet_socket"], options["pod"], options["namespace"]
+            gpu_scope, options["kubelet_socket"], options["pod"], options["namespace"], agent
         )
     backend = _gpu_backend(spec, gpus)
     return Built([backend], log={"gpu": spec, "gpu_scope": str(backend.scope)})
@@ -46,9 +52,32 @@ def _gpu_only_scope(spec: str, gpu_scope: str) -> str:
     return "node"
 
 
-def _gpu_scope(value: str, socket: Path, pod: str, namespace: str) -> GpuScope:
+def _node_agent(options: Mapping[str, Any]) -> NodeAgentClient | None:
+    """The node agent's client when ``--node-agent-url`` names one (its token is required)."""
+    url = options["node_agent_url"]
+    if not url:
+        return None
     try:
-        return scope.resolve(value, pod=pod, namespace=namespace, environ=os.environ, socket=socket)
+        token = load_token(
+            os.environ.get(AGENT_TOKEN_ENV), options["node_agent_token_file"], what="node agent"
+        )
+    except TokenError as exc:
+        raise click.BadParameter(str(exc), param_hint="--node-agent-token-file") from None
+    if token is None:
+        raise click.UsageError(
+            f"--node-agent-url needs the agent's token: ${AGENT_TOKEN_ENV} or "
+            "--node-agent-token-file"
+        )
+    return NodeAgentClient(url, token, options["node"])
+
+
+def _gpu_scope(
+    value: str, socket: Path, pod: str, namespace: str, agent: NodeAgentClient | None
+) -> GpuScope:
+    try:
+        return scope.resolve(
+            value, pod=pod, namespace=namespace, environ=os.environ, socket=socket, agent=agent
+        )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu-scope") from None
 
@@ -58,6 +87,17 @@ def _gpu_backend(spec: str, gpu_scope: GpuScope | None) -> GpuTelemetry:
         return gpu.open_backend(spec, scope=gpu_scope)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gpu") from None
+
+
+AGENT_TOKEN_ENV = "INFERWATCH_SIDECAR_NODE_AGENT_TOKEN"
+#: an http(s) URL with no user-info (the token goes in a header, never in the URL)
+AGENT_URL = r"https?://[^\s/@]+(/[^\s@]*)?"
+
+
+def _agent_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if value and not re.fullmatch(AGENT_URL, value):
+        raise click.BadParameter(f"{value!r} is not an http(s) URL without user:password@")
+    return value
 
 
 REGISTRATION = Registration(
@@ -75,12 +115,30 @@ REGISTRATION = Registration(
             default="auto",
             show_envvar=True,
             help="The GPUs this replica's engine uses, whose series are served and whose faults "
-            "fail /readyz: kubelet (this pod's allocation, from the kubelet PodResources API), a "
+            "fail /readyz: agent (this pod's allocation, from the node agent on its node), "
+            "kubelet (this pod's allocation, from the kubelet PodResources API), a "
             "device list (GPU-uuid, MIG-uuid, index or nvidiaN, comma-separated: the engine's "
             "CUDA_VISIBLE_DEVICES value works as it is), all (every GPU the sidecar sees), or "
             "node (every GPU, readiness never gated: node-wide reading, one sidecar per node). "
-            "auto: kubelet in Kubernetes, else $CUDA_VISIBLE_DEVICES when set, else all; node "
-            "without --engine-url.",
+            "auto: in Kubernetes agent when --node-agent-url is set, else the device plugin's "
+            "$NVIDIA_VISIBLE_DEVICES when it lists devices, else kubelet; elsewhere "
+            "$CUDA_VISIBLE_DEVICES when set, else all; node without --engine-url.",
+        ),
+        click.option(
+            "--node-agent-url",
+            default="",
+            callback=_agent_url,
+            show_envvar=True,
+            help="The node agent (inferwatch node-agent) on this pod's node, through a Service "
+            "with internalTrafficPolicy: Local; its bearer token comes from "
+            f"${AGENT_TOKEN_ENV} or --node-agent-token-file.",
+        ),
+        click.option(
+            "--node-agent-token-file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            show_envvar=True,
+            help="File holding the node agent's bearer token (a mounted Secret).",
         ),
         click.option(
             "--kubelet-socket",

@@ -16,6 +16,8 @@ from typing import Final
 SPLIT_HEADER: Final = "x-inferwatch-split"
 CANARY_HEADER: Final = "x-inferwatch-canary"
 USER_HEADER: Final = "x-inferwatch-user"
-#: the values the gateways set (a bounded set: anything else is recorded as ``other``)
-WEIGHT, HEADER, USER = "weight", "header", "user"
-SPLITS: Final = (WEIGHT, HEADER, USER)
+#: the values the gateways set (a bounded set: anything else is recorded as ``other``);
+#: ``fail_open`` marks a request the gateway sent to a replica regardless of its readiness,
+#: because neither the model nor its fallback had a ready one
+WEIGHT, HEADER, USER, FAIL_OPEN = "weight", "header", "user", "fail_open"
+SPLITS: Final = (WEIGHT, HEADER, USER, FAIL_OPEN)

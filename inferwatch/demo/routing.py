@@ -134,7 +134,9 @@ def serving(states: Mapping[str, list[ServerState]], model: str) -> dict[str, in
     """Replica -> weight of the servers that take ``model``'s new requests now.
 
     A server takes traffic when it is up with a weight above 0; when none of the model's own
-    backend does, the frontend sends the model to its fallback's backend (``nbsrv lt 1``).
+    backend does, the frontend sends the model to its fallback's backend (``nbsrv lt 1``), and
+    when that has none either, to the model's fail-open backend (:func:`fails_open`), which
+    this leaves empty.
     """
     own = _usable(states[model])
     if own:
@@ -143,6 +145,11 @@ def serving(states: Mapping[str, list[ServerState]], model: str) -> dict[str, in
         if other != model:
             return _usable(servers)
     return {}
+
+
+def fails_open(states: Mapping[str, list[ServerState]]) -> bool:
+    """Whether no server of any backend is usable, so every model is served fail-open."""
+    return not any(_usable(servers) for servers in states.values())
 
 
 def _usable(servers: list[ServerState]) -> dict[str, int]:
@@ -168,6 +175,8 @@ async def routes(
     """Where each role's model traffic goes now, as the view prints it."""
     states = await backends(api, replicas)
     by_role = {r.role: r.model for r in replicas}
+    if fails_open(states):
+        return {role: "its replicas, unready (fail-open)" for role in by_role}
     return {role: describe(serving(states, model)) for role, model in by_role.items()}
 
 

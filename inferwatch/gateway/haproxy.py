@@ -7,7 +7,11 @@ model. Each model gets one backend whose servers are its replicas (weighted per 
 canaries) followed by its fallback model's replicas at weight 0: shifting traffic to the
 fallback is then only a matter of runtime weights (``runbooks.actions.haproxy``). When none
 of a model's servers is usable (every replica failing its sidecar's ``/readyz``), the
-frontend sends its requests to the fallback model's own backend.
+frontend sends its requests to the fallback model's own backend while that has a usable
+server, and otherwise (``fail_open``, the default) to the model's fail-open backend: its own
+replicas with no health check, serving degraded rather than failing every request (as
+Envoy's panic threshold does). Those requests carry the ``fail_open`` split, so the proxy
+counts them and an alert says the fleet is failing open.
 
 Server names carry the version, ``<version>:<replica>``, and ``fallback:<replica>`` for the
 fallback model's replicas, so that an action can tell them apart from HAProxy alone; every
@@ -47,6 +51,8 @@ SESSION_HEADER = "X-Session-Id"
 SERVER_HEADER = "X-Served-By"
 #: the server-name prefix of a fallback model's replicas inside another model's backend
 FALLBACK = "fallback"
+#: the server-name prefix of a model's replicas in its fail-open backend
+OPEN = "open"
 #: replica, version and user names (matched whole)
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
 _NAME_WHAT = "a name of A-Z a-z 0-9 . _ -"
@@ -89,6 +95,8 @@ class Model:
     servers: tuple[Server, ...]
     fallback: str | None = None
     canary: Canary | None = None
+    #: with no usable server of its own or of its fallback, serve from its replicas anyway
+    fail_open: bool = True
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,11 @@ def backend_name(model: str) -> str:
 
 def canary_backend_name(model: str) -> str:
     return backend_name(model) + "_canary"
+
+
+def open_backend_name(model: str) -> str:
+    """The backend of a model's replicas regardless of readiness (``fail_open``)."""
+    return backend_name(model) + "_open"
 
 
 def server_name(server: Server, fallback: bool = False) -> str:
@@ -179,13 +192,13 @@ def _proxy_headers(top: Fields, base: Path | None) -> tuple[str, ...]:
 def _model(name: str, spec: Fields) -> Model:
     if not _MODEL.fullmatch(name):
         raise spec.error("", "a model name is 1-200 of A-Z a-z 0-9 . _ : / @ + -")
-    spec.check_keys({"replicas", "fallback", "canary"}, required={"replicas"})
+    spec.check_keys({"replicas", "fallback", "canary", "fail_open"}, required={"replicas"})
     servers = [_server(replica) for replica in spec.records("replicas")]
     if not servers:
         raise spec.error("replicas", "at least one replica is required")
     fallback = None if spec.raw.get("fallback") is None else spec.text("fallback")
     canary = None if spec.raw.get("canary") is None else _canary(spec.child("canary"), servers)
-    return Model(name, tuple(servers), fallback, canary)
+    return Model(name, tuple(servers), fallback, canary, spec.flag("fail_open", True))
 
 
 def _server(replica: Fields) -> Server:
@@ -194,8 +207,8 @@ def _server(replica: Fields) -> Server:
         required={"name", "version", "address", "check_port"},
     )
     version = replica.matching("version", "", _NAME, _NAME_WHAT, _MAX_NAME)
-    if version == FALLBACK:
-        raise replica.error("version", f"{FALLBACK!r} is reserved (the fallback's servers)")
+    if version in (FALLBACK, OPEN):
+        raise replica.error("version", f"{version!r} is reserved (generated server names)")
     return Server(
         replica=replica.matching("name", "", _NAME, _NAME_WHAT, _MAX_NAME),
         version=version,
@@ -223,6 +236,7 @@ def check(topology: Topology, source: str = "topology") -> None:
     names = [model.name for model in topology.models]
     backends = [backend_name(name) for name in names]
     backends += [canary_backend_name(m.name) for m in topology.models if m.canary is not None]
+    backends += [open_backend_name(m.name) for m in topology.models if m.fail_open]
     if len(set(backends)) != len(backends):
         raise models.error("", "two model names map to the same backend name")
     replicas = [s.replica for m in topology.models for s in m.servers]
@@ -272,6 +286,8 @@ def render(topology: Topology) -> str:
         lines += _backend(topology, model)
         if model.canary is not None:
             lines += _canary_backend(model, model.canary)
+        if model.fail_open:
+            lines += _open_backend(model)
     return "\n".join(lines) + "\n"
 
 
@@ -348,10 +364,15 @@ def _frontend(topology: Topology) -> list[str]:
         if model.canary is not None:
             split = f"{{ req.hdr({splits.SPLIT_HEADER}) -m str {splits.HEADER} {splits.USER} }}"
             lines.append(f"    use_backend {canary_backend_name(model.name)} if {match} {split}")
+        none_usable = f"{{ nbsrv({own}) lt 1 }}"
         if model.fallback is not None:
-            lines.append(
-                f"    use_backend {backend_name(model.fallback)} if {match} {{ nbsrv({own}) lt 1 }}"
-            )
+            fallback = backend_name(model.fallback)
+            # with fail-open, only while the fallback has a usable server of its own
+            usable = f" {{ nbsrv({fallback}) ge 1 }}" if model.fail_open else ""
+            lines.append(f"    use_backend {fallback} if {match} {none_usable}{usable}")
+        if model.fail_open:
+            opened = open_backend_name(model.name)
+            lines.append(f"    use_backend {opened} if {match} {none_usable}")
         lines.append(f"    use_backend {own} if {match}")
     lines.append(f"    default_backend {backend_name(topology.models[0].name)}")
     return lines
@@ -382,6 +403,24 @@ def _backend(topology: Topology, model: Model) -> list[str]:
                 f"    server {server_name(server, fallback=True)} {server.address} weight 0 "
                 f"track {backend_name(fallback.name)}/{server_name(server)}"
             )
+    return lines
+
+
+def _open_backend(model: Model) -> list[str]:
+    """Every replica of ``model`` with no health check: used only when neither the model nor
+    its fallback has a ready server, and marked so for the proxy's counters."""
+    lines = [
+        "",
+        f"backend {open_backend_name(model.name)}",
+        f"    balance hdr({SESSION_HEADER})",
+        "    hash-type consistent",
+        f"    http-request set-header {splits.SPLIT_HEADER} {splits.FAIL_OPEN}",
+    ]
+    for server in model.servers:
+        lines.append(
+            f"    server {OPEN}:{server.replica} {server.address} weight {max(server.weight, 1)}"
+            f"{' disabled' if server.disabled else ''}"
+        )
     return lines
 
 

@@ -33,7 +33,7 @@ from inferwatch import config as layer
 from inferwatch.canary import splits
 from inferwatch.config import Duration
 from inferwatch.config.schema import Fail, Fields, matching_of
-from inferwatch.k8s import autoscaling
+from inferwatch.k8s import autoscaling, inject
 from inferwatch.mixin import files as generated
 from inferwatch.mixin import validate
 from inferwatch.proxy import config as proxy_config
@@ -47,6 +47,7 @@ SITE_VALUES = "inferwatch-site"
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 OPTIONAL_LABEL_VALUE = re.compile(f"({LABEL_VALUE.pattern})?")
+OPTIONAL_DNS_LABEL = re.compile(f"({DNS_LABEL.pattern})?")
 HOSTNAME = re.compile(r"(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 IMAGE_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 #: no user-info: a remote-write password belongs in a Secret, never in a committed site file
@@ -55,6 +56,8 @@ URL = re.compile(r"https?://[^\s/@]+(/[^\s@]*)?")
 MAX_TEXT = 253
 #: what each generated file is, for the checks run before any is written
 KINDS = {"components/rules/prometheusrule.yaml": validate.PROMETHEUS_RULE, "*.yaml": validate.YAML}
+#: where base/node-agent runs: the sidecars' --node-agent-url names it
+NODE_AGENT_NAMESPACE = "inferwatch-system"
 
 
 class SiteError(layer.ConfigError):
@@ -88,9 +91,14 @@ class Site:
     canary_weight: int
     #: users whose requests (x-inferwatch-user) always go to the canary
     canary_users: tuple[str, ...] = ()
+    #: another model's Service the route carries at weight 0, for shift_traffic ("": none)
+    fallback: str = ""
+    fallback_port: int = 80
     autoscaling: str = "none"  # none | hpa | keda (see inferwatch/k8s/autoscaling.py)
     min_replicas: int = 2
     max_replicas: int = 8
+    #: existing model servers to inject the sidecar and proxy into (inferwatch/k8s/inject.py)
+    models: tuple[inject.Model, ...] = ()
 
 
 #: a Gateway API rule holds at most 64 matches, one per user
@@ -105,10 +113,10 @@ QUEUE = {
 }
 #: every section of a site file and the keys it holds (a key that names a section is one)
 SECTIONS = {
-    "": {"namespace", "cluster", "image_tag", "monitoring", "gateway", "autoscaling"},
+    "": {"namespace", "cluster", "image_tag", "monitoring", "gateway", "autoscaling", "models"},
     "monitoring": {"namespace", "release", "remote_write"},
     "monitoring.remote_write": {"url", *QUEUE, "batch_send_deadline"},
-    "gateway": {"class", "hostname", "canary_weight", "canary_users"},
+    "gateway": {"class", "hostname", "canary_weight", "canary_users", "fallback", "fallback_port"},
     "autoscaling": {"mode", "min_replicas", "max_replicas"},
 }
 
@@ -146,10 +154,14 @@ def load_site(path: Path) -> Site:
         canary_weight=gateway.integer("canary_weight", 5, 0, 100),
         # these users' requests (x-inferwatch-user) always go to the canary
         canary_users=tuple(gateway.each("canary_users", _user, max_items=MAX_CANARY_USERS)),
+        # another model's Service in this namespace, at weight 0 beside the stable replicas
+        fallback=gateway.matching("fallback", "", OPTIONAL_DNS_LABEL, "a Service name", 63),
+        fallback_port=gateway.integer("fallback_port", 80, 1, 65535),
         # the model Deployment's autoscaler (inferwatch/k8s/autoscaling.py); none: a fixed count
         autoscaling=scaling.choice("mode", "none", AUTOSCALING_MODES),
         min_replicas=scaling.integer("min_replicas", 2, 1, 1000),
         max_replicas=scaling.integer("max_replicas", 8, 1, 1000),
+        models=inject.load_models(top),
     )
     if site.remote_write and not site.cluster:
         raise monitoring.error(
@@ -310,6 +322,10 @@ def render_overlay(
             {"op": "add", "path": f"/spec/rules/{rule}/filters/0/requestHeaderModifier/remove",
              "value": _removed(headers)}
         )  # fmt: skip
+    if site.fallback:
+        # where the receiver's HTTPRoute shift moves the stable replicas' weight
+        fallback = {"name": site.fallback, "port": site.fallback_port, "weight": 0}
+        route_patch.append({"op": "add", "path": "/spec/rules/1/backendRefs/-", "value": fallback})
     if site.canary_users:
         route_patch.append(
             {"op": "add", "path": "/spec/rules/-", "value": user_rule(site.canary_users, headers)}
@@ -348,6 +364,14 @@ def render_overlay(
         assert scaled is not None, "an autoscaled site needs the kit's model Deployment"
         files.update(_autoscaling_overlay(site, scaled, kustomization))
     files[f"{site.name}/kustomization.yaml"] = header + _dump(kustomization)
+    if site.models:
+        files.update(inject_component(site))
+    files[f"{site.name}/node-agent/kustomization.yaml"] = (
+        MARKER + f"# from deploy/kubernetes/sites/{site.name}.yaml: the node agent, in its own\n"
+        f"# namespace ({NODE_AGENT_NAMESPACE}); apply it before the site's overlay\n"
+        f"#   kubectl apply -k deploy/kubernetes/overlays/{site.name}/node-agent\n"
+        + _dump(node_agent_overlay(site))
+    )
     if site.cluster:
         files[f"{site.name}/prometheus-values.yaml"] = (
             MARKER
@@ -358,6 +382,62 @@ def render_overlay(
             + _dump(prometheus_values(site))
         )
     return files
+
+
+def inject_component(site: Site) -> dict[str, str]:
+    """The site's injection Component (``inject/``), for the models its file names."""
+    rendered = inject.render_component(
+        site.models, site.release, site.cluster, site.monitoring_namespace, site.namespace,
+        site.image_tag,
+    )  # fmt: skip
+    folder = f"deploy/kubernetes/overlays/{site.name}/inject"
+    header = (
+        MARKER + f"# from the models of deploy/kubernetes/sites/{site.name}.yaml: add it to the\n"
+        "# kustomization that holds those workloads, or pass it to Helm:\n"
+        f"#   components: [<path to>/{folder}]\n"
+        f"#   helm install ... --post-renderer deploy/kubernetes/helm/inferwatch-post-renderer "
+        f"--post-renderer-args {folder}\n"
+    )
+    objects = "---\n".join(_dump(document) for document in rendered["documents"])
+    return {
+        f"{site.name}/inject/kustomization.yaml": header + _dump(rendered["kustomization"]),
+        f"{site.name}/inject/models.yaml": MARKER + objects,
+    }
+
+
+def node_agent_overlay(site: Site) -> dict[str, Any]:
+    """The node agent's kustomization for a site: its image, the site's inference namespace
+    as the only one whose sidecars its NetworkPolicy lets in, and the site's Prometheus."""
+    selector = "/spec/ingress/0/from/{}/namespaceSelector/matchLabels/kubernetes.io~1metadata.name"
+    policy = [
+        {"op": "replace", "path": selector.format(0), "value": site.namespace},
+        {"op": "replace", "path": selector.format(1), "value": site.monitoring_namespace},
+    ]
+    monitor = [
+        {"op": "replace", "path": "/metadata/labels/release", "value": site.release},
+        *(
+            [{"op": "add", "path": "/spec/podMetricsEndpoints/0/relabelings/-",
+              "value": {"targetLabel": "cluster", "replacement": site.cluster}}]
+            if site.cluster
+            else []
+        ),
+    ]  # fmt: skip
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": ["../../../base/node-agent"],
+        "images": [{"name": "inferwatch", "newTag": site.image_tag}],
+        "patches": [
+            {
+                "target": {"kind": "NetworkPolicy", "name": "inferwatch-node-agent"},
+                "patch": json.dumps(policy),
+            },
+            {
+                "target": {"kind": "PodMonitor", "name": "inferwatch-node-agent"},
+                "patch": json.dumps(monitor),
+            },
+        ],
+    }
 
 
 def user_rule(

@@ -1,0 +1,188 @@
+"""Every pod the kit renders passes the Pod Security Standards (``support.pss``).
+
+The inference namespace's pods (the model replicas, the canary, the GPU exporter, the
+receiver) pass "restricted", so a namespace labelled
+``pod-security.kubernetes.io/enforce: restricted`` admits the whole site's overlay. The one pod
+that touches the kubelet's PodResources socket is the node agent, in a namespace of its own:
+it breaks baseline only by that read-only hostPath, and nothing else mounts one.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import click
+import pytest
+import yaml
+
+from inferwatch.cli import main
+from inferwatch.k8s import kit as k8s
+from support.k8s import KIT, render, validate
+from support.pss import pod_templates, violations
+from support.shared import tool
+
+pytestmark = pytest.mark.proc
+
+SITES = sorted(p.parent.name for p in (KIT / "overlays").glob("*/kustomization.yaml"))
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+
+
+@pytest.fixture(scope="module")
+def kubectl() -> str:
+    return tool("kubectl")
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_every_inference_pod_passes_restricted(kubectl: str, site: str) -> None:
+    templates = [t for d in render(kubectl, site) for t in pod_templates(d)]
+    names = {where for where, _ in templates}
+    # the model replicas, the canary, the GPU exporter and the receiver are all checked
+    assert {"Deployment/llama-8b", "Deployment/llama-8b-canary",
+            "DaemonSet/inferwatch-gpu-exporter"} <= names, names  # fmt: skip
+    for where, template in templates:
+        assert violations(template, "restricted") == [], where
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_only_the_node_agent_mounts_the_kubelets_socket(kubectl: str, site: str) -> None:
+    documents = render(kubectl, f"{site}/node-agent")
+    for document in documents:
+        validate(document)
+    (namespace,) = [d for d in documents if d["kind"] == "Namespace"]
+    assert all(d["metadata"].get("namespace") == namespace["metadata"]["name"]
+               for d in documents if d["kind"] != "Namespace")  # fmt: skip
+    ((where, template),) = [t for d in documents for t in pod_templates(d)]
+    found = violations(template, "baseline")
+    assert found == ["hostPath volumes: volume pod-resources is a hostPath"], (where, found)
+    (volume,) = template["spec"]["volumes"]
+    assert volume["hostPath"]["path"] == POD_RESOURCES
+    (container,) = template["spec"]["containers"]
+    assert [m for m in container["volumeMounts"] if m["name"] == volume["name"]] == [
+        {"name": "pod-resources", "mountPath": POD_RESOURCES, "readOnly": True}
+    ]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    service = next(d for d in documents if d["kind"] == "Service")
+    assert service["spec"]["internalTrafficPolicy"] == "Local"
+    # the agent's arguments are ones its real command line accepts
+    command = main.get_command(click.Context(main), container["args"][0])
+    assert command is not None
+    params = command.make_context(container["args"][0], container["args"][1:]).params
+    assert str(params["kubelet_socket"]).startswith(POD_RESOURCES + "/")
+    assert params["listen"].endswith(f":{service['spec']['ports'][0]['port']}")
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_sidecars_ask_the_agent_its_namespace_lets_in(kubectl: str, site: str) -> None:
+    """The sidecars' --node-agent-url names the agent's Service, the token Secret is the one
+    the agent reads, and its NetworkPolicy admits the sidecars' namespace and pod label."""
+    agent = render(kubectl, f"{site}/node-agent")
+    service = next(d for d in agent if d["kind"] == "Service")
+    policy = next(d for d in agent if d["kind"] == "NetworkPolicy")
+    daemonset = next(d for d in agent if d["kind"] == "DaemonSet")
+    (agent_container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    agent_secret = _secret(agent_container, "INFERWATCH_NODE_AGENT_TOKEN")
+    meta, port = service["metadata"], service["spec"]["ports"][0]["port"]
+    url = f"--node-agent-url=http://{meta['name']}.{meta['namespace']}.svc:{port}"
+    sidecars, prometheus = policy["spec"]["ingress"][0]["from"]
+    allowed = sidecars
+    config = k8s.load_site(KIT / "sites" / f"{site}.yaml")
+    assert prometheus["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": config.monitoring_namespace
+    }
+    monitor = next(d for d in agent if d["kind"] == "PodMonitor")
+    assert monitor["metadata"]["labels"]["release"] == config.release
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == [
+        p["name"] for p in agent_container["ports"]
+    ]
+    checked = 0
+    for document in render(kubectl, site):
+        for where, template in pod_templates(document):
+            for container in template["spec"]["containers"]:
+                if "--gpu-scope=agent" not in container.get("args", []):
+                    continue
+                assert url in container["args"], where
+                assert _secret(container, "INFERWATCH_SIDECAR_NODE_AGENT_TOKEN") == agent_secret
+                labels = template["metadata"]["labels"]
+                pod_selector = allowed["podSelector"]["matchLabels"]
+                assert all(labels.get(k) == v for k, v in pod_selector.items()), where
+                namespace = allowed["namespaceSelector"]["matchLabels"]
+                assert namespace == {"kubernetes.io/metadata.name":
+                                     document["metadata"]["namespace"]}  # fmt: skip
+                checked += 1
+    assert checked == 2, "the stable and canary sidecars ask the node agent"
+
+
+def _secret(container: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [e for e in container["env"] if e["name"] == name]
+    return dict(found["valueFrom"]["secretKeyRef"])
+
+
+RESTRICTED_POD = yaml.safe_load(
+    """
+metadata: {labels: {app: x}}
+spec:
+  securityContext: {runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}
+  containers:
+    - name: c
+      image: x
+      securityContext:
+        allowPrivilegeEscalation: false
+        capabilities: {drop: [ALL]}
+  volumes:
+    - {name: scratch, emptyDir: {}}
+"""
+)
+
+
+def _set(path: str, value: Any) -> Any:
+    def change(pod: dict[str, Any]) -> None:
+        *parents, leaf = path.split(".")
+        node: Any = pod
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node.setdefault(part, {})
+        node[int(leaf) if leaf.isdigit() else leaf] = value
+
+    return change
+
+
+C = "spec.containers.0."  # the container's fields
+S = "spec.securityContext."  # the pod's security context
+BREAKS = {
+    # what the kit's model pod did before the node agent: the kubelet's socket by hostPath
+    "hostPath": ("baseline",
+                 _set("spec.volumes.0", {"name": "pr", "hostPath": {"path": POD_RESOURCES}})),
+    "hostNetwork": ("baseline", _set("spec.hostNetwork", True)),
+    "hostPID": ("baseline", _set("spec.hostPID", True)),
+    "hostIPC": ("baseline", _set("spec.hostIPC", True)),
+    "privileged": ("baseline", _set(C + "securityContext.privileged", True)),
+    "SYS_ADMIN": ("baseline", _set(C + "securityContext.capabilities.add", ["SYS_ADMIN"])),
+    "hostPort": ("baseline", _set(C + "ports", [{"containerPort": 80, "hostPort": 80}])),
+    "unconfined": ("baseline", _set(S + "seccompProfile.type", "Unconfined")),
+    "procMount": ("baseline", _set(C + "securityContext.procMount", "Unmasked")),
+    "sysctl": ("baseline", _set(S + "sysctls", [{"name": "kernel.msgmax", "value": "1"}])),
+    "selinux": ("baseline", _set(S + "seLinuxOptions", {"type": "spc_t"})),
+    "escalation": ("restricted", _set(C + "securityContext.allowPrivilegeEscalation", True)),
+    "root": ("restricted", _set(S + "runAsNonRoot", False)),
+    "uid0": ("restricted", _set(C + "securityContext.runAsUser", 0)),
+    "no-seccomp": ("restricted", _set(S + "seccompProfile", {})),
+    "no-drop": ("restricted", _set(C + "securityContext.capabilities.drop", [])),
+    "CHOWN": ("restricted", _set(C + "securityContext.capabilities.add", ["CHOWN"])),
+    "nfs": ("restricted", _set("spec.volumes.0", {"name": "n", "nfs": {"server": "s"}})),
+}  # fmt: skip
+
+
+def test_the_restricted_pod_passes() -> None:
+    assert violations(RESTRICTED_POD, "restricted") == []
+
+
+@pytest.mark.parametrize("name", sorted(BREAKS))
+def test_each_control_refuses_what_the_standard_forbids(name: str) -> None:
+    level, change = BREAKS[name]
+    pod = copy.deepcopy(RESTRICTED_POD)
+    change(pod)
+    assert violations(pod, "restricted"), name
+    if level == "baseline":
+        assert violations(pod, "baseline"), f"{name} breaks baseline too"
+    else:
+        assert violations(pod, "baseline") == [], f"{name} is allowed by baseline"
