@@ -10,6 +10,8 @@ from pathlib import Path
 
 #: a folder that holds this file holds a kit (seeded earlier, or a checkout's)
 KIT_MARKER = Path("base", "kustomization.yaml")
+#: the kit's Helm post-renderer scripts, which ship beside the manifests
+HELM = Path("helm")
 
 
 def shipped() -> Traversable:
@@ -20,6 +22,11 @@ def shipped() -> Traversable:
         return resources.files("inferwatch.k8s.deploy")
     except ModuleNotFoundError:
         return Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+
+
+def _shipped_file(relative: Path) -> bool:
+    """A manifest, or a script of the kit's Helm folder (a checkout's stray files stay)."""
+    return relative.suffix == ".yaml" or relative.parts[:1] == HELM.parts
 
 
 def is_kit(folder: Path) -> bool:
@@ -35,10 +42,13 @@ def seed(folder: Path) -> list[str]:
         for child in sorted(node.iterdir(), key=lambda c: c.name):
             if child.is_dir():
                 walk(child, relative / child.name)
-            elif child.name.endswith(".yaml") and not (folder / relative / child.name).exists():
-                target = folder / relative / child.name
+                continue
+            target = folder / relative / child.name
+            if _shipped_file(relative / child.name) and not target.exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(child.read_bytes())
+                if relative.parts[:1] == HELM.parts:
+                    target.chmod(0o755)  # a Helm post-renderer is run as a program
                 copied.append(str(relative / child.name))
 
     walk(shipped(), Path())
