@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from importlib import resources
@@ -14,13 +15,12 @@ from inferwatch.auth import TokenError, load_token
 from inferwatch.clikit import BadInput, CannotRun, bind, cannot_write, parse_listen
 from inferwatch.logs import log_event
 from inferwatch.runbooks import config as mapping
-from inferwatch.runbooks import registry
+from inferwatch.runbooks import inventory, registry
 from inferwatch.runbooks.actions.base import Action
 from inferwatch.runbooks.audit import AuditLog
-from inferwatch.runbooks.breaker import CircuitBreaker
-from inferwatch.runbooks.dedup import SeenSet
 from inferwatch.runbooks.dispatch import Dispatcher
 from inferwatch.runbooks.server import MAX_BODY_BYTES, Receiver
+from inferwatch.runbooks.state import DirectoryStore, MemoryStore, StateError, StateStore
 from inferwatch.serving import uvicorn_server
 
 logger = logging.getLogger("inferwatch.runbooks")
@@ -96,8 +96,9 @@ def runbooks() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     show_envvar=True,
-    help="Folder for the seen-set and the breaker state, kept across restarts. "
-    "Unset: memory only (a target's own state still keeps actions idempotent).",
+    help="Folder of the receiver's state (idempotency, breakers, episodes, pending rollbacks), "
+    "kept across restarts and shared by every receiver naming the same folder. "
+    "Unset: memory only.",
 )
 @click.option(
     "--max-body-bytes",
@@ -124,25 +125,20 @@ def serve(
     try:
         for name in sorted({rule.action for rule in config.rules}):
             actions[name] = registry.create(name, config.action_settings.get(name, {}))
+        targets = inventory.build(config.inventory)
     except registry.MissingExtra as exc:
         raise CannotRun(str(exc)) from None
     except (ValueError, TokenError) as exc:
         raise BadInput(str(exc)) from None
     try:
-        if state_dir is not None:
-            state_dir.mkdir(parents=True, exist_ok=True)
+        store: StateStore = DirectoryStore(state_dir) if state_dir is not None else MemoryStore()
         audit = AuditLog(audit_log)
     except OSError as exc:
         raise cannot_write(exc) from None
+    except StateError as exc:
+        raise CannotRun(str(exc)) from None
     sock = bind((host, port))
-    dispatcher = Dispatcher(
-        config,
-        actions,
-        audit,
-        execute=acting,
-        seen=SeenSet(state_dir / "seen.txt" if state_dir else None),
-        breaker=CircuitBreaker(config.breaker, state_dir / "breaker.json" if state_dir else None),
-    )
+    dispatcher = Dispatcher(config, actions, audit, execute=acting, store=store, inventory=targets)
     log_event(
         logger,
         logging.INFO,
@@ -178,14 +174,34 @@ def reset_breaker(url: str, token_file: Path | None) -> None:
     """Close every open circuit breaker of a running receiver (after a person has looked)."""
     token = _token(token_file)
     try:
-        reply = httpx.post(
-            url.rstrip("/") + "/admin/breaker/reset",
-            headers={"authorization": f"Bearer {token}"},
-            timeout=10,
-        )
+        endpoint = httpx.URL(url.rstrip("/") + "/admin/breaker/reset")
+    except httpx.InvalidURL as exc:
+        raise BadInput(f"--url {url[:200]!r}: {exc}") from None
+    if endpoint.scheme not in ("http", "https") or not endpoint.host:
+        raise BadInput(f"--url {url[:200]!r}: expected an http(s) URL of the receiver")
+    headers = {"authorization": f"Bearer {token}"}
+    try:
+        with httpx.stream("POST", endpoint, headers=headers, timeout=10) as reply:
+            text = _bounded(reply)
     except httpx.HTTPError as exc:
         raise CannotRun(f"cannot reach {url}: {exc}") from None
     if reply.status_code != 200:
-        raise CannotRun(f"{url} answered HTTP {reply.status_code}: {reply.text[:200]}")
-    closed = reply.json()["closed"]
+        raise CannotRun(f"{url} answered HTTP {reply.status_code}: {text[:200]}")
+    try:
+        closed = [(str(u), str(g)) for u, g in json.loads(text)["closed"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CannotRun(f"{url} answered something other than a receiver: {exc}") from None
     click.echo(f"closed {len(closed)} breaker(s): " + ", ".join(f"{u}/{g}" for u, g in closed))
+
+
+#: bytes of a receiver's answer read at most
+MAX_REPLY_BYTES = 64 * 1024
+
+
+def _bounded(reply: httpx.Response) -> str:
+    data = bytearray()
+    for chunk in reply.iter_bytes():
+        data += chunk
+        if len(data) > MAX_REPLY_BYTES:
+            raise CannotRun(f"the answer is larger than {MAX_REPLY_BYTES} bytes")
+    return data.decode("utf-8", "replace")
