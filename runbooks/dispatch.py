@@ -200,7 +200,15 @@ class Dispatcher:
         def decide(state: State) -> tuple[str, str, bool]:
             cancelled = _cancel_rollback(state, alert, rule)
             if done in state.seen:
-                return "duplicate", "this firing episode was already acted on", cancelled
+                episode = state.episodes.get(
+                    episode_id(alert.fingerprint, alert.starts_at, rule.name)
+                )
+                settled = episode is not None and episode.settled
+                return (
+                    ("duplicate" if settled else "acting"),
+                    ("this firing episode was already acted on"),
+                    cancelled,
+                )
             if not self.execute:
                 return "dry_run", "dry-run: plan recorded, nothing changed", cancelled
             for step in steps:
@@ -238,6 +246,8 @@ class Dispatcher:
             await self._decide(record, rule.action, "skipped", "rollback_cancelled", reason=why)
         if outcome == "duplicate":
             await self._duplicate(action, steps, rule, record, reason)
+        elif outcome == "acting":  # another receiver is applying it right now
+            await self._decide(record, rule.action, "skipped", "duplicate", reason=reason)
         elif outcome == "dry_run":
             await self._decide(record, rule.action, "dry_run", "dry_run", reason=reason)
         elif outcome != "act":
@@ -559,6 +569,7 @@ def _made(state: State, identity: str, action: str, changed: Sequence[str], now:
     episode = state.episodes.get(identity)
     if episode is not None:
         episode.made = sorted(set(episode.made) | set(changed))
+        episode.settled = True
     for target in changed:
         state.remember(state.applied, f"{action} {target}", now)
 
@@ -590,9 +601,11 @@ def _take_due(
             if holder is None:
                 undo.append(raw)
                 continue
-            # the holder takes over the step as it was applied, so its rollback undoes it
-            holder.steps = [s for s in holder.steps if s["target"] != raw["target"]] + [raw]
-            holder.made = sorted(set(holder.made) | {raw["target"]})
+            # the holder takes over the step as it was applied (unless it applied its own
+            # since), so that its rollback undoes what the target holds
+            if raw["target"] not in holder.made:
+                holder.steps = [s for s in holder.steps if s["target"] != raw["target"]] + [raw]
+                holder.made = sorted({*holder.made, raw["target"]})
             kept[raw["target"]] = holder.record.get("alertname", "") + " " + holder.fingerprint
         out.append((episode, undo, kept))
     return out
@@ -603,7 +616,7 @@ def _held_steps(state: State) -> list[tuple[Episode, dict[str, Any]]]:
     the one that changed it, else the first holder."""
     chosen: dict[str, tuple[Episode, dict[str, Any], bool]] = {}
     for episode in state.episodes.values():
-        if not episode.active:
+        if not episode.active or not episode.settled:  # unsettled: still being applied
             continue
         for raw in episode.steps:
             made = raw["target"] in episode.made

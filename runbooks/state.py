@@ -55,6 +55,8 @@ class Episode:
     rollback_at: float | None = None
     #: the alert's audit fields, for the lines its rollback writes
     record: dict[str, Any] = field(default_factory=dict)
+    #: its apply has finished (until then a redelivery does not read the targets back)
+    settled: bool = False
 
     @property
     def id(self) -> str:
