@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 from importlib import resources
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks import inventory, registry
 from inferwatch.runbooks.actions.base import Action
 from inferwatch.runbooks.audit import AuditLog
-from inferwatch.runbooks.dispatch import Dispatcher
+from inferwatch.runbooks.dispatch import Dispatcher, Leader
 from inferwatch.runbooks.server import MAX_BODY_BYTES, Receiver
 from inferwatch.runbooks.state import DirectoryStore, MemoryStore, StateError, StateStore
 from inferwatch.serving import uvicorn_server
@@ -101,6 +102,14 @@ def runbooks() -> None:
     "Unset: memory only.",
 )
 @click.option(
+    "--state-configmap",
+    metavar="NAMESPACE/NAME",
+    default=None,
+    show_envvar=True,
+    help="In Kubernetes: keep the state in this ConfigMap (conflicts retried) and elect the "
+    "replica that acts through the Lease of the same name (needs the kubernetes extra).",
+)
+@click.option(
     "--max-body-bytes",
     type=click.IntRange(min=1024),
     default=MAX_BODY_BYTES,
@@ -114,6 +123,7 @@ def serve(
     token_file: Path | None,
     audit_log: Path,
     state_dir: Path | None,
+    state_configmap: str | None,
     max_body_bytes: int,
 ) -> None:
     """Receive Alertmanager webhooks (v4) and run the mapped actions, dry-run by default."""
@@ -130,15 +140,21 @@ def serve(
         raise CannotRun(str(exc)) from None
     except (ValueError, TokenError) as exc:
         raise BadInput(str(exc)) from None
+    leader: Leader | None = None
     try:
-        store: StateStore = DirectoryStore(state_dir) if state_dir is not None else MemoryStore()
+        if state_configmap is not None:
+            store, leader = _kubernetes_state(state_configmap, state_dir)
+        else:
+            store = DirectoryStore(state_dir) if state_dir is not None else MemoryStore()
         audit = AuditLog(audit_log)
     except OSError as exc:
         raise cannot_write(exc) from None
     except StateError as exc:
         raise CannotRun(str(exc)) from None
     sock = bind((host, port))
-    dispatcher = Dispatcher(config, actions, audit, execute=acting, store=store, inventory=targets)
+    dispatcher = Dispatcher(
+        config, actions, audit, execute=acting, store=store, inventory=targets, leader=leader
+    )
     log_event(
         logger,
         logging.INFO,
@@ -149,6 +165,27 @@ def serve(
         audit_log=str(audit_log),
     )
     uvicorn_server.serve(Receiver(dispatcher, token, max_body_bytes).app(), sock)
+
+
+def _kubernetes_state(where: str, state_dir: Path | None) -> tuple[StateStore, Leader]:
+    """The ConfigMap store and the Lease election of ``--state-configmap NAMESPACE/NAME``."""
+    namespace, _, name = where.partition("/")
+    if state_dir is not None:
+        raise BadInput("--state-configmap and --state-dir: give one state store")
+    if not namespace or not name or "/" in name:
+        raise BadInput(f"--state-configmap {where[:200]!r}: expected NAMESPACE/NAME")
+    try:
+        from inferwatch.runbooks.actions.kubernetes_api import connect
+        from inferwatch.runbooks.kube_state import ConfigMapStore, LeaseElector
+    except ImportError as exc:
+        needs = f"--state-configmap needs {exc.name}; install inferwatch[kubernetes]"
+        raise CannotRun(needs) from None
+    try:
+        api = connect()
+    except ValueError as exc:
+        raise CannotRun(str(exc)) from None
+    identity = os.environ.get("POD_NAME") or socket.gethostname()
+    return ConfigMapStore(api, namespace, name), LeaseElector(api, namespace, name, identity)
 
 
 @runbooks.command("check-config")

@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Protocol
 
 from inferwatch.logs import log_event
 from inferwatch.runbooks import breaker, payload
@@ -48,6 +48,18 @@ from inferwatch.runbooks.state import (
 logger = logging.getLogger("inferwatch.runbooks")
 
 QUEUE_SIZE = 1000
+
+
+class Leader(Protocol):
+    """Who acts among receiver replicas (a Kubernetes Lease)."""
+
+    def leading(self) -> bool: ...
+
+    async def run(self) -> None:
+        """Keep acquiring or renewing, until cancelled."""
+        ...
+
+
 #: notification bytes read or queued at once, at most (then 429 with Retry-After)
 MAX_BACKLOG_BYTES = 8 * 1024 * 1024
 
@@ -71,7 +83,7 @@ class Dispatcher:
         clock: Callable[[], float] = time.time,
         queue_size: int = QUEUE_SIZE,
         max_backlog_bytes: int = MAX_BACKLOG_BYTES,
-        leading: Callable[[], bool] = lambda: True,
+        leader: Leader | None = None,
     ) -> None:
         self.config = config
         self.actions = actions
@@ -81,7 +93,7 @@ class Dispatcher:
         self.inventory = inventory or Inventory({})
         self.metrics = metrics or RunbookMetrics()
         self.clock = clock
-        self.leading = leading
+        self.leader = leader
         self.queue: asyncio.Queue[tuple[Notification, dict[str, Any], int]] = asyncio.Queue(
             queue_size
         )
@@ -91,6 +103,10 @@ class Dispatcher:
         self._last_reassert = 0.0
 
     # -- intake ------------------------------------------------------------------------
+
+    def leading(self) -> bool:
+        """Whether this receiver acts: always, unless replicas elect a leader."""
+        return self.leader is None or self.leader.leading()
 
     def reserve(self, size: int) -> bool:
         """Count ``size`` more bytes against the backlog; False (nothing counted) when full."""
@@ -112,8 +128,10 @@ class Dispatcher:
 
     async def run(self) -> None:
         """The worker: notifications in order, and rollbacks and read-backs when due."""
+        background = [asyncio.create_task(self._ticker())]
+        if self.leader is not None:
+            background.append(asyncio.create_task(self.leader.run()))
         await self._resume()
-        ticker = asyncio.create_task(self._ticker())
         try:
             while True:
                 notification, meta, size = await self.queue.get()
@@ -123,8 +141,9 @@ class Dispatcher:
                     self.release(size)
                     self.queue.task_done()
         finally:
-            ticker.cancel()
-            await asyncio.gather(ticker, return_exceptions=True)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
 
     async def _notification(self, notification: Notification, meta: Mapping[str, Any]) -> None:
         if notification.truncated_alerts:

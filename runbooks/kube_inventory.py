@@ -26,8 +26,10 @@ RBAC_RULES = ({"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["lis
 class _Listing:
     kind: Kind
 
-    def __init__(self, host: str | None = None, kubeconfig: str | None = None) -> None:
-        self._core = client.CoreV1Api(client_for(None, host, kubeconfig))
+    def __init__(
+        self, api: client.ApiClient | None, host: str | None, kubeconfig: str | None
+    ) -> None:
+        self._core = client.CoreV1Api(client_for(api, host, kubeconfig))
 
     async def _list(self, call: Callable[..., Any], what: str, **kwargs: Any) -> list[Any]:
         def work() -> list[Any]:
@@ -61,8 +63,9 @@ class Pods(_Listing):
         model_label: str = "inferwatch.io/model",
         host: str | None = None,
         kubeconfig: str | None = None,
+        api: client.ApiClient | None = None,
     ) -> None:
-        super().__init__(host, kubeconfig)
+        super().__init__(api, host, kubeconfig)
         self.namespace, self.selector, self.port = namespace, selector, port
         self.model_label = model_label
 
@@ -101,8 +104,9 @@ class Nodes(_Listing):
         pool_label: str = "",
         host: str | None = None,
         kubeconfig: str | None = None,
+        api: client.ApiClient | None = None,
     ) -> None:
-        super().__init__(host, kubeconfig)
+        super().__init__(api, host, kubeconfig)
         self.selector, self.pool_label = selector, pool_label
 
     async def entries(self) -> Sequence[Entry]:
