@@ -76,8 +76,9 @@ class Config:
     action_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: per inventory kind, its one source and that source's settings (see ``inventory``)
     inventory: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    #: seconds between read-backs of every active episode's targets (re-asserted if lost)
-    reassert_every: float = 30.0
+    #: seconds between read-backs of every active episode's targets (re-asserted if lost);
+    #: None: only a redelivered alert reads its targets back
+    reassert_every: float | None = None
 
     def rules_for(self, labels: Mapping[str, str]) -> list[Rule]:
         return [rule for rule in self.rules if rule.matches(labels)]
@@ -224,8 +225,7 @@ def parse(document: Any, source: str = "<config>") -> Config:
     for name, values in settings.items():
         if name not in registry.ACTIONS or not isinstance(values, dict):
             raise top.error(f"actions.{name}", "expected a registered action name and a mapping")
-    reassert = _seconds(top, "reassert_every", "30s")
-    assert reassert is not None
+    reassert = _seconds(top, "reassert_every", None)
     return Config(
         rules,
         frozenset(namespaces),

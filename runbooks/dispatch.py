@@ -13,7 +13,8 @@ rollback, once its alert has resolved and the rule's hold has passed, undoes onl
 it changed, and of those only the ones no other active episode holds: a held target passes to
 the holder, whose own rollback undoes it later. Episodes and pending rollbacks live in the
 state store, so a restarted receiver resumes them (audited), and a periodic read-back
-re-asserts an active episode's targets that lost their state (a restarted sidecar).
+(``reassert_every``) and every redelivery re-assert an active episode's targets that lost
+their state (a restarted sidecar).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class Leader(Protocol):
         ...
 
 
+#: how long the ticker sleeps with nothing due (a new schedule wakes it at once)
+IDLE_S = 60.0
 #: notification bytes read or queued at once, at most (then 429 with Retry-After)
 MAX_BACKLOG_BYTES = 8 * 1024 * 1024
 
@@ -131,7 +134,10 @@ class Dispatcher:
         background = [asyncio.create_task(self._ticker())]
         if self.leader is not None:
             background.append(asyncio.create_task(self.leader.run()))
-        await self._resume()
+        try:
+            await self._resume()
+        except Exception:  # the ticker still runs the pending rollbacks
+            logger.exception("cannot read the pending rollbacks")
         try:
             while True:
                 notification, meta, size = await self.queue.get()
@@ -427,7 +433,11 @@ class Dispatcher:
 
     async def _ticker(self) -> None:
         while True:
-            wait = await self.tick()
+            try:
+                wait = await self.tick()
+            except Exception:  # a lost store: said, and tried again, never the end of it
+                logger.exception("rollbacks and read-backs failed")
+                wait = self.config.reassert_every or IDLE_S
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
@@ -435,19 +445,20 @@ class Dispatcher:
     async def tick(self) -> float:
         """Run the rollbacks that are due and, when it is time, the read-backs; the seconds
         until the next one is due. Only the leading receiver acts."""
+        every = self.config.reassert_every
         if not self.leading():
-            return self.config.reassert_every
+            return every or IDLE_S
         now = self.clock()
         due = await self.store.transact(lambda state: _take_due(state, now))
         for episode, undo, kept in due:
             await self._roll_back(episode, undo, kept)
-        if now - self._last_reassert >= self.config.reassert_every:
+        if every is not None and now - self._last_reassert >= every:
             self._last_reassert = now
             await self._read_back()
         pending = await self.store.transact(
             lambda state: [e.rollback_at for e in state.episodes.values() if e.rollback_at]
         )
-        soonest = min([self.config.reassert_every, *(at - now for at in pending)])
+        soonest = min([every or IDLE_S, *(at - now for at in pending)])
         return max(soonest, 0.01)
 
     async def _roll_back(
