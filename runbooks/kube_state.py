@@ -89,9 +89,7 @@ class ConfigMapStore:
                 _preload_content=False,
                 _request_timeout=DEFAULT_TIMEOUT_S,
             )
-            if len(response.data) > 2 * MAX_STATE_BYTES:
-                raise StateError(f"{self.where}: larger than {2 * MAX_STATE_BYTES} bytes")
-            return body(response)
+            return body(response, 2 * MAX_STATE_BYTES)
         except client.ApiException as exc:
             if exc.status == 404:
                 return None

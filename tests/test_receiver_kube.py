@@ -16,7 +16,7 @@ from kubernetes import client
 from inferwatch.drill.kubefake import FakeKube
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks.actions.base import Alert
-from inferwatch.runbooks.actions.kubernetes_api import connect
+from inferwatch.runbooks.actions.kubernetes_api import body, connect
 from inferwatch.runbooks.actions.node_isolation import NodeIsolation
 from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.dispatch import Dispatcher
@@ -194,3 +194,12 @@ def test_a_standby_replica_refuses_webhooks_and_fails_readiness(
     hook, ready = asyncio.run(ask())
     assert hook.status_code == 503 and hook.headers["retry-after"] == "5"
     assert ready.status_code == 503 and "another receiver leads" in ready.text
+
+
+def test_an_api_answer_is_read_with_a_bound() -> None:
+    class Endless:
+        def read(self, amount: int) -> bytes:
+            return b" " * amount
+
+    with pytest.raises(ValueError, match="larger than 1024 bytes"):
+        body(Endless(), 1024)

@@ -132,9 +132,17 @@ def object_name(value: object, what: str) -> str:
     return value
 
 
-def body(response: Any) -> Obj:
-    """The JSON object of a raw (``_preload_content=False``) client response."""
-    decoded = json.loads(response.data)
+#: bytes of one API answer read at most (a node, a pod, a list of MAX_ENTRIES fit easily)
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+
+
+def body(response: Any, limit: int = MAX_ANSWER_BYTES) -> Obj:
+    """The JSON object of a raw (``_preload_content=False``) client response, read up to
+    ``limit`` bytes (``ValueError`` beyond)."""
+    data = response.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"the API server's answer is larger than {limit} bytes")
+    decoded = json.loads(data)
     if not isinstance(decoded, dict):
         raise ValueError("the API server answered with something other than an object")
     return decoded
