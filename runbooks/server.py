@@ -65,21 +65,27 @@ class Receiver:
         if not self.dispatcher.leading():
             reason = "not the leading receiver; retry later"
             return await self._refuse(503, "standby", reason, client, retry=True)
-        reserved = [0]
+        reserved = [0]  # bytes counted against the backlog, handed to the worker if queued
+        try:
+            return await self._accept(request, received_at, client, reserved)
+        finally:
+            if reserved[0]:  # not queued (refused, or the client went away mid-body)
+                self.dispatcher.release(reserved[0])
+
+    async def _accept(
+        self, request: Request, received_at: float, client: str, reserved: list[int]
+    ) -> Response:
         try:
             body = await self._read(request, reserved)
         except _TooLarge:
-            self.dispatcher.release(reserved[0])
             reason = f"body larger than {self.max_body_bytes} bytes"
             return await self._refuse(413, "too_large", reason, client)
         except _Backlogged:
-            self.dispatcher.release(reserved[0])
             reason = f"backlog over {self.dispatcher.max_backlog_bytes} bytes; retry later"
             return await self._refuse(429, "backlogged", reason, client, retry=True)
         try:
             notification = payload.parse(body)
         except payload.PayloadError as exc:
-            self.dispatcher.release(reserved[0])
             return await self._refuse(400, "malformed", str(exc), client)
         meta = {
             "received_at": received_at,
@@ -88,8 +94,8 @@ class Receiver:
             "am_receiver": notification.receiver,
         }
         if not self.dispatcher.submit(notification, meta, reserved[0]):
-            self.dispatcher.release(reserved[0])
             return await self._refuse(503, "busy", "queue full; retry later", client, retry=True)
+        reserved[0] = 0  # the worker releases them once it is done with the notification
         self.dispatcher.metrics.webhooks["accepted"] += 1
         return _json(200, {"accepted": len(notification.alerts)})
 

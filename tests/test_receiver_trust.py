@@ -5,6 +5,7 @@ one breaker and one idempotency shared by two receiver replicas, bounded backlog
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -336,3 +337,17 @@ def test_reset_breaker_against_something_else_is_one_line(loop: h.Loop, tmp_path
         assert "answered something other than a receiver" in result.output
     finally:
         served.stop()
+
+
+def test_a_client_gone_mid_body_gives_its_backlog_back(
+    receiver: Callable[..., h.ReceiverUnderTest],
+) -> None:
+    rx = receiver(backlog=16 * 1024)
+    head = (
+        "POST /webhook HTTP/1.1\r\nHost: receiver\r\n"
+        f"Authorization: Bearer {h.RECEIVER_TOKEN}\r\nContent-Length: 12000\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", rx.served.port), timeout=10) as conn:
+        conn.sendall(head.encode() + b" " * 6000)
+        wait_for(lambda: rx.dispatcher.backlog_bytes > 0, "the body being read", 10)
+    wait_for(lambda: rx.dispatcher.backlog_bytes == 0, "the backlog given back", 10)
