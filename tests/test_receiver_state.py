@@ -135,3 +135,23 @@ def test_serve_with_a_corrupt_or_unwritable_state_dir_is_one_line(
         assert result.exit_code == 3, result.output
         assert words in result.output and "Traceback" not in result.output
         assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--state-configmap", "no-slash"], "expected NAMESPACE/NAME"),
+        (["--state-configmap", "ns/a/b"], "expected NAMESPACE/NAME"),
+        (["--state-configmap", "ns/name", "--state-dir", "x"], "give one state store"),
+    ],
+)
+def test_a_bad_state_configmap_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str], words: str
+) -> None:
+    monkeypatch.setenv("INFERWATCH_RUNBOOKS_TOKEN", "receiver-token-0123456789")
+    monkeypatch.setenv("INFERWATCH_RUNBOOKS_SIDECAR_TOKEN", "sidecar-token-0123456789")
+    audit = str(tmp_path / "audit.jsonl")
+    argv = ["runbooks", "serve", "--audit-log", audit, "--listen", "127.0.0.1:0", *extra]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2, result.output
+    assert words in result.output and len(result.output.strip().splitlines()) == 1
