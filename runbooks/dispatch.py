@@ -220,40 +220,35 @@ class Dispatcher:
             steps = [dataclasses.replace(s, group=found[0].population) for s in steps]
         record["steps"] = [asdict(step) for step in steps]
         done = key(alert.fingerprint, alert.starts_at, rule.action)
+        identity = episode_id(alert.fingerprint, alert.starts_at, rule.name)
         now = self.clock()
 
-        def decide(state: State) -> tuple[str, str, bool]:
-            cancelled = _cancel_rollback(state, alert, rule)
+        def verdict(state: State) -> tuple[str, str]:
+            """What the guards that read the shared state say: ``act``, or why not."""
             if done in state.seen:
-                episode = state.episodes.get(
-                    episode_id(alert.fingerprint, alert.starts_at, rule.name)
-                )
-                settled = episode is not None and episode.settled
-                return (
-                    ("duplicate" if settled else "acting"),
-                    ("this firing episode was already acted on"),
-                    cancelled,
-                )
+                episode = state.episodes.get(identity)
+                settled = episode is not None and episode.settled  # else: being applied now
+                return ("duplicate" if settled else "acting"), "this episode was acted on already"
             if not self.execute:
-                return "dry_run", "dry-run: plan recorded, nothing changed", cancelled
+                return "dry_run", "dry-run: plan recorded, nothing changed"
             for step in steps:
                 last = state.applied.get(f"{rule.action} {step.target}")
                 if last is not None and now - last < rule.cooldown:
-                    return (
-                        "cooldown",
-                        (
-                            f"{step.target} was acted on {now - last:.0f}s ago "
-                            f"(cooldown {rule.cooldown:g}s)"
-                        ),
-                        cancelled,
-                    )
-            verdict = breaker.check(state, self.config.breaker, steps, populations, now)
-            if not verdict.allowed:
-                return "breaker", verdict.reason, cancelled
-            identity = episode_id(alert.fingerprint, alert.starts_at, rule.name)
+                    ago = f"{now - last:.0f}s ago (cooldown {rule.cooldown:g}s)"
+                    return "cooldown", f"{step.target} was acted on {ago}"
+            allowed = breaker.check(state, self.config.breaker, steps, populations, now)
+            if not allowed.allowed:
+                return "breaker", allowed.reason
             if identity not in state.episodes and len(state.episodes) >= MAX_EPISODES:
-                return "state_full", f"{MAX_EPISODES} episodes are held already", cancelled
-            state.remember(state.seen, done, now)
+                return "state_full", f"{MAX_EPISODES} episodes are held already"
+            return "act", ""
+
+        def decide(state: State) -> tuple[str, str, bool]:
+            cancelled = _cancel_rollback(state, alert, rule)
+            outcome, reason = verdict(state)
+            if outcome != "act":
+                return outcome, reason, cancelled
+            state.remember(state.seen, done, now)  # reserved: no other replica acts on it
             breaker.record(state, self.config.breaker, steps, now)
             episode = state.episodes.setdefault(
                 identity,
@@ -270,7 +265,7 @@ class Dispatcher:
             why = "fired again before the rollback hold ended"
             await self._decide(record, rule.action, "skipped", "rollback_cancelled", reason=why)
         if outcome == "duplicate":
-            await self._duplicate(action, steps, rule, record, reason)
+            await self._duplicate(action, steps, rule, record, reason, identity)
         elif outcome == "acting":  # another receiver is applying it right now
             await self._decide(record, rule.action, "skipped", "duplicate", reason=reason)
         elif outcome == "dry_run":
@@ -336,13 +331,18 @@ class Dispatcher:
             )
 
     async def _duplicate(
-        self, action: Action, steps: Sequence[Step], rule: Rule, record: dict[str, Any], why: str
+        self,
+        action: Action,
+        steps: Sequence[Step],
+        rule: Rule,
+        record: dict[str, Any],
+        why: str,
+        identity: str,
     ) -> None:
         """A redelivered episode: nothing new, unless a target lost its state (re-asserted)."""
         if self.execute:
             lost = [s for s in steps if not (await _safely(action.verify, s)).ok]
             if lost:
-                identity = episode_id(record["fingerprint"], record["starts_at"], rule.name)
                 await self._reassert(action, lost, record, identity)
                 return
         await self._decide(record, rule.action, "skipped", "duplicate", reason=why)
