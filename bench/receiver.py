@@ -39,6 +39,7 @@ from starlette.routing import Route
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.runbooks import config as mapping
+from inferwatch.runbooks import inventory
 from inferwatch.runbooks.actions.isolate_replica import IsolateReplica
 from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.dispatch import Dispatcher
@@ -93,13 +94,14 @@ def payload(i: int, instance: str) -> bytes:
     ).encode()
 
 
-def receiver_app(folder: Path, execute: bool) -> tuple[Any, Dispatcher]:
+def receiver_app(folder: Path, execute: bool, sidecar: str) -> tuple[Any, Dispatcher]:
     token_file = folder / "sidecar-token"
     token_file.write_text(SIDECAR_TOKEN)
     config = mapping.parse(
         {
             "namespaces": ["*"],
-            "breaker": {"max_fraction": 1.0, "populations": {"llama": 1_000_000}},
+            "breaker": {"max_fraction": 1.0},
+            "inventory": {"replicas": {"static": [{"instance": sidecar, "model": "llama"}]}},
             "rules": [
                 {
                     "name": "isolate",
@@ -112,7 +114,13 @@ def receiver_app(folder: Path, execute: bool) -> tuple[Any, Dispatcher]:
     )
     action = IsolateReplica(token_file=str(token_file))
     audit = AuditLog(folder / f"audit-{'execute' if execute else 'dry'}.jsonl")
-    dispatcher = Dispatcher(config, {"isolate_replica": action}, audit, execute=execute)
+    dispatcher = Dispatcher(
+        config,
+        {"isolate_replica": action},
+        audit,
+        execute=execute,
+        inventory=inventory.build(config.inventory),
+    )
     return Receiver(dispatcher, TOKEN).app(), dispatcher
 
 
@@ -133,8 +141,8 @@ async def run(count: int) -> list[tuple[str, list[float]]]:
     servers = [await serve(Starlette(routes=[Route("/webhook", floor, methods=["POST"])]))]
     servers.append(await serve(sidecar.app()))
     sidecar_address = servers[-1][2]
-    dry_app, dry = receiver_app(folder, execute=False)
-    act_app, act = receiver_app(folder, execute=True)
+    dry_app, dry = receiver_app(folder, execute=False, sidecar=sidecar_address)
+    act_app, act = receiver_app(folder, execute=True, sidecar=sidecar_address)
     servers.append(await serve(dry_app))
     servers.append(await serve(act_app))
     floor_url, dry_url, act_url = (f"http://{s[2]}/webhook" for s in (servers[0], *servers[2:]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -16,13 +17,12 @@ from inferwatch.auth import TokenError, load_token
 from inferwatch.clikit import BadInput, CannotRun, bind, cannot_write, parse_listen
 from inferwatch.logs import log_event
 from inferwatch.runbooks import config as mapping
-from inferwatch.runbooks import pages, registry
+from inferwatch.runbooks import inventory, pages, registry
 from inferwatch.runbooks.actions.base import Action
 from inferwatch.runbooks.audit import AuditLog
-from inferwatch.runbooks.breaker import CircuitBreaker
-from inferwatch.runbooks.dedup import SeenSet
-from inferwatch.runbooks.dispatch import Dispatcher
+from inferwatch.runbooks.dispatch import Dispatcher, Leader
 from inferwatch.runbooks.server import MAX_BODY_BYTES, Receiver
+from inferwatch.runbooks.state import DirectoryStore, MemoryStore, StateError, StateStore
 from inferwatch.serving import bounded_request, uvicorn_server
 
 logger = logging.getLogger("inferwatch.runbooks")
@@ -100,8 +100,17 @@ def runbooks() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     show_envvar=True,
-    help="Folder for the seen-set and the breaker state, kept across restarts. "
-    "Unset: memory only (a target's own state still keeps actions idempotent).",
+    help="Folder of the receiver's state (idempotency, breakers, episodes, pending rollbacks), "
+    "kept across restarts and shared by every receiver naming the same folder. "
+    "Unset: memory only.",
+)
+@click.option(
+    "--state-configmap",
+    metavar="NAMESPACE/NAME",
+    default=None,
+    show_envvar=True,
+    help="In Kubernetes: keep the state in this ConfigMap (conflicts retried) and elect the "
+    "replica that acts through the Lease of the same name (needs the kubernetes extra).",
 )
 @click.option(
     "--max-body-bytes",
@@ -118,6 +127,7 @@ def serve(
     token_file: Path | None,
     audit_log: Path,
     state_dir: Path | None,
+    state_configmap: str | None,
     max_body_bytes: int,
     **server_limits: Any,
 ) -> None:
@@ -132,24 +142,25 @@ def serve(
     try:
         for name in sorted({rule.action for rule in config.rules}):
             actions[name] = registry.create(name, config.action_settings.get(name, {}))
+        targets = inventory.build(config.inventory)
     except registry.MissingExtra as exc:
         raise CannotRun(str(exc)) from None
     except (ValueError, TokenError) as exc:
         raise BadInput(str(exc)) from None
+    leader: Leader | None = None
     try:
-        if state_dir is not None:
-            state_dir.mkdir(parents=True, exist_ok=True)
+        if state_configmap is not None:
+            store, leader = _kubernetes_state(state_configmap, state_dir)
+        else:
+            store = DirectoryStore(state_dir) if state_dir is not None else MemoryStore()
         audit = AuditLog(audit_log)
     except OSError as exc:
         raise cannot_write(exc) from None
+    except StateError as exc:
+        raise CannotRun(str(exc)) from None
     sock = bind((host, port))
     dispatcher = Dispatcher(
-        config,
-        actions,
-        audit,
-        execute=acting,
-        seen=SeenSet(state_dir / "seen.txt" if state_dir else None),
-        breaker=CircuitBreaker(config.breaker, state_dir / "breaker.json" if state_dir else None),
+        config, actions, audit, execute=acting, store=store, inventory=targets, leader=leader
     )
     log_event(
         logger,
@@ -163,6 +174,27 @@ def serve(
     app = Receiver(dispatcher, token, max_body_bytes).app()
     app.router.routes.append(pages.route(pages.load()))
     uvicorn_server.serve(app, sock, uvicorn_server.limits_from(server_limits))
+
+
+def _kubernetes_state(where: str, state_dir: Path | None) -> tuple[StateStore, Leader]:
+    """The ConfigMap store and the Lease election of ``--state-configmap NAMESPACE/NAME``."""
+    namespace, _, name = where.partition("/")
+    if state_dir is not None:
+        raise BadInput("--state-configmap and --state-dir: give one state store")
+    if not namespace or not name or "/" in name:
+        raise BadInput(f"--state-configmap {where[:200]!r}: expected NAMESPACE/NAME")
+    try:
+        from inferwatch.runbooks.actions.kubernetes_api import connect
+        from inferwatch.runbooks.kube_state import ConfigMapStore, LeaseElector
+    except ImportError as exc:
+        needs = f"--state-configmap needs {exc.name}; install inferwatch[kubernetes]"
+        raise CannotRun(needs) from None
+    try:
+        api = connect()
+    except ValueError as exc:
+        raise CannotRun(str(exc)) from None
+    identity = os.environ.get("POD_NAME") or socket.gethostname()
+    return ConfigMapStore(api, namespace, name), LeaseElector(api, namespace, name, identity)
 
 
 @runbooks.command("check-config")
@@ -188,11 +220,17 @@ def reset_breaker(url: str, token_file: Path | None) -> None:
     """Close every open circuit breaker of a running receiver (after a person has looked)."""
     token = _token(token_file)
     try:
+        endpoint = httpx.URL(url.rstrip("/") + "/admin/breaker/reset")
+    except httpx.InvalidURL as exc:
+        raise BadInput(f"--url {url[:200]!r}: {exc}") from None
+    if endpoint.scheme not in ("http", "https") or not endpoint.host:
+        raise BadInput(f"--url {url[:200]!r}: expected an http(s) URL of the receiver")
+    try:
         with httpx.Client() as http:
             status, body = bounded_request.fetch(
                 http,
                 "POST",
-                url.rstrip("/") + "/admin/breaker/reset",
+                str(endpoint),
                 what=url,
                 deadline=bounded_request.Deadline(RESET_DEADLINE_S),
                 max_bytes=1 << 20,
@@ -208,3 +246,4 @@ def reset_breaker(url: str, token_file: Path | None) -> None:
     except (ValueError, RecursionError, KeyError, TypeError):
         raise CannotRun(f"{url} answered 200 but not as a runbook receiver does") from None
     click.echo(f"closed {len(closed)} breaker(s): " + ", ".join(f"{u}/{g}" for u, g in closed))
+

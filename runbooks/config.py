@@ -16,7 +16,7 @@ from typing import Any
 
 from inferwatch import config as layer
 from inferwatch.config import Fields
-from inferwatch.runbooks import registry
+from inferwatch.runbooks import inventory, registry
 
 _MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"(.*)"\s*$')
 #: the namespace an alert without a ``namespace`` label is in, for the allow-list
@@ -59,11 +59,11 @@ class Rule:
 
 @dataclass(frozen=True)
 class Breaker:
-    """At most ``max_fraction`` of a group's ``populations[group]`` units out within ``window``."""
+    """At most ``max_fraction`` of a population's units out within ``window`` (the population
+    and its size are the inventory's)."""
 
     max_fraction: float
     window: float
-    populations: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,11 @@ class Config:
     execute: bool = False
     #: per action name, the keyword arguments its class is built with (token files, timeouts)
     action_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: per inventory kind, its one source and that source's settings (see ``inventory``)
+    inventory: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: seconds between read-backs of every active episode's targets (re-asserted if lost);
+    #: None: only a redelivered alert reads its targets back
+    reassert_every: float | None = None
 
     def rules_for(self, labels: Mapping[str, str]) -> list[Rule]:
         return [rule for rule in self.rules if rule.matches(labels)]
@@ -132,7 +137,7 @@ def _rule(reader: Fields) -> Rule:
 
 
 def _breaker(reader: Fields) -> Breaker:
-    reader.check_keys({"max_fraction", "window", "populations"}, {"max_fraction", "populations"})
+    reader.check_keys({"max_fraction", "window"}, {"max_fraction"})
     fraction = reader.raw["max_fraction"]
     if (
         not isinstance(fraction, (int, float))
@@ -140,21 +145,65 @@ def _breaker(reader: Fields) -> Breaker:
         or not 0 < fraction <= 1
     ):
         raise reader.error("max_fraction", "expected a number in (0, 1]")
-    populations = reader.raw["populations"]
-    if not isinstance(populations, dict):
-        raise reader.error("populations", "expected a mapping of group to unit count")
-    for group, count in populations.items():
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise reader.error(f"populations.{group}", "expected a positive integer")
     window = _seconds(reader, "window", "1h")
     assert window is not None
-    return Breaker(float(fraction), window, {str(k): v for k, v in populations.items()})
+    return Breaker(float(fraction), window)
+
+
+#: per source, its settings: (known, required)
+_SOURCES: Mapping[str, tuple[set[str], set[str]]] = {
+    "kubernetes": (
+        {"namespace", "selector", "port", "model_label", "pool_label", "host", "kubeconfig"},
+        {"selector"},
+    ),
+    "haproxy": ({"runtime"}, {"runtime"}),
+}
+
+
+def _inventory(reader: Fields) -> dict[str, dict[str, Any]]:
+    reader.check_keys(set(inventory.KINDS), set())
+    out: dict[str, dict[str, Any]] = {}
+    for kind in inventory.KINDS:
+        if kind not in reader.raw:
+            continue
+        section = reader.child(kind)
+        if len(section.raw) != 1:
+            raise reader.error(kind, "expected one source: static, kubernetes or haproxy")
+        source, settings = next(iter(section.raw.items()))
+        if source == "static":
+            if not isinstance(settings, list) or len(settings) > inventory.MAX_ENTRIES:
+                raise section.error(
+                    "static", f"expected a list of at most {inventory.MAX_ENTRIES} label maps"
+                )
+            for i, labels in enumerate(settings):
+                if not isinstance(labels, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+                ):
+                    raise section.error(f"static[{i}]", "expected a map of label to string")
+            out[kind] = {"static": [dict(labels) for labels in settings]}
+            continue
+        allowed = {"replicas": {"kubernetes"}, "nodes": {"kubernetes"}, "gateway": {"haproxy"}}
+        if source not in allowed[kind]:
+            raise section.error(
+                str(source),
+                f"a {kind} inventory comes from static or {', '.join(sorted(allowed[kind]))}",
+            )
+        fields = section.child(source)
+        known, required = _SOURCES[source]
+        if kind == "replicas":
+            required = required | {"namespace", "port"}
+        fields.check_keys(known, required)
+        if kind == "replicas" and not isinstance(fields.raw["port"], int):
+            raise fields.error("port", "expected the sidecars' port number")
+        out[kind] = {source: dict(fields.raw)}
+    return out
 
 
 def parse(document: Any, source: str = "<config>") -> Config:
     top = Fields(source, document, "", ConfigError)
     top.check_keys(
-        {"execute", "namespaces", "breaker", "rules", "actions"}, {"namespaces", "breaker"}
+        {"execute", "namespaces", "breaker", "rules", "actions", "inventory", "reassert_every"},
+        {"namespaces", "breaker"},
     )
     namespaces = top.raw["namespaces"]
     if not isinstance(namespaces, list) or not all(isinstance(n, str) for n in namespaces):
@@ -176,8 +225,15 @@ def parse(document: Any, source: str = "<config>") -> Config:
     for name, values in settings.items():
         if name not in registry.ACTIONS or not isinstance(values, dict):
             raise top.error(f"actions.{name}", "expected a registered action name and a mapping")
+    reassert = _seconds(top, "reassert_every", None)
     return Config(
-        rules, frozenset(namespaces), _breaker(top.child("breaker")), execute, dict(settings)
+        rules,
+        frozenset(namespaces),
+        _breaker(top.child("breaker")),
+        execute,
+        dict(settings),
+        _inventory(top.child("inventory")),
+        reassert,
     )
 
 

@@ -2,7 +2,10 @@
 
 Every alert of a notification carries its own ``status``: the top-level one is ``firing``
 while any alert fires. Label and annotation values are untrusted text; the limits below keep
-one payload from holding the receiver's memory or its audit log hostage.
+one payload from holding the receiver's memory or its audit log hostage. A notification whose
+envelope is wrong is refused whole; an alert that is wrong (a malformed label, an impossible
+date) becomes a :class:`Malformed` in its place, decided and audited on its own, so that it
+never costs the other alerts of its notification.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -30,10 +34,19 @@ class PayloadError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class Malformed:
+    """An alert of a notification that could not be read: why, and what it could tell."""
+
+    reason: str
+    alertname: str = ""
+    fingerprint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Notification:
     receiver: str
     group_key: str
-    alerts: tuple[Alert, ...]
+    alerts: tuple[Alert | Malformed, ...]
     truncated_alerts: int
 
 
@@ -58,9 +71,24 @@ def parse(body: bytes) -> Notification:
     return Notification(
         receiver=_text(document, "receiver", "receiver"),
         group_key=_text(document, "groupKey", "groupKey"),
-        alerts=tuple(_alert(raw, f"alerts[{i}]") for i, raw in enumerate(alerts)),
+        alerts=tuple(_alert_or_malformed(raw, f"alerts[{i}]") for i, raw in enumerate(alerts)),
         truncated_alerts=truncated,
     )
+
+
+def _alert_or_malformed(raw: Any, where: str) -> Alert | Malformed:
+    try:
+        return _alert(raw, where)
+    except PayloadError as exc:
+        known = raw if isinstance(raw, dict) else {}
+        labels = known.get("labels")
+        name = labels.get("alertname") if isinstance(labels, dict) else None
+        fingerprint = known.get("fingerprint")
+        return Malformed(
+            str(exc),
+            name[:MAX_KEY_CHARS] if isinstance(name, str) else "",
+            fingerprint[:64] if isinstance(fingerprint, str) else "",
+        )
 
 
 def _alert(raw: Any, where: str) -> Alert:
@@ -78,8 +106,10 @@ def _alert(raw: Any, where: str) -> Alert:
     starts_at = _text(raw, "startsAt", f"{where}.startsAt")
     ends_at = _text(raw, "endsAt", f"{where}.endsAt")
     for name, value in (("startsAt", starts_at), ("endsAt", ends_at)):
-        if not _TIMESTAMP.match(value):
-            raise PayloadError(f"{where}.{name}: expected an RFC 3339 time")
+        try:
+            epoch(value)
+        except ValueError:
+            raise PayloadError(f"{where}.{name}: expected an RFC 3339 time") from None
     return Alert(
         status=status,
         labels=labels,
@@ -109,6 +139,19 @@ def _text(raw: Mapping[str, Any], key: str, where: str, required: bool = True) -
     if not isinstance(value, str) or len(value) > MAX_VALUE_CHARS:
         raise PayloadError(f"{where}: expected a string")
     return value
+
+
+def epoch(timestamp: str) -> float:
+    """Seconds since the epoch of an RFC 3339 time with up to nanoseconds (Go's format);
+    ``ValueError`` for anything else, an impossible date included."""
+    if not _TIMESTAMP.match(timestamp):
+        raise ValueError(f"not an RFC 3339 time: {timestamp[:40]!r}")
+    head, dot, rest = timestamp.partition(".")
+    if dot:
+        digits = rest.rstrip("Z").split("+")[0].split("-")[0]
+        zone = rest[len(digits) :]
+        timestamp = f"{head}.{digits[:6]}{zone}"
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
 def _show(value: Any) -> str:

@@ -10,6 +10,7 @@ at start). They wait for the lines they need, each with a deadline, never for a 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -37,14 +38,14 @@ from inferwatch.demo.signals import History, Scrape, quantiles, rate
 from inferwatch.demo.view import decisions_summary
 from inferwatch.exitcodes import ExitCode
 from inferwatch.exporters import gpu
+from inferwatch.runbooks import breaker, inventory, registry
 from inferwatch.runbooks import config as runbook_config
-from inferwatch.runbooks import registry
 from inferwatch.runbooks.actions.base import Alert, Step
 from inferwatch.runbooks.audit import AuditLog
-from inferwatch.runbooks.breaker import CircuitBreaker
 from inferwatch.runbooks.config import Config
 from inferwatch.runbooks.dispatch import Dispatcher
 from inferwatch.runbooks.haproxy_runtime import RuntimeApiError, ServerState
+from inferwatch.runbooks.state import State
 from support.output import Output
 from support.ports import launch, pick_port
 from support.wait import wait_for
@@ -577,8 +578,12 @@ def xid_alert(replica: str, sidecar_port: int) -> Alert:
 def demo_mapping(workdir: Path, execute: bool = False) -> Config:
     automation.write_tokens(workdir)
     # writes the config it starts the receiver on
-    automation.component(workdir, 9405, execute, workdir / routing.RUNTIME)
+    automation.component(workdir, 9405, execute, workdir / routing.RUNTIME, sidecars=SIDECARS)
     return runbook_config.load(workdir / automation.CONFIG)
+
+
+#: the sidecar ports the demo's receiver is configured with in these tests
+SIDECARS = {"primary-v1": 9401, "primary-v2": 9402, "fallback": 9403}
 
 
 @pytest.mark.unit
@@ -590,7 +595,8 @@ def test_the_receiver_audits_a_dry_run_for_the_faulted_replica_and_the_view_says
     actions = {"isolate_replica": registry.create(
         "isolate_replica", mapping.action_settings["isolate_replica"])}  # fmt: skip
     audit = AuditLog(tmp_path / automation.AUDIT_LOG)
-    dispatcher = Dispatcher(mapping, actions, audit, execute=mapping.execute)
+    targets = inventory.build(mapping.inventory)
+    dispatcher = Dispatcher(mapping, actions, audit, execute=mapping.execute, inventory=targets)
     tail = AuditTail(tmp_path / automation.AUDIT_LOG)
     assert tail.read() == []  # nothing decided yet
 
@@ -625,23 +631,36 @@ def test_the_demo_mapping_counts_each_models_replicas_for_the_breaker(tmp_path: 
     assert mapping.namespace_allowed({"namespace": topology.NAMESPACE})
     assert mapping.namespace_allowed({})  # GPU alerts carry no namespace
     assert not mapping.namespace_allowed({"namespace": "prod"})
-    assert dict(mapping.breaker.populations) == {
-        topology.PRIMARY_MODEL: 2, topology.FALLBACK_MODEL: 1}  # fmt: skip
+    targets = inventory.build(mapping.inventory)
+    found = {
+        name: asyncio.run(targets.resolve("isolate_replica", xid_alert(name, port).labels))
+        for name, port in SIDECARS.items()
+    }
+    sizes = {entry.population: size for entry, size in filter(None, found.values())}
+    assert sizes == {topology.PRIMARY_MODEL: 2, topology.FALLBACK_MODEL: 1}
     action = registry.create("isolate_replica", mapping.action_settings["isolate_replica"])
-    breaker = CircuitBreaker(mapping.breaker)
+    state = State()
 
     def steps(replica: str, port: int) -> list[Step]:
         alert = xid_alert(replica, port)
         (rule,) = mapping.rules_for(alert.labels)
         return list(action.plan(alert, rule.params))
 
+    def allowed(replica: str) -> bool:
+        planned = steps(replica, SIDECARS[replica])
+        entry, _ = found[replica] or (None, 0)
+        assert entry is not None
+        grouped = [dataclasses.replace(s, group=entry.population) for s in planned]
+        if not breaker.check(state, mapping.breaker, grouped, sizes, 0).allowed:
+            return False
+        breaker.record(state, mapping.breaker, grouped, 0)
+        return True
+
     first = steps("primary-v1", 9401)
     assert first[0].target == "sidecar http://127.0.0.1:9401/admin/isolation"
-    assert first[0].group == topology.PRIMARY_MODEL
-    assert breaker.check(first).allowed
-    breaker.record(first)
-    assert not breaker.check(steps("primary-v2", 9402)).allowed  # not both primary replicas
-    assert not breaker.check(steps("fallback", 9403)).allowed  # nor the only fallback one
+    assert allowed("primary-v1")
+    assert not allowed("primary-v2")  # not both primary replicas
+    assert not allowed("fallback")  # nor the only fallback one
     token = (tmp_path / automation.SIDECAR_TOKEN).read_text().strip()
     assert len(token) >= 16 and (tmp_path / automation.TOKEN).read_text().strip() != token
     assert (tmp_path / automation.TOKEN).stat().st_mode & 0o077 == 0
@@ -710,8 +729,7 @@ def test_the_drill_mapping_isolates_a_stalled_engine_by_pod_and_shifts_a_degener
         "namespace": topology.NAMESPACE,
     }
     (rule,) = mapping.rules_for(stalled)
-    assert (rule.action, rule.params["group"], rule.cooldown) == (
-        "isolate_replica", topology.PRIMARY_MODEL, 5.0)  # fmt: skip
+    assert (rule.action, rule.cooldown) == ("isolate_replica", 5.0)
     degenerate = {"alertname": "InferwatchDegenerateOutputRising", "severity": "warning",
                   "model": topology.PRIMARY_MODEL, "model_version": "v2-fp8"}  # fmt: skip
     (shift,) = mapping.rules_for(degenerate)
@@ -721,13 +739,14 @@ def test_the_drill_mapping_isolates_a_stalled_engine_by_pod_and_shifts_a_degener
            "action": "reset_gpu"}  # fmt: skip
     assert [r.action for r in mapping.rules_for(xid)] == [
         "isolate_replica", "kubernetes_xid_remediation"]  # fmt: skip
-    assert mapping.breaker.populations[automation.GPUS] == len(topology.REPLICAS)
+    nodes = mapping.inventory["nodes"]["static"]
+    assert nodes == [{"node": r.node, "pool": automation.GPUS} for r in topology.REPLICAS]
     # the demo (no Kubernetes API) has no reset rule and no GPU population
     demo = runbook_config.parse(
         automation.document(tmp_path / automation.SIDECAR_TOKEN, False, tmp_path / "s"), "demo"
     )
     assert [r.action for r in demo.rules_for(xid)] == ["isolate_replica"]
-    assert automation.GPUS not in demo.breaker.populations
+    assert "nodes" not in demo.inventory
 
 
 @pytest.mark.proc

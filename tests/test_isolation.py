@@ -147,9 +147,10 @@ def test_plan_fills_the_url_from_labels_and_is_pure(token_file: Path) -> None:
         "fingerprint": "ab12",
         "reason": "InferwatchGPUXidErrors: XID",
     }
-    template = {"admin_url": "http://{pod}.sidecars:9400/admin/isolation", "group": "{job}"}
-    (step,) = action.plan(_alert(pod="llama-0", job="sidecars"), template)
-    assert step.target == "sidecar http://llama-0.sidecars:9400/admin/isolation"
+    template = {"admin_url": "https://{instance}/admin/isolation"}
+    (step,) = action.plan(_alert(instance="10.0.0.5:9400"), template)
+    assert step.target == "sidecar https://10.0.0.5:9400/admin/isolation"
+    assert step.group == "replicas"  # no model: the receiver sets the inventory's population
 
 
 @pytest.mark.parametrize(
@@ -158,7 +159,12 @@ def test_plan_fills_the_url_from_labels_and_is_pure(token_file: Path) -> None:
         ({}, {}, "no 'instance' label"),
         ({"instance": "evil.com/x?y=", "model": "m"}, {}, "is not a host:port"),
         ({"instance": "a@b:1", "model": "m"}, {}, "is not a host:port"),
-        ({"instance": "h:1"}, {}, "no 'model' label"),
+        (  # the token goes only to the inventory entry's instance, never to another host
+            {"instance": "h:1", "pod": "p"},
+            {"admin_url": "http://{pod}.sidecars:9400/x"},
+            "is not the replica's instance",
+        ),
+        ({"instance": "h:1", "model": "m"}, {"group": "{job}"}, "unknown parameters"),
         ({"instance": "h:1", "model": "m"}, {"shell": "rm"}, "unknown parameters"),
         ({"instance": "h:1", "model": "m"}, {"admin_url": "file://{instance}/x"}, "not an http"),
     ],

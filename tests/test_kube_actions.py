@@ -220,7 +220,7 @@ def test_node_stays_isolated_until_the_last_alert_reverts(fake, api) -> None:
         {"taint_key": "bad key!"},
         {"no_execute": "yes"},
         {"taint_value": "x" * 64},
-        {"group": ""},
+        {"group": "nodes"},  # the population is the receiver's inventory's
         {"no_exceute": True},  # a typo is refused, not ignored
     ],
 )
@@ -323,7 +323,7 @@ def test_pod_restart_deletes_the_pod_once(fake, api) -> None:
     uid = fake.get("pods", "inference", "llama-0")["metadata"]["uid"]
     action = PodRestart(api)
     [step] = action.plan(alert(namespace="inference", pod="llama-0", model="llama"), {})
-    assert step.group == "model llama"
+    assert step.group == "llama"
     outcome = run(action.apply(step))
     assert outcome.ok and outcome.changed
     assert fake.count("DELETE") == 1
@@ -763,16 +763,3 @@ def test_actions_build_their_client_from_settings(fake, host, tmp_path) -> None:
     with pytest.raises(ValueError, match="kubernetes client configuration") as bad:
         NodeIsolation(kubeconfig=str(tmp_path / "missing"))
     assert "\n" not in str(bad.value)
-
-
-@pytest.mark.parametrize(
-    ("group", "expected"), [(None, "nodes"), ("pool {node}", "pool gpu-1"), ("{missing}", None)]
-)
-def test_group_parameter_is_a_label_template(offline, group, expected) -> None:
-    params = {} if group is None else {"group": group}
-    if expected is None:
-        with pytest.raises(ActionError, match="missing"):
-            NodeIsolation(offline).plan(alert(), params)
-        return
-    [step] = NodeIsolation(offline).plan(alert(), params)
-    assert step.group == expected

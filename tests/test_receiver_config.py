@@ -71,14 +71,24 @@ def test_matchers_follow_alertmanager(matcher: str, labels: dict[str, str], expe
         (h.config(rules=[rule(typo=1)]), r"rules\[0\]\.typo: unknown field"),
         (h.config(rules=[rule(), rule()]), r"rules: duplicate rule names"),
         ({k: v for k, v in h.config().items() if k != "namespaces"}, r"namespaces: is required"),
-        (
-            h.config(breaker={"max_fraction": 2, "populations": {}}),
-            r"breaker\.max_fraction: expected",
+        (h.config(breaker={"max_fraction": 2}), r"breaker\.max_fraction: expected"),
+        (  # the population is the inventory's, never a number in the config
+            h.config(breaker={"max_fraction": 0.5, "populations": {"a": 1}}),
+            r"breaker\.populations: unknown field",
         ),
         (
-            h.config(breaker={"max_fraction": 0.5, "populations": {"a": 0}}),
-            r"breaker\.populations\.a",
+            h.config(inventory={"replicas": {"static": [{"instance": 7}]}}),
+            r"inventory\.replicas\.static\[0\]: expected a map of label to string",
         ),
+        (
+            h.config(inventory={"nodes": {"haproxy": {"runtime": "/s"}}}),
+            r"inventory\.nodes\.haproxy: a nodes inventory comes from static or kubernetes",
+        ),
+        (
+            h.config(inventory={"replicas": {"kubernetes": {"selector": "a=b"}}}),
+            r"inventory\.replicas\.kubernetes\.namespace: is required",
+        ),
+        (h.config(inventory={"gpus": {}}), r"inventory\.gpus: unknown field"),
         (h.config(execute="yes"), r"execute: expected true or false"),
         (h.config(actions={"nope": {}}), r"actions\.nope"),
     ],
@@ -90,7 +100,7 @@ def test_mistakes_name_file_field_and_reason(document: dict[str, Any], message: 
 
 def test_check_config_cli_gives_one_line_errors(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text("namespaces: [x]\nbreaker: {max_fraction: 0.5, populations: {}}\nrules: [\n")
+    path.write_text("namespaces: [x]\nbreaker: {max_fraction: 0.5}\nrules: [\n")
     result = CliRunner().invoke(main, ["runbooks", "check-config", str(path)])
     assert result.exit_code == 2
     assert result.output.strip().startswith(f"Error: {path}: line")

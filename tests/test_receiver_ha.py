@@ -110,22 +110,25 @@ class Receiver:
         return [r for r in records if r.get("fingerprint") == fingerprint and "outcome" in r]
 
 
-def mapping_config(tmp: Path) -> Path:
-    """One rule: a critical XID isolates the replica named by the alert's instance."""
+def mapping_config(tmp: Path, sidecar: str) -> Path:
+    """One rule: a critical XID isolates the replica named by the alert's instance, which the
+    inventory lists (the one ``sidecar``)."""
     token = tmp / "sidecar-token"
     token.write_text(SIDECAR_TOKEN + "\n")
     path = tmp / "actions.yaml"
     path.write_text(yaml.safe_dump({
         "execute": True,
         "namespaces": ["*"],
-        "breaker": {"max_fraction": 1.0, "window": "1h", "populations": {"llama": 10}},
+        "breaker": {"max_fraction": 1.0, "window": "1h"},
+        "inventory": {"replicas": {"static": [
+            {"instance": sidecar.removeprefix("http://"), "model": "llama"}]}},
         "actions": {"isolate_replica": {"token_file": str(token), "timeout": 5.0}},
         "rules": [{
             "name": "isolate-on-xid",
             "alertname": "InferwatchGPUXidErrors",
             "matchers": ['severity="critical"'],
             "action": "isolate_replica",
-            "params": {"admin_url": "http://{instance}/admin/isolation", "group": "{model}"},
+            "params": {"admin_url": "http://{instance}/admin/isolation"},
         }],
     }))  # fmt: skip
     return path
@@ -184,7 +187,7 @@ def now() -> str:
 def test_two_alertmanagers_and_two_receivers_isolate_a_replica_once(
     tmp_path: Path, page_server: Any, alertmanager_bin: str
 ) -> None:
-    config, token = mapping_config(tmp_path), tmp_path / "receiver-token"
+    token = tmp_path / "receiver-token"
     token.write_text(RECEIVER_TOKEN + "\n")
     engine = f"{page_server.url}/fixture/{FIXTURE}/metrics"
     (tmp_path / "sidecar-admin-token").write_text(SIDECAR_TOKEN + "\n")
@@ -194,6 +197,7 @@ def test_two_alertmanagers_and_two_receivers_isolate_a_replica_once(
              f"--admin-token-file={tmp_path / 'sidecar-admin-token'}"],
             "/healthz", tmp_path / "sidecar.log",
         ))  # fmt: skip
+        config = mapping_config(tmp_path, sidecar)
         receivers = []
         for name in ("receiver-a", "receiver-b"):
             audit = tmp_path / f"{name}-audit.jsonl"

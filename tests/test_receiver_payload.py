@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferwatch.runbooks import payload
+from inferwatch.runbooks.actions.base import Alert
 from inferwatch.runbooks.payload import PayloadError
 
 pytestmark = pytest.mark.unit
@@ -76,16 +77,22 @@ json_values = st.recursive(
     value=json_values,
 )
 def test_any_alert_field_replaced_by_any_json_is_parsed_or_refused(field: str, value: Any) -> None:
+    """An alert is read, or becomes a Malformed saying why; the others are never affected."""
     document = json.loads(json.dumps(CAPTURED))
+    document["alerts"] = [document["alerts"][0], json.loads(json.dumps(document["alerts"][0]))]
     document["alerts"][0][field] = value
     try:
         notification = payload.parse(json.dumps(document).encode())
-    except PayloadError as exc:
-        assert str(exc)
+    except PayloadError as exc:  # a value JSON cannot carry (NaN): the body is not JSON
+        assert str(exc) == "body is not JSON"
         return
-    (alert,) = notification.alerts  # accepted only with well-typed values
-    assert alert.status in ("firing", "resolved")
-    assert all(isinstance(v, str) for v in alert.labels.values())
+    spoiled, intact = notification.alerts
+    assert isinstance(intact, Alert)
+    if isinstance(spoiled, payload.Malformed):
+        assert spoiled.reason.startswith("alerts[0].")
+        return
+    assert spoiled.status in ("firing", "resolved")  # accepted only with well-typed values
+    assert all(isinstance(v, str) for v in spoiled.labels.values())
 
 
 label_names = st.from_regex(r"[a-z_][a-z0-9_]{0,20}", fullmatch=True)
@@ -130,9 +137,18 @@ def test_top_level_fields_are_checked(change: dict[str, Any], message: str) -> N
 def test_label_limits_bound_one_alert() -> None:
     document = json.loads(json.dumps(CAPTURED))
     document["alerts"][0]["labels"].update({f"l{i}": "v" for i in range(payload.MAX_PAIRS)})
-    with pytest.raises(PayloadError, match="more than"):
-        payload.parse(json.dumps(document).encode())
+    (alert,) = payload.parse(json.dumps(document).encode()).alerts
+    assert isinstance(alert, payload.Malformed) and "more than" in alert.reason
     document = json.loads(json.dumps(CAPTURED))
     document["alerts"][0]["labels"]["big"] = "x" * (payload.MAX_VALUE_CHARS + 1)
-    with pytest.raises(PayloadError, match="bounded string"):
-        payload.parse(json.dumps(document).encode())
+    (alert,) = payload.parse(json.dumps(document).encode()).alerts
+    assert isinstance(alert, payload.Malformed) and "bounded string" in alert.reason
+    assert alert.alertname == CAPTURED["alerts"][0]["labels"]["alertname"]
+
+
+def test_an_impossible_date_is_a_malformed_alert() -> None:
+    document = json.loads(json.dumps(CAPTURED))
+    document["alerts"][0]["startsAt"] = "2026-02-30T00:25:23.11723649Z"  # the pattern fits
+    (alert,) = payload.parse(json.dumps(document).encode()).alerts
+    assert isinstance(alert, payload.Malformed)
+    assert alert.reason == "alerts[0].startsAt: expected an RFC 3339 time"

@@ -2,9 +2,11 @@
 
 The mapping is the shipped ``runbooks/actions.yaml`` fitted to the demo fleet. Its replica
 isolation rules are kept, one copy per model narrowed to that model's replicas (the GPU
-alerts carry the Prometheus target's ``replica`` label but no ``model``), so that the
-circuit breaker counts each model's replicas as a population of its own: at most half of
-them may be taken out, so a second primary replica or the only fallback one is refused.
+alerts carry the Prometheus target's ``replica`` label but no ``model``). The receiver's
+inventory is the demo's topology: each replica's sidecar (its address, replica, model and
+namespace), the replicas' nodes, and HAProxy's backends through its Runtime API; the circuit
+breaker counts each model's replicas as a population of its own: at most half of them may be
+taken out, so a second primary replica or the only fallback one is refused.
 Two rules are the demo's own: degenerate output of one model version shifts that version's
 traffic in HAProxy (``shift_traffic`` through its Runtime API, rolled back once the alert has
 been resolved a while), and an engine that is down or stalled (it holds requests and makes no
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -64,10 +66,12 @@ def document(
     runtime: Path,
     replicas: Sequence[Replica] = topology.REPLICAS,
     *,
+    sidecars: Mapping[str, int] | None = None,
     kube_host: str | None = None,
     cooldown: str = "30m",
 ) -> dict[str, Any]:
-    """The demo's mapping config (see the module docstring); ``runtime`` is HAProxy's socket."""
+    """The demo's mapping config (see the module docstring); ``runtime`` is HAProxy's socket,
+    ``sidecars`` each replica's sidecar port (a replica without one yet is not listed)."""
     base = shipped()
     models: dict[str, list[str]] = {}
     for replica in replicas:
@@ -91,7 +95,7 @@ def document(
                     **rule,
                     "name": f"{rule['name']}-{_slug(model)}",
                     "matchers": [*rule.get("matchers", []), on_model],
-                    "params": {**rule.get("params", {}), "group": model},
+                    "params": rule.get("params", {}),
                     "cooldown": cooldown,
                 }
             )
@@ -112,7 +116,16 @@ def document(
         },
         SHIFT: {"runtime": str(runtime)},
     }
-    populations = {model: len(names) for model, names in models.items()}
+    listed = [
+        {"instance": f"127.0.0.1:{port}", "replica": r.name, "pod": r.name, "model": r.model,
+         "namespace": topology.NAMESPACE}
+        for r in replicas
+        if (port := (sidecars or {}).get(r.name))
+    ]  # fmt: skip
+    inventory: dict[str, Any] = {
+        "replicas": {"static": listed},
+        "gateway": {"haproxy": {"runtime": str(runtime)}},
+    }
     if kube_host is not None:
         rules.append(
             {
@@ -120,16 +133,18 @@ def document(
                 "alertname": "InferwatchGPUXidErrors",
                 "matchers": ['severity="critical"', 'action="reset_gpu"'],
                 "action": XID,
-                "params": {"group": GPUS},
+                "params": {},
                 "cooldown": cooldown,
             }
         )
         settings[XID] = {"host": kube_host}
-        populations[GPUS] = len(replicas)  # one GPU per simulated replica
+        # one GPU per simulated replica, each on its own node
+        inventory["nodes"] = {"static": [{"node": r.node, "pool": GPUS} for r in replicas]}
     return {
         "execute": execute,
         "namespaces": [topology.NAMESPACE, mapping.NO_NAMESPACE],
-        "breaker": {**base["breaker"], "max_fraction": MAX_FRACTION, "populations": populations},
+        "breaker": {**base["breaker"], "max_fraction": MAX_FRACTION},
+        "inventory": inventory,
         "actions": settings,
         "rules": rules,
     }
@@ -155,6 +170,7 @@ def component(
     runtime: Path,
     *,
     replicas: Sequence[Replica] = topology.REPLICAS,
+    sidecars: Mapping[str, int] | None = None,
     kube_host: str | None = None,
     cooldown: str = "30m",
 ) -> Component:
@@ -166,6 +182,7 @@ def component(
         execute,
         runtime,
         replicas,
+        sidecars=sidecars,
         kube_host=kube_host,
         cooldown=cooldown,
     )

@@ -428,6 +428,7 @@ class Demo:
             self.options.execute_runbooks,
             workdir / routing.RUNTIME,
             replicas=self.fleet,
+            sidecars=self.ports.sidecar,
         )
 
     def _prometheus(self, workdir: Path, port: int) -> Component:

@@ -11,11 +11,21 @@ merge patch (RFC 7386), strategic merge patch (for the built-in kinds only; the 
 actions patch are plain maps and atomic lists, where it equals a merge patch) and JSON patch
 (RFC 6902). HTTPRoutes are validated against the Gateway API CRD's schema after each patch
 when a CRD file is given (:func:`httproute_validator`; it needs ``jsonschema``), else only
-kept as written.
+kept as written. Collections are listed by equality-based label selector (``a=b``, ``a!=b``,
+``a``, ``!a``, comma-separated) with ``limit`` (a longer list carries a ``continue`` token);
+ConfigMaps and Leases are created (an existing name is ``409 AlreadyExists``) and replaced
+with the ``resourceVersion`` read (a stale one is ``409 Conflict``), as the receiver's state
+store and leader election use them.
 Endpoints:
 
+    GET         /api/v1/nodes  (list)
     GET/PATCH   /api/v1/nodes/{name}
+    GET         /api/v1/namespaces/{ns}/pods  (list)
     GET/DELETE  /api/v1/namespaces/{ns}/pods/{name}
+    POST        /api/v1/namespaces/{ns}/configmaps
+    GET/PUT     /api/v1/namespaces/{ns}/configmaps/{name}
+    POST        /apis/coordination.k8s.io/v1/namespaces/{ns}/leases
+    GET/PUT     /apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}
     GET/PATCH   /apis/gateway.networking.k8s.io/v1/namespaces/{ns}/httproutes/{name}
 """
 
@@ -27,6 +37,7 @@ import json
 import re
 import socket
 import threading
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -39,13 +50,26 @@ from inferwatch import config as layer
 #: kube-apiserver's limit on a request body
 MAX_BODY = 3 * 1024 * 1024
 GATEWAY_GROUP = "gateway.networking.k8s.io"
+LEASE_GROUP = "coordination.k8s.io"
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
 _PATHS = (
-    (re.compile(r"^/api/v1/nodes/([^/]+)$"), "", "nodes", "Node"),
-    (re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)$"), "", "pods", "Pod"),
+    (re.compile(r"^/api/v1/nodes(?:/([^/]+))?$"), "", "nodes", "Node"),
+    (re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?$"), "", "pods", "Pod"),
+    (
+        re.compile(r"^/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?$"),
+        "",
+        "configmaps",
+        "ConfigMap",
+    ),
+    (
+        re.compile(rf"^/apis/{re.escape(LEASE_GROUP)}/v1/namespaces/([^/]+)/leases(?:/([^/]+))?$"),
+        LEASE_GROUP,
+        "leases",
+        "Lease",
+    ),
     (
         re.compile(rf"^/apis/{re.escape(GATEWAY_GROUP)}/v1/namespaces/([^/]+)/httproutes/([^/]+)$"),
         GATEWAY_GROUP,
@@ -53,8 +77,14 @@ _PATHS = (
         "HTTPRoute",
     ),
 )
-_VERBS = {"GET": "get", "PATCH": "patch", "DELETE": "delete"}
-_ALLOWED = {"nodes": {"get", "patch"}, "pods": {"get", "delete"}, "httproutes": {"get", "patch"}}
+_ALLOWED = {
+    "nodes": {"get", "patch", "list"},
+    "pods": {"get", "delete", "list"},
+    "configmaps": {"get", "create", "update"},
+    "leases": {"get", "create", "update"},
+    "httproutes": {"get", "patch"},
+}
+_API_VERSION = {"configmaps": "v1", "leases": f"{LEASE_GROUP}/v1"}
 
 Key = tuple[str, str, str]  # resource, namespace ("" for cluster scope), name
 
@@ -178,6 +208,36 @@ def httproute_validator(crd_path: str) -> Callable[[Mapping[str, Any]], None]:
     return validate
 
 
+def parse_selector(text: str) -> Callable[[Mapping[str, str]], bool]:
+    """An equality-based label selector (``a=b``, ``a==b``, ``a!=b``, ``a``, ``!a``)."""
+    terms: list[tuple[str, str, str]] = []  # (op, key, value)
+    for term in filter(None, (t.strip() for t in text.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            terms.append(("!=", key.strip(), value.strip()))
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            terms.append(("=", key.strip(), value.strip()))
+        elif re.fullmatch(r"!?[A-Za-z0-9./_-]+", term):
+            terms.append(("!", term[1:], "") if term.startswith("!") else ("exists", term, ""))
+        else:
+            raise ApiError(400, "BadRequest", f"unable to parse requirement: {term!r}")
+
+    def matches(labels: Mapping[str, str]) -> bool:
+        for op, key, value in terms:
+            found = labels.get(key)
+            if (
+                (op == "=" and found != value)
+                or (op == "!=" and found == value)
+                or (op == "!" and key in labels)
+                or (op == "exists" and key not in labels)
+            ):
+                return False
+        return True
+
+    return matches
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -253,16 +313,33 @@ class FakeKube:
         return self._put(("nodes", "", name), node)
 
     def add_pod(
-        self, namespace: str, name: str, *, node: str = "", created: str = ""
+        self,
+        namespace: str,
+        name: str,
+        *,
+        node: str = "",
+        created: str = "",
+        labels: Mapping[str, str] | None = None,
+        ip: str = "",
     ) -> dict[str, Any]:
+        status: dict[str, Any] = {"phase": "Running"}
+        if ip:
+            status["podIP"] = ip
         pod: dict[str, Any] = {
             "kind": "Pod",
             "apiVersion": "v1",
-            "metadata": {"creationTimestamp": created or _now(), "labels": {"app": "engine"}},
+            "metadata": {
+                "creationTimestamp": created or _now(),
+                "labels": {"app": "engine", **(labels or {})},
+            },
             "spec": {"nodeName": node, "containers": [{"name": "engine", "image": "vllm"}]},
-            "status": {"phase": "Running"},
+            "status": status,
         }
         return self._put(("pods", namespace, name), pod)
+
+    def add_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> dict[str, Any]:
+        configmap = {"kind": "ConfigMap", "apiVersion": "v1", "metadata": {}, "data": dict(data)}
+        return self._put(("configmaps", namespace, name), configmap)
 
     def add_httproute(self, namespace: str, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         route = {
@@ -299,12 +376,13 @@ class FakeKube:
     # -- request handling ---------------------------------------------------------------
 
     def _route(self, path: str) -> tuple[str, str, Key]:
+        """The group, kind and key of a path; a collection's key has the name ``""``."""
         for pattern, group, resource, kind in _PATHS:
             match = pattern.match(path)
             if match:
                 parts = match.groups()
                 namespace, name = ("", parts[0]) if len(parts) == 1 else parts
-                return group, kind, (resource, namespace, name)
+                return group, kind, (resource, namespace or "", name or "")
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
 
     def _authorize(self, group: str, verb: str, key: Key) -> None:
@@ -341,12 +419,28 @@ class FakeKube:
             kind=resource,
         )
 
-    def handle(self, method: str, path: str, content_type: str, body: bytes) -> dict[str, Any]:
+    def handle(
+        self, method: str, path: str, content_type: str, body: bytes, query: str = ""
+    ) -> dict[str, Any]:
         group, kind, key = self._route(path)
-        verb = _VERBS[method]
+        collection = key[2] == ""
+        verb = {
+            ("GET", False): "get",
+            ("GET", True): "list",
+            ("PATCH", False): "patch",
+            ("DELETE", False): "delete",
+            ("POST", True): "create",
+            ("PUT", False): "update",
+        }.get((method, collection), "")
         if verb not in _ALLOWED[key[0]]:
             raise ApiError(405, "MethodNotAllowed", f"{method} is not served for {key[0]} here")
         self._authorize(group, verb, key)
+        if verb == "list":
+            return self._list(kind, key, urllib.parse.parse_qs(query))
+        if verb == "create":
+            return self._create(group, kind, key, body)
+        if verb == "update":
+            return self._update(group, kind, key, body)
         if method == "GET":
             with self._lock:
                 barrier = self._barrier if self._lined_up > 0 else None
@@ -360,6 +454,72 @@ class FakeKube:
         if method == "DELETE":
             return self._delete(group, key, body)
         return self._patch(group, kind, key, content_type, body)
+
+    def _list(self, kind: str, key: Key, query: Mapping[str, list[str]]) -> dict[str, Any]:
+        resource, namespace, _ = key
+        selector = parse_selector((query.get("labelSelector") or [""])[0])
+        limit = int((query.get("limit") or ["0"])[0] or 0)
+        with self._lock:
+            found = [
+                copy.deepcopy(obj)
+                for (r, ns, _), obj in sorted(self._objects.items())
+                if r == resource
+                and (not namespace or ns == namespace)
+                and selector((obj.get("metadata") or {}).get("labels") or {})
+            ]
+            version = str(self._version)
+        meta: dict[str, Any] = {"resourceVersion": version}
+        if limit and len(found) > limit:
+            found, meta["continue"] = found[:limit], f"after-{limit}"
+        return {"kind": f"{kind}List", "apiVersion": "v1", "metadata": meta, "items": found}
+
+    def _create(self, group: str, kind: str, key: Key, body: bytes) -> dict[str, Any]:
+        obj = self._decode(body)
+        if not isinstance(obj, dict) or not (obj.get("metadata") or {}).get("name"):
+            raise ApiError(422, "Invalid", f"{kind} metadata.name: Required value")
+        name = obj["metadata"]["name"]
+        target = (key[0], key[1], name)
+        with self._lock:
+            exists = target in self._objects
+        if exists:
+            raise ApiError(409, "AlreadyExists", f'{key[0]} "{name}" already exists',
+                           name=name, group=group, kind=key[0])  # fmt: skip
+        obj["metadata"].pop("resourceVersion", None)
+        obj.setdefault("kind", kind)
+        obj.setdefault("apiVersion", _API_VERSION.get(key[0], "v1"))
+        created = self._put(target, obj)
+        with self._lock:
+            self.written.append(copy.deepcopy(created))
+        return created
+
+    def _update(self, group: str, kind: str, key: Key, body: bytes) -> dict[str, Any]:
+        obj = self._decode(body)
+        if not isinstance(obj, dict):
+            raise ApiError(400, "BadRequest", "the request body is not an object")
+        meta = obj.get("metadata") or {}
+        with self._lock:
+            current = self._objects.get(key)
+            if current is None:
+                raise self._not_found(group, key)
+            wanted = meta.get("resourceVersion")
+            if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {key[0]} "{key[2]}": the object has been '
+                    "modified; please apply your changes to the latest version and try again",
+                    name=key[2],
+                    group=group,
+                    kind=key[0],
+                )
+            kept = {f: current["metadata"][f] for f in ("uid", "creationTimestamp")}
+            obj["metadata"] = {**meta, **kept, "name": key[2], "namespace": key[1]}
+            obj["metadata"]["resourceVersion"] = self._next_version()
+            obj.setdefault("kind", kind)
+            obj.setdefault("apiVersion", _API_VERSION.get(key[0], "v1"))
+            self._objects[key] = copy.deepcopy(obj)
+            self.written.append(copy.deepcopy(obj))
+            return copy.deepcopy(obj)
 
     def _decode(self, body: bytes) -> Any:
         try:
@@ -471,7 +631,7 @@ class FakeKube:
                 self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
             def _answer(self) -> None:
-                path = self.path.split("?")[0]
+                path, _, query = self.path.partition("?")
                 content_type = self.headers.get("Content-Type", "")
                 length = int(self.headers.get("Content-Length") or 0)
                 key: Key | None = None
@@ -485,8 +645,9 @@ class FakeKube:
                         self.close_connection = True
                         raise ApiError(413, "RequestEntityTooLarge", "request entity too large")
                     body = self.rfile.read(length) if length else b""
-                    result, code = fake.handle(self.command, path, content_type, body), 200
-                    if self.command == "GET":
+                    result = fake.handle(self.command, path, content_type, body, query)
+                    code = 200 if self.command != "POST" else 201
+                    if self.command == "GET" and fake._route(path)[2][2]:
                         key = fake._route(path)[2]
                 except ApiError as error:
                     result, code = error.status(), error.code
@@ -501,7 +662,7 @@ class FakeKube:
                 if key is not None and fake.after_read is not None:
                     fake.after_read(key)
 
-            do_GET = do_PATCH = do_DELETE = _answer
+            do_GET = do_PATCH = do_DELETE = do_POST = do_PUT = _answer
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         server.daemon_threads = True

@@ -183,6 +183,7 @@ class Drill(Demo):
             self.ports.runbooks,
             True,
             workdir / routing.RUNTIME,
+            sidecars=self.ports.sidecar,
             kube_host=self.kube_url,
             cooldown="5s",
         )

@@ -27,7 +27,6 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     alert_reason,
     annotations_of,
     check_params,
-    group_of,
     object_name,
 )
 
@@ -83,7 +82,7 @@ class GpuResetRequest(KubernetesAction):
     """Request a reset of the alert's GPU (labels ``node``, ``gpu_uuid``; ``xid`` if known)."""
 
     name: ClassVar[str] = "kubernetes_request_gpu_reset"
-    PARAMS: ClassVar[frozenset[str]] = frozenset({"group"})
+    PARAMS: ClassVar[frozenset[str]] = frozenset()
 
     def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:
         check_params(params, self.PARAMS, self.name)
@@ -100,7 +99,7 @@ class GpuResetRequest(KubernetesAction):
             "fingerprint": alert.fingerprint,
             "requested_at": alert.starts_at,
         }
-        group = group_of(params, alert.labels, "gpus")
+        group = "gpus"  # the receiver counts the inventory entry's population
         return [Step(self.name, f"gpu {gpu} on node {node}", "gpu", group, desired, reason)]
 
     async def apply(self, step: Step) -> Outcome:

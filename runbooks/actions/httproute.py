@@ -32,7 +32,6 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     body,
     call,
     check_params,
-    group_of,
     object_name,
     read_modify_write,
 )
@@ -187,12 +186,12 @@ class HTTPRouteShift(KubernetesAction):
     Parameters: ``route``, ``backend``, ``fallback`` (names; ``{label}`` is replaced by the
     alert's label, e.g. ``llama-{model_version}``), ``namespace`` (default: the alert's
     ``namespace`` label), ``steps`` (increasing fractions ending at 1, default 0.25, 0.5, 1),
-    ``step_interval`` (seconds, default 5), ``group``.
+    ``step_interval`` (seconds, default 5).
     """
 
     name: ClassVar[str] = "kubernetes_httproute_shift"
     PARAMS: ClassVar[frozenset[str]] = frozenset(
-        {"namespace", "route", "backend", "fallback", "steps", "step_interval", "group"}
+        {"namespace", "route", "backend", "fallback", "steps", "step_interval"}
     )
 
     @cached_property
@@ -220,7 +219,7 @@ class HTTPRouteShift(KubernetesAction):
             "fingerprint": alert.fingerprint,
         }
         target = f"httproute {namespace}/{route} {backend}->{fallback}"
-        group = group_of(params, alert.labels, f"httproute {namespace}/{route}")
+        group = f"httproute {namespace}/{route}"
         return [Step(self.name, target, "traffic", group, desired, alert_reason(alert))]
 
     def _read(self, desired: Mapping[str, Any]) -> Obj:

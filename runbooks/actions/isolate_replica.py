@@ -1,8 +1,11 @@
 """Replica isolation, no cluster permission: set the sidecar's ``isolated`` readiness condition.
 
-The alert's labels fill a URL template (``http://{instance}/admin/isolation`` by default, the
+The labels fill a URL template (``http://{instance}/admin/isolation`` by default, the
 sidecar's own listener); its ``/readyz`` then answers 503 and every Service and gateway drops
-the replica. Label values are untrusted, so only host-and-port characters may reach the URL.
+the replica. The receiver fills it from its replica inventory's entry (never from an alert's
+label alone), and the URL's host and port must be that entry's ``instance``, so the admin
+token goes only to a listed sidecar. Only host-and-port characters may reach the URL, and
+every reply is read up to :data:`MAX_REPLY_BYTES`.
 Apply is a POST (a no-op when the sidecar is already isolated), verify reads ``/readyz``
 back, and revert is a DELETE for this alert's fingerprint only.
 
@@ -13,6 +16,7 @@ bounds each request.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,7 +31,6 @@ from inferwatch.runbooks.actions.params import fill
 
 TOKEN_ENV = "INFERWATCH_RUNBOOKS_SIDECAR_TOKEN"
 DEFAULT_URL = "http://{instance}/admin/isolation"
-DEFAULT_GROUP = "{model}"
 MAX_REPLY_BYTES = 64 * 1024
 
 
@@ -44,13 +47,15 @@ class IsolateReplica:
         )
 
     def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:
-        unknown = set(params) - {"admin_url", "group"}
+        unknown = set(params) - {"admin_url"}
         if unknown:
             raise ActionError(f"unknown parameters {sorted(unknown)}")
         url = fill(str(params.get("admin_url", DEFAULT_URL)), alert.labels, url_safe=True)
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.username:
             raise ActionError(f"admin_url {url!r} is not an http(s) URL")
+        if parts.netloc != alert.labels.get("instance"):
+            raise ActionError(f"admin_url {url!r} is not the replica's instance")
         summary = alert.annotations.get("summary", "")
         reason = f"{alert.labels['alertname']}: {summary}".rstrip(": ")[:256]
         return [
@@ -58,7 +63,8 @@ class IsolateReplica:
                 action=self.name,
                 target=f"sidecar {url}",
                 unit="replica",
-                group=fill(str(params.get("group", DEFAULT_GROUP)), alert.labels, url_safe=False),
+                # the receiver sets the inventory's population; this is for a plan read alone
+                group=alert.labels.get("model", "replicas"),
                 desired={"isolated": True, "fingerprint": alert.fingerprint, "reason": reason},
                 reason=reason,
             )
@@ -72,13 +78,13 @@ class IsolateReplica:
         parts = urlsplit(_url(step))
         readyz = urlunsplit((parts.scheme, parts.netloc, "/readyz", "", ""))
         try:
-            reply = await self._client.get(readyz)
-            conditions = {c["name"]: c for c in reply.json()["conditions"]}
+            status, data = await self._bounded("GET", readyz)
+            conditions = {c["name"]: c for c in json.loads(data)["conditions"]}
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-            return Outcome(False, False, f"cannot read {readyz}: {type(exc).__name__}")
+            return Outcome(False, False, f"cannot read {readyz}: {type(exc).__name__}: {exc}"[:300])
         isolated = conditions.get("isolated", {}).get("ok") is False
-        observed = {"readyz_status": reply.status_code, "isolated": isolated}
-        if isolated and reply.status_code == 503:
+        observed = {"readyz_status": status, "isolated": isolated}
+        if isolated and status == 503:
             return Outcome(True, False, "/readyz fails on the isolated condition", observed)
         return Outcome(False, False, "/readyz does not show the replica isolated", observed)
 
@@ -95,22 +101,29 @@ class IsolateReplica:
     async def aclose(self) -> None:
         await self._client.aclose()
 
+    async def _bounded(self, method: str, url: str, **kwargs: Any) -> tuple[int, bytes]:
+        """Status and body of one request, the body read up to :data:`MAX_REPLY_BYTES`."""
+        async with self._client.stream(method, url, **kwargs) as reply:
+            data = bytearray()
+            async for chunk in reply.aiter_bytes():
+                data += chunk
+                if len(data) > MAX_REPLY_BYTES:
+                    raise ValueError(f"reply larger than {MAX_REPLY_BYTES} bytes")
+            return reply.status_code, bytes(data)
+
     async def _call(self, method: str, url: str, **kwargs: Any) -> Outcome:
         try:
-            reply = await self._client.request(method, url, **kwargs)
-            state = reply.json() if len(reply.content) <= MAX_REPLY_BYTES else {}
+            status, data = await self._bounded(method, url, **kwargs)
+            state = json.loads(data) if status in (200, 409) else {}
         except (httpx.HTTPError, ValueError) as exc:
             return Outcome(False, False, f"{method} {url}: {type(exc).__name__}: {exc}"[:300])
         if not isinstance(state, dict):
             state = {}
-        observed = {
-            "status": reply.status_code,
-            **{k: state.get(k) for k in ("isolated", "fingerprint")},
-        }
-        if reply.status_code == 409:
+        observed = {"status": status, **{k: state.get(k) for k in ("isolated", "fingerprint")}}
+        if status == 409:
             return Outcome(False, False, "isolated for another alert", observed)
-        if reply.status_code != 200:
-            return Outcome(False, False, f"{method} {url}: HTTP {reply.status_code}", observed)
+        if status != 200:
+            return Outcome(False, False, f"{method} {url}: HTTP {status}", observed)
         changed = state.get("changed") is True
         detail = "changed" if changed else "already in the desired state"
         if method == "POST" and not changed and state.get("fingerprint") != _fp(kwargs):

@@ -27,7 +27,6 @@ from urllib3.exceptions import HTTPError
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
 
 # the one implementation of {label} templates, shared with the replica isolation action
-from inferwatch.runbooks.actions.params import fill
 
 #: The verbs and resources the Kubernetes actions use (PolicyRule form, for a ClusterRole:
 #: nodes are cluster-scoped). Node isolation and GPU reset requests read and patch nodes;
@@ -133,9 +132,17 @@ def object_name(value: object, what: str) -> str:
     return value
 
 
-def body(response: Any) -> Obj:
-    """The JSON object of a raw (``_preload_content=False``) client response."""
-    decoded = json.loads(response.data)
+#: bytes of one API answer read at most (a node, a pod, a list of MAX_ENTRIES fit easily)
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+
+
+def body(response: Any, limit: int = MAX_ANSWER_BYTES) -> Obj:
+    """The JSON object of a raw (``_preload_content=False``) client response, read up to
+    ``limit`` bytes (``ValueError`` beyond)."""
+    data = response.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"the API server's answer is larger than {limit} bytes")
+    decoded = json.loads(data)
     if not isinstance(decoded, dict):
         raise ValueError("the API server answered with something other than an object")
     return decoded
@@ -255,14 +262,3 @@ def check_params(params: Mapping[str, Any], known: frozenset[str], action: str) 
     unknown = sorted(set(params) - known)
     if unknown:
         raise ActionError(f"{action}: unknown parameters {', '.join(unknown)}")
-
-
-def group_of(params: Mapping[str, Any], labels: Mapping[str, str], default: str) -> str:
-    """The breaker's population for a step: parameter ``group`` (``{label}`` filled), else
-    ``default``."""
-    if "group" not in params:
-        return default
-    group = params["group"]
-    if not isinstance(group, str) or not group:
-        raise ActionError(f"parameter group must be a non-empty string, got {group!r}")
-    return fill(group, labels, url_safe=False)

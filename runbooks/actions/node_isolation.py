@@ -24,7 +24,6 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     alert_reason,
     annotations_of,
     check_params,
-    group_of,
     object_name,
 )
 
@@ -134,13 +133,13 @@ class NodeIsolation(KubernetesAction):
 
     Parameters: ``cordon`` (default true), ``no_execute`` (default false: evicting running
     pods is a drain, which a person or a drainer with PodDisruptionBudgets should own),
-    ``taint_key`` (default :data:`TAINT_KEY`), ``taint_value`` (default ``true``), ``group``.
+    ``taint_key`` (default :data:`TAINT_KEY`), ``taint_value`` (default ``true``).
     The node comes from the alert's ``node`` label.
     """
 
     name: ClassVar[str] = "kubernetes_isolate_node"
     PARAMS: ClassVar[frozenset[str]] = frozenset(
-        {"cordon", "no_execute", "taint_key", "taint_value", "group"}
+        {"cordon", "no_execute", "taint_key", "taint_value"}
     )
 
     def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:
@@ -161,7 +160,7 @@ class NodeIsolation(KubernetesAction):
             "fingerprint": alert.fingerprint,
             "reason": reason,
         }
-        group = group_of(params, alert.labels, "nodes")
+        group = "nodes"  # the receiver counts the inventory entry's population
         return [Step(self.name, f"node {node}", "node", group, desired, reason)]
 
     async def apply(self, step: Step) -> Outcome:

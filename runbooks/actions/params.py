@@ -1,6 +1,6 @@
 """Parameter rules several actions share: label templates and stepwise shift schedules.
 
-One implementation each, so that a target URL or a breaker group is filled from an alert's
+One implementation each, so that a target URL or a route's name is filled from an alert's
 labels the same way by every action, and a traffic shift (HAProxy weights or an HTTPRoute's
 backendRefs) moves through the same validated fractions.
 """

@@ -27,7 +27,6 @@ from inferwatch.runbooks.actions.kubernetes_api import (
     body,
     call,
     check_params,
-    group_of,
     object_name,
 )
 
@@ -55,10 +54,10 @@ def _restarted(pod: Obj, not_before: str) -> str | None:
 
 
 class PodRestart(KubernetesAction):
-    """Delete the pod named by the alert's ``namespace`` and ``pod`` labels (``group``)."""
+    """Delete the pod named by the alert's ``namespace`` and ``pod`` labels."""
 
     name: ClassVar[str] = "kubernetes_restart_pod"
-    PARAMS: ClassVar[frozenset[str]] = frozenset({"group"})
+    PARAMS: ClassVar[frozenset[str]] = frozenset()
 
     @cached_property
     def _core(self) -> client.CoreV1Api:
@@ -70,7 +69,7 @@ class PodRestart(KubernetesAction):
         pod = object_name(alert.labels.get("pod"), "alert label pod")
         _seconds(alert.starts_at)
         model = alert.labels.get("model")
-        group = group_of(params, alert.labels, f"model {model}" if model else "replicas")
+        group = model or "replicas"  # the receiver counts the inventory entry's population
         desired = {
             "namespace": namespace,
             "pod": pod,

@@ -21,8 +21,10 @@ from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks.actions.isolate_replica import IsolateReplica
 from inferwatch.runbooks.audit import AuditLog
-from inferwatch.runbooks.dispatch import Dispatcher
+from inferwatch.runbooks.dispatch import MAX_BACKLOG_BYTES, Dispatcher
+from inferwatch.runbooks.inventory import Entry, Inventory, Kind, entry
 from inferwatch.runbooks.server import Receiver
+from inferwatch.runbooks.state import DirectoryStore
 from inferwatch.serving.page_fetch import EngineScraper
 from support.wait import wait_for
 
@@ -32,9 +34,11 @@ VLLM_PAGE = "/fixture/vllm-generated-0.33.0-1engine/metrics"
 
 
 class Loop:
-    """An event loop in a daemon thread."""
+    """An event loop in a daemon thread, and the replica inventory its receivers trust (the
+    sidecars started on it, and whatever a test lists)."""
 
     def __init__(self) -> None:
+        self.listed: list[dict[str, str]] = []
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
@@ -49,11 +53,11 @@ class Loop:
 
 
 class Served:
-    """An ASGI app under uvicorn on a free loopback port."""
+    """An ASGI app under uvicorn on a free loopback port (or ``port``, to restart on it)."""
 
-    def __init__(self, loop: Loop, app: Any) -> None:
+    def __init__(self, loop: Loop, app: Any, port: int = 0) -> None:
         self._loop = loop
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, lifespan="on")
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
         self.server = uvicorn.Server(config)
 
         async def start() -> tuple[asyncio.Task[None], int]:
@@ -77,9 +81,35 @@ class Served:
         self._loop.run(wait)
 
 
+class Listed:
+    """A replica inventory read from a list the test changes as it starts sidecars."""
+
+    kind: Kind = "replicas"
+
+    def __init__(self, listed: list[dict[str, str]]) -> None:
+        self.listed = listed
+
+    async def entries(self) -> list[Entry]:
+        return [entry(self.kind, labels) for labels in self.listed]
+
+
+def listing(loop: Loop, address: str, model: str = "llama", **labels: str) -> dict[str, str]:
+    """List a replica at ``address`` in the inventory of ``loop``'s receivers."""
+    item = {"instance": address, "model": model, **labels}
+    loop.listed.append(item)
+    return item
+
+
 class ReceiverUnderTest:
     def __init__(
-        self, loop: Loop, tmp: Path, document: dict[str, Any], execute: bool, queue_size: int = 100
+        self,
+        loop: Loop,
+        tmp: Path,
+        document: dict[str, Any],
+        execute: bool,
+        queue_size: int = 100,
+        state_dir: Path | None = None,
+        max_backlog_bytes: int = MAX_BACKLOG_BYTES,
     ) -> None:
         token_file = tmp / "sidecar-token"
         token_file.write_text(SIDECAR_TOKEN + "\n")
@@ -91,7 +121,17 @@ class ReceiverUnderTest:
             action = IsolateReplica(token_file=str(token_file), timeout=5.0)
             audit = AuditLog(self.audit_path)
             actions = {"isolate_replica": action}
-            return Dispatcher(self.config, actions, audit, execute=execute, queue_size=queue_size)
+            store = DirectoryStore(state_dir) if state_dir is not None else None
+            return Dispatcher(
+                self.config,
+                actions,
+                audit,
+                execute=execute,
+                queue_size=queue_size,
+                store=store,
+                inventory=Inventory({"replicas": Listed(loop.listed)}),
+                max_backlog_bytes=max_backlog_bytes,
+            )
 
         self.dispatcher: Dispatcher = loop.run(build)
         self.served = Served(loop, Receiver(self.dispatcher, RECEIVER_TOKEN, 64 * 1024).app())
@@ -136,9 +176,17 @@ class SidecarUnderTest:
             scraper = EngineScraper(engine_url, timeout_s=2.0, max_bytes=1 << 22)
             return Sidecar([EngineCollector(scraper, {"model": model})], admin_token=SIDECAR_TOKEN)
 
+        self._loop = loop
         self.sidecar: Sidecar = loop.run(build)
         self.served = Served(loop, self.sidecar.app())
         self.url, self.address = self.served.url, self.served.address
+        self.listed = listing(loop, self.address, model)
+
+    def restart(self) -> None:
+        """A new sidecar process on the same address: its isolation flag starts clear."""
+        self.served.stop()
+        self.sidecar.isolation.state = None
+        self.served = Served(self._loop, self.sidecar.app(), self.served.port)
 
     def state(self) -> dict[str, Any]:
         reply = httpx.get(
@@ -158,14 +206,14 @@ def config(**overrides: Any) -> dict[str, Any]:
     """A mapping config with one isolation rule; overrides replace top-level sections."""
     document: dict[str, Any] = {
         "namespaces": ["*"],
-        "breaker": {"max_fraction": 1.0, "window": "1h", "populations": {"llama": 10}},
+        "breaker": {"max_fraction": 1.0, "window": "1h"},
         "rules": [
             {
                 "name": "isolate-on-xid",
                 "alertname": "InferwatchGPUXidErrors",
                 "matchers": ['severity="critical"'],
                 "action": "isolate_replica",
-                "params": {"admin_url": "http://{instance}/admin/isolation", "group": "{model}"},
+                "params": {"admin_url": "http://{instance}/admin/isolation"},
             }
         ],
     }

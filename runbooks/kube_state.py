@@ -1,0 +1,238 @@
+"""The receiver's state in Kubernetes: a ConfigMap as the store, a Lease to elect who acts.
+
+:class:`ConfigMapStore` keeps the state (see :mod:`inferwatch.runbooks.state`) under one key
+of a ConfigMap. A transaction reads it, changes it and replaces it with the
+``resourceVersion`` it read; when another replica wrote in between, the API server answers
+``409 Conflict`` and the transaction runs again on a fresh read, a bounded number of times, so
+no replica's change is lost or applied to a stale state. :class:`LeaseElector` holds a
+``coordination.k8s.io`` Lease the way client-go's leader election does (renew before
+``leaseDurationSeconds`` passes; take over only a lease nobody renewed in time; every write
+carries the ``resourceVersion`` read), and only the holder acts: the others answer 503 and
+fail ``/readyz``, so their Service sends Alertmanager to the leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+from kubernetes import client
+from urllib3.exceptions import HTTPError
+
+from inferwatch.logs import log_event
+from inferwatch.runbooks.actions.kubernetes_api import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, body
+from inferwatch.runbooks.state import MAX_STATE_BYTES, State, StateError
+
+logger = logging.getLogger("inferwatch.runbooks")
+
+T = TypeVar("T")
+#: the ConfigMap key holding the state
+KEY = "state.json"
+#: what the state store and the election use (for the receiver's Role, in its namespace)
+RBAC_RULES = (
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]},
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get", "create", "update"],
+    },
+)
+LEASE_SECONDS = 15
+
+
+def _api_error(exc: Exception, what: str) -> StateError:
+    if isinstance(exc, client.ApiException):
+        return StateError(f"{what}: HTTP {exc.status} {exc.reason}")
+    return StateError(f"{what}: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+class ConfigMapStore:
+    def __init__(
+        self, api: client.ApiClient, namespace: str, name: str, retries: int = DEFAULT_RETRIES
+    ) -> None:
+        self._core = client.CoreV1Api(api)
+        self.namespace, self.name, self.retries = namespace, name, retries
+        self.where = f"configmap {namespace}/{name}"
+
+    async def transact(self, change: Callable[[State], T]) -> T:
+        return await asyncio.to_thread(self._transact, change)
+
+    def _transact(self, change: Callable[[State], T]) -> T:
+        for _ in range(self.retries + 1):
+            current = self._read()
+            data = ((current or {}).get("data") or {}).get(KEY, "").encode()
+            state = State.from_bytes(data, self.where)
+            result = change(state)
+            after = state.to_bytes()
+            if after == data:
+                return result
+            try:
+                self._write(current, after.decode())
+            except client.ApiException as exc:
+                if exc.status != 409:  # 409: another replica wrote first; again, fresh
+                    raise _api_error(exc, self.where) from None
+                continue
+            except (HTTPError, ValueError) as exc:
+                raise _api_error(exc, self.where) from None
+            return result
+        raise StateError(f"{self.where}: gave up after {self.retries + 1} conflicting writes")
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            response: Any = self._core.read_namespaced_config_map(
+                self.name,
+                self.namespace,
+                _preload_content=False,
+                _request_timeout=DEFAULT_TIMEOUT_S,
+            )
+            return body(response, 2 * MAX_STATE_BYTES)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _api_error(exc, self.where) from None
+        except (HTTPError, ValueError) as exc:
+            raise _api_error(exc, self.where) from None
+
+    def _write(self, current: dict[str, Any] | None, text: str) -> None:
+        if current is None:
+            created = {"metadata": {"name": self.name}, "data": {KEY: text}}
+            self._core.create_namespaced_config_map(
+                self.namespace,
+                cast(Any, created),
+                _preload_content=False,
+                _request_timeout=DEFAULT_TIMEOUT_S,
+            )
+            return
+        meta = current["metadata"]
+        replaced = {
+            "metadata": {"name": self.name, "resourceVersion": meta["resourceVersion"]},
+            "data": {**(current.get("data") or {}), KEY: text},
+        }
+        self._core.replace_namespaced_config_map(
+            self.name,
+            self.namespace,
+            cast(Any, replaced),
+            _preload_content=False,
+            _request_timeout=DEFAULT_TIMEOUT_S,
+        )
+
+
+def _micro(at: float) -> str:
+    return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _seconds(text: Any) -> float:
+    try:
+        return datetime.datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+class LeaseElector:
+    """One replica leads while it holds the Lease; :meth:`leading` says whether this one does."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        name: str,
+        identity: str,
+        duration: float = LEASE_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._coordination = client.CoordinationV1Api(api)
+        self.namespace, self.name, self.identity = namespace, name, identity
+        self.duration, self.clock = duration, clock
+        self._until = 0.0  # this replica leads until then (its last renewal + the duration)
+
+    def leading(self) -> bool:
+        return self.clock() < self._until
+
+    async def run(self) -> None:
+        """Try to acquire or renew every third of the lease's duration, until cancelled."""
+        was = False
+        while True:
+            try:
+                await asyncio.to_thread(self.try_once)
+            except (client.ApiException, HTTPError, ValueError) as exc:
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "lease renewal failed",
+                    lease=self.name,
+                    reason=str(exc).splitlines()[0][:200],
+                )
+            if self.leading() != was:
+                was = self.leading()
+                log_event(
+                    logger,
+                    logging.INFO,
+                    "leader" if was else "standby",
+                    lease=self.name,
+                    identity=self.identity,
+                )
+            await asyncio.sleep(self.duration / 3)
+
+    def try_once(self) -> bool:
+        """One attempt to acquire or renew; whether this replica holds the lease now."""
+        now = self.clock()
+        try:
+            current = body(
+                self._coordination.read_namespaced_lease(
+                    self.name,
+                    self.namespace,
+                    _preload_content=False,
+                    _request_timeout=DEFAULT_TIMEOUT_S,
+                )
+            )
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+            current = None
+        spec = (current or {}).get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        renewed = _seconds(spec.get("renewTime"))
+        held_for = float(spec.get("leaseDurationSeconds") or self.duration)
+        if current is not None and holder != self.identity and now < renewed + held_for:
+            self._until = 0.0
+            return False  # another replica holds it, renewed in time
+        transitions = int(spec.get("leaseTransitions") or 0) + (holder != self.identity)
+        new_spec = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": max(1, round(self.duration)),
+            "acquireTime": spec.get("acquireTime") if holder == self.identity else _micro(now),
+            "renewTime": _micro(now),
+            "leaseTransitions": transitions if current is not None else 0,
+        }
+        try:
+            if current is None:
+                self._coordination.create_namespaced_lease(
+                    self.namespace,
+                    cast(Any, {"metadata": {"name": self.name}, "spec": new_spec}),
+                    _preload_content=False,
+                    _request_timeout=DEFAULT_TIMEOUT_S,
+                )
+            else:
+                meta = {
+                    "name": self.name,
+                    "resourceVersion": current["metadata"]["resourceVersion"],
+                }
+                self._coordination.replace_namespaced_lease(
+                    self.name,
+                    self.namespace,
+                    cast(Any, {"metadata": meta, "spec": new_spec}),
+                    _preload_content=False,
+                    _request_timeout=DEFAULT_TIMEOUT_S,
+                )
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+            self._until = 0.0
+            return False  # another replica wrote first
+        # a margin below the duration, so that two replicas never both believe they lead
+        self._until = now + self.duration * 2 / 3
+        return True
