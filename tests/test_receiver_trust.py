@@ -334,7 +334,7 @@ def test_reset_breaker_against_something_else_is_one_line(loop: h.Loop, tmp_path
         argv = ["runbooks", "reset-breaker", "--url", served.url, "--token-file", str(token)]
         result = CliRunner().invoke(main, argv)
         assert result.exit_code == 3, result.output
-        assert "answered something other than a receiver" in result.output
+        assert "not as a runbook receiver does" in result.output
     finally:
         served.stop()
 

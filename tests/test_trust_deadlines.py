@@ -54,11 +54,6 @@ def test_reset_breaker_refuses_an_answer_that_is_not_a_receivers(body: bytes) ->
     assert "not as a runbook receiver does" in line
 
 
-def test_reset_breaker_with_a_url_that_is_none_is_one_line() -> None:
-    line = assert_cannot_run(["runbooks", "reset-breaker", "--url", "http://[::1"], TOKEN)
-    assert "cannot reach" in line
-
-
 def test_scrape_ends_within_the_engine_timeout_against_a_trickle(
     trickling: StubPrometheus,
 ) -> None:
