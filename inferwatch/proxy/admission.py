@@ -26,6 +26,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from inferwatch.proxy.config import Budget
 
@@ -45,6 +46,31 @@ class Reservation:
     tokens: int
     #: the completion cap the request must be sent with (None: leave the body as it is)
     completion_cap: int | None = None
+
+
+def budget_refusal(
+    budget: Budget, prompt: int, completion: int, used: int, reserved: int, retry_after: int
+) -> Refusal:
+    """The 429 of a request its tenant's budget window cannot cover."""
+    return Refusal(
+        429,
+        "rejected_budget",
+        f"tenant token budget of {budget.tokens} per {budget.window_seconds:g}s cannot "
+        f"cover this request ({prompt} prompt + up to {completion} completion tokens; "
+        f"{used} used, {reserved} reserved by requests in flight); "
+        f"retry after {retry_after}s",
+        retry_after,
+    )
+
+
+class Ledger(Protocol):
+    """What settling and the metrics read of a tenant's budget books, local or shared."""
+
+    def room(self, tenant: str, budget: Budget) -> int: ...
+
+    def settle(self, reservation: Reservation, budget: Budget, tokens: int) -> None: ...
+
+    def remaining(self, tenant: str, budget: Budget) -> int: ...
 
 
 class BudgetLedger:
@@ -96,14 +122,8 @@ class BudgetLedger:
             cap = (room - prompt) // choices
         if cap < 0 or (cap == 0 and completion_cap > 0) or prompt + cap * choices > room:
             retry_after = max(1, math.ceil(start + budget.window_seconds - now))
-            return Refusal(
-                429,
-                "rejected_budget",
-                f"tenant token budget of {budget.tokens} per {budget.window_seconds:g}s cannot "
-                f"cover this request ({prompt} prompt + up to {completion_cap * choices} "
-                f"completion tokens; {used} used, {reserved} reserved by requests in flight); "
-                f"retry after {retry_after}s",
-                retry_after,
+            return budget_refusal(
+                budget, prompt, completion_cap * choices, used, reserved, retry_after
             )
         tokens = prompt + cap * choices
         self._reserved[tenant] = (start, reserved + tokens)

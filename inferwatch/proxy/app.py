@@ -39,6 +39,7 @@ from inferwatch.proxy.accounting import Accounting
 from inferwatch.proxy.admission import (
     BudgetLedger,
     ConcurrencyGate,
+    Ledger,
     Refusal,
 )
 from inferwatch.proxy.config import ProxyConfig
@@ -63,6 +64,7 @@ from inferwatch.proxy.relays import JSON, PLAIN, Relays, respond
 from inferwatch.proxy.routes import STREAMABLE, Route, Router
 from inferwatch.proxy.routing import Routing
 from inferwatch.proxy.sampling import TranscribingMeter, prompt_text
+from inferwatch.proxy.sharedstate import SharedLedger
 from inferwatch.proxy.tenants import UNKNOWN, TenantResolver
 from inferwatch.proxy.upstream import Timeouts, UpstreamError, UpstreamPool
 from inferwatch.proxy.usage import (
@@ -139,13 +141,15 @@ class ProxyApp:
         self.draining = False
         self._handlers: set[asyncio.Task[Any]] = set()
         self.ledger = BudgetLedger()
+        #: the fleet's books in Redis, where configured; else this process's own
+        self.shared = SharedLedger(config) if config.shared_state is not None else None
         self.gate = ConcurrencyGate(config.max_concurrency, config.queue_timeout_s)
         self.reconciler = Reconciler()
         self.engine = EngineInfo(self.pool)
         self.direct_traffic = DirectTraffic(config.probe_metrics_urls)
         self.sampler = DegeneracySampler(config.quality_sample_rate)
         self.accounting = Accounting(
-            config, self.metrics, self.ledger, self.sampler, self.access_log
+            config, self.metrics, self.budgets, self.sampler, self.access_log
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._ready: tuple[float, bool, str] = (0.0, False, "not checked yet")
@@ -168,6 +172,11 @@ class ProxyApp:
             finish=self.accounting.finish,
             handlers=self._handlers,
         )
+
+    @property
+    def budgets(self) -> Ledger:
+        """The books budgets are kept in: the fleet's shared state, or this process's."""
+        return self.shared if self.shared is not None else self.ledger
 
     # ------------------------------------------------------------------ ASGI entry point
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -193,6 +202,8 @@ class ProxyApp:
         self._tasks.append(asyncio.ensure_future(self._engine_info_loop()))
         if self.config.reconcile_interval > 0:
             self._tasks.append(asyncio.ensure_future(self._reconcile_loop()))
+        if self.shared is not None:
+            self._tasks.append(asyncio.ensure_future(self.shared.run()))
 
     async def stop_background(self) -> None:
         # handlers cancelled at the end of a shutdown still charge their tokens: wait for them
@@ -205,6 +216,8 @@ class ProxyApp:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self.shared is not None:
+            await self.shared.aclose()
         self.access_log.flush()
         self.pool.close()
         await self.direct_traffic.aclose()
@@ -292,16 +305,15 @@ class ProxyApp:
                     400, "rejected_bad_request", f"at most {MAX_CHOICES} choices per request"
                 ), False
             cap, engine_applies = await self._reserved_cap(exchange, body, requested, prompt)
-            if prompt.tokens + cap * choices > self.ledger.room(exchange.tenant, budget):
+            if prompt.tokens + cap * choices > self.budgets.room(exchange.tenant, budget):
                 await self._recount(exchange, body, prompt)  # a bound must not refuse or clamp
                 cap, engine_applies = await self._reserved_cap(exchange, body, requested, prompt)
-            reserved = self.ledger.reserve(
-                exchange.tenant,
-                budget,
-                prompt.tokens,
-                cap,
-                choices,
-                clamp=config.over_budget == "clamp",
+            asked = (exchange.tenant, budget, prompt.tokens, cap, choices)
+            clamp = config.over_budget == "clamp"
+            reserved = (
+                await self.shared.reserve(*asked, clamp=clamp)
+                if self.shared is not None
+                else self.ledger.reserve(*asked, clamp=clamp)
             )
             if isinstance(reserved, Refusal):
                 exchange.meter = None
@@ -425,7 +437,7 @@ class ProxyApp:
 
     def families(self) -> list[Metric]:
         budgets = {
-            name: self.ledger.remaining(name, tenant.budget)
+            name: self.budgets.remaining(name, tenant.budget)
             for name, tenant in self.config.tenants.items()
             if tenant.budget is not None
         }
@@ -442,6 +454,7 @@ class ProxyApp:
                 },
             ),
             *self.sampler.families(),
+            *(self.shared.families() if self.shared is not None else []),
         ]
 
     def registry(self) -> CollectorRegistry:
@@ -461,7 +474,10 @@ class ProxyApp:
             except UpstreamError as exc:
                 ok, reason = False, f"engine unreachable: {exc.detail}"
             self._ready = (now, ok, reason)
-        status, body = endpoints.readiness([Condition("engine", ok, "" if ok else reason)])
+        conditions = [Condition("engine", ok, "" if ok else reason)]
+        if self.shared is not None:
+            conditions.append(self.shared.readiness())
+        status, body = endpoints.readiness(conditions)
         await respond(send, status, body, list(JSON))
 
     async def _housekeeping_loop(self) -> None:

@@ -28,7 +28,8 @@ from typing import Any, Literal
 from inferwatch import config as layer
 from inferwatch.config import schema as _schema
 from inferwatch.probes.client import PROBE_TENANT, TENANT_HEADER
-from inferwatch.proxy import routes
+from inferwatch.proxy import routes, sharedconfig
+from inferwatch.proxy.sharedconfig import FailurePolicy, SharedState
 
 UnknownPolicy = Literal["reject", "attribute"]
 PRIORITIES = {"high": 0, "normal": 1, "low": 2}
@@ -61,6 +62,8 @@ class Tenant:
     priority: int = PRIORITIES["normal"]
     max_concurrency: int = 0  # 0: no cap of its own
     budget: Budget | None = None
+    #: what its budget does while the shared state is unreachable (None: the section's)
+    failure_policy: FailurePolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,8 @@ class ProxyConfig:
     queue_timeout_s: float = 10.0
     #: share of chat/completion responses screened for degenerate output (0: none)
     quality_sample_rate: float = 0.01
+    #: the fleet's Redis, where budgets are kept for every proxy replica (None: in this process)
+    shared_state: SharedState | None = None
 
     def price(self, model: str) -> Price:
         return self.prices.get(model, self.default_price)
@@ -182,7 +187,7 @@ def _tenant(reader: layer.Fields, name: str) -> Tenant:
         raise reader.error(
             "", f"tenant name {name!r} is reserved or not [A-Za-z0-9._:@/-]{{1,128}}"
         )
-    reader.check_keys({"key_sha256", "priority", "max_concurrency", "budget"})
+    reader.check_keys({"key_sha256", "priority", "max_concurrency", "budget", "failure_policy"})
     hashes = reader.raw.get("key_sha256", [])
     if isinstance(hashes, str):
         hashes = [hashes]
@@ -204,12 +209,17 @@ def _tenant(reader: layer.Fields, name: str) -> Tenant:
             window_seconds=_seconds(budget_reader, "window", 3600.0),
             tolerance=budget_reader.integer("tolerance", Budget.tolerance),
         )
+    policy: FailurePolicy | None = None
+    if "failure_policy" in reader.raw:
+        chosen = reader.choice("failure_policy", "fail_open", sharedconfig.FAILURE_POLICIES)
+        policy = "fail_closed" if chosen == "fail_closed" else "fail_open"
     return Tenant(
         name=name,
         key_hashes=tuple(hashes),
         priority=PRIORITIES[priority],
         max_concurrency=reader.integer("max_concurrency", Tenant.max_concurrency),
         budget=budget,
+        failure_policy=policy,
     )
 
 
@@ -231,6 +241,7 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             "limits",
             "routes",
             "quality_sampling",
+            "shared_state",
         }
     )
 
@@ -396,6 +407,9 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
         quality_sample_rate=sampling.number(
             "rate", _DEFAULT.quality_sample_rate, minimum=0.0, maximum=1.0
         ),
+        shared_state=sharedconfig.parse(top.child("shared_state"))
+        if "shared_state" in top.raw
+        else None,
     )
 
 

@@ -1,0 +1,402 @@
+"""Tenant budgets kept in the fleet's Redis, so that every proxy replica enforces one budget.
+
+Admission reserves in Redis (prompt plus completion cap, clamped or refused exactly as a
+single proxy does, see :mod:`admission`), settling charges the actual usage and releases the
+hold. Every hold carries a lease that this proxy renews while the request runs; the holds of
+a proxy that died (``kill -9``, a lost node) expire with their lease and return to the room.
+A restarted proxy starts with nothing of its own: the window lives in Redis.
+
+While Redis is unreachable or slower than ``timeout`` a tenant's ``failure_policy`` decides:
+``fail_closed`` refuses its budgeted requests (503), ``fail_open`` admits them against a
+local bound, this proxy's 1/N share of the room Redis last reported, N being the live
+proxies Redis last counted through their heartbeats (or ``expected_replicas`` when more).
+What is charged meanwhile is journaled (:mod:`journal`) and replayed once Redis answers
+again, before it is used again, so the books lose no token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import re
+import time
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from inferwatch import catalog
+from inferwatch.logs import log_event
+from inferwatch.proxy.admission import BudgetLedger, Refusal, Reservation, budget_refusal
+from inferwatch.proxy.config import Budget, ProxyConfig
+from inferwatch.proxy.journal import Entry, Journal
+from inferwatch.proxy.sharedbooks import Books, Window
+from inferwatch.proxy.sharedconfig import FailurePolicy, SharedState
+from inferwatch.serving.readiness import Condition
+
+try:
+    import redis.asyncio as aioredis
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+    from redis.asyncio.sentinel import Sentinel
+    from redis.backoff import NoBackoff
+    from redis.exceptions import RedisError
+    from redis.retry import Retry
+except ImportError:  # the redis extra is not installed: only a shared_state config needs it
+    aioredis = None  # type: ignore[assignment]
+
+logger = logging.getLogger("inferwatch.proxy")
+
+
+@dataclass(frozen=True)
+class SharedReservation(Reservation):
+    #: its id in Redis ("" : taken against the local bound while Redis was down)
+    hold: str = ""
+    window_ms: int = 0
+
+
+_NODE = re.compile(r"^(\[[^\]]+\]|[^:\[\]]+)(?::(\d+))?$")
+
+
+def _nodes(spec: str, default_port: int) -> list[tuple[str, int]]:
+    """``host[:port],...`` (IPv6 hosts in brackets) as (host, port) pairs."""
+    nodes = []
+    for node in spec.split(","):
+        match = _NODE.match(node)
+        if match is None:
+            raise ValueError(f"shared_state.url: {node!r} is not host[:port]")
+        host, port = match.groups()
+        nodes.append((host.strip("[]"), int(port) if port else default_port))
+    return nodes
+
+
+def connect(shared: SharedState) -> Any:
+    """A redis-py asyncio client for the URL: plain, Sentinel's master, or a Cluster.
+
+    No retries inside the client: a call that fails or takes over ``timeout`` fails at once,
+    and the failure policy takes over."""
+    if aioredis is None:
+        raise ValueError("shared_state needs the redis package (pip install 'inferwatch[redis]')")
+    options: dict[str, Any] = dict(
+        password=shared.password,
+        socket_timeout=shared.timeout_s,
+        socket_connect_timeout=shared.timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
+    kind, url = shared.kind, shared.url
+    if kind == "sentinel":
+        nodes, service, *db = url.removeprefix("redis+sentinel://").split("/")
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            _nodes(nodes, 26379),
+            sentinel_kwargs={"socket_timeout": shared.timeout_s, "password": shared.password},
+            **options,
+        )
+        return sentinel.master_for(service, db=int(db[0]) if db else 0)
+    if kind == "cluster":
+        nodes = url.removeprefix("redis+cluster://")
+        options.pop("retry")
+        return RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in _nodes(nodes, 6379)],
+            cluster_error_retry_attempts=0,
+            **options,
+        )
+    return aioredis.Redis.from_url(url, **options)
+
+
+def _reason(exc: BaseException) -> str:
+    name = type(exc).__name__
+    return "timeout" if "Timeout" in name else "connection" if "Connection" in name else "error"
+
+
+class SharedLedger:
+    """Budgets in Redis with a local fail-open bound (see the module docstring).
+
+    It offers what :class:`Accounting` and the metrics read of a :class:`BudgetLedger`
+    (``room``, ``settle``, ``remaining``, from what Redis last said) and an async
+    :meth:`reserve` that admission awaits."""
+
+    def __init__(self, config: ProxyConfig, client: Any | None = None) -> None:
+        shared = config.shared_state
+        assert shared is not None
+        self.shared = shared
+        self.tenants = config.tenants
+        self.client = client if client is not None else connect(shared)
+        self.books = Books(self.client, shared.key_prefix)
+        self.proxy = uuid.uuid4().hex[:12]
+        self.lease_ms = round(shared.lease_s * 1000)
+        self.local = BudgetLedger()
+        self.journal = Journal(shared.journal_dir, self.proxy)
+        #: whether the last call reached Redis (and the journal has been replayed since)
+        self.up = True
+        #: live proxies Redis counted at the last heartbeat
+        self.replicas = 0
+        self.errors: dict[str, int] = {}
+        self._seen: dict[str, Window] = {}
+        self._holds: dict[str, set[str]] = {}
+        self._sequence = itertools.count()
+        self._writes: set[asyncio.Task[Any]] = set()
+        self._down_since = 0.0
+
+    # ------------------------------------------------------------------ admission
+    def policy(self, tenant: str) -> FailurePolicy:
+        configured = self.tenants.get(tenant)
+        own = configured.failure_policy if configured is not None else None
+        return own or self.shared.failure_policy
+
+    def room(self, tenant: str, budget: Budget) -> int:
+        """Room as Redis last reported it (a hint: :meth:`reserve` decides)."""
+        seen = self._current(tenant, budget)
+        used = seen.used + seen.reserved if seen else 0
+        return budget.tokens + budget.tolerance - used
+
+    def remaining(self, tenant: str, budget: Budget) -> int:
+        seen = self._current(tenant, budget)
+        return max(budget.tokens - (seen.used if seen else 0), 0)
+
+    def _current(self, tenant: str, budget: Budget) -> Window | None:
+        """What Redis last said of the tenant's window, if that window is still the current."""
+        seen = self._seen.get(tenant)
+        window_ms = round(budget.window_seconds * 1000)
+        now_ms = time.time() * 1000
+        if seen is None or seen.start_ms != now_ms - now_ms % window_ms:
+            return None
+        return seen
+
+    async def reserve(
+        self,
+        tenant: str,
+        budget: Budget,
+        prompt: int,
+        completion_cap: int,
+        choices: int = 1,
+        clamp: bool = True,
+    ) -> Reservation | Refusal:
+        if not self.up:
+            return self._reserve_down(tenant, budget, prompt, completion_cap, choices, clamp)
+        hold = f"{self.proxy}:{next(self._sequence)}"
+        window_ms = round(budget.window_seconds * 1000)
+        call = asyncio.ensure_future(
+            self.books.reserve(
+                tenant,
+                hold,
+                window_ms,
+                budget.tokens + budget.tolerance,
+                prompt,
+                completion_cap,
+                choices,
+                clamp,
+                self.lease_ms,
+            )
+        )
+        try:
+            async with asyncio.timeout(self.shared.timeout_s * 2):
+                reserved = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            # the client left while Redis answered: give back whatever it may have held
+            call.add_done_callback(lambda _: self._spawn(self._release(tenant, hold, window_ms)))
+            raise
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._down(exc)
+            call.add_done_callback(lambda _: self._spawn(self._release(tenant, hold, window_ms)))
+            return self._reserve_down(tenant, budget, prompt, completion_cap, choices, clamp)
+        window = reserved.window
+        self._seen[tenant] = window
+        if not reserved.admitted:
+            retry_after = max(1, math.ceil((window.start_ms + window_ms - window.now_ms) / 1000))
+            return budget_refusal(
+                budget,
+                prompt,
+                completion_cap * choices,
+                window.used,
+                window.reserved,
+                retry_after,
+            )
+        self._holds.setdefault(tenant, set()).add(hold)
+        cap = reserved.cap
+        return SharedReservation(
+            tenant,
+            window.start_ms / 1000,
+            prompt + cap * choices,
+            cap if cap != completion_cap else None,
+            hold=hold,
+            window_ms=window_ms,
+        )
+
+    def _reserve_down(
+        self,
+        tenant: str,
+        budget: Budget,
+        prompt: int,
+        completion_cap: int,
+        choices: int,
+        clamp: bool,
+    ) -> Reservation | Refusal:
+        if self.policy(tenant) == "fail_closed":
+            return Refusal(
+                503,
+                "rejected_shared_state",
+                "the tenant's budget is kept in the fleet's shared state, unreachable now; "
+                "retry shortly",
+                1,
+            )
+        share = self.local_bound(tenant, budget)
+        reserved = self.local.reserve(tenant, share, prompt, completion_cap, choices, clamp)
+        if isinstance(reserved, Refusal):
+            return reserved
+        return SharedReservation(
+            reserved.tenant,
+            reserved.window,
+            reserved.tokens,
+            reserved.completion_cap,
+            window_ms=round(budget.window_seconds * 1000),
+        )
+
+    def live_replicas(self) -> int:
+        return max(self.replicas, self.shared.expected_replicas, 1)
+
+    def local_bound(self, tenant: str, budget: Budget) -> Budget:
+        """This proxy's share while Redis is down: 1/N of the room Redis last reported."""
+        room = max(self.room(tenant, budget), 0)
+        return Budget(room // self.live_replicas(), budget.window_seconds)
+
+    # ------------------------------------------------------------------ settling
+    def settle(self, reservation: Reservation, budget: Budget, tokens: int) -> None:
+        """Release a reservation and charge its usage: in Redis, or journaled while down."""
+        if not isinstance(reservation, SharedReservation):
+            raise TypeError("a shared ledger settles only its own reservations")
+        hold = reservation.hold
+        if hold:
+            self._holds.get(reservation.tenant, set()).discard(hold)
+        else:
+            self.local.settle(reservation, budget, tokens)
+        now_ms = round(time.time() * 1000)
+        entry = Entry(
+            id=uuid.uuid4().hex,
+            tenant=reservation.tenant,
+            hold=hold,
+            window_ms=reservation.window_ms,
+            spent_in_ms=now_ms - now_ms % reservation.window_ms,
+            tokens=tokens,
+        )
+        if self.up:
+            self._spawn(self._settle(entry))
+        else:
+            self.journal.write(entry)
+
+    async def _settle(self, entry: Entry) -> None:
+        try:
+            async with asyncio.timeout(self.shared.timeout_s * 2):
+                window = await self.books.settle(
+                    entry.tenant, entry.hold, entry.window_ms, entry.tokens
+                )
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._down(exc)
+            self.journal.write(entry)
+            return
+        if window is not None:
+            self._seen[entry.tenant] = window
+
+    async def _release(self, tenant: str, hold: str, window_ms: int) -> None:
+        """Give back a hold its request never used; if Redis is down, its lease will."""
+        try:
+            async with asyncio.timeout(self.shared.timeout_s * 2):
+                await self.books.settle(tenant, hold, window_ms, 0)
+        except (RedisError, OSError, TimeoutError):
+            pass
+
+    async def _replay(self, entry: Entry) -> None:
+        async with asyncio.timeout(self.shared.timeout_s * 2):
+            await self.books.settle(
+                entry.tenant,
+                entry.hold,
+                entry.window_ms,
+                entry.tokens,
+                entry.spent_in_ms,
+                entry.id,
+            )
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    # ------------------------------------------------------------------ health
+    def _down(self, exc: BaseException) -> None:
+        reason = _reason(exc)
+        self.errors[reason] = self.errors.get(reason, 0) + 1
+        if self.up:
+            self.up = False
+            self._down_since = time.monotonic()
+            log_event(
+                logger,
+                logging.ERROR,
+                "shared state unreachable: budgets fall back to each tenant's failure policy",
+                reason=reason,
+                error=str(exc) or type(exc).__name__,
+                replicas=self.live_replicas(),
+            )
+
+    async def run(self) -> None:
+        """Heartbeat, renew this proxy's leases, and come back (journal first) when Redis does."""
+        interval = self.shared.lease_s / 3
+        while True:
+            await self.tick()
+            await asyncio.sleep(interval)
+
+    async def tick(self) -> None:
+        try:
+            async with asyncio.timeout(self.shared.timeout_s * 4):
+                self.replicas = await self.books.heartbeat(self.proxy, self.lease_ms)
+            if not self.up or self.journal.has_entries():
+                await self.journal.replay(self._replay)
+                if not self.up:
+                    log_event(
+                        logger,
+                        logging.INFO,
+                        "shared state reachable again; journaled usage replayed",
+                        down_s=round(time.monotonic() - self._down_since, 3),
+                    )
+                self.up = True
+            for tenant, holds in list(self._holds.items()):
+                if holds:
+                    async with asyncio.timeout(self.shared.timeout_s * 4):
+                        await self.books.renew(tenant, sorted(holds), self.lease_ms)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._down(exc)
+
+    async def aclose(self) -> None:
+        """Finish the writes in flight (each bounded by the timeout), then close the client."""
+        if self._writes:
+            await asyncio.wait(list(self._writes))
+        await self.client.aclose()
+
+    def readiness(self) -> Condition:
+        """Not ready while Redis is down and some budgeted tenant fails closed."""
+        closed = [
+            name
+            for name, tenant in self.tenants.items()
+            if tenant.budget is not None and self.policy(name) == "fail_closed"
+        ]
+        ok = self.up or not closed
+        reason = "" if ok else f"shared state unreachable; fail_closed tenants: {len(closed)}"
+        return Condition("shared_state", ok, reason)
+
+    def families(self) -> list[Metric]:
+        cat = catalog.load()
+        out = []
+        for key, value in (
+            ("tenancy_shared_state_up", 1 if self.up else 0),
+            ("tenancy_shared_state_replicas", self.live_replicas()),
+            ("tenancy_shared_state_journal_entries", self.journal.pending),
+        ):
+            family = cat.family(key)
+            family.add_metric([], value)
+            out.append(family)
+        errors = cat.family("tenancy_shared_state_errors")
+        for reason, count in sorted(self.errors.items()):
+            errors.add_metric([reason], count)
+        out.append(errors)
+        return out
