@@ -105,8 +105,8 @@ def parse(reader: layer.Fields) -> SharedState:
         )
     lease = reader.duration("lease", layer.Duration(15_000), layer.Duration(1000), True)
     timeout = reader.duration("timeout", layer.Duration(250), layer.Duration(1), True)
-    if timeout.seconds * 3 > lease.seconds:
-        raise reader.error("timeout", f"must be under a third of the lease ({lease})")
+    if timeout.seconds * 6 > lease.seconds:  # a renewal that takes its longest still lands
+        raise reader.error("timeout", f"must be at most a sixth of the lease ({lease})")
     journal_dir = reader.text("journal_dir", "")
     if journal_dir and not os.access(journal_dir, os.W_OK):
         raise reader.error("journal_dir", f"{journal_dir} is not a writable directory")

@@ -49,6 +49,13 @@ except ImportError:  # the redis extra is not installed: only a shared_state con
     aioredis = None  # type: ignore[assignment]
 
 logger = logging.getLogger("inferwatch.proxy")
+#: connections to Redis per proxy: each script takes well under a millisecond, so a few
+#: carry thousands of requests a second, and a burst queues for one instead of opening
+#: hundreds of connections at once
+MAX_CONNECTIONS = 16
+#: a whole call (waiting for a connection, connecting, the reply) takes at most this many
+#: ``timeout``s before Redis counts as down
+CALL_BOUND = 3
 
 
 @dataclass(frozen=True)
@@ -101,9 +108,13 @@ def connect(shared: SharedState) -> Any:
         return RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in _nodes(nodes, 6379)],
             cluster_error_retry_attempts=0,
+            max_connections=MAX_CONNECTIONS,
             **options,
         )
-    return aioredis.Redis.from_url(url, **options)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=MAX_CONNECTIONS, timeout=shared.timeout_s * CALL_BOUND, **options
+    )
+    return aioredis.Redis(connection_pool=pool)
 
 
 def _reason(exc: BaseException) -> str:
@@ -127,6 +138,8 @@ class SharedLedger:
         self.books = Books(self.client, shared.key_prefix)
         self.proxy = uuid.uuid4().hex[:12]
         self.lease_ms = round(shared.lease_s * 1000)
+        #: longest a whole call may take, waiting for a connection included
+        self.call_bound_s = shared.timeout_s * CALL_BOUND
         self.local = BudgetLedger()
         self.journal = Journal(shared.journal_dir, self.proxy)
         #: whether the last call reached Redis (and the journal has been replayed since)
@@ -192,7 +205,7 @@ class SharedLedger:
             )
         )
         try:
-            async with asyncio.timeout(self.shared.timeout_s * 2):
+            async with asyncio.timeout(self.call_bound_s):
                 reserved = await asyncio.shield(call)
         except asyncio.CancelledError:
             # the client left while Redis answered: give back whatever it may have held
@@ -288,7 +301,7 @@ class SharedLedger:
 
     async def _settle(self, entry: Entry) -> None:
         try:
-            async with asyncio.timeout(self.shared.timeout_s * 2):
+            async with asyncio.timeout(self.call_bound_s):
                 window = await self.books.settle(
                     entry.tenant, entry.hold, entry.window_ms, entry.tokens
                 )
@@ -302,13 +315,13 @@ class SharedLedger:
     async def _release(self, tenant: str, hold: str, window_ms: int) -> None:
         """Give back a hold its request never used; if Redis is down, its lease will."""
         try:
-            async with asyncio.timeout(self.shared.timeout_s * 2):
+            async with asyncio.timeout(self.call_bound_s):
                 await self.books.settle(tenant, hold, window_ms, 0)
         except (RedisError, OSError, TimeoutError):
             pass
 
     async def _replay(self, entry: Entry) -> None:
-        async with asyncio.timeout(self.shared.timeout_s * 2):
+        async with asyncio.timeout(self.call_bound_s):
             await self.books.settle(
                 entry.tenant,
                 entry.hold,
@@ -348,7 +361,7 @@ class SharedLedger:
 
     async def tick(self) -> None:
         try:
-            async with asyncio.timeout(self.shared.timeout_s * 4):
+            async with asyncio.timeout(self.call_bound_s):
                 self.replicas = await self.books.heartbeat(self.proxy, self.lease_ms)
             if not self.up or self.journal.has_entries():
                 await self.journal.replay(self._replay)
@@ -362,7 +375,7 @@ class SharedLedger:
                 self.up = True
             for tenant, holds in list(self._holds.items()):
                 if holds:
-                    async with asyncio.timeout(self.shared.timeout_s * 4):
+                    async with asyncio.timeout(self.call_bound_s):
                         await self.books.renew(tenant, sorted(holds), self.lease_ms)
         except (RedisError, OSError, TimeoutError) as exc:
             self._down(exc)
