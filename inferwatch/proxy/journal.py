@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -71,7 +72,11 @@ class Journal:
             return
         taken = []
         for path in self._files():
-            target = path if path.suffix == _TAKEN else path.with_name(path.name + _TAKEN)
+            target = (
+                path
+                if path.suffix == _TAKEN
+                else path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}{_TAKEN}")
+            )
             if target != path:
                 os.replace(path, target)
             taken.append(target)
