@@ -125,3 +125,23 @@ def test_a_restarted_proxy_does_not_refill_the_window(fleet: Fleet, engine: Engi
     again = flood([proxy.url], "acme", per_proxy=1, max_tokens=200, delay_ms=0)[0]
     assert again.status_code == 429
     assert samples(proxy.metrics(), "inferwatch_tenancy_shared_state_up") == 1
+
+
+def test_a_rate_limit_holds_across_the_fleet_and_its_headers_say_so(
+    redis_server: RedisServer, engine: Engine, tmp_path: Path
+) -> None:
+    """Ten requests a minute for the tenant: two proxies let ten through between them."""
+    limits = {"rate_limits": {"requests_per_minute": 10}}
+    fleet = Fleet(redis_server, engine.url, tmp_path, {"acme": limits})
+    try:
+        proxies = fleet.add(2)
+        answers = flood([p.url for p in proxies], "acme", per_proxy=15, max_tokens=4, delay_ms=0)
+        admitted = [a for a in answers if a.status_code == 200]
+        refused = [a for a in answers if a.status_code == 429]
+        assert len(admitted) == 10 and len(refused) == 20
+        remaining = sorted(int(a.headers["x-ratelimit-remaining-requests"]) for a in admitted)
+        assert remaining == list(range(10))  # one bucket: each answer saw the one before
+        assert all(a.headers["x-ratelimit-limit-requests"] == "10" for a in answers)
+        assert all(int(a.headers["retry-after"]) >= 1 for a in refused)
+    finally:
+        fleet.close()

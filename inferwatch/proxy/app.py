@@ -54,6 +54,7 @@ from inferwatch.proxy.exchange import (
 )
 from inferwatch.proxy.labels import OTHER, BoundedLabels, split_label
 from inferwatch.proxy.metrics import IDENTITY_LABELS, ProxyMetrics
+from inferwatch.proxy.ratelimit import RateLimiter
 from inferwatch.proxy.reconcile import (
     DirectTraffic,
     DirectTrafficError,
@@ -108,6 +109,17 @@ def _completion_cap(body: dict[str, Any], path: str) -> tuple[str, int | None, i
     return name, cap, choices
 
 
+def _with_headers(send: Send, extra: tuple[tuple[bytes, bytes], ...]) -> Send:
+    """``send`` that adds ``extra`` to the response's headers, whatever the response is."""
+
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        await send(message)
+
+    return sending
+
+
 class ProxyApp:
     def __init__(self, config: ProxyConfig, access_log: bool = True) -> None:
         self.config = config
@@ -143,6 +155,8 @@ class ProxyApp:
         self.ledger = BudgetLedger()
         #: the fleet's books in Redis, where configured; else this process's own
         self.shared = SharedLedger(config) if config.shared_state is not None else None
+        limits = {n: t.rate_limits for n, t in config.tenants.items() if t.rate_limits}
+        self.rates = RateLimiter(limits, self.shared) if limits else None
         self.gate = ConcurrencyGate(config.max_concurrency, config.queue_timeout_s)
         self.reconciler = Reconciler()
         self.engine = EngineInfo(self.pool)
@@ -268,6 +282,11 @@ class ProxyApp:
         config = self.config
         tenant = config.tenants.get(exchange.tenant)
         budget = tenant.budget if tenant is not None else None
+        if self.rates is not None and self.rates.limited(exchange.tenant):
+            limited, headers = await self.rates.admit(exchange.tenant, exchange.model)
+            exchange.rate_headers = tuple(headers)
+            if limited is not None:
+                return limited, False
         name, requested, choices = _completion_cap(body, exchange.path)
         exchange.choices = choices
         prompt = Prompt(self.counter.count_text is not byte_bound)
@@ -402,6 +421,8 @@ class ProxyApp:
     ) -> None:
         try:
             refusal, body, raw, changed = await self._read_request(exchange, scope, receive)
+            if exchange.rate_headers:
+                send = _with_headers(send, exchange.rate_headers)
             if refusal is not None:
                 return await self.relays.refuse(exchange, send, refusal)
             await self.relays.forward_metered(
@@ -413,6 +434,8 @@ class ProxyApp:
             elif exchange.slot == "counted":
                 self.gate.leave_ungated()
             self.accounting.charge(exchange)
+            if self.rates is not None and exchange.rate_headers and exchange.usage is not None:
+                self.rates.charge(exchange.tenant, exchange.model, exchange.usage.total)
             if isinstance(exchange.meter, TranscribingMeter):
                 self.accounting.screen(exchange, exchange.meter)
 

@@ -56,6 +56,24 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class Limit:
+    """Per-minute rates (0: no limit of that kind)."""
+
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0
+
+    def per_minute(self, kind: str) -> int:
+        return self.requests_per_minute if kind == "requests" else self.tokens_per_minute
+
+
+@dataclass(frozen=True)
+class RateLimits:
+    tenant: Limit = field(default_factory=Limit)
+    #: model name -> this tenant's limits for it, on top of the tenant's own
+    models: Mapping[str, Limit] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Tenant:
     name: str
     key_hashes: tuple[str, ...] = ()
@@ -64,6 +82,7 @@ class Tenant:
     budget: Budget | None = None
     #: what its budget does while the shared state is unreachable (None: the section's)
     failure_policy: FailurePolicy | None = None
+    rate_limits: RateLimits | None = None
 
 
 @dataclass(frozen=True)
@@ -187,7 +206,9 @@ def _tenant(reader: layer.Fields, name: str) -> Tenant:
         raise reader.error(
             "", f"tenant name {name!r} is reserved or not [A-Za-z0-9._:@/-]{{1,128}}"
         )
-    reader.check_keys({"key_sha256", "priority", "max_concurrency", "budget", "failure_policy"})
+    reader.check_keys(
+        {"key_sha256", "priority", "max_concurrency", "budget", "failure_policy", "rate_limits"}
+    )
     hashes = reader.raw.get("key_sha256", [])
     if isinstance(hashes, str):
         hashes = [hashes]
@@ -220,7 +241,31 @@ def _tenant(reader: layer.Fields, name: str) -> Tenant:
         max_concurrency=reader.integer("max_concurrency", Tenant.max_concurrency),
         budget=budget,
         failure_policy=policy,
+        rate_limits=_rate_limits(reader.child("rate_limits"))
+        if "rate_limits" in reader.raw
+        else None,
     )
+
+
+def _limit(reader: layer.Fields, more: frozenset[str] = frozenset()) -> Limit:
+    reader.check_keys({"requests_per_minute", "tokens_per_minute", *more})
+    return Limit(
+        requests_per_minute=reader.integer("requests_per_minute", 0, maximum=10**9),
+        tokens_per_minute=reader.integer("tokens_per_minute", 0, maximum=10**12),
+    )
+
+
+def _rate_limits(reader: layer.Fields) -> RateLimits:
+    """``rate_limits: {requests_per_minute, tokens_per_minute, models: {name: {...}}}``."""
+    limits = RateLimits(
+        _limit(reader, frozenset({"models"})),
+        {name: _limit(model) for name, model in reader.child("models").entries()},
+    )
+    for name, limit in [("", limits.tenant), *limits.models.items()]:
+        if limit == Limit() and (name or not limits.models):
+            where = f"models.{name}" if name else ""
+            raise reader.error(where, "give requests_per_minute, tokens_per_minute or both")
+    return limits
 
 
 #: Every default the parser falls back on is the dataclass's own.

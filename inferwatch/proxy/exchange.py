@@ -53,6 +53,8 @@ class Exchange:
     response_started: bool = False
     #: a stream that ended without its [DONE] marker (its text is not screened)
     done_marker_missing: bool = False
+    #: the tenant's x-ratelimit-* headers, added to whatever the response is
+    rate_headers: tuple[tuple[bytes, bytes], ...] = ()
 
 
 async def read_body(receive: Receive, limit: int, timeout_s: float) -> bytes | Refusal:

@@ -125,6 +125,41 @@ redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 return redis.call('ZCARD', KEYS[1])
 """
 
+#: KEYS: one hash per bucket. ARGV: mode ("take": let a request in if every bucket holds what
+#: it needs; "charge": take tokens whatever they hold), then per bucket its capacity, what it
+#: must hold (take) or give (charge). Levels refill at capacity per minute; a bucket left
+#: alone for a minute is full, so it expires then. Returns {admitted, wait ms, level * 1000...}.
+RATE = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local levels, wait = {}, 0
+for i, key in ipairs(KEYS) do
+  local capacity, amount = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local state = redis.call('HMGET', key, 'level', 'at')
+  local level = tonumber(state[1]) or capacity
+  local at = tonumber(state[2]) or now
+  level = math.min(capacity, level + (now - at) * capacity / 60000)
+  levels[i] = level
+  if ARGV[1] == 'take' and level < amount then
+    wait = math.max(wait, (amount - level) * 60000 / capacity)
+  end
+end
+local admitted = wait == 0 and 1 or 0
+local reply = {admitted, math.ceil(wait)}
+for i, key in ipairs(KEYS) do
+  local capacity, amount = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local level = levels[i]
+  if admitted == 1 then
+    if ARGV[1] == 'charge' then level = level - amount
+    elseif amount >= 1 then level = level - 1 end
+    redis.call('HSET', key, 'level', level, 'at', now)
+    redis.call('PEXPIRE', key, math.ceil((capacity - level) * 60000 / capacity) + 1000)
+  end
+  reply[#reply + 1] = math.floor(level * 1000)
+end
+return reply
+"""
+
 #: a replayed journal entry is remembered this long, so a replay cut short is not charged twice
 REPLAYED_TTL_S = 7 * 24 * 3600
 
@@ -157,6 +192,7 @@ class Books:
         self._renew = client.register_script(RENEW)
         self._heartbeat = client.register_script(HEARTBEAT)
         self._peek = client.register_script(PEEK)
+        self._rate = client.register_script(RATE)
 
     def keys(self, tenant: str) -> list[str]:
         base = f"{self.prefix}:{{{tenant}}}"
@@ -207,6 +243,18 @@ class Books:
         """The tenant's current window, leases that expired dropped first."""
         used, reserved, start, now = await self._peek(keys=self.keys(tenant), args=["", window_ms])
         return Window(used, reserved, start, now)
+
+    async def rate(
+        self, tenant: str, buckets: list[tuple[str, int, float]], charge: bool
+    ) -> tuple[bool, int, list[float]]:
+        """Take from (or, with ``charge``, charge) ``(name, capacity, amount)`` buckets:
+        (admitted, ms to wait, levels after)."""
+        keys = [f"{self.prefix}:{{{tenant}}}:rl:{name}" for name, _, _ in buckets]
+        args: list[str | int | float] = ["charge" if charge else "take"]
+        for _, capacity, amount in buckets:
+            args += [capacity, amount]
+        admitted, wait, *levels = await self._rate(keys=keys, args=args)
+        return admitted == 1, int(wait), [level / 1000 for level in levels]
 
     async def total(self, tenant: str) -> int:
         """Every token ever charged to the tenant (the books)."""

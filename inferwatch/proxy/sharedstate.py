@@ -34,6 +34,7 @@ from inferwatch.logs import log_event
 from inferwatch.proxy.admission import BudgetLedger, Refusal, Reservation, budget_refusal
 from inferwatch.proxy.config import Budget, ProxyConfig
 from inferwatch.proxy.journal import Entry, Journal
+from inferwatch.proxy.ratelimit import Bucket, Levels, need
 from inferwatch.proxy.sharedbooks import Books, Window
 from inferwatch.proxy.sharedconfig import FailurePolicy, SharedState
 from inferwatch.serving.readiness import Condition
@@ -335,6 +336,37 @@ class SharedLedger:
         task = asyncio.ensure_future(work)
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
+
+    # ------------------------------------------------------------------ rate limits
+    async def take_rate(self, tenant: str, found: list[Bucket]) -> Levels | None:
+        """Let a request in against the shared buckets; None while Redis cannot answer."""
+        if not self.up:
+            return None
+        try:
+            async with asyncio.timeout(self.call_bound_s):
+                admitted, wait_ms, levels = await self.books.rate(
+                    tenant, [(b.key(), b.capacity, need(b)) for b in found], charge=False
+                )
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._down(exc)
+            return None
+        return Levels(admitted, tuple(levels), wait_ms / 1000)
+
+    def charge_rate(self, tenant: str, found: list[Bucket], tokens: int) -> bool:
+        """Take a finished request's tokens from the shared buckets; False while down."""
+        if not self.up:
+            return False
+        charged = [(b.key(), b.capacity, float(tokens)) for b in found if b.kind == "tokens"]
+
+        async def charge() -> None:
+            try:
+                async with asyncio.timeout(self.call_bound_s):
+                    await self.books.rate(tenant, charged, charge=True)
+            except (RedisError, OSError, TimeoutError) as exc:
+                self._down(exc)
+
+        self._spawn(charge())
+        return True
 
     # ------------------------------------------------------------------ health
     def _down(self, exc: BaseException) -> None:
