@@ -157,7 +157,9 @@ class ProxyApp:
         self.shared = SharedLedger(config) if config.shared_state is not None else None
         limits = {n: t.rate_limits for n, t in config.tenants.items() if t.rate_limits}
         self.rates = RateLimiter(limits, self.shared) if limits else None
-        self.gate = ConcurrencyGate(config.max_concurrency, config.queue_timeout_s)
+        self.gate = ConcurrencyGate(
+            config.max_concurrency, config.queue_timeout_s, config.max_queue
+        )
         self.reconciler = Reconciler()
         self.engine = EngineInfo(self.pool)
         self.direct_traffic = DirectTraffic(config.probe_metrics_urls)
@@ -342,8 +344,12 @@ class ProxyApp:
                 body[name] = cap if reserved.completion_cap is None else reserved.completion_cap
                 changed = True
         if config.max_concurrency or (tenant is not None and tenant.max_concurrency):
-            limit, priority = (tenant.max_concurrency, tenant.priority) if tenant else (0, 1)
-            refusal = await self.gate.acquire(exchange.tenant, limit, priority)
+            limit, priority, weight = (
+                (tenant.max_concurrency, tenant.priority, tenant.weight) if tenant else (0, 1, 1)
+            )
+            queued = time.perf_counter()
+            refusal = await self.gate.acquire(exchange.tenant, limit, priority, weight)
+            self.metrics.queued(exchange.identity[0], time.perf_counter() - queued, refusal)
             if refusal is not None:
                 exchange.meter = None
                 return refusal, False

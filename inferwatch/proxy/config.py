@@ -79,6 +79,8 @@ class Tenant:
     key_hashes: tuple[str, ...] = ()
     priority: int = PRIORITIES["normal"]
     max_concurrency: int = 0  # 0: no cap of its own
+    #: its share of slots against the other tenants of its priority class when queued
+    weight: int = 1
     budget: Budget | None = None
     #: what its budget does while the shared state is unreachable (None: the section's)
     failure_policy: FailurePolicy | None = None
@@ -167,6 +169,8 @@ class ProxyConfig:
     max_response_bytes: int = 64 << 20
     max_concurrency: int = 0  # 0: no global cap
     queue_timeout_s: float = 10.0
+    #: requests waiting for a slot at most; past it the lowest priority is shed (0: no bound)
+    max_queue: int = 0
     #: share of chat/completion responses screened for degenerate output (0: none)
     quality_sample_rate: float = 0.01
     #: the fleet's Redis, where budgets are kept for every proxy replica (None: in this process)
@@ -207,7 +211,15 @@ def _tenant(reader: layer.Fields, name: str) -> Tenant:
             "", f"tenant name {name!r} is reserved or not [A-Za-z0-9._:@/-]{{1,128}}"
         )
     reader.check_keys(
-        {"key_sha256", "priority", "max_concurrency", "budget", "failure_policy", "rate_limits"}
+        {
+            "key_sha256",
+            "priority",
+            "weight",
+            "max_concurrency",
+            "budget",
+            "failure_policy",
+            "rate_limits",
+        }
     )
     hashes = reader.raw.get("key_sha256", [])
     if isinstance(hashes, str):
@@ -239,6 +251,7 @@ def _tenant(reader: layer.Fields, name: str) -> Tenant:
         key_hashes=tuple(hashes),
         priority=PRIORITIES[priority],
         max_concurrency=reader.integer("max_concurrency", Tenant.max_concurrency),
+        weight=reader.integer("weight", Tenant.weight, minimum=1, maximum=1000),
         budget=budget,
         failure_policy=policy,
         rate_limits=_rate_limits(reader.child("rate_limits"))
@@ -372,6 +385,7 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             "max_response_bytes",
             "max_concurrency",
             "queue_timeout",
+            "max_queue",
             "tokenizer",
             "default_max_tokens",
             "over_budget",
@@ -437,6 +451,7 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
         ),
         max_concurrency=limits.integer("max_concurrency", _DEFAULT.max_concurrency),
         queue_timeout_s=_seconds(limits, "queue_timeout", _DEFAULT.queue_timeout_s),
+        max_queue=limits.integer("max_queue", _DEFAULT.max_queue),
         tokenizer=limits.text("tokenizer", _DEFAULT.tokenizer),
         default_max_tokens=limits.integer(
             "default_max_tokens", _DEFAULT.default_max_tokens, minimum=1
