@@ -32,13 +32,15 @@ def _answers(port: int) -> bool:
 class RedisServer:
     """One ``redis-server`` process; :meth:`kill` and :meth:`start` keep its port and data."""
 
-    def __init__(self, directory: Path, password: str = "") -> None:
+    def __init__(self, directory: Path, password: str = "", fsync: str = "always") -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.skip("redis-server is not installed (scripts/install-redis)")
         self.binary = binary
         self.directory = directory
         self.password = password
+        #: ``always`` loses nothing to kill -9 (the tests); ``everysec`` is production's usual
+        self.fsync = fsync
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
         directory.mkdir(parents=True, exist_ok=True)
@@ -62,7 +64,7 @@ class RedisServer:
             "--dir", str(self.directory),
             "--save", "",
             "--appendonly", "yes",
-            "--appendfsync", "always",
+            "--appendfsync", self.fsync,
             "--daemonize", "no",
         ]  # fmt: skip
         if self.password:
