@@ -99,4 +99,17 @@ def board(ctx: Ctx) -> Board:
               "outcome (ok, rejected_*, upstream errors).", "reqps",
               [Q(f"sum by ({c}, tenant, outcome) ({ctx.rate('tenancy_requests', T)})",
                  "{{tenant}} {{outcome}}")], width=12, stack=True),
+    ).row(
+        "Fair share",
+        Panel(10, "Queue time by tenant (p95)", "How long each tenant's requests waited for "
+              "a concurrency slot to the engine: a saturated engine serves by priority class "
+              "and weight, so a low-priority tenant's wait grows first.", "s",
+              [Q(f"histogram_quantile(0.95, sum by ({c}, tenant, le) "
+                 f"({ctx.rate('tenancy_queue_time', TO, suffix='_bucket')}))", "{{tenant}}")],
+              width=12),
+        Panel(11, "Shed requests by tenant and reason", "Requests refused at a saturated "
+              "engine: queue_timeout (waited too long), queue_full (no room in the queue), "
+              "priority (shed for a higher-priority request).", "reqps",
+              [Q(f"sum by ({c}, tenant, reason) ({ctx.rate('tenancy_shed', TO)})",
+                 "{{tenant}} {{reason}}")], width=12, stack=True),
     )  # fmt: skip
