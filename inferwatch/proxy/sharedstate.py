@@ -161,7 +161,9 @@ class SharedLedger:
         return own or self.shared.failure_policy
 
     def room(self, tenant: str, budget: Budget) -> int:
-        """Room as Redis last reported it (a hint: :meth:`reserve` decides)."""
+        """Room as Redis last reported it (the whole budget before it reported anything of
+        this window): a hint for whether to count a bounded prompt exactly first, as the
+        local ledger's room is; :meth:`reserve` decides."""
         seen = self._current(tenant, budget)
         used = seen.used + seen.reserved if seen else 0
         return budget.tokens + budget.tolerance - used
