@@ -210,6 +210,8 @@ REPLACEMENTS = [
         [
             {
                 "select": {"kind": "NetworkPolicy"},
+                # Redis answers the model's pods only, none in the monitoring namespace
+                "reject": [{"name": "inferwatch-redis"}],
                 "fieldPaths": [
                     "spec.ingress.*.from.*.namespaceSelector.matchLabels."
                     "kubernetes\\.io/metadata\\.name"
