@@ -81,8 +81,9 @@ def _nodes(spec: str, default_port: int) -> list[tuple[str, int]]:
     return nodes
 
 
-def connect(shared: SharedState) -> Any:
-    """A redis-py asyncio client for the URL: plain, Sentinel's master, or a Cluster.
+def connect(shared: SharedState) -> tuple[Any, list[Any]]:
+    """A redis-py asyncio client for the URL (plain, Sentinel's master, or a Cluster), and
+    the other clients it uses, to close with it (Sentinel's own connections).
 
     No retries inside the client: a call that fails or takes over ``timeout`` fails at once,
     and the failure policy takes over."""
@@ -102,20 +103,19 @@ def connect(shared: SharedState) -> Any:
             sentinel_kwargs={"socket_timeout": shared.timeout_s, "password": shared.password},
             **options,
         )
-        return sentinel.master_for(service, db=int(db[0]) if db else 0)
+        return sentinel.master_for(service, db=int(db[0]) if db else 0), sentinel.sentinels
     if kind == "cluster":
         nodes = url.removeprefix("redis+cluster://")
-        options.pop("retry")
-        return RedisCluster(
+        cluster = RedisCluster(
             startup_nodes=[ClusterNode(host, port) for host, port in _nodes(nodes, 6379)],
-            cluster_error_retry_attempts=0,
             max_connections=MAX_CONNECTIONS,
             **options,
         )
+        return cluster, []
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=MAX_CONNECTIONS, timeout=shared.timeout_s * CALL_BOUND, **options
     )
-    return aioredis.Redis(connection_pool=pool)
+    return aioredis.Redis(connection_pool=pool), []
 
 
 def _reason(exc: BaseException) -> str:
@@ -130,12 +130,12 @@ class SharedLedger:
     (``room``, ``settle``, ``remaining``, from what Redis last said) and an async
     :meth:`reserve` that admission awaits."""
 
-    def __init__(self, config: ProxyConfig, client: Any | None = None) -> None:
+    def __init__(self, config: ProxyConfig) -> None:
         shared = config.shared_state
         assert shared is not None
         self.shared = shared
         self.tenants = config.tenants
-        self.client = client if client is not None else connect(shared)
+        self.client, self._also = connect(shared)
         self.books = Books(self.client, shared.key_prefix)
         self.proxy = uuid.uuid4().hex[:12]
         self.lease_ms = round(shared.lease_s * 1000)
@@ -418,7 +418,8 @@ class SharedLedger:
         """Finish the writes in flight (each bounded by the timeout), then close the client."""
         if self._writes:
             await asyncio.wait(list(self._writes))
-        await self.client.aclose()
+        for other in (self.client, *self._also):
+            await other.aclose()
 
     def readiness(self) -> Condition:
         """Not ready while Redis is down and some budgeted tenant fails closed."""

@@ -11,11 +11,12 @@ import shutil
 import signal
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from support.ports import PortTaken, in_use, start_on_free_port
+from support.ports import PortTaken, in_use, pick_port, start_on_free_port
 from support.wait import wait_for
 
 
@@ -32,7 +33,14 @@ def _answers(port: int) -> bool:
 class RedisServer:
     """One ``redis-server`` process; :meth:`kill` and :meth:`start` keep its port and data."""
 
-    def __init__(self, directory: Path, password: str = "", fsync: str = "always") -> None:
+    def __init__(
+        self,
+        directory: Path,
+        password: str = "",
+        fsync: str = "always",
+        extra: tuple[str, ...] = (),
+        pick: Callable[[], int] = pick_port,
+    ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.skip("redis-server is not installed (scripts/install-redis)")
@@ -41,10 +49,12 @@ class RedisServer:
         self.password = password
         #: ``always`` loses nothing to kill -9 (the tests); ``everysec`` is production's usual
         self.fsync = fsync
+        #: more arguments: a Cluster node's, for example
+        self.extra = extra
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
         directory.mkdir(parents=True, exist_ok=True)
-        start_on_free_port(self._start)
+        start_on_free_port(self._start, pick=pick)
 
     @property
     def url(self) -> str:
@@ -57,6 +67,7 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def _argv(self, port: int) -> list[str]:
+        """The server's command line; ``{port}`` in an extra argument is its port."""
         argv = [
             self.binary,
             "--port", str(port),
@@ -69,7 +80,7 @@ class RedisServer:
         ]  # fmt: skip
         if self.password:
             argv += ["--requirepass", self.password]
-        return argv
+        return argv + [arg.replace("{port}", str(port)) for arg in self.extra]
 
     def _start(self, port: int) -> None:
         log = self.directory / "redis.log"
@@ -120,3 +131,17 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.kill()
             self.process = None
+
+
+def pick_cluster_port() -> int:
+    """A free port for a Cluster node: at most 55535, its bus port (+10000) free as well."""
+    while True:
+        port = pick_port()
+        if port > 55535:
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
