@@ -14,7 +14,9 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.sharedbooks import Books
+from inferwatch.proxy.sharedstate import SharedLedger, SharedReservation
 from support.redis import RedisServer
 from support.wait import wait_until
 
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.proc
 #: a window that does not turn while the tests run
 WINDOW_MS = 10**12
 LEASE_MS = 60_000
+HOUR_MS = 3_600_000
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +207,41 @@ def test_the_server_keeps_its_books_across_a_kill(server: RedisServer, tmp_path:
     server.kill()
     server.start()
     assert run(server, lambda books: books.total(tenant)) == 42
+
+
+def test_a_slow_redis_counts_as_down_and_a_late_reservation_does_not_leak(
+    server: RedisServer,
+) -> None:
+    """Redis paused past the call's bound: the request falls back to the local bound at once,
+    and whatever the script still reserved once Redis woke up is gone within the lease (the
+    reply was lost, so it is released, or it expires), not leaked."""
+    tenant = uuid.uuid4().hex
+    document = {
+        "shared_state": {"url": server.url, "timeout": "100ms", "lease": "2s"},
+        "tenants": {tenant: {"budget": {"tokens": 1000}}},
+    }
+    config = proxy_config.parse(document, "p.yaml")
+    budget = config.tenants[tenant].budget
+    assert budget is not None
+
+    async def work(test_books: Books) -> None:
+        ledger = SharedLedger(config)
+        books = Books(test_books.client, config.shared_state.key_prefix)  # the proxy's keys
+        try:
+            first = await ledger.reserve(tenant, budget, 0, 100, clamp=False)
+            assert isinstance(first, SharedReservation) and first.hold
+            # longer than a call may take (3 x 100 ms), shorter than the first one's lease
+            await books.client.execute_command("CLIENT", "PAUSE", 700, "ALL")
+            late = await ledger.reserve(tenant, budget, 0, 200, clamp=False)
+            assert not ledger.up and ledger.errors == {"timeout": 1}
+            assert isinstance(late, SharedReservation) and not late.hold  # the local bound's
+
+            async def back_with_only_the_first() -> bool:
+                await ledger.tick()  # the heartbeat finds Redis again and renews the first
+                return ledger.up and (await books.peek(tenant, HOUR_MS)).reserved == 100
+
+            await wait_until(back_with_only_the_first, "Redis back, the late one gone", 2 + 5)
+        finally:
+            await ledger.aclose()
+
+    run(server, work)

@@ -35,7 +35,7 @@ from inferwatch.proxy.admission import BudgetLedger, Refusal, Reservation, budge
 from inferwatch.proxy.config import Budget, ProxyConfig
 from inferwatch.proxy.journal import Entry, Journal
 from inferwatch.proxy.ratelimit import Bucket, Levels, need
-from inferwatch.proxy.sharedbooks import Books, Window
+from inferwatch.proxy.sharedbooks import Books, Reserved, Window
 from inferwatch.proxy.sharedconfig import FailurePolicy, SharedState
 from inferwatch.serving.readiness import Condition
 
@@ -211,12 +211,11 @@ class SharedLedger:
             async with asyncio.timeout(self.call_bound_s):
                 reserved = await asyncio.shield(call)
         except asyncio.CancelledError:
-            # the client left while Redis answered: give back whatever it may have held
-            call.add_done_callback(lambda _: self._spawn(self._release(tenant, hold, window_ms)))
+            call.add_done_callback(lambda done: self._give_back(done, tenant, hold, window_ms))
             raise
         except (RedisError, OSError, TimeoutError) as exc:
             self._down(exc)
-            call.add_done_callback(lambda _: self._spawn(self._release(tenant, hold, window_ms)))
+            call.add_done_callback(lambda done: self._give_back(done, tenant, hold, window_ms))
             return self._reserve_down(tenant, budget, prompt, completion_cap, choices, clamp)
         window = reserved.window
         self._seen[tenant] = window
@@ -314,6 +313,17 @@ class SharedLedger:
             return
         if window is not None:
             self._seen[entry.tenant] = window
+
+    def _give_back(
+        self, call: asyncio.Future[Reserved], tenant: str, hold: str, window_ms: int
+    ) -> None:
+        """A reservation its request stopped waiting for (the client left, or Redis took
+        too long) holds for nobody: release it. A call that failed may still have run on the
+        server (a reply lost to a timeout), so it is released too; releasing a hold that
+        does not exist changes nothing."""
+        refused = not call.cancelled() and call.exception() is None and not call.result().admitted
+        if not refused:
+            self._spawn(self._release(tenant, hold, window_ms))
 
     async def _release(self, tenant: str, hold: str, window_ms: int) -> None:
         """Give back a hold its request never used; if Redis is down, its lease will."""
