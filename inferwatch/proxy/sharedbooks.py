@@ -18,6 +18,7 @@ turns is still held after it (a request in flight does not vanish with the hour)
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,9 +185,11 @@ class Reserved:
 class Books:
     """The scripts, registered once on a redis-py asyncio client (plain, Sentinel or Cluster)."""
 
-    def __init__(self, client: Any, prefix: str) -> None:
+    def __init__(self, client: Any, prefix: str, pipelines: bool = True) -> None:
         self.client = client
         self.prefix = prefix
+        #: whether the client pipelines scripts (a Cluster's commands go node by node)
+        self.pipelines = pipelines
         self._reserve = client.register_script(RESERVE)
         self._settle = client.register_script(SETTLE)
         self._renew = client.register_script(RENEW)
@@ -232,6 +235,20 @@ class Books:
         args = [hold, window_ms, tokens, spent_in_ms, REPLAYED_TTL_S]
         charged, used, reserved, start, now = await self._settle(keys=keys, args=args)
         return Window(used, reserved, start, now) if charged == 1 else None
+
+    async def settle_all(self, settlements: list[tuple[str, str, int, int]]) -> list[Window]:
+        """Settle ``(tenant, hold, window ms, tokens)`` each, in one round trip where the
+        client pipelines (one Redis, Sentinel's master); a Cluster's go out side by side."""
+        if not self.pipelines:
+            found = await asyncio.gather(*(self.settle(*one) for one in settlements))
+            return [window for window in found if window is not None]  # none is a replay
+        pipe = self.client.pipeline(transaction=False)
+        for tenant, hold, window_ms, tokens in settlements:
+            await self._settle(
+                keys=self.keys(tenant), args=[hold, window_ms, tokens, -1, 0], client=pipe
+            )
+        return [Window(used, reserved, start, now) for _, used, reserved, start, now in
+                await pipe.execute()]  # fmt: skip
 
     async def renew(self, tenant: str, holds: list[str], lease_ms: int) -> int:
         return int(await self._renew(keys=[self.keys(tenant)[2]], args=[lease_ms, *holds]))

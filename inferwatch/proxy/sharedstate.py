@@ -115,7 +115,7 @@ def connect(shared: SharedState) -> tuple[Any, list[Any]]:
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=MAX_CONNECTIONS, timeout=shared.timeout_s * CALL_BOUND, **options
     )
-    return aioredis.Redis(connection_pool=pool), []
+    return aioredis.Redis.from_pool(pool), []  # closing the client closes the pool
 
 
 def _reason(exc: BaseException) -> str:
@@ -136,7 +136,7 @@ class SharedLedger:
         self.shared = shared
         self.tenants = config.tenants
         self.client, self._also = connect(shared)
-        self.books = Books(self.client, shared.key_prefix)
+        self.books = Books(self.client, shared.key_prefix, pipelines=shared.kind != "cluster")
         self.proxy = uuid.uuid4().hex[:12]
         self.lease_ms = round(shared.lease_s * 1000)
         #: longest a whole call may take, waiting for a connection included
@@ -152,6 +152,9 @@ class SharedLedger:
         self._holds: dict[str, set[str]] = {}
         self._sequence = itertools.count()
         self._writes: set[asyncio.Task[Any]] = set()
+        #: settlements waiting for the flush in flight, and whether one is
+        self._settling: list[Entry] = []
+        self._flushing = False
         self._down_since = 0.0
 
     # ------------------------------------------------------------------ admission
@@ -296,23 +299,35 @@ class SharedLedger:
             spent_in_ms=now_ms - now_ms % reservation.window_ms,
             tokens=tokens,
         )
-        if self.up:
-            self._spawn(self._settle(entry))
-        else:
-            self.journal.write(entry)
-
-    async def _settle(self, entry: Entry) -> None:
-        try:
-            async with asyncio.timeout(self.call_bound_s):
-                window = await self.books.settle(
-                    entry.tenant, entry.hold, entry.window_ms, entry.tokens
-                )
-        except (RedisError, OSError, TimeoutError) as exc:
-            self._down(exc)
+        if not self.up:
             self.journal.write(entry)
             return
-        if window is not None:
-            self._seen[entry.tenant] = window
+        self._settling.append(entry)
+        if len(self._settling) == 1 and not self._flushing:
+            self._spawn(self._flush())
+
+    async def _flush(self) -> None:
+        """Send the settlements that queued up, together, until none is left: under load one
+        round trip carries many (each script still runs on its own, atomically)."""
+        self._flushing = True
+        try:
+            while self._settling:
+                entries, self._settling = self._settling, []
+                try:
+                    async with asyncio.timeout(self.call_bound_s):
+                        windows = await self.books.settle_all(
+                            [(e.tenant, e.hold, e.window_ms, e.tokens) for e in entries]
+                        )
+                except (RedisError, OSError, TimeoutError) as exc:
+                    self._down(exc)
+                    for entry in (*entries, *self._settling):
+                        self.journal.write(entry)
+                    self._settling = []
+                    return
+                for entry, window in zip(entries, windows, strict=True):
+                    self._seen[entry.tenant] = window
+        finally:
+            self._flushing = False
 
     def _give_back(
         self, call: asyncio.Future[Reserved], tenant: str, hold: str, window_ms: int
