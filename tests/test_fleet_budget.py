@@ -104,6 +104,8 @@ def test_a_killed_proxys_reservations_return_within_the_lease(fleet: Fleet, engi
     wait_for(lambda: books(fleet.redis)[1] == BUDGET, "the doomed proxy to hold it all", 20)
     refused = flood([survivor.url], "acme", per_proxy=1, max_tokens=700)[0]
     assert refused.status_code == 429  # the room is held
+    in_flight = "inferwatch_tenancy_fleet_requests_in_flight"
+    assert samples(survivor.metrics(), in_flight, tenant="acme") == 5  # all of them doomed's
     doomed.kill()
     # the lease is 2 s; a hold is dropped by the first script that looks after it expired
     wait_for(lambda: books(fleet.redis)[1] == 0, "the dead proxy's holds to expire", 2 + 3)

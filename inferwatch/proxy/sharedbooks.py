@@ -47,7 +47,8 @@ redis.call('HSET', KEYS[1], 'start', start, 'used', used, 'reserved', reserved)
 """
 
 #: ARGV: id, window ms, limit (budget + tolerance), prompt, completion cap, choices,
-#: clamp (1/0), lease ms. Returns {admitted 1/0, used, reserved, window start, now, cap}.
+#: clamp (1/0), lease ms. Returns {admitted 1/0, used, reserved, window start, now, cap,
+#: requests in flight}.
 RESERVE = (
     _PRELUDE
     + """
@@ -59,25 +60,26 @@ if prompt + cap * choices > room and ARGV[7] == '1' then
   cap = math.floor((room - prompt) / choices)
 end
 if cap < 0 or (cap == 0 and asked > 0) or prompt + cap * choices > room then
-  return {0, used, reserved, start, now, cap}
+  return {0, used, reserved, start, now, cap, redis.call('ZCARD', KEYS[3])}
 end
 local tokens = prompt + cap * choices
 reserved = reserved + tokens
 redis.call('HSET', KEYS[1], 'reserved', reserved)
 redis.call('HSET', KEYS[2], ARGV[1], tokens)
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[8]), ARGV[1])
-return {1, used, reserved, start, now, cap}
+return {1, used, reserved, start, now, cap, redis.call('ZCARD', KEYS[3])}
 """
 )
 
 #: ARGV: id ("" : none held), window ms, tokens, window start they were spent in (-1: the
 #: current one), journal entry TTL s. KEYS[4], when given, marks a journal entry replayed so
-#: that replaying it twice charges it once. Returns {charged 1/0, used, reserved, start, now}.
+#: that replaying it twice charges it once. Returns {charged 1/0, used, reserved, start, now,
+#: requests in flight}.
 SETTLE = (
     _PRELUDE
     + """
 if KEYS[4] and redis.call('SET', KEYS[4], '1', 'NX', 'EX', tonumber(ARGV[5])) == false then
-  return {0, used, reserved, start, now}
+  return {0, used, reserved, start, now, redis.call('ZCARD', KEYS[3])}
 end
 if ARGV[1] ~= '' then
   local held = redis.call('HGET', KEYS[2], ARGV[1])
@@ -94,15 +96,16 @@ if spent_in < 0 or spent_in == start then
   redis.call('HSET', KEYS[1], 'used', used)
 end
 redis.call('HINCRBY', KEYS[1], 'total', tokens)
-return {1, used, reserved, start, now}
+return {1, used, reserved, start, now, redis.call('ZCARD', KEYS[3])}
 """
 )
 
-#: ARGV: "", window ms. Returns {used, reserved, window start, now}, expired leases dropped.
+#: ARGV: "", window ms. Returns {used, reserved, window start, now, requests in flight},
+#: expired leases dropped first.
 PEEK = (
     _PRELUDE
     + """
-return {used, reserved, start, now}
+return {used, reserved, start, now, redis.call('ZCARD', KEYS[3])}
 """
 )
 
@@ -167,12 +170,15 @@ REPLAYED_TTL_S = 7 * 24 * 3600
 
 @dataclass(frozen=True)
 class Window:
-    """What Redis said about a tenant's window: tokens used and reserved, in ms since epoch."""
+    """What Redis said about a tenant's window: tokens used and reserved, its start and the
+    server's time (ms since the epoch), and the tenant's requests in flight on every proxy
+    (those holding a reservation)."""
 
     used: int
     reserved: int
     start_ms: int = 0
     now_ms: int = 0
+    in_flight: int = 0
 
 
 @dataclass(frozen=True)
@@ -214,10 +220,10 @@ class Books:
         lease_ms: int,
     ) -> Reserved:
         args = [hold, window_ms, limit, prompt, cap, choices, 1 if clamp else 0, lease_ms]
-        admitted, used, reserved, start, now, capped = await self._reserve(
+        admitted, used, reserved, start, now, capped, flight = await self._reserve(
             keys=self.keys(tenant), args=args
         )
-        return Reserved(admitted == 1, Window(used, reserved, start, now), int(capped))
+        return Reserved(admitted == 1, Window(used, reserved, start, now, flight), int(capped))
 
     async def settle(
         self,
@@ -233,8 +239,8 @@ class Books:
         if entry:
             keys.append(f"{self.prefix}:{{{tenant}}}:j:{entry}")
         args = [hold, window_ms, tokens, spent_in_ms, REPLAYED_TTL_S]
-        charged, used, reserved, start, now = await self._settle(keys=keys, args=args)
-        return Window(used, reserved, start, now) if charged == 1 else None
+        charged, *window = await self._settle(keys=keys, args=args)
+        return Window(*window) if charged == 1 else None
 
     async def settle_all(self, settlements: list[tuple[str, str, int, int]]) -> list[Window]:
         """Settle ``(tenant, hold, window ms, tokens)`` each, in one round trip where the
@@ -247,8 +253,7 @@ class Books:
             await self._settle(
                 keys=self.keys(tenant), args=[hold, window_ms, tokens, -1, 0], client=pipe
             )
-        return [Window(used, reserved, start, now) for _, used, reserved, start, now in
-                await pipe.execute()]  # fmt: skip
+        return [Window(*window) for _, *window in await pipe.execute()]
 
     async def renew(self, tenant: str, holds: list[str], lease_ms: int) -> int:
         return int(await self._renew(keys=[self.keys(tenant)[2]], args=[lease_ms, *holds]))
@@ -258,8 +263,7 @@ class Books:
 
     async def peek(self, tenant: str, window_ms: int) -> Window:
         """The tenant's current window, leases that expired dropped first."""
-        used, reserved, start, now = await self._peek(keys=self.keys(tenant), args=["", window_ms])
-        return Window(used, reserved, start, now)
+        return Window(*await self._peek(keys=self.keys(tenant), args=["", window_ms]))
 
     async def rate(
         self, tenant: str, buckets: list[tuple[str, int, float]], charge: bool

@@ -468,6 +468,12 @@ class SharedLedger:
             family = cat.family(key)
             family.add_metric([], value)
             out.append(family)
+        flight = cat.family("tenancy_fleet_requests_in_flight")
+        for name, tenant in sorted(self.tenants.items()):
+            seen = self._current(name, tenant.budget) if tenant.budget is not None else None
+            if seen is not None:
+                flight.add_metric([name], seen.in_flight)
+        out.append(flight)
         errors = cat.family("tenancy_shared_state_errors")
         for reason, count in sorted(self.errors.items()):
             errors.add_metric([reason], count)
