@@ -109,4 +109,17 @@ def board(ctx: Ctx) -> Board:
                  f"(increase({ctx.m('tenancy_engine_usage_anomalies', C)}[$__rate_interval]))",
                  "{{instance}} {{token_type}} {{reason}}")],
               thresholds=above(None, 1), width=24),
+    ).row(
+        "Fair share",
+        Panel(11, "Queue time by tenant (p95)", "How long each tenant's requests waited for "
+              "a concurrency slot to the engine: a saturated engine serves by priority class "
+              "and weight, so a low-priority tenant's wait grows first.", "s",
+              [Q(f"histogram_quantile(0.95, sum by ({c}, tenant, le) "
+                 f"({ctx.rate('tenancy_queue_time', TO, suffix='_bucket')}))", "{{tenant}}")],
+              width=12),
+        Panel(12, "Shed requests by tenant and reason", "Requests refused at a saturated "
+              "engine: queue_timeout (waited too long), queue_full (no room in the queue), "
+              "priority (shed for a higher-priority request).", "reqps",
+              [Q(f"sum by ({c}, tenant, reason) ({ctx.rate('tenancy_shed', TO)})",
+                 "{{tenant}} {{reason}}")], width=12, stack=True),
     )  # fmt: skip

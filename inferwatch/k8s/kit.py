@@ -234,6 +234,8 @@ REPLACEMENTS = [
         [
             {
                 "select": {"kind": "NetworkPolicy"},
+                # Redis answers the model's pods only, none in the monitoring namespace
+                "reject": [{"name": "inferwatch-redis"}],
                 "fieldPaths": [
                     "spec.ingress.*.from.*.namespaceSelector.matchLabels."
                     "kubernetes\\.io/metadata\\.name"
@@ -271,7 +273,7 @@ DEFAULT_PROXY_HEADERS = proxy_config.ProxyConfig().gateway_headers
 
 def proxy_headers(kit: Path) -> tuple[str, ...]:
     """The headers the tenancy proxy of the kit's base takes from a gateway (its ConfigMap's
-    ``proxy.yaml``, checked as the proxy checks it)."""
+    ``proxy.yaml``, checked as the proxy checks it but for its ``shared_state``)."""
     path = kit / PROXY_CONFIG_FILE
     documents = layer.parse_all(layer.read_text(path, str(path), SiteError), str(path), SiteError)
     found = [
@@ -283,8 +285,13 @@ def proxy_headers(kit: Path) -> tuple[str, ...]:
     if len(found) != 1:
         raise SiteError(f"{path}: expected one ConfigMap with a proxy.yaml, found {len(found)}")
     source = f"{path} (proxy.yaml)"
+    document = layer.parse(found[0], source, SiteError)
+    if isinstance(document, dict):
+        # shared_state names the pod's own Secret mount and journal volume, which exist only
+        # in the pod; the headers do not depend on it
+        document.pop("shared_state", None)
     try:
-        config = proxy_config.parse(layer.parse(found[0], source, SiteError), source)
+        config = proxy_config.parse(document, source)
     except proxy_config.ConfigError as exc:
         raise SiteError(str(exc)) from None
     return config.gateway_headers

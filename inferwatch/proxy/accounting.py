@@ -11,7 +11,7 @@ from inferwatch.logs import log_event
 from inferwatch.probes.client import PROBE_TENANT
 from inferwatch.probes.livesample import DegeneracySampler
 from inferwatch.proxy.accesslog import AccessLog
-from inferwatch.proxy.admission import BudgetLedger
+from inferwatch.proxy.admission import Ledger
 from inferwatch.proxy.config import Price, ProxyConfig, Tenant
 from inferwatch.proxy.exchange import Exchange
 from inferwatch.proxy.metrics import ProxyMetrics
@@ -27,7 +27,7 @@ class Accounting:
         self,
         config: ProxyConfig,
         metrics: ProxyMetrics,
-        ledger: BudgetLedger,
+        ledger: Ledger,
         sampler: DegeneracySampler,
         access_log: AccessLog,
     ) -> None:

@@ -13,8 +13,9 @@ N concurrent requests cannot each see the whole remainder.
 The concurrency gate caps requests in flight to the engine. A tenant's own cap counts its
 requests in flight *and* those waiting for a slot, so handing queued requests their slots
 can never put a tenant over its cap; a tenant at its cap is refused at once (it is the noisy
-one). When the global cap is reached, waiters are admitted by priority class, then in
-arrival order, so low-priority floods queue behind everyone else.
+one). When the global cap is reached, waiters are admitted by priority class, then by
+weight (weighted fair queuing across the tenants of a class), so low-priority floods queue
+behind everyone else; a full queue (``max_queue``) sheds its lowest class first.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from inferwatch.proxy.config import Budget
 
@@ -45,6 +47,31 @@ class Reservation:
     tokens: int
     #: the completion cap the request must be sent with (None: leave the body as it is)
     completion_cap: int | None = None
+
+
+def budget_refusal(
+    budget: Budget, prompt: int, completion: int, used: int, reserved: int, retry_after: int
+) -> Refusal:
+    """The 429 of a request its tenant's budget window cannot cover."""
+    return Refusal(
+        429,
+        "rejected_budget",
+        f"tenant token budget of {budget.tokens} per {budget.window_seconds:g}s cannot "
+        f"cover this request ({prompt} prompt + up to {completion} completion tokens; "
+        f"{used} used, {reserved} reserved by requests in flight); "
+        f"retry after {retry_after}s",
+        retry_after,
+    )
+
+
+class Ledger(Protocol):
+    """What settling and the metrics read of a tenant's budget books, local or shared."""
+
+    def room(self, tenant: str, budget: Budget) -> int: ...
+
+    def settle(self, reservation: Reservation, budget: Budget, tokens: int) -> None: ...
+
+    def remaining(self, tenant: str, budget: Budget) -> int: ...
 
 
 class BudgetLedger:
@@ -96,14 +123,8 @@ class BudgetLedger:
             cap = (room - prompt) // choices
         if cap < 0 or (cap == 0 and completion_cap > 0) or prompt + cap * choices > room:
             retry_after = max(1, math.ceil(start + budget.window_seconds - now))
-            return Refusal(
-                429,
-                "rejected_budget",
-                f"tenant token budget of {budget.tokens} per {budget.window_seconds:g}s cannot "
-                f"cover this request ({prompt} prompt + up to {completion_cap * choices} "
-                f"completion tokens; {used} used, {reserved} reserved by requests in flight); "
-                f"retry after {retry_after}s",
-                retry_after,
+            return budget_refusal(
+                budget, prompt, completion_cap * choices, used, reserved, retry_after
             )
         tokens = prompt + cap * choices
         self._reserved[tenant] = (start, reserved + tokens)
@@ -125,16 +146,36 @@ class BudgetLedger:
         return max(budget.tokens - self.used(tenant, budget), 0)
 
 
-class ConcurrencyGate:
-    """Slots to the engine: a global cap with a priority queue, and per-tenant caps."""
+@dataclass(order=True)
+class _Waiter:
+    priority: int
+    tag: float  # virtual finish time: weighted fair order within a priority class
+    sequence: int
+    tenant: str = field(compare=False)
+    future: asyncio.Future[bool] = field(compare=False)  # True: a slot; False: shed
 
-    def __init__(self, capacity: int, queue_timeout_s: float) -> None:
+
+class ConcurrencyGate:
+    """Slots to the engine: a global cap with a fair priority queue, and per-tenant caps.
+
+    Waiters are served by priority class, then by weight: each request of a tenant is
+    tagged one ``1/weight`` step after the tenant's previous one (or after the request last
+    served, if the tenant has been idle), and the lowest tag goes first, so tenants with
+    weights 3 and 1 that both keep the queue full get three slots to one. When the queue
+    holds ``max_queue`` waiters, a newcomer of a better class sheds the worst waiter (the
+    lowest class, latest tag); one that is no better is refused.
+    """
+
+    def __init__(self, capacity: int, queue_timeout_s: float, max_queue: int = 0) -> None:
         self.capacity = capacity  # 0: unlimited
         self.queue_timeout_s = queue_timeout_s
+        self.max_queue = max_queue  # 0: unbounded
         self._in_flight = 0
         self.per_tenant: dict[str, int] = {}
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiters: list[_Waiter] = []
         self._sequence = itertools.count()
+        self._last_tag: dict[str, float] = {}
+        self._virtual = 0.0
 
     @property
     def in_flight(self) -> int:
@@ -143,7 +184,7 @@ class ConcurrencyGate:
 
     @property
     def waiting(self) -> int:
-        return sum(1 for *_, future in self._waiters if not future.done())
+        return sum(1 for waiter in self._waiters if not waiter.future.done())
 
     def enter_ungated(self) -> None:
         """Count a request in flight that needs no slot (no cap applies to it)."""
@@ -152,7 +193,9 @@ class ConcurrencyGate:
     def leave_ungated(self) -> None:
         self._in_flight -= 1
 
-    async def acquire(self, tenant: str, tenant_cap: int, priority: int) -> Refusal | None:
+    async def acquire(
+        self, tenant: str, tenant_cap: int, priority: int, weight: int = 1
+    ) -> Refusal | None:
         held = self.per_tenant.get(tenant, 0)  # in flight or waiting for a slot
         if tenant_cap and held >= tenant_cap:
             return Refusal(
@@ -163,7 +206,7 @@ class ConcurrencyGate:
             )
         self.per_tenant[tenant] = held + 1
         try:
-            refusal = await self._slot(priority)
+            refusal = await self._slot(tenant, priority, weight)
         except BaseException:
             self._drop(tenant)
             raise
@@ -171,16 +214,38 @@ class ConcurrencyGate:
             self._drop(tenant)
         return refusal
 
-    async def _slot(self, priority: int) -> Refusal | None:
+    def _make_room(self, priority: int) -> bool:
+        """Whether the queue has room for a waiter of ``priority``, shedding one if need be."""
+        live = [waiter for waiter in self._waiters if not waiter.future.done()]
+        if not self.max_queue or len(live) < self.max_queue:
+            return True
+        worst = max(live, key=lambda waiter: (waiter.priority, waiter.tag))
+        if worst.priority <= priority:
+            return False
+        worst.future.set_result(False)
+        return True
+
+    async def _slot(self, tenant: str, priority: int, weight: int) -> Refusal | None:
         if self.capacity and (self._in_flight >= self.capacity or self.waiting):
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            entry = (priority, next(self._sequence), future)
-            heapq.heappush(self._waiters, entry)
+            if not self._make_room(priority):
+                return Refusal(
+                    503,
+                    "rejected_queue_full",
+                    f"engine is at its concurrency limit and {self.max_queue} requests of "
+                    "the same or a higher priority are queued",
+                    1,
+                )
+            tag = max(self._virtual, self._last_tag.get(tenant, 0.0)) + 1.0 / weight
+            self._last_tag[tenant] = tag
+            future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            heapq.heappush(
+                self._waiters, _Waiter(priority, tag, next(self._sequence), tenant, future)
+            )
             try:
                 async with asyncio.timeout(self.queue_timeout_s):
-                    await future
+                    granted = await future
             except TimeoutError:
-                if future.done() and not future.cancelled():
+                if future.done() and not future.cancelled() and future.result():
                     self._release_slot()  # handed over just as the wait timed out
                 return Refusal(
                     503,
@@ -189,9 +254,16 @@ class ConcurrencyGate:
                     1,
                 )
             except asyncio.CancelledError:
-                if future.done() and not future.cancelled():
+                if future.done() and not future.cancelled() and future.result():
                     self._release_slot()  # the slot was handed over as we were cancelled
                 raise
+            if not granted:
+                return Refusal(
+                    503,
+                    "rejected_shed",
+                    "shed from the queue for a higher-priority request; the engine is saturated",
+                    1,
+                )
         else:
             self._in_flight += 1
         return None
@@ -209,8 +281,11 @@ class ConcurrencyGate:
 
     def _release_slot(self) -> None:
         while self._waiters:
-            _, _, future = heapq.heappop(self._waiters)
-            if not future.done():
-                future.set_result(None)  # the slot passes to the waiter; in_flight unchanged
+            waiter = heapq.heappop(self._waiters)
+            if not waiter.future.done():
+                waiter.future.set_result(True)  # the slot passes on; in_flight unchanged
+                self._virtual = waiter.tag
                 return
         self._in_flight -= 1
+        self._last_tag.clear()  # nobody waits: fair order starts afresh
+        self._virtual = 0.0

@@ -40,6 +40,7 @@ from inferwatch.proxy.accounting import Accounting
 from inferwatch.proxy.admission import (
     BudgetLedger,
     ConcurrencyGate,
+    Ledger,
     Refusal,
 )
 from inferwatch.proxy.config import ProxyConfig
@@ -54,6 +55,7 @@ from inferwatch.proxy.exchange import (
 )
 from inferwatch.proxy.labels import OTHER, BoundedLabels, split_label
 from inferwatch.proxy.metrics import IDENTITY_LABELS, ProxyMetrics
+from inferwatch.proxy.ratelimit import RateLimiter
 from inferwatch.proxy.reconcile import (
     DirectTraffic,
     DirectTrafficError,
@@ -64,6 +66,7 @@ from inferwatch.proxy.relays import JSON, PLAIN, Relays, respond
 from inferwatch.proxy.routes import STREAMABLE, Route, Router
 from inferwatch.proxy.routing import Routing
 from inferwatch.proxy.sampling import TranscribingMeter, prompt_text
+from inferwatch.proxy.sharedstate import SharedLedger
 from inferwatch.proxy.tenants import UNKNOWN, TenantResolver
 from inferwatch.proxy.upstream import Timeouts, UpstreamError, UpstreamPool
 from inferwatch.proxy.usage import (
@@ -146,6 +149,17 @@ def _completion_cap(body: dict[str, Any]) -> Caps:
     return Caps(fields, requested, choices, floats)
 
 
+def _with_headers(send: Send, extra: tuple[tuple[bytes, bytes], ...]) -> Send:
+    """``send`` that adds ``extra`` to the response's headers, whatever the response is."""
+
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *extra]}
+        await send(message)
+
+    return sending
+
+
 class ProxyApp:
     def __init__(
         self,
@@ -191,13 +205,19 @@ class ProxyApp:
         self.draining = False
         self._handlers: set[asyncio.Task[Any]] = set()
         self.ledger = BudgetLedger()
-        self.gate = ConcurrencyGate(config.max_concurrency, config.queue_timeout_s)
+        #: the fleet's books in Redis, where configured; else this process's own
+        self.shared = SharedLedger(config) if config.shared_state is not None else None
+        limits = {n: t.rate_limits for n, t in config.tenants.items() if t.rate_limits}
+        self.rates = RateLimiter(limits, self.shared) if limits else None
+        self.gate = ConcurrencyGate(
+            config.max_concurrency, config.queue_timeout_s, config.max_queue
+        )
         self.reconciler = Reconciler()
         self.engine = EngineInfo(self.pool)
         self.direct_traffic = DirectTraffic(config.probe_metrics_urls)
         self.sampler = DegeneracySampler(config.quality_sample_rate)
         self.accounting = Accounting(
-            config, self.metrics, self.ledger, self.sampler, self.access_log
+            config, self.metrics, self.budgets, self.sampler, self.access_log
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._ready: tuple[float, bool, str] = (0.0, False, "not checked yet")
@@ -221,6 +241,11 @@ class ProxyApp:
             finish=self._finish,
             handlers=self._handlers,
         )
+
+    @property
+    def budgets(self) -> Ledger:
+        """The books budgets are kept in: the fleet's shared state, or this process's."""
+        return self.shared if self.shared is not None else self.ledger
 
     # ------------------------------------------------------------------ ASGI entry point
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -246,6 +271,8 @@ class ProxyApp:
         self._tasks.append(asyncio.ensure_future(self._engine_info_loop()))
         if self.config.reconcile_interval > 0:
             self._tasks.append(asyncio.ensure_future(self._reconcile_loop()))
+        if self.shared is not None:
+            self._tasks.append(asyncio.ensure_future(self.shared.run()))
 
     async def stop_background(self) -> None:
         # handlers cancelled at the end of a shutdown still charge their tokens: wait for them
@@ -258,6 +285,8 @@ class ProxyApp:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self.shared is not None:
+            await self.shared.aclose()
         self.access_log.flush()
         self.pool.close()
         await self.direct_traffic.aclose()
@@ -331,6 +360,11 @@ class ProxyApp:
         config = self.config
         tenant = config.tenants.get(exchange.tenant)
         budget = tenant.budget if tenant is not None else None
+        if self.rates is not None and self.rates.limited(exchange.tenant):
+            limited, headers = await self.rates.admit(exchange.tenant, exchange.model)
+            exchange.rate_headers = tuple(headers)
+            if limited is not None:
+                return limited, False
         try:
             asked = _completion_cap(body)  # the counts reach the engine as normalised here
             prompt = Prompt(self.counter.count_text is not byte_bound)
@@ -368,16 +402,15 @@ class ProxyApp:
                 return Refusal(
                     400, "rejected_bad_request", f"at most {MAX_CHOICES} choices per request"
                 ), False
-            if prompt.tokens + cap * choices > self.ledger.room(exchange.tenant, budget):
+            if prompt.tokens + cap * choices > self.budgets.room(exchange.tenant, budget):
                 await self._recount(exchange, body, prompt)  # a bound must not refuse or clamp
                 cap, engine_applies = await self._reserved_cap(exchange, body, requested, prompt)
-            reserved = self.ledger.reserve(
-                exchange.tenant,
-                budget,
-                prompt.tokens,
-                cap,
-                choices,
-                clamp=config.over_budget == "clamp",
+            hold = (exchange.tenant, budget, prompt.tokens, cap, choices)
+            clamp = config.over_budget == "clamp"
+            reserved = (
+                await self.shared.reserve(*hold, clamp=clamp)
+                if self.shared is not None
+                else self.ledger.reserve(*hold, clamp=clamp)
             )
             if isinstance(reserved, Refusal):
                 exchange.meter = None
@@ -395,8 +428,12 @@ class ProxyApp:
         if body.get("echo") is not True:  # an echoed prompt in the reply is not completion
             exchange.meter.bounds.text_floor = self.counter.floor
         if config.max_concurrency or (tenant is not None and tenant.max_concurrency):
-            limit, priority = (tenant.max_concurrency, tenant.priority) if tenant else (0, 1)
-            refusal = await self.gate.acquire(exchange.tenant, limit, priority)
+            limit, priority, weight = (
+                (tenant.max_concurrency, tenant.priority, tenant.weight) if tenant else (0, 1, 1)
+            )
+            queued = time.perf_counter()
+            refusal = await self.gate.acquire(exchange.tenant, limit, priority, weight)
+            self.metrics.queued(exchange.identity[0], time.perf_counter() - queued, refusal)
             if refusal is not None:
                 exchange.meter = None
                 return refusal, False
@@ -477,6 +514,8 @@ class ProxyApp:
             tracing.start(exchange, scope)
         try:
             refusal, body, raw, changed = await self._read_request(exchange, scope, receive)
+            if exchange.rate_headers:
+                send = _with_headers(send, exchange.rate_headers)
             if refusal is not None:
                 return await self.relays.refuse(exchange, send, refusal)
             if tracing is not None:
@@ -491,6 +530,8 @@ class ProxyApp:
                 self.gate.leave_ungated()
             self._served(exchange)
             self.accounting.charge(exchange)
+            if self.rates is not None and exchange.rate_headers and exchange.usage is not None:
+                self.rates.charge(exchange.tenant, exchange.model, exchange.usage.total)
             if isinstance(exchange.meter, TranscribingMeter):
                 self.accounting.screen(exchange, exchange.meter)
 
@@ -523,7 +564,7 @@ class ProxyApp:
 
     def families(self) -> list[Metric]:
         budgets = {
-            name: self.ledger.remaining(name, tenant.budget)
+            name: self.budgets.remaining(name, tenant.budget)
             for name, tenant in self.config.tenants.items()
             if tenant.budget is not None
         }
@@ -540,6 +581,7 @@ class ProxyApp:
                 },
             ),
             *self.sampler.families(),
+            *(self.shared.families() if self.shared is not None else []),
         ]
 
     def registry(self) -> CollectorRegistry:
@@ -559,7 +601,10 @@ class ProxyApp:
             except UpstreamError as exc:
                 ok, reason = False, f"engine unreachable: {exc.detail}"
             self._ready = (now, ok, reason)
-        status, body = endpoints.readiness([Condition("engine", ok, "" if ok else reason)])
+        conditions = [Condition("engine", ok, "" if ok else reason)]
+        if self.shared is not None:
+            conditions.append(self.shared.readiness())
+        status, body = endpoints.readiness(conditions)
         await respond(send, status, body, list(JSON))
 
     async def _housekeeping_loop(self) -> None:

@@ -29,7 +29,8 @@ from inferwatch import config as layer
 from inferwatch.canary.splits import SPLIT_HEADER
 from inferwatch.config import schema as _schema
 from inferwatch.probes.client import PROBE_TENANT, TENANT_HEADER
-from inferwatch.proxy import routes
+from inferwatch.proxy import routes, sharedconfig
+from inferwatch.proxy.sharedconfig import FailurePolicy, SharedState
 
 UnknownPolicy = Literal["reject", "attribute"]
 PRIORITIES = {"high": 0, "normal": 1, "low": 2}
@@ -56,12 +57,35 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class Limit:
+    """Per-minute rates (0: no limit of that kind)."""
+
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0
+
+    def per_minute(self, kind: str) -> int:
+        return self.requests_per_minute if kind == "requests" else self.tokens_per_minute
+
+
+@dataclass(frozen=True)
+class RateLimits:
+    tenant: Limit = field(default_factory=Limit)
+    #: model name -> this tenant's limits for it, on top of the tenant's own
+    models: Mapping[str, Limit] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Tenant:
     name: str
     key_hashes: tuple[str, ...] = ()
     priority: int = PRIORITIES["normal"]
     max_concurrency: int = 0  # 0: no cap of its own
+    #: its share of slots against the other tenants of its priority class when queued
+    weight: int = 1
     budget: Budget | None = None
+    #: what its budget does while the shared state is unreachable (None: the section's)
+    failure_policy: FailurePolicy | None = None
+    rate_limits: RateLimits | None = None
 
 
 @dataclass(frozen=True)
@@ -146,8 +170,12 @@ class ProxyConfig:
     max_response_bytes: int = 64 << 20
     max_concurrency: int = 0  # 0: no global cap
     queue_timeout_s: float = 10.0
+    #: requests waiting for a slot at most; past it the lowest priority is shed (0: no bound)
+    max_queue: int = 0
     #: share of chat/completion responses screened for degenerate output (0: none)
     quality_sample_rate: float = 0.01
+    #: the fleet's Redis, where budgets are kept for every proxy replica (None: in this process)
+    shared_state: SharedState | None = None
 
     def price(self, model: str) -> Price:
         return self.prices.get(model, self.default_price)
@@ -198,7 +226,17 @@ def _tenant(reader: layer.Fields, name: str) -> Tenant:
         raise reader.error(
             "", f"tenant name {name!r} is reserved or not [A-Za-z0-9._:@/-]{{1,128}}"
         )
-    reader.check_keys({"key_sha256", "priority", "max_concurrency", "budget"})
+    reader.check_keys(
+        {
+            "key_sha256",
+            "priority",
+            "weight",
+            "max_concurrency",
+            "budget",
+            "failure_policy",
+            "rate_limits",
+        }
+    )
     hashes = reader.raw.get("key_sha256", [])
     if isinstance(hashes, str):
         hashes = [hashes]
@@ -220,13 +258,43 @@ def _tenant(reader: layer.Fields, name: str) -> Tenant:
             window_seconds=_seconds(budget_reader, "window", 3600.0),
             tolerance=budget_reader.integer("tolerance", Budget.tolerance),
         )
+    policy: FailurePolicy | None = None
+    if "failure_policy" in reader.raw:
+        chosen = reader.choice("failure_policy", "fail_open", sharedconfig.FAILURE_POLICIES)
+        policy = "fail_closed" if chosen == "fail_closed" else "fail_open"
     return Tenant(
         name=name,
         key_hashes=tuple(hashes),
         priority=PRIORITIES[priority],
         max_concurrency=reader.integer("max_concurrency", Tenant.max_concurrency),
+        weight=reader.integer("weight", Tenant.weight, minimum=1, maximum=1000),
         budget=budget,
+        failure_policy=policy,
+        rate_limits=_rate_limits(reader.child("rate_limits"))
+        if "rate_limits" in reader.raw
+        else None,
     )
+
+
+def _limit(reader: layer.Fields, more: frozenset[str] = frozenset()) -> Limit:
+    reader.check_keys({"requests_per_minute", "tokens_per_minute", *more})
+    return Limit(
+        requests_per_minute=reader.integer("requests_per_minute", 0, maximum=10**9),
+        tokens_per_minute=reader.integer("tokens_per_minute", 0, maximum=10**12),
+    )
+
+
+def _rate_limits(reader: layer.Fields) -> RateLimits:
+    """``rate_limits: {requests_per_minute, tokens_per_minute, models: {name: {...}}}``."""
+    limits = RateLimits(
+        _limit(reader, frozenset({"models"})),
+        {name: _limit(model) for name, model in reader.child("models").entries()},
+    )
+    for name, limit in [("", limits.tenant), *limits.models.items()]:
+        if limit == Limit() and (name or not limits.models):
+            where = f"models.{name}" if name else ""
+            raise reader.error(where, "give requests_per_minute, tokens_per_minute or both")
+    return limits
 
 
 #: Every default the parser falls back on is the dataclass's own.
@@ -247,6 +315,7 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             "limits",
             "routes",
             "quality_sampling",
+            "shared_state",
         }
     )
 
@@ -332,6 +401,7 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             "max_response_bytes",
             "max_concurrency",
             "queue_timeout",
+            "max_queue",
             "tokenizer",
             "default_max_tokens",
             "over_budget",
@@ -397,6 +467,7 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
         ),
         max_concurrency=limits.integer("max_concurrency", _DEFAULT.max_concurrency),
         queue_timeout_s=_seconds(limits, "queue_timeout", _DEFAULT.queue_timeout_s),
+        max_queue=limits.integer("max_queue", _DEFAULT.max_queue),
         tokenizer=limits.text("tokenizer", _DEFAULT.tokenizer),
         default_max_tokens=limits.integer(
             "default_max_tokens", _DEFAULT.default_max_tokens, minimum=1
@@ -412,6 +483,9 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
         quality_sample_rate=sampling.number(
             "rate", _DEFAULT.quality_sample_rate, minimum=0.0, maximum=1.0
         ),
+        shared_state=sharedconfig.parse(top.child("shared_state"))
+        if "shared_state" in top.raw
+        else None,
     )
 
 

@@ -59,6 +59,8 @@ class Exchange:
     #: the request's span while tracing is on, and its trace id when sampled (the exemplar)
     span: Span | None = None
     trace_id: str = ""
+    #: the tenant's x-ratelimit-* headers, added to whatever the response is
+    rate_headers: tuple[tuple[bytes, bytes], ...] = ()
 
 
 async def read_body(receive: Receive, limit: int, timeout_s: float) -> bytes | Refusal:

@@ -13,9 +13,17 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from inferwatch import catalog
+from inferwatch.proxy.admission import Refusal
 from inferwatch.proxy.labels import OTHER
 from inferwatch.proxy.usage import Usage
 from inferwatch.serving.histogram import DURATION_BUCKETS, TTFT_BUCKETS_LONG, Histogram
+
+#: refusals of the concurrency gate that shed a queued or queueing request, by reason
+SHED_REASONS = {
+    "rejected_queue_timeout": "queue_timeout",
+    "rejected_queue_full": "queue_full",
+    "rejected_shed": "priority",
+}
 
 #: (tenant, model, model_version, engine_version, prompt_version, split), catalogue identity
 #: `tenant`
@@ -58,6 +66,9 @@ class ProxyMetrics:
         self.usage_anomalies: dict[tuple[str, str], int] = {}
         self.reconciliation_errors: dict[str, int] = {}
         self.drift: dict[str, float] = {}
+        #: time gated requests waited for a slot, and the ones shed, by tenant label
+        self.queue_time: dict[tuple[tuple[str], ...], Histogram] = {}
+        self.shed: dict[tuple[tuple[str], str], int] = {}
         #: the tokens the engine processed for every request charged since start, whatever the
         #: labels (reconciliation's side): a prompt counts once per choice, as engines count
         #: it, where usage reports it once
@@ -107,6 +118,18 @@ class ProxyMetrics:
             histogram = self.duration[key] = Histogram(DURATION_BUCKETS)
         histogram.observe(duration, trace_id)
 
+    def queued(self, tenant: str, waited: float, refusal: Refusal | None) -> None:
+        """A gated request's wait for its slot, and whether it was shed instead."""
+        key = ((tenant,),)
+        histogram = self.queue_time.get(key)
+        if histogram is None:
+            histogram = self.queue_time[key] = Histogram(DURATION_BUCKETS)
+        histogram.observe(waited)
+        reason = SHED_REASONS.get(refusal.reason) if refusal is not None else None
+        if reason is not None:
+            shed_key = ((tenant,), reason)
+            self.shed[shed_key] = self.shed.get(shed_key, 0) + 1
+
     def upstream_error(self, reason: str) -> None:
         self.upstream_errors[reason] = self.upstream_errors.get(reason, 0) + 1
 
@@ -125,6 +148,9 @@ class ProxyMetrics:
         _fold(self.cost, position, released, _add)
         _fold(self.ttft, position, released, _merge_histograms)
         _fold(self.duration, position, released, _merge_histograms)
+        if label == "tenant":  # keyed by the tenant alone
+            _fold(self.queue_time, position, released, _merge_histograms)
+            _fold(self.shed, position, released, _add)
 
     def families(
         self,
@@ -150,9 +176,11 @@ class ProxyMetrics:
         counter("tenancy_cost", self.cost)
         counter("tenancy_requests", self.requests)
         counter("tenancy_accounted_requests", self.accounted)
+        counter("tenancy_shed", self.shed)
         for key, histograms in (
             ("tenancy_time_to_first_token", self.ttft),
             ("tenancy_request_duration", self.duration),
+            ("tenancy_queue_time", self.queue_time),
         ):
             family = cat.family(key)
             for (identity,), histogram in histograms.items():

@@ -1,0 +1,147 @@
+"""A real ``redis-server`` for the fleet tests: started on a free port, killed and restarted.
+
+The server keeps an append-only file fsynced on every write in its own directory, so a
+``kill -9`` loses nothing and a restart on the same port comes back with the same books, as a
+production Redis with AOF does. ``scripts/install-redis`` installs Debian's package.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from support.ports import PortTaken, in_use, pick_port, start_on_free_port
+from support.wait import wait_for
+
+
+def _answers(port: int) -> bool:
+    """Whether a Redis on ``port`` answers PING (one RESP round trip, no client library)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """One ``redis-server`` process; :meth:`kill` and :meth:`start` keep its port and data."""
+
+    def __init__(
+        self,
+        directory: Path,
+        password: str = "",
+        fsync: str = "always",
+        extra: tuple[str, ...] = (),
+        pick: Callable[[], int] = pick_port,
+    ) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.skip("redis-server is not installed (scripts/install-redis)")
+        self.binary = binary
+        self.directory = directory
+        self.password = password
+        #: ``always`` loses nothing to kill -9 (the tests); ``everysec`` is production's usual
+        self.fsync = fsync
+        #: more arguments: a Cluster node's, for example
+        self.extra = extra
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+        directory.mkdir(parents=True, exist_ok=True)
+        start_on_free_port(self._start, pick=pick)
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def address(self) -> str:
+        """The URL without its password, as a proxy config names it."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _argv(self, port: int) -> list[str]:
+        """The server's command line; ``{port}`` in an extra argument is its port."""
+        argv = [
+            self.binary,
+            "--port", str(port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.directory),
+            "--save", "",
+            "--appendonly", "yes",
+            "--appendfsync", self.fsync,
+            "--daemonize", "no",
+        ]  # fmt: skip
+        if self.password:
+            argv += ["--requirepass", self.password]
+        return argv + [arg.replace("{port}", str(port)) for arg in self.extra]
+
+    def _start(self, port: int) -> None:
+        log = self.directory / "redis.log"
+        with log.open("a") as out:
+            process = subprocess.Popen(self._argv(port), stdout=out, stderr=subprocess.STDOUT)
+
+        def up() -> bool:
+            if process.poll() is not None:
+                text = log.read_text(encoding="utf-8", errors="replace")
+                if in_use(text):
+                    raise PortTaken(f"redis-server: port {port} taken")
+                raise AssertionError(f"redis-server exited: {text[-2000:]}")
+            return _answers(port) or (self.password != "" and self._auth_required(port))
+
+        try:
+            wait_for(up, "redis-server to answer PING", 30)
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+        self.port, self.process = port, process
+
+    @staticmethod
+    def _auth_required(port: int) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(64).startswith(b"-NOAUTH")
+        except OSError:
+            return False
+
+    def start(self) -> None:
+        """Start it again on the port it had (its data comes back from the append-only file)."""
+        self._start(self.port)
+
+    def kill(self) -> None:
+        """``kill -9``: no shutdown, no last write; the port stops answering at once."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+            self.process = None
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+            self.process = None
+
+
+def pick_cluster_port() -> int:
+    """A free port for a Cluster node: at most 55535, its bus port (+10000) free as well."""
+    while True:
+        port = pick_port()
+        if port > 55535:
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port

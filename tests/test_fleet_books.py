@@ -1,0 +1,247 @@
+"""The budget scripts against a real redis-server: interleavings hypothesis chooses, replayed
+journal entries, expired leases and a tenant racing its own budget from many clients."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inferwatch.proxy import config as proxy_config
+from inferwatch.proxy.sharedbooks import Books
+from inferwatch.proxy.sharedstate import SharedLedger, SharedReservation
+from support.redis import RedisServer
+from support.wait import wait_until
+
+pytestmark = pytest.mark.proc
+
+#: a window that does not turn while the tests run
+WINDOW_MS = 10**12
+LEASE_MS = 60_000
+HOUR_MS = 3_600_000
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    redis = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield redis
+    redis.stop()
+
+
+def run(server: RedisServer, work: Callable[[Books], Awaitable[Any]]) -> Any:
+    async def go() -> Any:
+        client = aioredis.Redis.from_url(server.url)
+        try:
+            return await work(Books(client, "t"))
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+class Model:
+    """What the books must say: the single-proxy ledger's rule, applied in the same order."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.holds: dict[str, int] = {}
+
+    def reserve(self, hold: str, prompt: int, cap: int, choices: int, clamp: bool) -> int | None:
+        room = self.limit - self.used - sum(self.holds.values())
+        granted = cap
+        if prompt + cap * choices > room and clamp:
+            granted = (room - prompt) // choices
+        if granted < 0 or (granted == 0 and cap > 0) or prompt + granted * choices > room:
+            return None
+        self.holds[hold] = prompt + granted * choices
+        return granted
+
+
+operation = st.one_of(
+    st.tuples(
+        st.just("reserve"),
+        st.integers(0, 3),  # which proxy asks
+        st.integers(0, 400),
+        st.integers(0, 400),
+        st.integers(1, 3),
+        st.booleans(),
+    ),
+    st.tuples(st.just("settle"), st.integers(0, 50), st.floats(0, 1)),
+    st.tuples(st.just("expire"), st.integers(0, 50)),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(limit=st.integers(1, 2000), operations=st.lists(operation, max_size=40))
+def test_any_interleaving_keeps_the_books_of_one_ledger(
+    server: RedisServer, limit: int, operations: list[tuple[Any, ...]]
+) -> None:
+    """Scripts run atomically, so every concurrent run is some order of them: in each order
+    hypothesis picks, the books equal the single-proxy rule's and never hold over the limit."""
+    tenant = uuid.uuid4().hex
+
+    async def work(books: Books) -> None:
+        model = Model(limit)
+        live: list[str] = []
+        for number, (kind, *args) in enumerate(operations):
+            if kind == "reserve":
+                proxy, prompt, cap, choices, clamp = args
+                hold = f"p{proxy}:{number}"
+                expected = model.reserve(hold, prompt, cap, choices, clamp)
+                got = await books.reserve(
+                    tenant, hold, WINDOW_MS, limit, prompt, cap, choices, clamp, LEASE_MS
+                )
+                assert got.admitted == (expected is not None)
+                if expected is not None:
+                    assert got.cap == expected
+                    live.append(hold)
+            elif kind == "settle" and live:
+                hold = live.pop(args[0] % len(live))
+                tokens = int(model.holds.pop(hold) * args[1])  # usage within its hold
+                model.used += tokens
+                await books.settle(tenant, hold, WINDOW_MS, tokens)
+            elif kind == "expire" and live:
+                hold = live.pop(args[0] % len(live))
+                del model.holds[hold]  # its proxy died: the lease runs out
+                await books.client.zadd(books.keys(tenant)[2], {hold: 0})
+            window = await books.peek(tenant, WINDOW_MS)
+            assert (window.used, window.reserved) == (model.used, sum(model.holds.values()))
+            assert window.used + window.reserved <= limit
+
+    run(server, work)
+
+
+def test_a_tenant_racing_its_own_budget_from_many_clients_gets_exactly_the_budget(
+    server: RedisServer,
+) -> None:
+    """200 reservations at once over 8 connections: exactly budget / size of them hold."""
+    tenant = uuid.uuid4().hex
+
+    async def work(books: Books) -> None:
+        clients = [aioredis.Redis.from_url(server.url) for _ in range(8)]
+        try:
+            racers = [Books(client, "t") for client in clients]
+            results = await asyncio.gather(
+                *(
+                    racers[i % 8].reserve(
+                        tenant, f"h{i}", WINDOW_MS, 1000, 10, 40, 1, False, LEASE_MS
+                    )
+                    for i in range(200)
+                )
+            )
+        finally:
+            for client in clients:
+                await client.aclose()
+        assert sum(r.admitted for r in results) == 1000 // 50
+        window = await books.peek(tenant, WINDOW_MS)
+        assert window.reserved == 1000
+
+    run(server, work)
+
+
+def test_an_expired_lease_returns_its_hold_and_a_renewed_one_keeps_it(
+    server: RedisServer,
+) -> None:
+    tenant = uuid.uuid4().hex
+
+    async def work(books: Books) -> None:
+        await books.reserve(tenant, "kept", WINDOW_MS, 1000, 0, 100, 1, False, 300)
+        await books.reserve(tenant, "lost", WINDOW_MS, 1000, 0, 200, 1, False, 300)
+        assert (await books.peek(tenant, WINDOW_MS)).reserved == 300
+        # renewed while its request runs; the other's proxy is gone
+
+        async def only_the_renewed_one_holds() -> bool:
+            assert await books.renew(tenant, ["kept"], 300) == 1
+            return (await books.peek(tenant, WINDOW_MS)).reserved == 100
+
+        await wait_until(only_the_renewed_one_holds, "the unrenewed lease to expire", 10)
+        assert await books.renew(tenant, ["lost"], 300) == 0  # gone, not brought back
+
+    run(server, work)
+
+
+def test_a_replayed_journal_entry_is_charged_once(server: RedisServer) -> None:
+    tenant = uuid.uuid4().hex
+
+    async def work(books: Books) -> None:
+        await books.reserve(tenant, "h", WINDOW_MS, 1000, 0, 100, 1, False, LEASE_MS)
+        first = await books.settle(tenant, "h", WINDOW_MS, 70, -1, "entry-1")
+        again = await books.settle(tenant, "h", WINDOW_MS, 70, -1, "entry-1")
+        assert first is not None and again is None
+        window = await books.peek(tenant, WINDOW_MS)
+        assert (window.used, window.reserved) == (70, 0)
+        assert await books.total(tenant) == 70
+
+    run(server, work)
+
+
+def test_tokens_spent_in_an_earlier_window_reach_the_total_not_the_window(
+    server: RedisServer,
+) -> None:
+    tenant = uuid.uuid4().hex
+
+    async def work(books: Books) -> None:
+        window = await books.peek(tenant, 60_000)
+        await books.settle(tenant, "", 60_000, 25, window.start_ms - 60_000, "old")
+        await books.settle(tenant, "", 60_000, 5, window.start_ms, "now")
+        assert (await books.peek(tenant, 60_000)).used in (5, 0)  # 0: the minute turned
+        assert await books.total(tenant) == 30
+
+    run(server, work)
+
+
+def test_the_server_keeps_its_books_across_a_kill(server: RedisServer, tmp_path: Path) -> None:
+    """The test server's append-only file survives kill -9, as a production AOF Redis does."""
+    tenant = uuid.uuid4().hex
+    run(server, lambda books: books.settle(tenant, "", WINDOW_MS, 42))
+    server.kill()
+    server.start()
+    assert run(server, lambda books: books.total(tenant)) == 42
+
+
+def test_a_slow_redis_counts_as_down_and_a_late_reservation_does_not_leak(
+    server: RedisServer,
+) -> None:
+    """Redis paused past the call's bound: the request falls back to the local bound at once,
+    and whatever the script still reserved once Redis woke up is gone within the lease (the
+    reply was lost, so it is released, or it expires), not leaked."""
+    tenant = uuid.uuid4().hex
+    document = {
+        "shared_state": {"url": server.url, "timeout": "100ms", "lease": "2s"},
+        "tenants": {tenant: {"budget": {"tokens": 1000}}},
+    }
+    config = proxy_config.parse(document, "p.yaml")
+    budget = config.tenants[tenant].budget
+    assert budget is not None
+
+    async def work(test_books: Books) -> None:
+        ledger = SharedLedger(config)
+        books = Books(test_books.client, config.shared_state.key_prefix)  # the proxy's keys
+        try:
+            first = await ledger.reserve(tenant, budget, 0, 100, clamp=False)
+            assert isinstance(first, SharedReservation) and first.hold
+            # longer than a call may take (3 x 100 ms), shorter than the first one's lease
+            await books.client.execute_command("CLIENT", "PAUSE", 700, "ALL")
+            late = await ledger.reserve(tenant, budget, 0, 200, clamp=False)
+            assert not ledger.up and ledger.errors == {"timeout": 1}
+            assert isinstance(late, SharedReservation) and not late.hold  # the local bound's
+
+            async def back_with_only_the_first() -> bool:
+                await ledger.tick()  # the heartbeat finds Redis again and renews the first
+                return ledger.up and (await books.peek(tenant, HOUR_MS)).reserved == 100
+
+            await wait_until(back_with_only_the_first, "Redis back, the late one gone", 2 + 5)
+        finally:
+            await ledger.aclose()
+
+    run(server, work)

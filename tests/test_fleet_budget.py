@@ -1,0 +1,149 @@
+"""One tenant budget across real proxy processes sharing a real redis-server: concurrent
+floods over four proxies, a proxy killed mid-flight, a proxy restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+import support.scripted_engine as se
+from inferwatch.proxy.sharedbooks import Books
+from support.fleet import Fleet, flood
+from support.proxy_stack import Engine, samples
+from support.redis import RedisServer
+from support.wait import wait_for
+
+pytestmark = pytest.mark.proc
+
+BUDGET = 3000
+HOUR_MS = 3_600_000
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Engine]:
+    loop = se.LoopThread()
+    engine = Engine(loop)
+    yield engine
+    engine.close()
+    loop.close()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fleet(redis_server: RedisServer, engine: Engine, tmp_path: Path) -> Iterator[Fleet]:
+    fleet = Fleet(redis_server, engine.url, tmp_path, {"acme": {"budget": {"tokens": BUDGET}}})
+    yield fleet
+    fleet.close()
+
+
+def books(server: RedisServer) -> tuple[int, int, int]:
+    """(used, reserved, total) of acme's hour, as Redis has them."""
+
+    async def read() -> tuple[int, int, int]:
+        client = aioredis.Redis.from_url(server.url)
+        try:
+            shared = Books(client, "inferwatch")
+            window = await shared.peek("acme", HOUR_MS)
+            return window.used, window.reserved, await shared.total("acme")
+        finally:
+            await client.aclose()
+
+    return asyncio.run(read())
+
+
+def engine_tokens(engine: Engine) -> int:
+    return engine.engine.prompt_total + engine.engine.generation_total
+
+
+def test_four_proxies_with_fifty_concurrent_requests_each_spend_one_budget(
+    fleet: Fleet, engine: Engine
+) -> None:
+    """Each proxy alone would let 3000 tokens through; together they still let 3000."""
+    proxies = fleet.add(4)
+    before = engine_tokens(engine)
+    answers = flood([p.url for p in proxies], "acme", per_proxy=50, max_tokens=60)
+    spent = engine_tokens(engine) - before
+    errors = [samples(p.metrics(), "inferwatch_tenancy_shared_state_errors_total") for p in proxies]
+    assert errors == [0, 0, 0, 0], "Redis answered every call in time"
+    admitted = [a for a in answers if a.status_code == 200]
+    refused = [a for a in answers if a.status_code == 429]
+    assert len(admitted) + len(refused) == 200
+    largest = max(a.json()["usage"]["total_tokens"] for a in admitted)
+    assert refused and admitted
+    assert spent <= BUDGET + largest, f"spent {spent} of {BUDGET}"
+    used, reserved, total = books(fleet.redis)
+    assert (used, reserved, total) == (spent, 0, spent)
+    assert all("retry after" in a.json()["error"]["message"] for a in refused)
+
+
+def test_a_killed_proxys_reservations_return_within_the_lease(fleet: Fleet, engine: Engine) -> None:
+    fleet.shared = {"lease": "2s", "timeout": "300ms"}
+    doomed, survivor = fleet.add(2)
+
+    # doomed holds the whole budget (its last request clamped to the rest) with requests
+    # the engine keeps for a minute
+    def hold() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # the proxy dies under them
+            flood([doomed.url], "acme", per_proxy=5, max_tokens=700, delay_ms=60_000)
+
+    holding = threading.Thread(target=hold, daemon=True)
+    holding.start()
+    wait_for(lambda: books(fleet.redis)[1] == BUDGET, "the doomed proxy to hold it all", 20)
+    refused = flood([survivor.url], "acme", per_proxy=1, max_tokens=700)[0]
+    assert refused.status_code == 429  # the room is held
+    in_flight = "inferwatch_tenancy_fleet_requests_in_flight"
+    assert samples(survivor.metrics(), in_flight, tenant="acme") == 5  # all of them doomed's
+    doomed.kill()
+    # the lease is 2 s; a hold is dropped by the first script that looks after it expired
+    wait_for(lambda: books(fleet.redis)[1] == 0, "the dead proxy's holds to expire", 2 + 3)
+    admitted = flood([survivor.url], "acme", per_proxy=1, max_tokens=700, delay_ms=0)[0]
+    assert admitted.status_code == 200
+
+
+def test_a_restarted_proxy_does_not_refill_the_window(fleet: Fleet, engine: Engine) -> None:
+    (proxy,) = fleet.add(1)
+    while any(
+        a.status_code == 200
+        for a in flood([proxy.url], "acme", per_proxy=5, max_tokens=200, delay_ms=0)
+    ):
+        pass
+    used = books(fleet.redis)[0]
+    assert used > BUDGET - 300
+    proxy.kill()
+    proxy.start()
+    again = flood([proxy.url], "acme", per_proxy=1, max_tokens=200, delay_ms=0)[0]
+    assert again.status_code == 429
+    assert samples(proxy.metrics(), "inferwatch_tenancy_shared_state_up") == 1
+
+
+def test_a_rate_limit_holds_across_the_fleet_and_its_headers_say_so(
+    redis_server: RedisServer, engine: Engine, tmp_path: Path
+) -> None:
+    """Ten requests a minute for the tenant: two proxies let ten through between them."""
+    limits = {"rate_limits": {"requests_per_minute": 10}}
+    fleet = Fleet(redis_server, engine.url, tmp_path, {"acme": limits})
+    try:
+        proxies = fleet.add(2)
+        answers = flood([p.url for p in proxies], "acme", per_proxy=15, max_tokens=4, delay_ms=0)
+        admitted = [a for a in answers if a.status_code == 200]
+        refused = [a for a in answers if a.status_code == 429]
+        assert len(admitted) == 10 and len(refused) == 20
+        remaining = sorted(int(a.headers["x-ratelimit-remaining-requests"]) for a in admitted)
+        assert remaining == list(range(10))  # one bucket: each answer saw the one before
+        assert all(a.headers["x-ratelimit-limit-requests"] == "10" for a in answers)
+        assert all(int(a.headers["retry-after"]) >= 1 for a in refused)
+    finally:
+        fleet.close()
