@@ -66,7 +66,6 @@ from inferwatch.proxy.relays import JSON, PLAIN, Relays, respond
 from inferwatch.proxy.routes import STREAMABLE, Route, Router
 from inferwatch.proxy.routing import Routing
 from inferwatch.proxy.sampling import TranscribingMeter, prompt_text
-from inferwatch.proxy.sharedstate import SharedLedger
 from inferwatch.proxy.tenants import UNKNOWN, TenantResolver
 from inferwatch.proxy.upstream import Timeouts, UpstreamError, UpstreamPool
 from inferwatch.proxy.usage import (
@@ -81,6 +80,7 @@ from inferwatch.serving.readiness import Condition
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
+    from inferwatch.proxy.sharedstate import SharedLedger
     from inferwatch.proxy.tracing import RequestTracing
 
 #: the engine work a request may ask for is capped at this many choices (``n``, ``best_of``)
@@ -205,8 +205,13 @@ class ProxyApp:
         self.draining = False
         self._handlers: set[asyncio.Task[Any]] = set()
         self.ledger = BudgetLedger()
-        #: the fleet's books in Redis, where configured; else this process's own
-        self.shared = SharedLedger(config) if config.shared_state is not None else None
+        #: the fleet's books in Redis, where configured; else this process's own (the Redis
+        #: client is imported only then: a proxy without shared_state loads none of it)
+        self.shared: SharedLedger | None = None
+        if config.shared_state is not None:
+            from inferwatch.proxy.sharedstate import SharedLedger
+
+            self.shared = SharedLedger(config)
         limits = {n: t.rate_limits for n, t in config.tenants.items() if t.rate_limits}
         self.rates = RateLimiter(limits, self.shared) if limits else None
         self.gate = ConcurrencyGate(
