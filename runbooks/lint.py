@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import promql_parser
-import yaml
 
+from inferwatch import config as layer
 from inferwatch.runbooks.config import NO_NAMESPACE, Config, Rule
 
 #: the ``{label}`` placeholders of a parameter template (runbooks/actions/params.py)
@@ -135,7 +135,7 @@ def shipped_alerts(folder: Path) -> dict[str, list[ShippedAlert]]:
     rules = [
         rule
         for path in sorted(folder.glob("*.yaml"))
-        for group in (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("groups", [])
+        for group in (layer.load(path) or {}).get("groups", [])
         for rule in group.get("rules", [])
     ]
     recorded: dict[str, Kept] = {}

@@ -57,7 +57,7 @@ def fleet(
     """The populations of a site: the kit's model (``kit_replicas``) and each injected one."""
     replicas = {f"{namespace}/{KIT_MONITOR}": kit_replicas}
     for model in models:
-        replicas[f"{namespace}/{model.name}-inferwatch"] = model.replicas
+        replicas[f"{namespace}/{inject.monitor_name(model)}"] = model.replicas
     return Fleet(replicas, gpu_nodes, gpus_per_node)
 
 

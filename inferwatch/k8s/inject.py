@@ -128,6 +128,11 @@ def load_models(top: Fields) -> tuple[Model, ...]:
     return tuple(models)
 
 
+def monitor_name(model: Model) -> str:
+    """The model's PodMonitor: its series' ``job`` is ``NAMESPACE/<this>``."""
+    return f"{model.name}-inferwatch"
+
+
 def containers(model: Model) -> list[dict[str, Any]]:
     """The sidecar and the proxy as one replica of ``model`` runs them."""
     engine = f"http://127.0.0.1:{model.engine_port}"
@@ -253,7 +258,7 @@ def objects(
     monitor = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": {"name": f"{model.name}-inferwatch", "labels": {"release": release}},
+        "metadata": {"name": monitor_name(model), "labels": {"release": release}},
         "spec": {
             "selector": {"matchLabels": selector},
             "podMetricsEndpoints": [

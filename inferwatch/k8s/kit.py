@@ -4,7 +4,8 @@ The kit's base (``deploy/kubernetes/base``) is written by hand. What differs by 
 namespace, the kube-prometheus-stack release and namespace, the gateway, the canary's weight
 and users, the cluster label, the central store to remote-write to and the model's
 autoscaler) lives in one file per site, ``deploy/kubernetes/sites/NAME.yaml``; this module
-renders ``overlays/NAME/`` from it. The components carry the generated PrometheusRule and
+renders ``overlays/NAME/`` from it, the receiver's mapping included
+(``inferwatch/k8s/automation.py``). The components carry the generated PrometheusRule and
 dashboard ConfigMaps into the kit, copied from the packages that generate them, so that
 ``kubectl kustomize`` needs no access outside the kit's folder, and the autoscalers
 (``inferwatch/k8s/autoscaling.py``).
