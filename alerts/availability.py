@@ -68,13 +68,15 @@ def _stalled(config: Config) -> list[Alert]:
     /readyz), so neither EngineDown nor readiness sees it."""
     settings = config.alert("InferwatchEngineStalled")
     window = config.rate_window
-    replica = by(config, (*MODEL_VERSION, "instance", "pod"))
+    # namespace and job stay: the receiver's namespace guard and its replica rules need them
+    kept = (*MODEL_VERSION, "namespace", "job", "instance", "pod")
+    replica = by(config, kept)
     held = (
         f"sum {replica} ({metric(config, 'engine_requests_running')})\n"
         f"+ sum {replica} ({metric(config, 'engine_requests_waiting')})"
     )
     tokens = f"sum {replica} (rate({metric(config, 'engine_generation_tokens')}[{window}]))"
-    same = on(config, (*MODEL_VERSION, "instance", "pod"))
+    same = on(config, kept)
     return [
         Alert(
             name="InferwatchEngineStalled",
@@ -142,7 +144,9 @@ def _readiness(config: Config) -> list[Alert]:
     one = config.alert("InferwatchReplicaNotReady")
     share = config.alert("InferwatchModelReplicasNotReady")
     ready = metric(config, "replica_ready")
-    per_replica = f"min {by(config, (*MODEL, 'pod'))} ({ready})"
+    # per namespace: the receiver's namespace guard and its route shift need the label
+    model = (*MODEL, "namespace")
+    per_replica = f"min {by(config, (*model, 'pod'))} ({ready})"
     return [
         Alert(
             name="InferwatchReplicaNotReady",
@@ -161,8 +165,8 @@ def _readiness(config: Config) -> list[Alert]:
             name="InferwatchModelReplicasNotReady",
             severity="critical",
             expr=(
-                f"count {by(config, MODEL)} ({per_replica} == 0)\n"
-                f"/ {on(config, MODEL)} count {by(config, MODEL)} ({per_replica})\n"
+                f"count {by(config, model)} ({per_replica} == 0)\n"
+                f"/ {on(config, model)} count {by(config, model)} ({per_replica})\n"
                 f"> {promql.number(share.number('share'))}"
             ),
             for_=share.for_,

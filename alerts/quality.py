@@ -61,12 +61,14 @@ def alerts(config: Config) -> list[Alert]:
 def _degenerate(config: Config) -> list[Alert]:
     settings = config.alert("InferwatchDegenerateOutputRising")
     window = config.rate_window
+    # per namespace: the receiver's namespace guard and its route shift need the label
+    version = (*MODEL_VERSION, "namespace")
     sampled = (
-        f"sum {by(config, MODEL_VERSION)} "
+        f"sum {by(config, version)} "
         f"(rate({metric(config, 'quality_sampled_outputs')}[{window}]))"
     )
     degenerate = (
-        f"sum {by(config, (*MODEL_VERSION, 'signal'))} "
+        f"sum {by(config, (*version, 'signal'))} "
         f"(rate({metric(config, 'quality_degenerate_outputs')}[{window}]))"
     )
     return [

@@ -12,11 +12,14 @@ reason its GPU readiness fails.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import click
 from starlette.applications import Starlette
@@ -27,7 +30,8 @@ from starlette.routing import Route
 
 from inferwatch import catalog
 from inferwatch.auth import TokenError, bearer_ok, load_token
-from inferwatch.clikit import bind, parse_listen
+from inferwatch.clikit import CannotRun, bind, parse_listen
+from inferwatch.exporters import gpu_reset
 from inferwatch.exporters.gpu.node_agent import allocation_path
 from inferwatch.exporters.gpu.podresources import Allocation, PodResourcesError
 from inferwatch.exporters.gpu.scope import KUBELET_SOCKET
@@ -35,11 +39,16 @@ from inferwatch.logs import log_event
 from inferwatch.serving import endpoints, uvicorn_server
 from inferwatch.serving.readiness import Condition
 
+if TYPE_CHECKING:
+    from inferwatch.exporters.gpu_reset import ResetAgent
+
 logger = logging.getLogger("inferwatch.node_agent")
 
 __all__ = ["Allocations", "app", "node_agent"]
 
 TOKEN_ENV = "INFERWATCH_NODE_AGENT_TOKEN"
+#: the sidecars' admin token, as the receiver reads it
+SIDECAR_ENV = "INFERWATCH_RUNBOOKS_SIDECAR_TOKEN"
 
 
 class Allocations(Protocol):
@@ -48,9 +57,25 @@ class Allocations(Protocol):
     def allocation(self, pod: str, namespace: str) -> Allocation: ...
 
 
-def app(kubelet: Allocations, token: str, node: str, socket: Path | None = None) -> Starlette:
-    """The agent's routes; ``socket`` (when given) must exist for /readyz to pass."""
+def app(
+    kubelet: Allocations,
+    token: str,
+    node: str,
+    socket: Path | None = None,
+    reset: ResetAgent | None = None,
+    reset_interval_s: float = gpu_reset.DEFAULT_INTERVAL_S,
+) -> Starlette:
+    """The agent's routes; ``socket`` (when given) must exist for /readyz to pass; ``reset``
+    (when given) carries out the node's GPU reset requests in the background."""
     lookups: Counter[str] = Counter()
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        job = asyncio.create_task(reset.run(reset_interval_s)) if reset is not None else None
+        yield
+        if job is not None:
+            job.cancel()
+            await asyncio.gather(job, return_exceptions=True)
 
     async def gpus(request: Request) -> Response:
         if not bearer_ok(request.headers.get("authorization"), token):
@@ -90,7 +115,8 @@ def app(kubelet: Allocations, token: str, node: str, socket: Path | None = None)
             Route("/metrics", metrics),
             Route("/healthz", endpoints.healthz),
             Route("/readyz", readyz),
-        ]
+        ],
+        lifespan=lifespan,
     )
 
 
@@ -117,8 +143,44 @@ def app(kubelet: Allocations, token: str, node: str, socket: Path | None = None)
     help="This node's name, given in every answer so that sidecars refuse another node's.",
     show_default="$NODE_NAME (Kubernetes downward API)",
 )
-def node_agent(listen: str, kubelet_socket: Path, token_file: Path | None, node: str) -> None:
-    """Tell each replica's sidecar on this node which GPUs the kubelet gave its pod."""
+@click.option(
+    "--gpu-reset/--no-gpu-reset",
+    default=False,
+    show_envvar=True,
+    help="Carry out the runbook receiver's GPU reset requests on this node (docs/sidecar.md): "
+    "needs the Kubernetes API (nodes get/patch, pods list), nvidia-smi and the GPUs.",
+)
+@click.option(
+    "--gpu-reset-dry-run", is_flag=True, show_envvar=True,
+    help="Log what each reset request would do; drain and reset nothing.",
+)  # fmt: skip
+@click.option(
+    "--gpu-reset-cooldown",
+    type=click.FloatRange(min=0),
+    default=gpu_reset.DEFAULT_COOLDOWN_S,
+    show_default=True,
+    show_envvar=True,
+    help="Seconds before a GPU's reset is tried again.",
+)
+@click.option(
+    "--sidecar-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help=f"File holding the sidecars' admin token, to drain a GPU's replicas (or ${SIDECAR_ENV}).",
+)
+def node_agent(
+    listen: str,
+    kubelet_socket: Path,
+    token_file: Path | None,
+    node: str,
+    gpu_reset: bool,
+    gpu_reset_dry_run: bool,
+    gpu_reset_cooldown: float,
+    sidecar_token_file: Path | None,
+) -> None:
+    """Tell each replica's sidecar on this node which GPUs the kubelet gave its pod, and
+    (with --gpu-reset) carry out the GPU resets the runbook receiver requests."""
     from inferwatch.exporters.gpu.podresources import PodResourcesClient
 
     host, port = parse_listen(listen)
@@ -132,6 +194,11 @@ def node_agent(listen: str, kubelet_socket: Path, token_file: Path | None, node:
         raise click.UsageError("--node (or $NODE_NAME) must name this node")
     renamed = [name for name in os.environ.get("NVIDIA_RESOURCE_NAMES", "").split(",") if name]
     kubelet = PodResourcesClient(kubelet_socket, resource_names=renamed)
+    reset = (
+        _reset_agent(node, kubelet, sidecar_token_file, gpu_reset_dry_run, gpu_reset_cooldown)
+        if gpu_reset
+        else None
+    )
     sock = bind((host, port))
     log_event(
         logger,
@@ -140,5 +207,37 @@ def node_agent(listen: str, kubelet_socket: Path, token_file: Path | None, node:
         listen="{}:{}".format(*sock.getsockname()[:2]),
         node=node,
         kubelet_socket=str(kubelet_socket),
+        gpu_reset="dry-run" if reset and gpu_reset_dry_run else "on" if reset else "off",
     )
-    uvicorn_server.serve(app(kubelet, token, node, kubelet_socket), sock)
+    uvicorn_server.serve(app(kubelet, token, node, kubelet_socket, reset), sock)
+
+
+def _reset_agent(
+    node: str, kubelet: Allocations, token_file: Path | None, dry_run: bool, cooldown_s: float
+) -> ResetAgent:
+    """The GPU reset agent, with this node's API access, NVML and the sidecars' token."""
+    try:
+        token = load_token(os.environ.get(SIDECAR_ENV), token_file, what="sidecar token")
+    except TokenError as exc:
+        raise click.BadParameter(str(exc), param_hint="--sidecar-token-file") from None
+    if token is None:
+        raise click.UsageError(f"--gpu-reset needs --sidecar-token-file or ${SIDECAR_ENV}")
+    try:
+        import kubernetes  # noqa: F401  the kubernetes extra
+        import pynvml  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise CannotRun(f"--gpu-reset needs {exc.name}; install inferwatch[kubernetes]") from None
+    try:
+        api = gpu_reset.in_cluster()
+        pynvml.nvmlInit()
+    except (ValueError, pynvml.NVMLError) as exc:
+        raise CannotRun(f"--gpu-reset: {exc}") from None
+    return gpu_reset.ResetAgent(
+        node,
+        gpu_reset.KubernetesNode(api, node),
+        gpu_reset.NvmlGpus(pynvml),
+        gpu_reset.KubeletReplicas(api, kubelet, node),
+        token,
+        dry_run=dry_run,
+        cooldown_s=cooldown_s,
+    )

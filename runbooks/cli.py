@@ -14,10 +14,10 @@ import click
 import httpx
 
 from inferwatch.auth import TokenError, load_token
-from inferwatch.clikit import BadInput, CannotRun, bind, cannot_write, parse_listen
+from inferwatch.clikit import BadInput, CannotRun, Failed, bind, cannot_write, parse_listen
 from inferwatch.logs import log_event
 from inferwatch.runbooks import config as mapping
-from inferwatch.runbooks import inventory, pages, registry
+from inferwatch.runbooks import inventory, lint, pages, registry
 from inferwatch.runbooks.actions.base import Action
 from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.dispatch import Dispatcher, Leader
@@ -200,11 +200,19 @@ def _kubernetes_state(where: str, state_dir: Path | None) -> tuple[StateStore, L
 @runbooks.command("check-config")
 @click.argument("path", type=click.Path(dir_okay=False))
 def check_config(path: str) -> None:
-    """Validate a mapping config and print its rules."""
+    """Validate a mapping config and print its rules; warn (one line each, exit 1) about
+    every rule that can never act against the shipped alert rules."""
     config = _config(path)
     for rule in config.rules:
         matchers = ",".join(f'{m.label}{m.op}"{m.value}"' for m in rule.matchers)
         click.echo(f"{rule.name}: {rule.alertname}{{{matchers}}} -> {rule.action}")
+    rules = resources.files("inferwatch.alerts").joinpath("generated")
+    with resources.as_file(rules) as folder:
+        found = lint.warnings(config, lint.shipped_alerts(folder))
+    for warning in found:
+        click.echo(f"{path}: warning: {warning}", err=True)
+    if found:
+        raise Failed(f"{path}: {len(found)} warning(s): a rule that can never act")
 
 
 @runbooks.command("reset-breaker")

@@ -50,7 +50,8 @@ def kubectl() -> str:
 
 def test_the_kit_scales_its_model_deployment() -> None:
     assert (
-        autoscaling.Scaled("llama-8b", "meta-llama/Llama-3.1-8B-Instruct", "2024-07-23") == SCALED
+        autoscaling.Scaled("llama-8b", "meta-llama/Llama-3.1-8B-Instruct", "2024-07-23", 2)
+        == SCALED
     )
 
 
@@ -290,5 +291,8 @@ def test_a_site_without_autoscaling_renders_neither_component(tmp_path: Path) ->
     files = k8s.render_overlay(k8s.load_site(path), SCALED)
     kustomization = yaml.safe_load(files["plain/kustomization.yaml"])
     assert not any("autoscaling" in c for c in kustomization["components"])
-    # no adapter values: the overlay and the node agent's are all
-    assert set(files) == {"plain/kustomization.yaml", "plain/node-agent/kustomization.yaml"}
+    # no adapter values: the overlay, the receiver's mapping and the node agent's are all
+    assert set(files) == {
+        "plain/kustomization.yaml", "plain/receiver-mapping.yaml",
+        "plain/node-agent/kustomization.yaml",
+    }  # fmt: skip

@@ -122,7 +122,7 @@ BAD_SITES = {
     "not-a-mapping": ("- a\n- b\n", "top level: expected a mapping, got a list"),
     "unknown-key": (
         "namespce: x\n",
-        "namespce: unknown field (expected one of ['autoscaling', 'cluster'",
+        "namespce: unknown field (expected one of ['automation', 'autoscaling', 'cluster'",
     ),
     "unknown-inner-key": ("monitoring: {relase: x}\n", "monitoring.relase: unknown field"),
     "bad-namespace": ("namespace: Inference_1\n", "namespace: expected a DNS label, got 'Inf"),

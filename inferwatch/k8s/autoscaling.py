@@ -60,6 +60,8 @@ class Scaled:
     deployment: str
     model: str
     model_version: str
+    #: the Deployment's own count, which an autoscaled site replaces
+    replicas: int = 1
 
 
 def scaled_model(kit: Path) -> Scaled:
@@ -76,7 +78,8 @@ def scaled_model(kit: Path) -> Scaled:
         for a in containers["inferwatch-sidecar"]["args"]
         if str(a).startswith("--model-version=")
     ]
-    return Scaled(deployment["metadata"]["name"], model, version)
+    replicas = int(deployment["spec"].get("replicas", 1))
+    return Scaled(deployment["metadata"]["name"], model, version, replicas)
 
 
 def metric_name(scaled: Scaled, signal: str) -> str:

@@ -53,7 +53,10 @@ DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 LABEL_KEY = re.compile(rf"({DNS_SUBDOMAIN.pattern}/)?{LABEL_NAME}")
 LABEL_VALUE = re.compile(f"({LABEL_NAME})?")
-KEYS = {"name", "workload", "labels", "kind", "engine_port", "model_version", "prompt_version"}
+KEYS = {
+    "name", "workload", "labels", "kind", "engine_port", "model_version", "prompt_version",
+    "replicas",
+}  # fmt: skip
 #: the measured sizes of base/model's containers (see its comments)
 RESOURCES = {
     "inferwatch-sidecar": {
@@ -78,6 +81,8 @@ class Model:
     engine_port: int = 8000
     model_version: str = ""
     prompt_version: str = ""
+    #: how many serving replicas it runs: the receiver's breaker population for the model
+    replicas: int = 2
 
 
 def load_models(top: Fields) -> tuple[Model, ...]:
@@ -105,6 +110,7 @@ def load_models(top: Fields) -> tuple[Model, ...]:
             engine_port=entry.integer("engine_port", 8000, 1, 65535),
             model_version=entry.matching("model_version", "", LABEL_VALUE, "a label value", 63),
             prompt_version=entry.matching("prompt_version", "", LABEL_VALUE, "a label value", 63),
+            replicas=entry.integer("replicas", 2, 1, 10_000),
         )
         if not model.workload and not model.labels:
             raise entry.error("workload", "name the workload, its labels, or both")
@@ -120,6 +126,11 @@ def load_models(top: Fields) -> tuple[Model, ...]:
         if names.count(name) > 1:
             raise top.error("models", f"{name!r} is named twice")
     return tuple(models)
+
+
+def monitor_name(model: Model) -> str:
+    """The model's PodMonitor: its series' ``job`` is ``NAMESPACE/<this>``."""
+    return f"{model.name}-inferwatch"
 
 
 def containers(model: Model) -> list[dict[str, Any]]:
@@ -247,7 +258,7 @@ def objects(
     monitor = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": {"name": f"{model.name}-inferwatch", "labels": {"release": release}},
+        "metadata": {"name": monitor_name(model), "labels": {"release": release}},
         "spec": {
             "selector": {"matchLabels": selector},
             "podMetricsEndpoints": [

@@ -4,7 +4,8 @@ The kit's base (``deploy/kubernetes/base``) is written by hand. What differs by 
 namespace, the kube-prometheus-stack release and namespace, the gateway, the canary's weight
 and users, the cluster label, the central store to remote-write to and the model's
 autoscaler) lives in one file per site, ``deploy/kubernetes/sites/NAME.yaml``; this module
-renders ``overlays/NAME/`` from it. The components carry the generated PrometheusRule and
+renders ``overlays/NAME/`` from it, the receiver's mapping included
+(``inferwatch/k8s/automation.py``). The components carry the generated PrometheusRule and
 dashboard ConfigMaps into the kit, copied from the packages that generate them, so that
 ``kubectl kustomize`` needs no access outside the kit's folder, and the autoscalers
 (``inferwatch/k8s/autoscaling.py``).
@@ -33,7 +34,7 @@ from inferwatch import config as layer
 from inferwatch.canary import splits
 from inferwatch.config import Duration
 from inferwatch.config.schema import Fail, Fields, matching_of
-from inferwatch.k8s import autoscaling, inject
+from inferwatch.k8s import automation, autoscaling, inject
 from inferwatch.mixin import files as generated
 from inferwatch.mixin import validate
 from inferwatch.proxy import config as proxy_config
@@ -99,6 +100,9 @@ class Site:
     max_replicas: int = 8
     #: existing model servers to inject the sidecar and proxy into (inferwatch/k8s/inject.py)
     models: tuple[inject.Model, ...] = ()
+    #: the GPU nodes and GPUs per node, the receiver's breaker populations for node actions
+    gpu_nodes: int = 4
+    gpus_per_node: int = 8
 
 
 #: a Gateway API rule holds at most 64 matches, one per user
@@ -113,11 +117,15 @@ QUEUE = {
 }
 #: every section of a site file and the keys it holds (a key that names a section is one)
 SECTIONS = {
-    "": {"namespace", "cluster", "image_tag", "monitoring", "gateway", "autoscaling", "models"},
+    "": {
+        "namespace", "cluster", "image_tag", "monitoring", "gateway", "autoscaling", "models",
+        "automation",
+    },
     "monitoring": {"namespace", "release", "remote_write"},
     "monitoring.remote_write": {"url", *QUEUE, "batch_send_deadline"},
     "gateway": {"class", "hostname", "canary_weight", "canary_users", "fallback", "fallback_port"},
     "autoscaling": {"mode", "min_replicas", "max_replicas"},
+    "automation": {"gpu_nodes", "gpus_per_node"},
 }
 
 
@@ -126,13 +134,14 @@ def load_site(path: Path) -> Site:
     source = str(path)
     top = Fields(source, layer.load(path, source, SiteError), error=SiteError)
     top.check_keys(SECTIONS[""])
-    monitoring, gateway, scaling = (
-        top.child(key) for key in ("monitoring", "gateway", "autoscaling")
+    monitoring, gateway, scaling, acting = (
+        top.child(key) for key in ("monitoring", "gateway", "autoscaling", "automation")
     )
     for section, fields in (
         ("monitoring", monitoring),
         ("gateway", gateway),
         ("autoscaling", scaling),
+        ("automation", acting),
     ):
         fields.check_keys(SECTIONS[section])
     written = monitoring.raw.get("remote_write") is not None  # absent: no central store
@@ -162,6 +171,9 @@ def load_site(path: Path) -> Site:
         min_replicas=scaling.integer("min_replicas", 2, 1, 1000),
         max_replicas=scaling.integer("max_replicas", 8, 1, 1000),
         models=inject.load_models(top),
+        # the receiver's breaker populations for node isolation and GPU reset requests
+        gpu_nodes=acting.integer("gpu_nodes", 4, 1, 100_000),
+        gpus_per_node=acting.integer("gpus_per_node", 8, 1, 64),
     )
     if site.remote_write and not site.cluster:
         raise monitoring.error(
@@ -304,12 +316,11 @@ def _removed(headers: tuple[str, ...]) -> list[str]:
 
 def render_overlay(
     site: Site,
-    scaled: autoscaling.Scaled | None = None,
+    scaled: autoscaling.Scaled,
     headers: tuple[str, ...] = DEFAULT_PROXY_HEADERS,
 ) -> dict[str, str]:
     """Relative path (under ``overlays/``) -> text, for one site (``scaled``: the kit's
-    model Deployment, needed when the site autoscales; ``headers``: what its proxy takes
-    from a gateway)."""
+    model Deployment; ``headers``: what its proxy takes from a gateway)."""
     literals = [
         f"namespace={site.namespace}",
         f"release={site.release}",
@@ -352,7 +363,12 @@ def render_overlay(
                     "disableNameSuffixHash": True,
                     "annotations": {"config.kubernetes.io/local-config": "true"},
                 },
-            }
+            },
+            {
+                # the receiver's mapping, hashed into its name so a change rolls the receiver
+                "name": automation.CONFIGMAP,
+                "files": [f"{automation.KEY}={automation.FILE}"],
+            },
         ],
         "replacements": REPLACEMENTS,
         "patches": [
@@ -368,9 +384,14 @@ def render_overlay(
     )
     files: dict[str, str] = {}
     if site.autoscaling != "none":
-        assert scaled is not None, "an autoscaled site needs the kit's model Deployment"
         files.update(_autoscaling_overlay(site, scaled, kustomization))
     files[f"{site.name}/kustomization.yaml"] = header + _dump(kustomization)
+    files[f"{site.name}/{automation.FILE}"] = (
+        MARKER + f"# from deploy/kubernetes/sites/{site.name}.yaml: the receiver's mapping "
+        "(inferwatch/k8s/automation.py),\n# the ConfigMap its --config reads; check it with\n"
+        f"#   inferwatch runbooks check-config deploy/kubernetes/overlays/{site.name}/"
+        f"{automation.FILE}\n" + _dump(receiver_mapping(site, scaled))
+    )
     if site.models:
         files.update(inject_component(site))
     files[f"{site.name}/node-agent/kustomization.yaml"] = (
@@ -389,6 +410,17 @@ def render_overlay(
             + _dump(prometheus_values(site))
         )
     return files
+
+
+def receiver_mapping(site: Site, scaled: autoscaling.Scaled) -> dict[str, Any]:
+    """The mapping the site's receiver runs: its namespace, its models' replicas (the kit's
+    Deployment at its autoscaler's floor, when it has one) and GPU nodes as the breaker's
+    populations, its fallback for the traffic shift."""
+    replicas = scaled.replicas if site.autoscaling == "none" else site.min_replicas
+    fleet = automation.fleet(
+        site.namespace, replicas, site.models, site.gpu_nodes, site.gpus_per_node
+    )
+    return automation.mapping(site.namespace, fleet, scaled.model, site.fallback)
 
 
 def inject_component(site: Site) -> dict[str, str]:
