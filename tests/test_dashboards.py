@@ -46,6 +46,13 @@ def all_targets() -> Iterator[tuple[str, queries.Target]]:
             yield name, target
 
 
+def annotation_targets() -> Iterator[tuple[str, queries.Target]]:
+    """Each board's annotation queries, as targets of a panel 0."""
+    for name, dashboard in committed().items():
+        for index, mark in enumerate(dashboard["annotations"]["list"]):
+            yield name, queries.Target(0, mark["name"], f"a{index}", mark["expr"], "", False)
+
+
 def offline_values() -> dict[str, str]:
     return {**OFFLINE, **{v: ".*" for v in VARIABLES}}
 
@@ -154,7 +161,7 @@ def test_every_panel_expression_parses_with_promtool(promtool: str, tmp_path: Pa
     rules = [
         {"record": f"dashboard:{name}_{t.panel_id}:{t.ref_id.lower()}",
          "expr": queries.substitute(t.expr, values)}
-        for name, t in all_targets()
+        for name, t in (*all_targets(), *annotation_targets())
     ]  # fmt: skip
     path = tmp_path / "panels.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "panels", "rules": rules}]}))
@@ -217,7 +224,7 @@ def test_panels_name_only_catalogue_metrics_or_our_recording_rules() -> None:
     known = known_names()
     unknown = {
         f"{name} panel {t.panel_id} {t.panel_title!r}: {sorted(metric_names(t.expr) - known)}"
-        for name, t in all_targets()
+        for name, t in (*all_targets(), *annotation_targets())
         if metric_names(t.expr) - known
     }
     assert not unknown

@@ -63,6 +63,8 @@ def board(ctx: Ctx) -> Board:
                 thresholds=below(1),
                 width=6,
                 links=[replica_link()],
+                kind="state",
+                states=("down", "up"),
             ),
             Panel(
                 2,
@@ -74,6 +76,8 @@ def board(ctx: Ctx) -> Board:
                 [Q(f"up{{{up}}}", "{{job}} {{instance}}")],
                 thresholds=below(1),
                 width=6,
+                kind="state",
+                states=("down", "up"),
             ),
             Panel(
                 3,
@@ -85,7 +89,7 @@ def board(ctx: Ctx) -> Board:
                 "short",
                 [
                     Q(
-                        f"sum by ({c}, pod, reason) ({scrape_errors})",
+                        ctx.or_zero(f"sum by ({c}, pod, reason) ({scrape_errors})", "pod"),
                         "{{pod}} {{reason}}",
                     ),
                     Q(
@@ -126,6 +130,8 @@ def board(ctx: Ctx) -> Board:
                 thresholds=below(1),
                 width=12,
                 links=[replica_link()],
+                kind="state",
+                states=("not ready", "ready"),
             ),
             Panel(
                 6,
@@ -268,6 +274,7 @@ def board(ctx: Ctx) -> Board:
                 [Q(f"sum by ({c}, alertname, severity) (ALERTS{{{firing}}})", instant=True)],
                 kind="table",
                 width=8,
+                no_value="No alert firing",
             ),
         )
     )

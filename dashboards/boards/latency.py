@@ -6,7 +6,7 @@ Panels 1-3 and 10-11 are the ones the latency alerts link to (their ``dashboard_
 
 from __future__ import annotations
 
-from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below
+from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below, histogram
 from inferwatch.mixin import promql, recording
 from inferwatch.mixin.objectives import objectives
 
@@ -40,6 +40,15 @@ def board(ctx: Ctx) -> Board:
               "prefill of new requests interrupts decoding: consider chunked prefill.", "s",
               [Q(_quantile(ctx, "engine_inter_token_latency", q),
                  f"p{q * 100:g} {{{{model_version}}}}") for q in (0.5, 0.99)], width=12),
+    ).row(
+        "Latency distributions",
+        *[histogram(pid, f"{MEANING[signal][0]} distribution",
+                    f"Requests per second in each latency bucket, over {ctx.w} (the recording "
+                    "the quantiles read). A second band above the usual one is a group of "
+                    "requests that got slow (one replica, one prompt shape), which a "
+                    "quantile line averages away.",
+                    ctx.r(recording.bucket_rate(config, signal)), width=8)
+          for pid, signal in ((15, "ttft"), (16, "tpot"), (17, "e2e"))],
     ).row(
         "Requests",
         Panel(6, "Prompt and output length p50 / p99", "Tokens per request in and out. "
@@ -92,7 +101,12 @@ def board(ctx: Ctx) -> Board:
                  exemplar=True)
                for key, name in (("tenancy_time_to_first_token", "TTFT"),
                                  ("tenancy_request_duration", "duration"))],
-              width=24),
+              width=12),
+        histogram(18, "Client TTFT distribution (proxy), with traces", "Requests per second "
+                  "in each bucket of the tenancy proxy's time to first token (queue and "
+                  "admission included); the dots are exemplars, each a traced request to open.",
+                  ctx.rate("tenancy_time_to_first_token", Scope.MODEL_VERSION, suffix="_bucket"),
+                  exemplar=True),
     )  # fmt: skip
 
 
