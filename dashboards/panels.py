@@ -143,12 +143,14 @@ class Ctx:
         from 0 (``increase`` ignores a counter's first sample), as the GPU alerts do."""
         return f"({counter} - ({counter} offset {window} or {counter} * 0))"
 
-    def or_zero(self, expr: str, *labels: str) -> str:
-        """``expr`` with a 0 for every replica the sidecar reports that has no series of it
-        (a counter with a label such as ``reason`` appears only once it first grows), so
-        "nothing happened" reads 0 and "no replica reports" still reads No data."""
+    def or_zero(self, expr: str, *labels: str, scope: Scope = Scope.ENGINE,
+                of: str = IDENTITY_KEY) -> str:  # fmt: skip
+        """``expr`` with a 0 for every reporter (a replica's sidecar, or the series ``of``
+        another component always serves) that has no series of it: a counter with a label
+        such as ``reason`` appears only once it first grows, so "nothing happened" reads 0
+        and "nobody reports" still reads No data."""
         keep = ", ".join((self.config.cluster_label, *labels))
-        return f"({expr}) or (0 * group by ({keep}) ({self.m(IDENTITY_KEY, Scope.ENGINE)}))"
+        return f"({expr}) or (0 * group by ({keep}) ({self.m(of, scope)}))"
 
     def on_replica(self, gpu_series: str) -> str:
         """A GPU series with its replica's identity, joined on the scrape target both come

@@ -47,6 +47,9 @@ TICK_STEPS = (10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600
               172800, 604800)  # fmt: skip
 #: grid units under a time series for its time axis and legend
 LEGEND_UNITS = 2.6
+#: panel types drawn as lines over time with a legend: a state timeline as its 0/1 steps, a
+#: heatmap as one line per bucket (``le``)
+DRAWN_OVER_TIME = ("timeseries", "state-timeline", "heatmap")
 _SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 #: Grafana unit ids -> the name printed after a value (``suffix:x`` units print ``x``)
 UNIT_NAMES = {"reqps": "req/s", "watt": "W", "celsius": "°C", "hertz": "Hz"}
@@ -285,7 +288,7 @@ def render(
             fig.text(left + 0.005, bottom + 0.5 / units, panel["title"], fontsize=11,
                      weight="bold", va="center", color="#333333")  # fmt: skip
             continue
-        below = LEGEND_UNITS if panel.get("type") == "timeseries" else 0.4
+        below = LEGEND_UNITS if panel.get("type") in DRAWN_OVER_TIME else 0.4
         ax = fig.add_axes((left + 0.035, bottom + below / units,
                            w / 24 - 0.045, (h - below - 0.9) / units))  # fmt: skip
         ax.set_title(panel["title"], fontsize=9, loc="left")
@@ -435,7 +438,7 @@ def variable_values(dashboard: Mapping[str, Any], given: Sequence[str]) -> dict[
     "--dashboard",
     required=True,
     show_envvar=True,
-    help="Board to render: fleet, latency, replica, gpu, cost, quality, versions.",
+    help="Board to render: fleet, latency, replica, gpu, cost, quality, versions, gateway.",
 )
 @click.option(
     "--prometheus",

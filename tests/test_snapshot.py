@@ -45,7 +45,7 @@ def run(*args: str) -> tuple[int, list[str]]:
     [
         (["--dashboard", "nope", "--prometheus", "http://127.0.0.1:1"],
          "Error: unknown dashboard 'nope'; known: fleet, latency, replica, gpu, cost, quality, "
-         "versions"),
+         "versions, gateway"),
         (["--dashboard", "gpu", "--prometheus", "http://127.0.0.1:1", "--from", "soon"],
          "Error: --from: expected a duration such as 30s, 5m, 1h30m or 2d, got 'soon'"),
         (["--dashboard", "gpu", "--prometheus", "http://127.0.0.1:1", "--from", "0m"],

@@ -84,6 +84,17 @@ def board(ctx: Ctx) -> Board:
               [Q(f"sum by ({c}, model_version, status) "
                  f"({ctx.rate('engine_http_requests', Scope.ENGINE)})",
                  "{{model_version}} {{status}}")]),
+        Panel(19, "Prefix-cache hits, local and shared", "Share of the prompt tokens looked "
+              "up that were found in the engine's own prefix cache and in a cache shared "
+              "across instances (vLLM's KV connector), per model version. Each hit is "
+              "prefill not computed: a drop raises time to first token and GPU load; a "
+              "shared-cache share near 0 with a connector configured means it is not "
+              "reached.", "percentunit",
+              [Q(_hit_share(ctx, "engine_prefix_cache_hit_tokens",
+                            "engine_prefix_cache_queried_tokens"), "local {{model_version}}"),
+               Q(_hit_share(ctx, "engine_external_prefix_cache_hit_tokens",
+                            "engine_external_prefix_cache_queried_tokens"),
+                 "shared {{model_version}}")], max=1, width=24),
     ).row(
         "SLO burn rates",
         _burn(ctx, 10, "ttft", "TTFT SLO"),
@@ -122,6 +133,13 @@ def _quantile(ctx: Ctx, key: str, q: float) -> str:
     bucket = ctx.m(key, Scope.ENGINE, suffix="_bucket")
     return (f"histogram_quantile({q:g}, sum by ({ctx.config.cluster_label}, model, "
             f"model_version, le) (rate({bucket}[$__rate_interval])))")  # fmt: skip
+
+
+def _hit_share(ctx: Ctx, hits: str, queried: str) -> str:
+    """Cache hits over lookups per model version, from two token counters."""
+    mv = ctx.by("model", "model_version")
+    return (f"sum {mv} ({ctx.rate(hits, Scope.ENGINE)}) / "
+            f"sum {mv} ({ctx.rate(queried, Scope.ENGINE)})")  # fmt: skip
 
 
 def _mean(ctx: Ctx, key: str) -> str:
