@@ -189,7 +189,12 @@ def _thermal(config: Config) -> list[Alert]:
 def _saturation(config: Config) -> list[Alert]:
     kv = config.alert("InferwatchKVCacheSaturated")
     storm = config.alert("InferwatchPreemptionStorm")
+    floor = config.alert("InferwatchThroughputBelowFloor")
+    model = promql.by(config, ("model",))
     window = config.rate_window
+    # the recording of output tokens per second per model version (recording._rate_group)
+    generated = recording.catalog_name("engine_generation_tokens").removesuffix("_total")
+    output = f"model_version:{generated}:rate{window}"
     usage = metric(config, "engine_kv_cache_usage")
     queue = metric(config, "engine_requests_waiting")
     preemptions = metric(config, "engine_preemptions")
@@ -227,6 +232,25 @@ def _saturation(config: Config) -> list[Alert]:
                 f"{window}: requests are recomputed and latency climbs."
             ),
             panel=Panel(GPU, 9),
+        ),
+        Alert(
+            name="InferwatchThroughputBelowFloor",
+            severity="warning",
+            expr=(
+                f"sum {model} ({output})\n"
+                f"< {promql.number(floor.number('tokens_per_second'))}\n"
+                f"and sum {model} (avg_over_time({queue}[{window}])) >= "
+                f"{promql.number(floor.number('min_waiting'))}"
+            ),
+            for_=floor.for_,
+            summary="A model generates fewer tokens per second than its floor while requests wait.",
+            description=(
+                "{{ $labels.model }} generated {{ $value | humanize }} output tokens per second "
+                f"over {window} across its replicas, under the floor of "
+                f"{promql.number(floor.number('tokens_per_second'))}, with requests waiting: the "
+                "fleet is short of capacity or its GPUs are slow (clocks, PCIe, NVLink)."
+            ),
+            panel=Panel("fleet", 19),
         ),
     ]
 

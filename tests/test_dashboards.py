@@ -303,6 +303,9 @@ def expected_thresholds(config: alert_config.Config) -> dict[str, set[float]]:
         "InferwatchScrapeErrors": {a("InferwatchScrapeErrors").number("min_errors")},
         "InferwatchKVCacheSaturated": {a("InferwatchKVCacheSaturated").number("usage")},
         "InferwatchPreemptionStorm": {a("InferwatchPreemptionStorm").number("ratio")},
+        "InferwatchThroughputBelowFloor": {
+            a("InferwatchThroughputBelowFloor").number("tokens_per_second")
+        },
         "InferwatchGPUIdleWaste": {a("InferwatchGPUIdleWaste").number("utilization")},
         "InferwatchAdmissionRejectionsRising": {
             a("InferwatchAdmissionRejectionsRising").number("ratio")

@@ -31,6 +31,7 @@ def board(ctx: Ctx) -> Board:
     kv = config.alert("InferwatchKVCacheSaturated").number("usage")
     preempt = config.alert("InferwatchPreemptionStorm").number("ratio")
     min_errors = config.alert("InferwatchScrapeErrors").number("min_errors")
+    floor = config.alert("InferwatchThroughputBelowFloor")
     c = config.cluster_label
     ready = f"min by ({c}, model, pod) ({ctx.m('replica_ready', E)})"
     mv = ctx.by("model", "model_version")
@@ -198,6 +199,25 @@ def board(ctx: Ctx) -> Board:
                         "waiting {{model_version}}",
                     ),
                 ],
+            ),
+            Panel(
+                19,
+                "Output tokens per second by model against the floor",
+                "Tokens every replica of a model generated per second together. Under "
+                f"{floor.number('tokens_per_second'):g} with requests waiting for "
+                f"{floor.for_} is InferwatchThroughputBelowFloor: demand is there and the fleet "
+                "delivers too little; see running and waiting requests, then the GPU board "
+                "(clocks, PCIe, NVLink) for slow GPUs.",
+                "suffix: tok/s",
+                [
+                    Q(
+                        f"sum {ctx.by('model')} "
+                        f"({ctx.r(f'model_version:inferwatch_engine_generation_tokens:rate{ctx.w}')})",
+                        "{{model}}",
+                    )
+                ],
+                thresholds=below(floor.number("tokens_per_second")),
+                width=24,
             ),
         )
         .row(
