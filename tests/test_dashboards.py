@@ -185,6 +185,32 @@ def test_every_panel_expression_parses_with_promtool(promtool: str, tmp_path: Pa
     assert f"SUCCESS: {len(rules)} rules found" in result.stdout
 
 
+def test_a_counter_that_never_grew_reads_zero_for_each_reporting_replica(
+    promtool: str, tmp_path: Path
+) -> None:
+    """Scrape errors by reason exist only once one happens: until then the panel draws 0 for
+    every replica whose sidecar reports (not "No data"), and nothing for one that does not."""
+    fleet = committed()["fleet"]
+    (scrape_errors,) = [t for t in queries.targets(fleet) if (t.panel_id, t.ref_id) == (3, "A")]
+    expr = queries.substitute(scrape_errors.expr, offline_values())
+    up = 'inferwatch_engine_up{cluster="c",namespace="n",model="m",model_version="v",pod="p"}'
+    zero = {"labels": '{cluster="c",pod="p"}', "value": 0}
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": up, "values": "1x10"}],
+            "promql_expr_test": [{"expr": expr, "eval_time": "6m", "exp_samples": [zero]}],
+        }],
+    }  # fmt: skip
+    path = tmp_path / "zero.yaml"
+    path.write_text(yaml.safe_dump(test))
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_promtool_check_catches_a_broken_panel_expression(promtool: str, tmp_path: Path) -> None:
     path = tmp_path / "panels.yaml"
     rule = {"record": "dashboard:x", "expr": "sum by (pod (inferwatch_engine_up)"}
