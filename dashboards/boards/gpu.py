@@ -64,7 +64,7 @@ def board(ctx: Ctx) -> Board:
               "has marked the GPU unhealthy; 0 pages (InferwatchGPUUnhealthy) and fails the "
               "replica's gpu readiness condition.", "bool_yes_no",
               [Q(j(f"min without (reason) ({ctx.m('gpu_healthy', C)})"), GPU)],
-              thresholds=below(1)),
+              thresholds=below(1), kind="state", states=("unhealthy", "healthy")),
         Panel(5, "GPU telemetry backend up", "1 while the sidecar reads its GPUs (NVML or "
               "dcgm-exporter). At 0 every GPU panel of the replica is blind "
               "(InferwatchGPUTelemetryDown): check the driver or dcgm-exporter.", "bool_yes_no",
@@ -75,7 +75,7 @@ def board(ctx: Ctx) -> Board:
               "took it out on purpose.", "bool_yes_no",
               [Q(f"min by ({c}, pod, condition) ({ctx.m('replica_ready', E)})",
                  "{{pod}} {{condition}}")],
-              thresholds=below(1)),
+              thresholds=below(1), kind="state", states=("not ready", "ready")),
     ).row(
         "Heat, power, clocks",
         Panel(6, "Temperature against the slowdown threshold", "GPU temperature, and the "
