@@ -27,6 +27,7 @@ def alerts(config: Config) -> list[Alert]:
     return [
         *_xid(config),
         *_memory(config),
+        *_interconnect(config),
         *_health(config),
         *_thermal(config),
         *_saturation(config),
@@ -59,6 +60,46 @@ def _xid(config: Config) -> list[Alert]:
             )
         )
     return result
+
+
+def _interconnect(config: Config) -> list[Alert]:
+    pcie = config.alert("InferwatchGPUPCIeReplays")
+    nvlink = config.alert("InferwatchGPUNVLinkErrors")
+    pcie_window, nvlink_window = pcie.text("window"), nvlink.text("window")
+    replays = metric(config, "gpu_pcie_replays")
+    errors = metric(config, "gpu_nvlink_errors")
+    return [
+        Alert(
+            name="InferwatchGPUPCIeReplays",
+            severity="warning",
+            expr=f"{grew(replays, pcie_window)} >= {promql.number(pcie.number('min_errors'))}",
+            for_=pcie.for_,
+            summary="A GPU's PCIe link keeps retrying transfers.",
+            description=(
+                "GPU {{ $labels.gpu_uuid }} on {{ $labels.instance }} counted "
+                f"{{{{ $value | humanize }}}} PCIe replays in {pcie_window}: the link to the host "
+                "is degrading (slot, riser, cable); transfers slow down and may fail with XID 79."
+            ),
+            panel=Panel(GPU, 20),
+        ),
+        Alert(
+            name="InferwatchGPUNVLinkErrors",
+            severity="warning",
+            expr=(
+                f"sum without (link) {grew(errors, nvlink_window)} >= "
+                f"{promql.number(nvlink.number('min_errors'))}"
+            ),
+            for_=nvlink.for_,
+            summary="A GPU's NVLink counts errors.",
+            description=(
+                "GPU {{ $labels.gpu_uuid }} on {{ $labels.instance }} counted "
+                f"{{{{ $value | humanize }}}} NVLink {{{{ $labels.error }}}} errors in "
+                f"{nvlink_window}: a lane or NVSwitch port is going bad; tensor-parallel "
+                "collectives slow down or hang."
+            ),
+            panel=Panel(GPU, 20),
+        ),
+    ]
 
 
 def _memory(config: Config) -> list[Alert]:

@@ -329,6 +329,8 @@ def expected_thresholds(config: alert_config.Config) -> dict[str, set[float]]:
         "InferwatchScrapeErrors": {a("InferwatchScrapeErrors").number("min_errors")},
         "InferwatchKVCacheSaturated": {a("InferwatchKVCacheSaturated").number("usage")},
         "InferwatchPreemptionStorm": {a("InferwatchPreemptionStorm").number("ratio")},
+        "InferwatchGPUPCIeReplays": {a("InferwatchGPUPCIeReplays").number("min_errors")},
+        "InferwatchGPUNVLinkErrors": {a("InferwatchGPUNVLinkErrors").number("min_errors")},
         "InferwatchThroughputBelowFloor": {
             a("InferwatchThroughputBelowFloor").number("tokens_per_second")
         },
