@@ -27,6 +27,7 @@ def alerts(config: Config) -> list[Alert]:
     return [
         *_xid(config),
         *_memory(config),
+        *_interconnect(config),
         *_health(config),
         *_thermal(config),
         *_saturation(config),
@@ -59,6 +60,46 @@ def _xid(config: Config) -> list[Alert]:
             )
         )
     return result
+
+
+def _interconnect(config: Config) -> list[Alert]:
+    pcie = config.alert("InferwatchGPUPCIeReplays")
+    nvlink = config.alert("InferwatchGPUNVLinkErrors")
+    pcie_window, nvlink_window = pcie.text("window"), nvlink.text("window")
+    replays = metric(config, "gpu_pcie_replays")
+    errors = metric(config, "gpu_nvlink_errors")
+    return [
+        Alert(
+            name="InferwatchGPUPCIeReplays",
+            severity="warning",
+            expr=f"{grew(replays, pcie_window)} >= {promql.number(pcie.number('min_errors'))}",
+            for_=pcie.for_,
+            summary="A GPU's PCIe link keeps retrying transfers.",
+            description=(
+                "GPU {{ $labels.gpu_uuid }} on {{ $labels.instance }} counted "
+                f"{{{{ $value | humanize }}}} PCIe replays in {pcie_window}: the link to the host "
+                "is degrading (slot, riser, cable); transfers slow down and may fail with XID 79."
+            ),
+            panel=Panel(GPU, 20),
+        ),
+        Alert(
+            name="InferwatchGPUNVLinkErrors",
+            severity="warning",
+            expr=(
+                f"sum without (link) {grew(errors, nvlink_window)} >= "
+                f"{promql.number(nvlink.number('min_errors'))}"
+            ),
+            for_=nvlink.for_,
+            summary="A GPU's NVLink counts errors.",
+            description=(
+                "GPU {{ $labels.gpu_uuid }} on {{ $labels.instance }} counted "
+                f"{{{{ $value | humanize }}}} NVLink {{{{ $labels.error }}}} errors in "
+                f"{nvlink_window}: a lane or NVSwitch port is going bad; tensor-parallel "
+                "collectives slow down or hang."
+            ),
+            panel=Panel(GPU, 20),
+        ),
+    ]
 
 
 def _memory(config: Config) -> list[Alert]:
@@ -189,7 +230,12 @@ def _thermal(config: Config) -> list[Alert]:
 def _saturation(config: Config) -> list[Alert]:
     kv = config.alert("InferwatchKVCacheSaturated")
     storm = config.alert("InferwatchPreemptionStorm")
+    floor = config.alert("InferwatchThroughputBelowFloor")
+    model = promql.by(config, ("model",))
     window = config.rate_window
+    # the recording of output tokens per second per model version (recording._rate_group)
+    generated = recording.catalog_name("engine_generation_tokens").removesuffix("_total")
+    output = f"model_version:{generated}:rate{window}"
     usage = metric(config, "engine_kv_cache_usage")
     queue = metric(config, "engine_requests_waiting")
     preemptions = metric(config, "engine_preemptions")
@@ -227,6 +273,25 @@ def _saturation(config: Config) -> list[Alert]:
                 f"{window}: requests are recomputed and latency climbs."
             ),
             panel=Panel(GPU, 9),
+        ),
+        Alert(
+            name="InferwatchThroughputBelowFloor",
+            severity="warning",
+            expr=(
+                f"sum {model} ({output})\n"
+                f"< {promql.number(floor.number('tokens_per_second'))}\n"
+                f"and sum {model} (avg_over_time({queue}[{window}])) >= "
+                f"{promql.number(floor.number('min_waiting'))}"
+            ),
+            for_=floor.for_,
+            summary="A model generates fewer tokens per second than its floor while requests wait.",
+            description=(
+                "{{ $labels.model }} generated {{ $value | humanize }} output tokens per second "
+                f"over {window} across its replicas, under the floor of "
+                f"{promql.number(floor.number('tokens_per_second'))}, with requests waiting: the "
+                "fleet is short of capacity or its GPUs are slow (clocks, PCIe, NVLink)."
+            ),
+            panel=Panel("fleet", 19),
         ),
     ]
 

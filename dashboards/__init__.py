@@ -9,7 +9,7 @@ import warnings
 
 with warnings.catch_warnings():
     # The SDK's classic and v2beta1 dashboard classes warn on import that a v2 model exists;
-    # classic v1 JSON is what Grafana 10-13 all import, so it is the one emitted on purpose.
+    # classic v1 JSON is what every Grafana from 10.4 imports, so it is the one emitted on purpose.
     warnings.simplefilter("ignore", DeprecationWarning)
     import grafana_foundation_sdk.builders.dashboard
     import grafana_foundation_sdk.builders.stat

@@ -26,6 +26,8 @@ from inferwatch.clikit import BadInput, CannotRun, FiniteFloat, cannot_write
 from inferwatch.config import Duration
 from inferwatch.dashboards import queries, writer
 from inferwatch.mixin import config as alert_config
+from inferwatch.mixin import recording
+from inferwatch.mixin.model import Recording
 from inferwatch.serving import bounded_request
 from inferwatch.serving.bounded_request import Deadline, RequestFailed
 
@@ -45,6 +47,9 @@ TICK_STEPS = (10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600
               172800, 604800)  # fmt: skip
 #: grid units under a time series for its time axis and legend
 LEGEND_UNITS = 2.6
+#: panel types drawn as lines over time with a legend: a state timeline as its 0/1 steps, a
+#: heatmap as one line per bucket (``le``)
+DRAWN_OVER_TIME = ("timeseries", "state-timeline", "heatmap")
 _SI = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 #: Grafana unit ids -> the name printed after a value (``suffix:x`` units print ``x``)
 UNIT_NAMES = {"reqps": "req/s", "watt": "W", "celsius": "°C", "hertz": "Hz"}
@@ -164,6 +169,16 @@ class Prometheus:
             raise BadInput(f"{self.url} answered without data: is it a Prometheus?")
         return data
 
+    def recording_rules(self) -> set[str]:
+        """The names of the recording rules Prometheus evaluates (``/api/v1/rules``)."""
+        data = self.get("/api/v1/rules", {"type": "record"})
+        try:
+            return {str(rule["name"]) for group in data["groups"] for rule in group["rules"]
+                    if rule.get("type", "recording") == "recording"}  # fmt: skip
+        except (KeyError, TypeError, AttributeError):
+            raise BadInput(f"{self.url} answered /api/v1/rules without rule groups: is it "
+                           "a Prometheus?") from None  # fmt: skip
+
     def range(self, expr: str, start: float, end: float, step: float) -> list[Range]:
         data = self.get(
             "/api/v1/query_range", {"query": expr, "start": start, "end": end, "step": step}
@@ -273,7 +288,7 @@ def render(
             fig.text(left + 0.005, bottom + 0.5 / units, panel["title"], fontsize=11,
                      weight="bold", va="center", color="#333333")  # fmt: skip
             continue
-        below = LEGEND_UNITS if panel.get("type") == "timeseries" else 0.4
+        below = LEGEND_UNITS if panel.get("type") in DRAWN_OVER_TIME else 0.4
         ax = fig.add_axes((left + 0.035, bottom + below / units,
                            w / 24 - 0.045, (h - below - 0.9) / units))  # fmt: skip
         ax.set_title(panel["title"], fontsize=9, loc="left")
@@ -375,6 +390,30 @@ def _text_panel(ax: Any, series: Sequence[Series], more: int, unit: str) -> None
             fontsize=8, family="monospace")  # fmt: skip
 
 
+def rules_mismatch(dashboard: Mapping[str, Any], config: alert_config.Config,
+                   evaluated: set[str]) -> str | None:  # fmt: skip
+    """One line when the board reads recording rules Prometheus does not evaluate (its rules
+    come from another alert config, or none are loaded): those panels would draw nothing."""
+    ours = {rule.record for group in recording.groups(config) for rule in group.rules
+            if isinstance(rule, Recording)}  # fmt: skip
+    names = {match for target in queries.targets(dashboard)
+             for match in re.findall(r"[A-Za-z_:][\w:]*", target.expr)}  # fmt: skip
+    read = sorted(ours & names)
+    missing = [name for name in read if name not in evaluated]
+    if not missing:
+        return None
+    foreign = sorted(name for name in evaluated - ours if "inferwatch_" in name)
+    why = (
+        f"it evaluates other inferwatch rules (e.g. {foreign[0]}): its rules were generated "
+        "from another alert config than this snapshot's --config"
+        if foreign
+        else "it loads no inferwatch recording rules (inferwatch generate alerts)"
+    )
+    return (f"Warning: Prometheus lacks {len(missing)} of the {len(read)} recording rules "
+            f"board {dashboard['uid']} reads (e.g. {missing[0]}); {why}. Panels reading them "
+            "draw nothing.")  # fmt: skip
+
+
 def variable_values(dashboard: Mapping[str, Any], given: Sequence[str]) -> dict[str, str]:
     """Every board variable as a regex matcher value: ``.*`` (All) unless given."""
     names = [v["name"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
@@ -399,7 +438,7 @@ def variable_values(dashboard: Mapping[str, Any], given: Sequence[str]) -> dict[
     "--dashboard",
     required=True,
     show_envvar=True,
-    help="Board to render: fleet, latency, replica, gpu, cost, quality, versions.",
+    help="Board to render: fleet, latency, replica, gpu, cost, quality, versions, gateway.",
 )
 @click.option(
     "--prometheus",
@@ -473,6 +512,9 @@ def snapshot(dashboard: str, prometheus: str, since: str, out: Path | None, var:
     with httpx.Client(headers={"Accept-Encoding": "identity"}) as http:
         prom = Prometheus(url, http, deadline_s=timeout)
         prom.get("/api/v1/status/buildinfo", {})  # reachable and a Prometheus, or one line
+        mismatch = rules_mismatch(board, config, prom.recording_rules())
+        if mismatch is not None:
+            click.echo(mismatch, err=True)
         subtitle = f"last {since} to {datetime.now():%Y-%m-%d %H:%M} · {shown}"
         window = Window.last(back.seconds)
         grafana = window.grafana(values, interval.seconds)

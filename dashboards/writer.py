@@ -14,7 +14,7 @@ from typing import Any
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from inferwatch.dashboards.boards import BOARDS
-from inferwatch.dashboards.panels import Ctx
+from inferwatch.dashboards.panels import SCHEMA_VERSION, Ctx
 from inferwatch.mixin import validate
 from inferwatch.mixin.config import Config
 from inferwatch.mixin.files import dump
@@ -30,6 +30,7 @@ def encode(config: Config, name: str) -> str:
     """The board's classic v1 dashboard JSON text."""
     ctx = Ctx(config)
     dashboard = BOARDS[name](ctx).build(ctx).build()
+    dashboard.schema_version = SCHEMA_VERSION  # the SDK's builder has no setter for it
     return JSONEncoder(sort_keys=True, indent=2).encode(dashboard) + "\n"
 
 

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from inferwatch import catalog
 from inferwatch.cli import main
 from inferwatch.dashboards import queries, writer
-from inferwatch.dashboards.boards import BOARDS
+from inferwatch.dashboards.boards import BOARDS, gateway
 from inferwatch.mixin import config as alert_config
 from inferwatch.mixin import files as generated
 
@@ -29,7 +29,8 @@ pytestmark = pytest.mark.proc
 
 REPO = Path(__file__).resolve().parent.parent
 GENERATED = REPO / "dashboards" / "generated"
-#: series Prometheus itself makes (the sidecar targets' scrape health, alert state)
+#: series Prometheus itself makes (the sidecar targets' scrape health, alert state); the
+#: gateway board's HAProxy series are checked against HAProxy's own exporter in the e2e test
 PROMETHEUS_SERIES = {"up", "ALERTS"}
 #: what a panel's query may be given for each Grafana variable when checked offline
 OFFLINE = {"__rate_interval": "1m", "__interval": "30s", "__range": "1h", "datasource": "x"}
@@ -44,6 +45,13 @@ def all_targets() -> Iterator[tuple[str, queries.Target]]:
     for name, dashboard in committed().items():
         for target in queries.targets(dashboard):
             yield name, target
+
+
+def annotation_targets() -> Iterator[tuple[str, queries.Target]]:
+    """Each board's annotation queries, as targets of a panel 0."""
+    for name, dashboard in committed().items():
+        for index, mark in enumerate(dashboard["annotations"]["list"]):
+            yield name, queries.Target(0, mark["name"], f"a{index}", mark["expr"], "", False)
 
 
 def offline_values() -> dict[str, str]:
@@ -148,13 +156,25 @@ def test_variables_are_chained_each_narrowed_by_the_ones_before() -> None:
     ]  # fmt: skip
 
 
+def test_every_query_names_only_variables_its_board_has() -> None:
+    """Grafana leaves an unknown ``$name`` as it is, so the matcher never matches."""
+    for name, dashboard in committed().items():
+        board = {v["name"]: ".*" for v in dashboard["templating"]["list"]}
+        values = {**OFFLINE, **board}
+        for target in queries.targets(dashboard):
+            try:
+                queries.substitute(target.expr, values)
+            except KeyError as exc:
+                pytest.fail(f"{name} panel {target.panel_id}: no variable {exc} on the board")
+
+
 # --- expressions ----------------------------------------------------------------------------
 def test_every_panel_expression_parses_with_promtool(promtool: str, tmp_path: Path) -> None:
     values = offline_values()
     rules = [
         {"record": f"dashboard:{name}_{t.panel_id}:{t.ref_id.lower()}",
          "expr": queries.substitute(t.expr, values)}
-        for name, t in all_targets()
+        for name, t in (*all_targets(), *annotation_targets())
     ]  # fmt: skip
     path = tmp_path / "panels.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "panels", "rules": rules}]}))
@@ -163,6 +183,32 @@ def test_every_panel_expression_parses_with_promtool(promtool: str, tmp_path: Pa
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(rules)} rules found" in result.stdout
+
+
+def test_a_counter_that_never_grew_reads_zero_for_each_reporting_replica(
+    promtool: str, tmp_path: Path
+) -> None:
+    """Scrape errors by reason exist only once one happens: until then the panel draws 0 for
+    every replica whose sidecar reports (not "No data"), and nothing for one that does not."""
+    fleet = committed()["fleet"]
+    (scrape_errors,) = [t for t in queries.targets(fleet) if (t.panel_id, t.ref_id) == (3, "A")]
+    expr = queries.substitute(scrape_errors.expr, offline_values())
+    up = 'inferwatch_engine_up{cluster="c",namespace="n",model="m",model_version="v",pod="p"}'
+    zero = {"labels": '{cluster="c",pod="p"}', "value": 0}
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": up, "values": "1x10"}],
+            "promql_expr_test": [{"expr": expr, "eval_time": "6m", "exp_samples": [zero]}],
+        }],
+    }  # fmt: skip
+    path = tmp_path / "zero.yaml"
+    path.write_text(yaml.safe_dump(test))
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_promtool_check_catches_a_broken_panel_expression(promtool: str, tmp_path: Path) -> None:
@@ -195,7 +241,7 @@ def metric_names(expr: str) -> set[str]:
 
 
 def known_names() -> set[str]:
-    names = set(PROMETHEUS_SERIES)
+    names = set(PROMETHEUS_SERIES) | gateway.HAPROXY
     for spec in catalog.load().values():
         names.add(spec.name)
         if spec.type == "histogram":
@@ -217,7 +263,7 @@ def test_panels_name_only_catalogue_metrics_or_our_recording_rules() -> None:
     known = known_names()
     unknown = {
         f"{name} panel {t.panel_id} {t.panel_title!r}: {sorted(metric_names(t.expr) - known)}"
-        for name, t in all_targets()
+        for name, t in (*all_targets(), *annotation_targets())
         if metric_names(t.expr) - known
     }
     assert not unknown
@@ -283,6 +329,11 @@ def expected_thresholds(config: alert_config.Config) -> dict[str, set[float]]:
         "InferwatchScrapeErrors": {a("InferwatchScrapeErrors").number("min_errors")},
         "InferwatchKVCacheSaturated": {a("InferwatchKVCacheSaturated").number("usage")},
         "InferwatchPreemptionStorm": {a("InferwatchPreemptionStorm").number("ratio")},
+        "InferwatchGPUPCIeReplays": {a("InferwatchGPUPCIeReplays").number("min_errors")},
+        "InferwatchGPUNVLinkErrors": {a("InferwatchGPUNVLinkErrors").number("min_errors")},
+        "InferwatchThroughputBelowFloor": {
+            a("InferwatchThroughputBelowFloor").number("tokens_per_second")
+        },
         "InferwatchGPUIdleWaste": {a("InferwatchGPUIdleWaste").number("utilization")},
         "InferwatchAdmissionRejectionsRising": {
             a("InferwatchAdmissionRejectionsRising").number("ratio")

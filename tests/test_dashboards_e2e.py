@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from inferwatch.dashboards import queries, writer
+from inferwatch.dashboards.snapshot import DRAWN_OVER_TIME
 from inferwatch.demo import topology
 from inferwatch.mixin import config as alert_config
 from support.wait import wait_for
@@ -77,6 +78,9 @@ def prometheus_config(ports: topology.Ports) -> str:
     document = yaml.safe_load(topology.prometheus_config(ports, topology.generated_rule_files()))
     document["global"] = {"scrape_interval": f"{SCRAPE_S:g}s",
                           "evaluation_interval": f"{SCRAPE_S:g}s"}  # fmt: skip
+    # HAProxy's built-in exporter, for the gateway board
+    gateway = {"targets": [f"127.0.0.1:{ports.gateway_metrics}"], "labels": {}}
+    document["scrape_configs"].append({"job_name": "haproxy", "static_configs": [gateway]})
     for job in document["scrape_configs"]:
         for group in job["static_configs"]:
             group["labels"]["cluster"] = CLUSTER
@@ -251,6 +255,7 @@ def test_snapshot_draws_every_panel_of_the_board_with_data(
     out = tmp_path / f"{board}.png"
     result = snapshot(stack, out, "--dashboard", board, "--var", "replica=primary-v1")
     assert result.returncode == 0, result.stderr
+    assert "Warning" not in result.stderr  # Prometheus evaluates the rules the board reads
     dashboard = writer.dashboards(alert_config.load())[board]
     count = len(queries.panels(dashboard))
     assert result.stdout.strip() == f"{out}: {board}, {count} of {count} panels with data"
@@ -260,7 +265,7 @@ def test_snapshot_draws_every_panel_of_the_board_with_data(
     assert pixels.shape[1] == 1280 and abs(pixels.shape[0] - units * 0.34 * 80) <= 1
     for panel in queries.panels(dashboard):
         region = panel_region(pixels, panel["gridPos"], units)
-        if panel["type"] == "timeseries":  # lines in colour ("No data" is grey text)
+        if panel["type"] in DRAWN_OVER_TIME:  # lines in colour ("No data" is grey text)
             drawn = ((region.max(axis=2) - region.min(axis=2)) > 0.25).sum()  # lines, legend
         else:  # values as dark text below the title
             drawn = (region[region.shape[0] // 4 :].max(axis=2) < 0.3).sum()

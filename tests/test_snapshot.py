@@ -19,14 +19,18 @@ import pytest
 from click.testing import CliRunner
 
 from inferwatch.cli import main
+from inferwatch.dashboards import writer
 from inferwatch.dashboards.snapshot import (
     MAX_ANSWER_BYTES,
     BadInput,
     Prometheus,
     format_value,
     legend,
+    rules_mismatch,
     time_ticks,
 )
+from inferwatch.mixin import config as alert_config
+from inferwatch.mixin import recording
 
 pytestmark = pytest.mark.unit
 
@@ -41,7 +45,7 @@ def run(*args: str) -> tuple[int, list[str]]:
     [
         (["--dashboard", "nope", "--prometheus", "http://127.0.0.1:1"],
          "Error: unknown dashboard 'nope'; known: fleet, latency, replica, gpu, cost, quality, "
-         "versions"),
+         "versions, gateway"),
         (["--dashboard", "gpu", "--prometheus", "http://127.0.0.1:1", "--from", "soon"],
          "Error: --from: expected a duration such as 30s, 5m, 1h30m or 2d, got 'soon'"),
         (["--dashboard", "gpu", "--prometheus", "http://127.0.0.1:1", "--from", "0m"],
@@ -141,3 +145,46 @@ def test_a_refused_or_foreign_answer_is_one_clear_error(
     prom = prometheus_answering(lambda request: httpx.Response(status, text=body))
     with pytest.raises(BadInput, match=re.escape(message)):
         prom.range("up{", 0, 60, 15)
+
+
+def rules_answer(*names: str) -> httpx.Response:
+    rules = [{"type": "recording", "name": name, "query": "1"} for name in names]
+    return httpx.Response(200, json={"status": "success", "data": {"groups": [
+        {"name": "g", "file": "f.yaml", "rules": rules}]}})  # fmt: skip
+
+
+def test_the_recording_rules_prometheus_evaluates_are_read_from_the_rules_api() -> None:
+    asked = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append((request.url.path, request.url.params.get("type")))
+        return rules_answer("a:b:rate5m", "c:d:ratio")
+
+    assert prometheus_answering(handler).recording_rules() == {"a:b:rate5m", "c:d:ratio"}
+    assert asked == [("/api/v1/rules", "record")]
+    foreign = prometheus_answering(
+        lambda request: httpx.Response(200, json={"status": "success", "data": {"groups": 3}})
+    )
+    with pytest.raises(BadInput, match="without rule groups"):
+        foreign.recording_rules()
+
+
+def test_a_board_whose_rules_prometheus_lacks_is_said_in_one_line(tmp_path: Path) -> None:
+    """The demo run with another alert config: Prometheus has the rules of a 1m window, the
+    boards read the 5m ones (the snapshot that drew 9 of 18 panels and said nothing)."""
+    config = alert_config.load()
+    fleet = writer.dashboards(config)["fleet"]
+    ours = {r.record for g in recording.groups(config) for r in g.rules if hasattr(r, "record")}
+    assert rules_mismatch(fleet, config, ours) is None
+    other = tmp_path / "other.yaml"
+    other.write_text("rate_window: 1m\n")
+    theirs = {r.record for g in recording.groups(alert_config.load(other)) for r in g.rules
+              if hasattr(r, "record")}  # fmt: skip
+    line = rules_mismatch(fleet, config, theirs)
+    assert line is not None and "\n" not in line
+    assert line.startswith("Warning: Prometheus lacks ")
+    assert "board inferwatch-fleet reads (e.g. " in line
+    assert "another alert config than this snapshot's --config" in line
+    assert "rate5m" in line and "rate1m" in line
+    none = rules_mismatch(fleet, config, set())
+    assert none is not None and "loads no inferwatch recording rules" in none

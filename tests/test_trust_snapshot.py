@@ -24,6 +24,7 @@ from support.stub_prometheus import StubPrometheus, stub_prometheus
 pytestmark = pytest.mark.unit
 
 BUILDINFO = json.dumps({"status": "success", "data": {"version": "2.53.0"}}).encode()
+NO_RULES = json.dumps({"status": "success", "data": {"groups": []}}).encode()
 
 
 def matrix(*series: Any) -> bytes:
@@ -33,9 +34,10 @@ def matrix(*series: Any) -> bytes:
 
 
 def answering(stub: StubPrometheus, body: bytes, status: int = 200) -> None:
-    """A Prometheus whose build info is fine and whose every range answer is ``body``."""
-    stub.answer = lambda path, query: (200, BUILDINFO) if path.endswith("buildinfo") else (
-        status, body)  # fmt: skip
+    """A Prometheus whose build info is fine, with no rules, and whose every range answer is
+    ``body``."""
+    fixed = {"/api/v1/status/buildinfo": BUILDINFO, "/api/v1/rules": NO_RULES}
+    stub.answer = lambda path, query: (200, fixed[path]) if path in fixed else (status, body)
 
 
 @pytest.fixture

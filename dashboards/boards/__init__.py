@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from inferwatch.dashboards.boards import cost, fleet, gpu, latency, quality, replica, versions
+from inferwatch.dashboards.boards import (
+    cost,
+    fleet,
+    gateway,
+    gpu,
+    latency,
+    quality,
+    replica,
+    versions,
+)
 from inferwatch.dashboards.panels import Board, Ctx
 
 #: board name (file name, uid ``inferwatch-<name>``) -> builder
@@ -16,4 +25,5 @@ BOARDS: dict[str, Callable[[Ctx], Board]] = {
     "cost": cost.board,
     "quality": quality.board,
     "versions": versions.board,
+    "gateway": gateway.board,
 }

@@ -105,8 +105,10 @@ def board(ctx: Ctx) -> Board:
               "engine (or something in front of it) misreporting tokens; tenants were charged "
               "the bound. Compare with the engine's own counters (reconciliation drift).",
               "short",
-              [Q(f"sum by ({c}, instance, token_type, reason) "
-                 f"(increase({ctx.m('tenancy_engine_usage_anomalies', C)}[$__rate_interval]))",
+              [Q(ctx.or_zero(f"sum by ({c}, instance, token_type, reason) "
+                             f"(increase({ctx.m('tenancy_engine_usage_anomalies', C)}"
+                             "[$__rate_interval]))", "instance", scope=C,
+                             of="tenancy_requests_in_flight"),
                  "{{instance}} {{token_type}} {{reason}}")],
               thresholds=above(None, 1), width=24),
     ).row(

@@ -31,6 +31,7 @@ def board(ctx: Ctx) -> Board:
     kv = config.alert("InferwatchKVCacheSaturated").number("usage")
     preempt = config.alert("InferwatchPreemptionStorm").number("ratio")
     min_errors = config.alert("InferwatchScrapeErrors").number("min_errors")
+    floor = config.alert("InferwatchThroughputBelowFloor")
     c = config.cluster_label
     ready = f"min by ({c}, model, pod) ({ctx.m('replica_ready', E)})"
     mv = ctx.by("model", "model_version")
@@ -63,6 +64,8 @@ def board(ctx: Ctx) -> Board:
                 thresholds=below(1),
                 width=6,
                 links=[replica_link()],
+                kind="state",
+                states=("down", "up"),
             ),
             Panel(
                 2,
@@ -74,6 +77,8 @@ def board(ctx: Ctx) -> Board:
                 [Q(f"up{{{up}}}", "{{job}} {{instance}}")],
                 thresholds=below(1),
                 width=6,
+                kind="state",
+                states=("down", "up"),
             ),
             Panel(
                 3,
@@ -85,7 +90,7 @@ def board(ctx: Ctx) -> Board:
                 "short",
                 [
                     Q(
-                        f"sum by ({c}, pod, reason) ({scrape_errors})",
+                        ctx.or_zero(f"sum by ({c}, pod, reason) ({scrape_errors})", "pod"),
                         "{{pod}} {{reason}}",
                     ),
                     Q(
@@ -126,6 +131,8 @@ def board(ctx: Ctx) -> Board:
                 thresholds=below(1),
                 width=12,
                 links=[replica_link()],
+                kind="state",
+                states=("not ready", "ready"),
             ),
             Panel(
                 6,
@@ -192,6 +199,25 @@ def board(ctx: Ctx) -> Board:
                         "waiting {{model_version}}",
                     ),
                 ],
+            ),
+            Panel(
+                19,
+                "Output tokens per second by model against the floor",
+                "Tokens every replica of a model generated per second together. Under "
+                f"{floor.number('tokens_per_second'):g} with requests waiting for "
+                f"{floor.for_} is InferwatchThroughputBelowFloor: demand is there and the fleet "
+                "delivers too little; see running and waiting requests, then the GPU board "
+                "(clocks, PCIe, NVLink) for slow GPUs.",
+                "suffix: tok/s",
+                [
+                    Q(
+                        f"sum {ctx.by('model')} "
+                        f"({ctx.r(f'model_version:inferwatch_engine_generation_tokens:rate{ctx.w}')})",
+                        "{{model}}",
+                    )
+                ],
+                thresholds=below(floor.number("tokens_per_second")),
+                width=24,
             ),
         )
         .row(
@@ -268,6 +294,7 @@ def board(ctx: Ctx) -> Board:
                 [Q(f"sum by ({c}, alertname, severity) (ALERTS{{{firing}}})", instant=True)],
                 kind="table",
                 width=8,
+                no_value="No alert firing",
             ),
         )
     )

@@ -8,7 +8,7 @@ and replica variables narrow GPU series too.
 from __future__ import annotations
 
 from inferwatch.capacity.planner import GPU_PRESETS
-from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below
+from inferwatch.dashboards.panels import ORANGE, Board, Ctx, Panel, Q, Scope, Steps, above, below
 from inferwatch.mixin import promql, recording
 
 E, C = Scope.ENGINE, Scope.CLUSTER
@@ -30,6 +30,10 @@ def board(ctx: Ctx) -> Board:
     by_gpu = f"{c}, pod, gpu_uuid"
     xids = j(ctx.new_in(ctx.m("gpu_xid_errors", C), window))
     ecc = j(ctx.new_in(ctx.m("gpu_ecc_errors", C), ecc_window))
+    pcie, nvlink = (config.alert(f"InferwatchGPU{n}") for n in ("PCIeReplays", "NVLinkErrors"))
+    replays = j(ctx.new_in(ctx.m("gpu_pcie_replays", C), pcie.text("window")))
+    link_errors = j(ctx.new_in(ctx.m("gpu_nvlink_errors", C), nvlink.text("window")))
+    link_lines = sorted({pcie.number("min_errors"), nvlink.number("min_errors")})
     slowdown = ctx.m("gpu_temperature_threshold", C, 'threshold="slowdown"')
     power = j(f"rate({ctx.m('gpu_energy', C)}[$__rate_interval])")
     return Board(
@@ -60,11 +64,21 @@ def board(ctx: Ctx) -> Board:
                Q(f"sum by ({by_gpu}, error) ({j(ctx.m('gpu_remapped_rows', C))})",
                  "remapped {{error}} " + GPU)],
               thresholds=above(None, 1)),
+        Panel(20, "PCIe replays and NVLink errors", f"PCIe link retries in the last "
+              f"{pcie.text('window')} and NVLink errors by kind in the last "
+              f"{nvlink.text('window')}, per GPU. {pcie.number('min_errors'):g} replays is "
+              "InferwatchGPUPCIeReplays (the slot, riser or cable degrades), "
+              f"{nvlink.number('min_errors'):g} NVLink errors InferwatchGPUNVLinkErrors (a lane "
+              "or NVSwitch port): both slow transfers before they fail; plan to drain the node.",
+              "short",
+              [Q(f"sum by ({by_gpu}) ({replays})", "PCIe replays " + GPU),
+               Q(f"sum by ({by_gpu}, error) ({link_errors})", "NVLink {{error}} " + GPU)],
+              thresholds=Steps(steps=tuple((v, ORANGE) for v in link_lines))),
         Panel(4, "GPU healthy", "1 while nothing the sidecar watches (XID, ECC, lost GPU) "
               "has marked the GPU unhealthy; 0 pages (InferwatchGPUUnhealthy) and fails the "
               "replica's gpu readiness condition.", "bool_yes_no",
               [Q(j(f"min without (reason) ({ctx.m('gpu_healthy', C)})"), GPU)],
-              thresholds=below(1)),
+              thresholds=below(1), kind="state", states=("unhealthy", "healthy")),
         Panel(5, "GPU telemetry backend up", "1 while the sidecar reads its GPUs (NVML or "
               "dcgm-exporter). At 0 every GPU panel of the replica is blind "
               "(InferwatchGPUTelemetryDown): check the driver or dcgm-exporter.", "bool_yes_no",
@@ -75,7 +89,7 @@ def board(ctx: Ctx) -> Board:
               "took it out on purpose.", "bool_yes_no",
               [Q(f"min by ({c}, pod, condition) ({ctx.m('replica_ready', E)})",
                  "{{pod}} {{condition}}")],
-              thresholds=below(1)),
+              thresholds=below(1), kind="state", states=("not ready", "ready")),
     ).row(
         "Heat, power, clocks",
         Panel(6, "Temperature against the slowdown threshold", "GPU temperature, and the "

@@ -6,7 +6,7 @@ Panels 1-3 and 10-11 are the ones the latency alerts link to (their ``dashboard_
 
 from __future__ import annotations
 
-from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below
+from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below, histogram
 from inferwatch.mixin import promql, recording
 from inferwatch.mixin.objectives import objectives
 
@@ -40,6 +40,15 @@ def board(ctx: Ctx) -> Board:
               "prefill of new requests interrupts decoding: consider chunked prefill.", "s",
               [Q(_quantile(ctx, "engine_inter_token_latency", q),
                  f"p{q * 100:g} {{{{model_version}}}}") for q in (0.5, 0.99)], width=12),
+    ).row(
+        "Latency distributions",
+        *[histogram(pid, f"{MEANING[signal][0]} distribution",
+                    f"Requests per second in each latency bucket, over {ctx.w} (the recording "
+                    "the quantiles read). A second band above the usual one is a group of "
+                    "requests that got slow (one replica, one prompt shape), which a "
+                    "quantile line averages away.",
+                    ctx.r(recording.bucket_rate(config, signal)), width=8)
+          for pid, signal in ((15, "ttft"), (16, "tpot"), (17, "e2e"))],
     ).row(
         "Requests",
         Panel(6, "Prompt and output length p50 / p99", "Tokens per request in and out. "
@@ -75,6 +84,17 @@ def board(ctx: Ctx) -> Board:
               [Q(f"sum by ({c}, model_version, status) "
                  f"({ctx.rate('engine_http_requests', Scope.ENGINE)})",
                  "{{model_version}} {{status}}")]),
+        Panel(19, "Prefix-cache hits, local and shared", "Share of the prompt tokens looked "
+              "up that were found in the engine's own prefix cache and in a cache shared "
+              "across instances (vLLM's KV connector), per model version. Each hit is "
+              "prefill not computed: a drop raises time to first token and GPU load; a "
+              "shared-cache share near 0 with a connector configured means it is not "
+              "reached.", "percentunit",
+              [Q(_hit_share(ctx, "engine_prefix_cache_hit_tokens",
+                            "engine_prefix_cache_queried_tokens"), "local {{model_version}}"),
+               Q(_hit_share(ctx, "engine_external_prefix_cache_hit_tokens",
+                            "engine_external_prefix_cache_queried_tokens"),
+                 "shared {{model_version}}")], max=1, width=24),
     ).row(
         "SLO burn rates",
         _burn(ctx, 10, "ttft", "TTFT SLO"),
@@ -92,7 +112,12 @@ def board(ctx: Ctx) -> Board:
                  exemplar=True)
                for key, name in (("tenancy_time_to_first_token", "TTFT"),
                                  ("tenancy_request_duration", "duration"))],
-              width=24),
+              width=12),
+        histogram(18, "Client TTFT distribution (proxy), with traces", "Requests per second "
+                  "in each bucket of the tenancy proxy's time to first token (queue and "
+                  "admission included); the dots are exemplars, each a traced request to open.",
+                  ctx.rate("tenancy_time_to_first_token", Scope.MODEL_VERSION, suffix="_bucket"),
+                  exemplar=True),
     )  # fmt: skip
 
 
@@ -108,6 +133,13 @@ def _quantile(ctx: Ctx, key: str, q: float) -> str:
     bucket = ctx.m(key, Scope.ENGINE, suffix="_bucket")
     return (f"histogram_quantile({q:g}, sum by ({ctx.config.cluster_label}, model, "
             f"model_version, le) (rate({bucket}[$__rate_interval])))")  # fmt: skip
+
+
+def _hit_share(ctx: Ctx, hits: str, queried: str) -> str:
+    """Cache hits over lookups per model version, from two token counters."""
+    mv = ctx.by("model", "model_version")
+    return (f"sum {mv} ({ctx.rate(hits, Scope.ENGINE)}) / "
+            f"sum {mv} ({ctx.rate(queried, Scope.ENGINE)})")  # fmt: skip
 
 
 def _mean(ctx: Ctx, key: str) -> str:

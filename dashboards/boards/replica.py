@@ -39,7 +39,8 @@ def board(ctx: Ctx) -> Board:
               "errors by reason. Errors with no traffic change point at the engine or GPU; "
               "a traffic drop at the router.", "reqps",
               [Q(ctx.r(recording.requests(config, "pod"), E), "requests {{pod}}"),
-               Q(f"sum by ({c}, pod, reason) ({ctx.rate('engine_request_errors', E)})",
+               Q(ctx.or_zero(f"sum by ({c}, pod, reason) "
+                             f"({ctx.rate('engine_request_errors', E)})", "pod"),
                  "errors {{reason}}")]),
         Panel(2, "TTFT and TPOT p99", "This replica's own quantiles (from its histograms, "
               "not the per-version recordings). Thresholds: the TTFT alert's.", "s",
@@ -59,7 +60,8 @@ def board(ctx: Ctx) -> Board:
               "is why routers skip this replica: engine (down or hung), gpu (XID, ECC, lost "
               "GPU), quality (probes failing), or isolated by automation.", "bool_yes_no",
               [Q(f"min by ({c}, pod, condition) ({ctx.m('replica_ready', E)})",
-                 "{{condition}}")], thresholds=below(1)),
+                 "{{condition}}")], thresholds=below(1), kind="state",
+              states=("not ready", "ready")),
         Panel(5, "Engine up and collectors", "Engine reachability and each collector's last "
               "run (1 ok). A collector at 0 leaves its panels empty here: check the sidecar "
               "log for its error.", "bool_yes_no",
