@@ -115,13 +115,16 @@ def board(ctx: Ctx) -> Board:
         "Fair share",
         Panel(11, "Queue time by tenant (p95)", "How long each tenant's requests waited for "
               "a concurrency slot to the engine: a saturated engine serves by priority class "
-              "and weight, so a low-priority tenant's wait grows first.", "s",
-              [Q(f"histogram_quantile(0.95, sum by ({c}, tenant, le) "
-                 f"({ctx.rate('tenancy_queue_time', TO, suffix='_bucket')}))", "{{tenant}}")],
+              "and weight, so a low-priority tenant's wait grows first (0 while no tenant has "
+              "a concurrency cap).", "s",
+              [Q(ctx.or_zero(f"histogram_quantile(0.95, sum by ({c}, tenant, le) "
+                             f"({ctx.rate('tenancy_queue_time', TO, suffix='_bucket')}))",
+                             scope=C, of="tenancy_requests_in_flight"), "{{tenant}}")],
               width=12),
         Panel(12, "Shed requests by tenant and reason", "Requests refused at a saturated "
               "engine: queue_timeout (waited too long), queue_full (no room in the queue), "
               "priority (shed for a higher-priority request).", "reqps",
-              [Q(f"sum by ({c}, tenant, reason) ({ctx.rate('tenancy_shed', TO)})",
+              [Q(ctx.or_zero(f"sum by ({c}, tenant, reason) ({ctx.rate('tenancy_shed', TO)})",
+                             scope=C, of="tenancy_requests_in_flight"),
                  "{{tenant}} {{reason}}")], width=12, stack=True),
     )  # fmt: skip
