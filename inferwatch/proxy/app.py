@@ -463,20 +463,22 @@ class ProxyApp:
     ) -> tuple[int, bool]:
         """The completion cap to reserve per choice, and whether the engine applies it itself.
 
-        A cap the client set is the engine's too. Without one, completions take the API's
-        default (16) and chat the rest of the model's context after the prompt (an upper
-        bound of the prompt leaves the whole context), as vLLM does; the configured default
-        only stands in where the engine does not say its context length, and is then sent.
+        A cap the client set is the engine's too. Without one, an engine that lists its
+        context length (vLLM) gives completions the API's default (16) and chat the rest of the
+        context after the prompt (an upper bound of the prompt leaves the whole context). An
+        engine that does not say may default otherwise (llama.cpp's completions run to the end
+        of the context), so there the configured default stands in and is sent: the
+        reservation is then what the engine may generate, which also bounds the charge.
         """
         if exchange.path not in STREAMABLE:
             return 0, True  # embeddings generate nothing
         if requested is not None:
             return requested, True
-        if exchange.path == "/v1/completions":
-            return COMPLETIONS_DEFAULT_MAX_TOKENS, True
         context = await self.engine.context(str(body.get("model", "")))
         if context is None:
             return self.config.default_max_tokens, False
+        if exchange.path == "/v1/completions":
+            return COMPLETIONS_DEFAULT_MAX_TOKENS, True
         return max(context - (prompt.tokens if prompt.exact else 0), 0), True
 
     async def _read_request(
