@@ -875,3 +875,22 @@ def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: s
             process.wait(10)
             sidecar.shutdown()
             sidecar.server_close()
+
+
+@pytest.mark.unit
+def test_an_answer_from_a_replicas_second_proxy_counts_for_the_replica() -> None:
+    """The drill checks where traffic goes by replica: both proxies of one are that replica."""
+    from inferwatch.demo.loadgen import LoadGenerator
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200, headers={"X-Served-By": "v1:primary-v1.b"}, text="data: [DONE]\n"
+        )
+
+    async def one() -> str:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+            load = LoadGenerator(http, "http://gw", {"primary": "m"}, topology.TENANTS[:1], 1.0)
+            await load._one(topology.TENANTS[0])
+            return load.history[-1].replica
+
+    assert asyncio.run(one()) == "primary-v1"
