@@ -561,7 +561,7 @@ def test_scenario_none_is_a_quiet_run_and_a_budget_holds_across_the_proxies(
     # each budget window (aligned to the minute) the run touched allows the budget; on top, at
     # most one reservation: the longest prompt admitted (max_input_tokens) and its cap
     windows = int(ended // 60) - int(began // 60) + 1
-    largest = 8192 + globex.max_tokens[1]
+    largest = topology.MAX_INPUT_TOKENS + globex.max_tokens[1]
     assert spent <= windows * globex.budget_tokens + largest, (windows, line)
     assert_clean(demo.output, expected_processes=13)  # 3 engines, 3 sidecars, 5 proxies,
     # Redis and HAProxy

@@ -205,6 +205,10 @@ def served_names(replica: Replica, replicas: Sequence[Replica] = REPLICAS) -> li
     return [replica.model, *others]
 
 
+#: every proxy's max_input_tokens: no reservation is larger than it plus the completion cap
+MAX_INPUT_TOKENS = 8192
+
+
 def url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
 
@@ -240,7 +244,7 @@ def proxy_config(
         "tenants": tenant_entries,
         "versions": {"model_version": replica.version},
         "prices": {"models": {r.model: dict(PRICES[r.role]) for r in replicas}},
-        "limits": {"max_input_tokens": 8192},
+        "limits": {"max_input_tokens": MAX_INPUT_TOKENS},
         # demo traffic is light: screen half of it so injected degeneracy shows in seconds
         "quality_sampling": {"rate": 1.0},
     }
