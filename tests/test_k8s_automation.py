@@ -28,6 +28,7 @@ import yaml
 from kubernetes.config import kube_config
 
 from inferwatch.drill.kubefake import FakeKube, httproute_validator
+from inferwatch.k8s import autoscaling, kit
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks import inventory, lint, registry
 from inferwatch.runbooks.actions.base import Alert
@@ -39,7 +40,7 @@ from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.dispatch import Dispatcher
 from inferwatch.runbooks.kube_state import ConfigMapStore, LeaseElector
 from inferwatch.runbooks.server import MAX_BODY_BYTES, Receiver
-from support.k8s import render
+from support.k8s import KIT, render
 from support.runbooks_harness import (
     RECEIVER_TOKEN,
     SIDECAR_TOKEN,
@@ -394,3 +395,33 @@ def test_the_kits_two_receivers_elect_one_leader_and_act_once_on_one_alert(
     for server in served:
         server.stop()
     sidecar.served.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("automation: {gpu_node_selector: 'gpu in (a, b)'}\n",
+         "automation.gpu_node_selector: expected a label selector"),
+        ("automation: {gpu_node_selector: 'a=b,'}\n",
+         "automation.gpu_node_selector: expected a label selector"),
+        # the breaker's sizes are the inventory's now, never a count in the site file
+        ("automation: {gpu_nodes: 4}\n", "automation.gpu_nodes: unknown field"),
+    ],
+)  # fmt: skip
+def test_a_bad_automation_site_value_is_one_clear_line(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "site.yaml"
+    path.write_text(text)
+    with pytest.raises(kit.SiteError) as caught:
+        kit.load_site(path)
+    assert "\n" not in str(caught.value) and message in str(caught.value), caught.value
+
+
+def test_a_site_names_the_gpu_nodes_the_receiver_may_act_on(tmp_path: Path) -> None:
+    path = tmp_path / "site.yaml"
+    selector = "pool=h200,!node-role.kubernetes.io/control-plane"
+    path.write_text(f"automation: {{gpu_node_selector: '{selector}'}}\n")
+    site = kit.load_site(path)
+    nodes = kit.receiver_mapping(site, autoscaling.scaled_model(KIT))["inventory"]["nodes"]
+    assert nodes == {"kubernetes": {"selector": selector}}
