@@ -425,3 +425,23 @@ def test_a_site_names_the_gpu_nodes_the_receiver_may_act_on(tmp_path: Path) -> N
     site = kit.load_site(path)
     nodes = kit.receiver_mapping(site, autoscaling.scaled_model(KIT))["inventory"]["nodes"]
     assert nodes == {"kubernetes": {"selector": selector}}
+
+
+def test_the_kit_receiver_refuses_targets_its_inventory_does_not_list(
+    rendered: tuple[dict[str, Any], ...], fake: FakeKube, kubeconfig: str, loop: Loop,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """The canary's pod and a control-plane node are in the cluster, not in the inventory."""
+    canary = {"pod": "llama-8b-canary-5c4b-z9x8w", "instance": "10.0.1.8:9400",
+              "node": "control-plane-1"}  # fmt: skip
+    fired = alert("InferwatchGPUEccUncorrectable", **{**REPLICA, **canary}, severity="critical")
+    dispatcher = receiver(loop, kit_mapping(rendered), tmp_path / "audit.jsonl")
+    loop.run(lambda: dispatcher.handle(fired, {}), timeout=60)
+    records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert {(r["rule"], r["outcome"]) for r in records} == {
+        ("isolate-replica-on-uncorrectable-ecc", "inventory"),
+        ("isolate-node-on-uncorrectable-ecc", "inventory"),
+    }, records
+    node = fake.get("nodes", "", "control-plane-1")
+    assert node is not None and "unschedulable" not in node["spec"]
+    loop.run(dispatcher.aclose)
