@@ -2,9 +2,12 @@
 
 A rule is dead when the receiver would refuse or never see every alert it names: the
 namespace allow-list is empty; the alert is not one the shipped rules fire; the action's
-breaker group has no population (or one too small for ``max_fraction`` to let one unit out);
-or the rule needs a label (for a matcher, a ``{label}`` in its parameters, the namespace guard
-or the action itself) that the alert's expression aggregates away. The labels an expression
+inventory kind is not configured; its inventory is a static list whose every population is
+too small for ``breaker.max_fraction`` to let one target out (the size of a Kubernetes or
+HAProxy listing is known only when the receiver asks); or the rule needs a label that the
+alert's expression aggregates away: one that names the inventory entry, a matcher's, a
+``{label}`` in its parameters the entry does not supply, the action's own, or the namespace
+for an action without an inventory (the guard then reads the alert's). The labels an expression
 keeps are read from its syntax tree (``promql-parser``): an aggregation keeps its ``by``
 labels (or drops its ``without`` ones), a one-to-one binary operation with ``on``/``ignoring``
 keeps the left side's matched labels, ``group_right`` the right side's, ``histogram_quantile``
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,21 +28,21 @@ from typing import Any
 import promql_parser
 
 from inferwatch import config as layer
+from inferwatch.runbooks import inventory
 from inferwatch.runbooks.config import NO_NAMESPACE, Config, Rule
 
 #: the ``{label}`` placeholders of a parameter template (runbooks/actions/params.py)
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-#: what each action reads from an alert beyond its parameters: labels, and the breaker groups
-#: it counts in by default (its ``group`` parameter replaces them; "traffic" is not counted)
-NEEDS: Mapping[str, tuple[frozenset[str], tuple[str, ...]]] = {
-    "isolate_replica": (frozenset(), ("{model}",)),
-    "shift_traffic": (frozenset({"model"}), ()),
-    "kubernetes_isolate_node": (frozenset({"node"}), ("nodes",)),
-    "kubernetes_request_gpu_reset": (frozenset({"node", "gpu_uuid"}), ("gpus",)),
-    "kubernetes_restart_pod": (frozenset({"namespace", "pod"}), ("model {model}",)),
-    "kubernetes_httproute_shift": (frozenset(), ()),
-    # a reset request or a node isolation, by the XID's class (the critical alert's classes)
-    "kubernetes_xid_remediation": (frozenset({"node"}), ("gpus", "nodes")),
+#: what each action reads from the alert itself beyond its parameters and inventory entry
+NEEDS: Mapping[str, frozenset[str]] = {
+    "kubernetes_request_gpu_reset": frozenset({"gpu_uuid"}),
+}
+#: the labels an entry of each inventory kind supplies in place of the alert's
+#: (runbooks/inventory.py, runbooks/kube_inventory.py)
+SUPPLIED: Mapping[str, frozenset[str]] = {
+    "replicas": frozenset({"instance", "pod", "replica", "namespace", "model", "node"}),
+    "nodes": frozenset({"node", "pool"}),
+    "gateway": frozenset({"model", "backend"}),
 }
 #: parameters whose default reads a label: (action, parameter) -> the default template
 DEFAULTS: Mapping[tuple[str, str], str] = {
@@ -178,9 +182,12 @@ def _rule_warnings(
     ]  # fmt: skip
     if not candidates:
         return [f"no shipped rule of {rule.alertname} has labels its matchers accept"]
+    kind = inventory.KIND_OF_ACTION.get(rule.action)
+    if kind is not None and kind not in config.inventory:
+        return [f"inventory.{kind} is not configured, so {rule.action} has no valid target"]
     reasons = []
     lost = sorted(
-        label for label in _needed(config, rule)
+        label for label in _needed(config, rule, kind)
         if not any(alert.has(label) for alert in candidates)
     )  # fmt: skip
     if lost:
@@ -188,7 +195,14 @@ def _rule_warnings(
             f"needs label(s) {', '.join(lost)}, which {rule.alertname}'s expression "
             "aggregates away"
         )
-    reasons += _population_warnings(config, rule)
+    if kind is not None:
+        identifying = inventory.RULES[kind][0]
+        if not any(alert.has(label) for alert in candidates for label in identifying):
+            reasons.append(
+                f"needs one of label(s) {', '.join(identifying)} to name its {kind} entry, "
+                f"which {rule.alertname}'s expression aggregates away"
+            )
+        reasons += _population_warnings(config, kind)
     return reasons
 
 
@@ -212,34 +226,31 @@ def _strings(value: Any) -> Iterable[str]:
             yield from _strings(item)
 
 
-def _needed(config: Config, rule: Rule) -> set[str]:
-    labels, groups = NEEDS.get(rule.action, (frozenset(), ()))
-    needed = set(labels)
-    for text in [*_templates(rule), *(groups if "group" not in rule.params else ())]:
+def _needed(config: Config, rule: Rule, kind: inventory.Kind | None) -> set[str]:
+    needed = set(NEEDS.get(rule.action, ()))
+    for text in _templates(rule):
         needed.update(PLACEHOLDER.findall(text))
+    if kind is not None:
+        needed -= SUPPLIED[kind]  # the entry's labels replace the alert's
     needed.update(m.label for m in rule.matchers if not m.matches({}))
-    if NO_NAMESPACE not in config.namespaces and "*" not in config.namespaces:
+    # an inventory's entry carries the namespace the guard checks
+    guarded = NO_NAMESPACE not in config.namespaces and "*" not in config.namespaces
+    if guarded and kind is None:
         needed.add("namespace")
     return needed
 
 
-def _population_warnings(config: Config, rule: Rule) -> list[str]:
-    _, defaults = NEEDS.get(rule.action, (frozenset(), ()))
-    group = rule.params.get("group")
-    groups = [group] if isinstance(group, str) else list(defaults)
-    reasons = []
-    populations = config.breaker.populations
-    for template in groups:
-        pattern = re.compile(
-            "".join(".+" if part.startswith("{") else re.escape(part)
-                    for part in re.split(r"(\{[A-Za-z_][A-Za-z0-9_]*\})", template) if part)
-        )  # fmt: skip
-        counts = [count for name, count in populations.items() if pattern.fullmatch(name)]
-        if not counts:
-            reasons.append(f"breaker.populations names no group {template!r} for {rule.action}")
-        elif all(math.floor(config.breaker.max_fraction * count) < 1 for count in counts):
-            reasons.append(
-                f"breaker.max_fraction {config.breaker.max_fraction:g} of group {template!r}"
-                f" ({max(counts)} at most) lets no unit out"
-            )
-    return reasons
+def _population_warnings(config: Config, kind: inventory.Kind) -> list[str]:
+    """A static inventory whose every population is too small to let one target out."""
+    listed = config.inventory[kind].get("static")
+    if listed is None:
+        return []
+    sizes = Counter(inventory.entry(kind, labels).population for labels in listed)
+    fraction = config.breaker.max_fraction
+    if any(math.floor(fraction * size) >= 1 for size in sizes.values()):
+        return []
+    largest = max(sizes.values(), default=0)
+    return [
+        f"breaker.max_fraction {fraction:g} of the static {kind} inventory's populations "
+        f"({largest} at most) lets no target out"
+    ]

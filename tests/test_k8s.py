@@ -25,7 +25,8 @@ import yaml
 from inferwatch import catalog
 from inferwatch.canary.splits import HEADER, USER, WEIGHT
 from inferwatch.k8s import kit as k8s
-from inferwatch.runbooks.actions.kubernetes_api import RBAC_RULES
+from inferwatch.runbooks import kube_inventory, kube_state
+from inferwatch.runbooks.actions import kubernetes_api
 from support.k8s import KIT, render, validate
 from support.shared import REPO, tool
 
@@ -102,29 +103,41 @@ def pods(documents: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], dict
             yield document, document["spec"]["template"]
 
 
-def test_rbac_grants_only_the_receivers_verbs(
-    rendered: tuple[str, list[dict[str, Any]]],
-) -> None:
-    """One ClusterRole with exactly the rules the Kubernetes actions declare (their tests run
-    each action against a fake API server that allows only these)."""
-    _, documents = rendered
-    roles = [d for d in documents if d["kind"] in ("Role", "ClusterRole")]
-    assert [r["kind"] for r in roles] == ["ClusterRole"]
-    granted: dict[tuple[str, str], set[str]] = {}
-    for rule in roles[0]["rules"]:
+def granted(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    verbs: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
         assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames tricks
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
-                granted.setdefault((group, resource), set()).update(rule["verbs"])
-    declared = {
-        (group, resource): set(rule["verbs"])
-        for rule in RBAC_RULES
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-    }
-    assert granted == declared
-    assert all("*" not in verbs for verbs in granted.values())
-    assert {"nodes", "pods", "httproutes"} == {resource for _, resource in granted}
+                verbs.setdefault((group, resource), set()).update(rule["verbs"])
+    return verbs
+
+
+def declared(*modules: Any) -> dict[tuple[str, str], set[str]]:
+    verbs: dict[tuple[str, str], set[str]] = {}
+    for rule in (rule for module in modules for rule in module.RBAC_RULES):
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                verbs.setdefault((group, resource), set()).update(rule["verbs"])
+    return verbs
+
+
+def test_rbac_grants_only_the_receivers_verbs(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """A ClusterRole with exactly the rules the Kubernetes actions and the inventory declare,
+    and a Role (in the receiver's namespace) with exactly the state store's and the
+    election's (their tests run against a fake API server that allows only these)."""
+    _, documents = rendered
+    roles = {d["kind"]: d for d in documents if d["kind"] in ("Role", "ClusterRole")}
+    assert sorted(roles) == ["ClusterRole", "Role"]
+    assert granted(roles["ClusterRole"]) == declared(kubernetes_api, kube_inventory)
+    assert granted(roles["Role"]) == declared(kube_state)
+    assert roles["Role"]["metadata"]["namespace"] == "inference"
+    for role in roles.values():
+        assert all("*" not in verbs for verbs in granted(role).values())
+    assert {"nodes", "pods", "httproutes"} == {r for _, r in granted(roles["ClusterRole"])}
+    assert {"configmaps", "leases"} == {r for _, r in granted(roles["Role"])}
 
 
 def test_role_bindings_bind_only_the_receivers_account(
@@ -139,7 +152,7 @@ def test_role_bindings_bind_only_the_receivers_account(
     ]
     assert receiver
     bindings = [d for d in documents if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
-    assert len(bindings) == 1
+    assert sorted(b["kind"] for b in bindings) == ["ClusterRoleBinding", "RoleBinding"]
     for binding in bindings:
         assert binding["subjects"] == [
             {

@@ -21,18 +21,28 @@ pytestmark = pytest.mark.unit
 SHIPPED = lint.shipped_alerts(REPO / "alerts" / "generated")
 
 
+def replicas(count: int, model: str = "llama") -> list[dict[str, str]]:
+    return [
+        {"instance": f"127.0.0.1:{9400 + i}", "model": model, "namespace": "inference"}
+        for i in range(count)
+    ]
+
+
+KUBERNETES_NODES = {"kubernetes": {"selector": "nvidia.com/gpu.present=true"}}
+
+
 def document(**overrides: Any) -> dict[str, Any]:
     """A mapping whose one rule can act: isolate on a critical XID, in namespace inference."""
     base: dict[str, Any] = {
         "namespaces": ["inference"],
-        "breaker": {"max_fraction": 0.5, "populations": {"inference/llama": 4}},
+        "breaker": {"max_fraction": 0.5},
+        "inventory": {"replicas": {"static": replicas(4)}},
         "rules": [
             {
                 "name": "isolate-on-xid",
                 "alertname": "InferwatchGPUXidErrors",
                 "matchers": ['severity="critical"'],
                 "action": "isolate_replica",
-                "params": {"group": "{namespace}/llama"},
             }
         ],
     }
@@ -60,24 +70,27 @@ def test_a_mapping_that_can_act_has_no_warning() -> None:
          "alert InferwatchGPUXidError is not one the shipped rules fire"),
         ({"rules": rule(matchers=['severity="page"'])},
          "no shipped rule of InferwatchGPUXidErrors has labels its matchers accept"),
-        ({"breaker": {"max_fraction": 0.5, "populations": {}}},
-         "breaker.populations names no group '{namespace}/llama' for isolate_replica"),
-        ({"rules": rule(params={"group": "pool-{node}"})},
-         "breaker.populations names no group 'pool-{node}' for isolate_replica"),
-        ({"breaker": {"max_fraction": 0.34, "populations": {"inference/llama": 2}}},
-         "breaker.max_fraction 0.34 of group '{namespace}/llama' (2 at most) lets no unit out"),
-        ({"rules": rule(action="kubernetes_isolate_node", params={})},
-         "breaker.populations names no group 'nodes' for kubernetes_isolate_node"),
+        ({"inventory": {}},
+         "inventory.replicas is not configured, so isolate_replica has no valid target"),
+        ({"rules": rule(action="kubernetes_isolate_node")},
+         "inventory.nodes is not configured, so kubernetes_isolate_node has no valid target"),
+        ({"inventory": {"replicas": {"static": replicas(1) + replicas(1, "qwen")}}},
+         "breaker.max_fraction 0.5 of the static replicas inventory's populations (1 at most) "
+         "lets no target out"),
+        ({"breaker": {"max_fraction": 0.34}, "inventory": {"replicas": {"static": replicas(2)}}},
+         "breaker.max_fraction 0.34 of the static replicas inventory's populations (2 at most) "
+         "lets no target out"),
         # the SLO burn reads recording rules that keep (cluster, model, model_version) only
         ({"rules": rule(alertname="InferwatchTTFTSLOBurn", matchers=[])},
-         "needs label(s) instance, namespace, which InferwatchTTFTSLOBurn's expression "
-         "aggregates away"),
-        ({"rules": rule(alertname="InferwatchFailingOpen", matchers=[],
-                        params={"group": "inference/llama"})},
-         "needs label(s) instance, namespace"),
-        ({"rules": rule(alertname="InferwatchFailingOpen", matchers=['pod=~".+"'],
-                        params={"group": "inference/llama"}), "namespaces": ["*"]},
-         "needs label(s) instance, pod"),
+         "needs one of label(s) instance, pod, replica to name its replicas entry, which "
+         "InferwatchTTFTSLOBurn's expression aggregates away"),
+        # an action without an inventory reads the alert's namespace for the guard
+        ({"rules": rule(alertname="InferwatchTTFTSLOBurn", matchers=[],
+                        action="kubernetes_httproute_shift",
+                        params={"route": "r", "backend": "b", "fallback": "f"})},
+         "needs label(s) namespace, which InferwatchTTFTSLOBurn's expression aggregates away"),
+        ({"rules": rule(alertname="InferwatchEngineStalled", matchers=['node=~"gpu-.+"'])},
+         "needs label(s) node, which InferwatchEngineStalled's expression aggregates away"),
     ],
 )  # fmt: skip
 def test_each_rule_that_can_never_act_is_one_warning(
@@ -90,8 +103,44 @@ def test_each_rule_that_can_never_act_is_one_warning(
 def test_an_allow_list_of_any_or_none_needs_no_namespace_label() -> None:
     doc = document(
         namespaces=["", "inference"],
-        rules=rule(alertname="InferwatchFailingOpen", matchers=[],
-                   params={"group": "inference/llama", "admin_url": "http://10.0.0.1:9400/x"}),
+        rules=rule(alertname="InferwatchTTFTSLOBurn", matchers=[],
+                   action="kubernetes_httproute_shift",
+                   params={"route": "r", "backend": "b", "fallback": "f", "namespace": "x"}),
+    )  # fmt: skip
+    assert warnings(doc) == []
+
+
+def test_a_gpu_reset_needs_the_node_to_name_and_the_gpu_from_the_alert() -> None:
+    doc = document(
+        rules=rule(action="kubernetes_request_gpu_reset", alertname="InferwatchEngineStalled",
+                   matchers=[]),
+        inventory={"nodes": KUBERNETES_NODES},
+    )  # fmt: skip
+    assert [w.split(": ", 1)[1] for w in warnings(doc)] == [
+        "needs label(s) gpu_uuid, which InferwatchEngineStalled's expression aggregates away",
+        "needs one of label(s) node to name its nodes entry, which InferwatchEngineStalled's "
+        "expression aggregates away",
+    ]
+
+
+def test_an_inventory_entry_supplies_the_labels_it_names() -> None:
+    """The replica's instance (for the admin URL) and namespace come from the entry: an alert
+    that names the replica by pod alone can act."""
+    doc = document(
+        rules=rule(alertname="InferwatchEngineStalled", matchers=[]),
+        inventory={"replicas": {"kubernetes": {
+            "namespace": "inference", "selector": "app=engine", "port": 9400}}},
+    )  # fmt: skip
+    assert warnings(doc) == []
+
+
+def test_a_listing_whose_size_is_known_only_at_run_time_is_not_judged() -> None:
+    """One max_fraction below any population's one target: only a static list is judged."""
+    doc = document(
+        breaker={"max_fraction": 0.01},
+        rules=rule(action="kubernetes_isolate_node", alertname="InferwatchGPUEccUncorrectable",
+                   matchers=[]),
+        inventory={"nodes": KUBERNETES_NODES},
     )  # fmt: skip
     assert warnings(doc) == []
 
@@ -128,8 +177,7 @@ def test_check_config_prints_the_rules_and_warns_one_line_each_with_exit_1(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "mine.yaml"
-    empty = {"max_fraction": 0.5, "populations": {}}
-    path.write_text(yaml.safe_dump(document(namespaces=[], breaker=empty)))
+    path.write_text(yaml.safe_dump(document(namespaces=[], inventory={})))
     result = CliRunner().invoke(main, ["runbooks", "check-config", str(path)])
     assert result.exit_code == 1, result.output
     assert result.stdout.splitlines() == [
@@ -138,10 +186,21 @@ def test_check_config_prints_the_rules_and_warns_one_line_each_with_exit_1(
     lines = result.stderr.splitlines()
     assert lines[:2] == [
         f"{path}: warning: namespaces: the allow-list is empty, so every alert is refused",
-        f"{path}: warning: rules[0] (isolate-on-xid): breaker.populations names no group "
-        "'{namespace}/llama' for isolate_replica",
+        f"{path}: warning: rules[0] (isolate-on-xid): inventory.replicas is not configured, "
+        "so isolate_replica has no valid target",
     ]
     assert lines[2] == f"Error: {path}: 2 warning(s): a rule that can never act"
+
+
+def test_the_shipped_default_warns_and_the_kits_mappings_pass() -> None:
+    """``runbooks/actions.yaml`` configures no inventory; each site's generated mapping acts."""
+    shipped = mapping.load(REPO / "runbooks" / "actions.yaml")
+    found = lint.warnings(shipped, SHIPPED)
+    assert found and all("inventory.replicas is not configured" in w for w in found), found
+    overlays = sorted((REPO / "deploy" / "kubernetes" / "overlays").glob("*/receiver-mapping.yaml"))
+    assert overlays
+    for path in overlays:
+        assert lint.warnings(mapping.load(path), SHIPPED) == [], path
 
 
 def test_check_config_passes_a_mapping_that_can_act_in_silence(tmp_path: Path) -> None:

@@ -3,12 +3,18 @@
 ``inferwatch generate k8s`` renders it from the site file into the overlay, as the ConfigMap
 the kit's receiver reads with ``--config``, so the receiver acts as shipped:
 
-- the namespace allow-list is the site's inference namespace;
-- the breaker's populations are the site's models' replicas, each keyed by the scrape job
-  its PodMonitor gives the replica's series (``NAMESPACE/NAME-inferwatch``), and the site's
-  GPU nodes and their GPUs; the replica rules match those jobs only, so an alert from the
-  node-wide GPU exporter or the one-replica canary (left to its readiness and its rollback)
-  isolates nothing;
+- the namespace allow-list is the site's inference namespace, and ``""`` for the targets
+  that have none (the GPU nodes); the namespace checked is the inventory entry's, never a label's;
+- the inventory (``runbooks/inventory.py``) lists the targets from the Kubernetes API: the
+  replicas are the running pods in the site's namespace that carry a sidecar (the kit's
+  model and every injected one, :data:`~inferwatch.k8s.inject.SIDECAR_LABEL`), less the
+  canary (left to its readiness and its rollback), reached at the sidecar's port; the nodes
+  are the ones the GPU node selector picks, so a control-plane node is never a target. The
+  entries carry no ``model``: the inventory compares it with the alert's, the served name,
+  which (``meta-llama/...``) cannot be a label value; so the breaker's replica population is
+  every listed replica of the namespace;
+- the replica rules also match the models' scrape jobs only, so an alert of the node-wide GPU
+  exporter or of the canary isolates nothing;
 - GPU faults take the replica out through its sidecar and act on the node: a reset-class XID
   asks the node agent for a GPU reset, a reboot-class XID and an uncorrectable ECC error
   cordon and taint the node; an engine that is down or stalled takes its replica out until
@@ -22,7 +28,6 @@ Dry-run until the receiver runs with ``--execute``, as the kit's comments say.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from inferwatch.k8s import inject
@@ -34,38 +39,39 @@ KIT_MONITOR = "llama-8b-inferwatch"
 CONFIGMAP = "inferwatch-receiver-mapping"
 FILE = "receiver-mapping.yaml"
 KEY = "actions.yaml"
-#: the receiver's default groups for node isolation and GPU reset requests
-NODES, GPUS = "nodes", "gpus"
-#: at most half of a population out at once: a model with two replicas keeps one serving
+#: the pods the replica inventory lists: every sidecar, not the canary's
+REPLICA_SELECTOR = f"{inject.SIDECAR_LABEL}=true,inferwatch.io/track!=canary"
+#: the GPU node selector a site's ``automation.gpu_node_selector`` defaults to (the node
+#: agent's nodeSelector, set by NVIDIA's GPU feature discovery)
+GPU_NODES = "nvidia.com/gpu.present=true"
+#: at most half of a population out at once
 MAX_FRACTION = 0.5
-ISOLATE = {"admin_url": "http://{instance}/admin/isolation", "group": "{job}"}
+ISOLATE = {"admin_url": "http://{instance}/admin/isolation"}
 
 
-@dataclass(frozen=True)
-class Fleet:
-    """What the breaker counts, from the site: replicas per scrape job, GPU nodes and GPUs."""
-
-    replicas: dict[str, int]
-    gpu_nodes: int
-    gpus_per_node: int
-
-
-def fleet(
-    namespace: str, kit_replicas: int, models: tuple[inject.Model, ...], gpu_nodes: int,
-    gpus_per_node: int,
-) -> Fleet:  # fmt: skip
-    """The populations of a site: the kit's model (``kit_replicas``) and each injected one."""
-    replicas = {f"{namespace}/{KIT_MONITOR}": kit_replicas}
-    for model in models:
-        replicas[f"{namespace}/{inject.monitor_name(model)}"] = model.replicas
-    return Fleet(replicas, gpu_nodes, gpus_per_node)
+def inventory(namespace: str, gpu_nodes: str) -> dict[str, Any]:
+    """The receiver's inventory for a site: its sidecar pods and its GPU nodes."""
+    replicas = {
+        "namespace": namespace,
+        "selector": REPLICA_SELECTOR,
+        "port": inject.PORTS["iw-metrics"],
+        # no pod label holds the served model name (see the module docstring)
+        "model_label": "",
+    }
+    return {
+        "replicas": {"kubernetes": replicas},
+        "nodes": {"kubernetes": {"selector": gpu_nodes}},
+    }
 
 
-def mapping(namespace: str, population: Fleet, model: str, fallback: str) -> dict[str, Any]:
-    """The receiver's mapping document (``runbooks/config.py``) for one site; ``model`` is the
-    kit's model as its series name it, ``fallback`` the Service its route shifts to ("": none).
-    """
-    jobs = "|".join(re.escape(job) for job in sorted(population.replicas))
+def mapping(
+    namespace: str, models: tuple[inject.Model, ...], model: str, fallback: str, gpu_nodes: str
+) -> dict[str, Any]:
+    """The receiver's mapping document (``runbooks/config.py``) for one site; ``models`` are
+    the injected ones, ``model`` the kit's as its series name it, ``fallback`` the Service its
+    route shifts to ("": none), ``gpu_nodes`` the GPU node selector."""
+    monitors = [KIT_MONITOR, *(inject.monitor_name(m) for m in models)]
+    jobs = "|".join(re.escape(f"{namespace}/{name}") for name in sorted(monitors))
     replica = (f'job=~"{jobs}"',)
 
     def rule(
@@ -102,15 +108,12 @@ def mapping(namespace: str, population: Fleet, model: str, fallback: str) -> dic
         ):
             rules.append(rule(name, alert, "kubernetes_httproute_shift", shift, matchers=own,
                               cooldown="30m", rollback_after="10m"))  # fmt: skip
-    populations: dict[str, int] = {
-        **population.replicas,
-        NODES: population.gpu_nodes,
-        GPUS: population.gpu_nodes * population.gpus_per_node,
-    }
     return {
         "execute": False,
-        "namespaces": [namespace],
-        "breaker": {"max_fraction": MAX_FRACTION, "window": "1h", "populations": populations},
+        # "": the GPU nodes, which have no namespace
+        "namespaces": [namespace, ""],
+        "breaker": {"max_fraction": MAX_FRACTION, "window": "1h"},
+        "inventory": inventory(namespace, gpu_nodes),
         "actions": {"isolate_replica": {"timeout": 2.0}},
         "rules": rules,
     }

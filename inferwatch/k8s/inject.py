@@ -55,7 +55,6 @@ LABEL_KEY = re.compile(rf"({DNS_SUBDOMAIN.pattern}/)?{LABEL_NAME}")
 LABEL_VALUE = re.compile(f"({LABEL_NAME})?")
 KEYS = {
     "name", "workload", "labels", "kind", "engine_port", "model_version", "prompt_version",
-    "replicas",
 }  # fmt: skip
 #: the measured sizes of base/model's containers (see its comments)
 RESOURCES = {
@@ -81,8 +80,6 @@ class Model:
     engine_port: int = 8000
     model_version: str = ""
     prompt_version: str = ""
-    #: how many serving replicas it runs: the receiver's breaker population for the model
-    replicas: int = 2
 
 
 def load_models(top: Fields) -> tuple[Model, ...]:
@@ -110,7 +107,6 @@ def load_models(top: Fields) -> tuple[Model, ...]:
             engine_port=entry.integer("engine_port", 8000, 1, 65535),
             model_version=entry.matching("model_version", "", LABEL_VALUE, "a label value", 63),
             prompt_version=entry.matching("prompt_version", "", LABEL_VALUE, "a label value", 63),
-            replicas=entry.integer("replicas", 2, 1, 10_000),
         )
         if not model.workload and not model.labels:
             raise entry.error("workload", "name the workload, its labels, or both")

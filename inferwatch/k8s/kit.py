@@ -100,9 +100,8 @@ class Site:
     max_replicas: int = 8
     #: existing model servers to inject the sidecar and proxy into (inferwatch/k8s/inject.py)
     models: tuple[inject.Model, ...] = ()
-    #: the GPU nodes and GPUs per node, the receiver's breaker populations for node actions
-    gpu_nodes: int = 4
-    gpus_per_node: int = 8
+    #: the label selector of the GPU nodes: the receiver's node inventory
+    gpu_node_selector: str = automation.GPU_NODES
 
 
 #: a Gateway API rule holds at most 64 matches, one per user
@@ -125,8 +124,13 @@ SECTIONS = {
     "monitoring.remote_write": {"url", *QUEUE, "batch_send_deadline"},
     "gateway": {"class", "hostname", "canary_weight", "canary_users", "fallback", "fallback_port"},
     "autoscaling": {"mode", "min_replicas", "max_replicas"},
-    "automation": {"gpu_nodes", "gpus_per_node"},
+    "automation": {"gpu_node_selector"},
 }
+#: an equality-based label selector, as the receiver's node inventory reads it
+_REQUIREMENT = (
+    rf"!?{inject.LABEL_KEY.pattern}|{inject.LABEL_KEY.pattern}(=|==|!=){inject.LABEL_VALUE.pattern}"
+)
+SELECTOR = re.compile(rf"({_REQUIREMENT})(,({_REQUIREMENT}))*")
 
 
 def load_site(path: Path) -> Site:
@@ -171,9 +175,10 @@ def load_site(path: Path) -> Site:
         min_replicas=scaling.integer("min_replicas", 2, 1, 1000),
         max_replicas=scaling.integer("max_replicas", 8, 1, 1000),
         models=inject.load_models(top),
-        # the receiver's breaker populations for node isolation and GPU reset requests
-        gpu_nodes=acting.integer("gpu_nodes", 4, 1, 100_000),
-        gpus_per_node=acting.integer("gpus_per_node", 8, 1, 64),
+        # the nodes the receiver may cordon, taint or ask a GPU reset of
+        gpu_node_selector=acting.matching(
+            "gpu_node_selector", automation.GPU_NODES, SELECTOR, "a label selector", 1024
+        ),
     )
     if site.remote_write and not site.cluster:
         raise monitoring.error(
@@ -413,14 +418,11 @@ def render_overlay(
 
 
 def receiver_mapping(site: Site, scaled: autoscaling.Scaled) -> dict[str, Any]:
-    """The mapping the site's receiver runs: its namespace, its models' replicas (the kit's
-    Deployment at its autoscaler's floor, when it has one) and GPU nodes as the breaker's
-    populations, its fallback for the traffic shift."""
-    replicas = scaled.replicas if site.autoscaling == "none" else site.min_replicas
-    fleet = automation.fleet(
-        site.namespace, replicas, site.models, site.gpu_nodes, site.gpus_per_node
+    """The mapping the site's receiver runs: its namespace, its models' pods and GPU nodes as
+    the inventory, its fallback for the traffic shift."""
+    return automation.mapping(
+        site.namespace, site.models, scaled.model, site.fallback, site.gpu_node_selector
     )
-    return automation.mapping(site.namespace, fleet, scaled.model, site.fallback)
 
 
 def inject_component(site: Site) -> dict[str, str]:
@@ -574,45 +576,60 @@ def render_components(rules: Path, dashboards: Path) -> dict[str, str]:
     return files
 
 
-def receiver_rbac() -> str:
-    """The receiver's ClusterRole and binding, with exactly the rules the Kubernetes actions
-    declare (``RBAC_RULES``). Read from the module's source rather than imported: importing
-    it needs the kubernetes client (an optional extra), which rendering a kit does not."""
-    source = _package_dir("inferwatch.runbooks.actions") / "kubernetes_api.py"
+#: the receiver's modules whose ``RBAC_RULES`` its ClusterRole grants (the actions, the
+#: inventory: nodes are cluster-scoped) and its Role, in its own namespace (the state store
+#: and the election)
+CLUSTER_RULES = ("actions/kubernetes_api.py", "kube_inventory.py")
+NAMESPACE_RULES = ("kube_state.py",)
+RECEIVER = "inferwatch-receiver"
+
+
+def rbac_rules(module: str) -> list[dict[str, Any]]:
+    """``RBAC_RULES`` of a receiver module, read from its source rather than imported:
+    importing it needs the kubernetes client (an optional extra), which rendering a kit does
+    not."""
+    source = _package_dir("inferwatch.runbooks") / module
     tree = ast.parse(source.read_text(encoding="utf-8"))
     (rules,) = [
         ast.literal_eval(node.value)
         for node in tree.body
-        if isinstance(node, ast.AnnAssign)
-        and isinstance(node.target, ast.Name)
-        and node.target.id == "RBAC_RULES"
+        if isinstance(node, ast.Assign | ast.AnnAssign)
         and node.value is not None
+        and any(
+            isinstance(target, ast.Name) and target.id == "RBAC_RULES"
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        )
     ]
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": "inferwatch-receiver"},
-        "rules": [dict(rule) for rule in rules],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": "inferwatch-receiver"},
-        "roleRef": {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "ClusterRole",
-            "name": "inferwatch-receiver",
-        },
-        # the overlay's namespace transformer sets the account's namespace
-        "subjects": [
-            {"kind": "ServiceAccount", "name": "inferwatch-receiver", "namespace": "default"}
-        ],
-    }
+    return [dict(rule) for rule in rules]
+
+
+def receiver_rbac() -> str:
+    """The receiver's ClusterRole and Role with their bindings: exactly the rules its
+    modules declare (``RBAC_RULES``)."""
+    # the overlay's namespace transformer sets the account's and the Role's namespace
+    subjects = [{"kind": "ServiceAccount", "name": RECEIVER, "namespace": "default"}]
+    documents = []
+    for kind, modules in (("ClusterRole", CLUSTER_RULES), ("Role", NAMESPACE_RULES)):
+        documents.append({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": kind,
+            "metadata": {"name": RECEIVER},
+            "rules": [rule for module in modules for rule in rbac_rules(module)],
+        })  # fmt: skip
+        documents.append({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": f"{kind}Binding",
+            "metadata": {"name": RECEIVER},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": RECEIVER},
+            "subjects": subjects,
+        })  # fmt: skip
     header = (
-        MARKER + "# from RBAC_RULES in runbooks/actions/kubernetes_api.py: every API call the\n"
-        "# Kubernetes actions make, nothing more (a ClusterRole: nodes are cluster-scoped)\n"
+        MARKER + "# from RBAC_RULES in runbooks/actions/kubernetes_api.py and\n"
+        "# runbooks/kube_inventory.py (the ClusterRole: nodes are cluster-scoped) and in\n"
+        "# runbooks/kube_state.py (the Role, in the receiver's namespace): every API call the\n"
+        "# receiver makes, nothing more\n"
     )
-    return header + _dump(role) + "---\n" + _dump(binding)
+    return header + "---\n".join(_dump(document) for document in documents)
 
 
 def render(kit: Path) -> dict[str, str]:

@@ -53,11 +53,12 @@ class Loop:
 
 
 class Served:
-    """An ASGI app under uvicorn on a free loopback port (or ``port``, to restart on it)."""
+    """An ASGI app under uvicorn on a free loopback port (or ``port``, to restart on it), on
+    ``host`` (another loopback address: a pod IP a test gives it)."""
 
-    def __init__(self, loop: Loop, app: Any, port: int = 0) -> None:
+    def __init__(self, loop: Loop, app: Any, port: int = 0, host: str = "127.0.0.1") -> None:
         self._loop = loop
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
+        config = uvicorn.Config(app, host=host, port=port, log_config=None, lifespan="on")
         self.server = uvicorn.Server(config)
 
         async def start() -> tuple[asyncio.Task[None], int]:
@@ -69,8 +70,8 @@ class Served:
             return task, int(self.server.servers[0].sockets[0].getsockname()[1])
 
         self._task, self.port = loop.run(start)
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.address = f"127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
+        self.address = f"{host}:{self.port}"
 
     def stop(self) -> None:
         self.server.should_exit = True
