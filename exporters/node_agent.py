@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from inferwatch import catalog
 from inferwatch.auth import TokenError, bearer_ok, load_token
-from inferwatch.clikit import CannotRun, bind, parse_listen
+from inferwatch.clikit import CannotRun, FiniteFloat, bind, parse_listen
 from inferwatch.exporters import gpu_reset
 from inferwatch.exporters.gpu.node_agent import allocation_path
 from inferwatch.exporters.gpu.podresources import Allocation, PodResourcesError
@@ -156,7 +156,7 @@ def app(
 )  # fmt: skip
 @click.option(
     "--gpu-reset-cooldown",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=gpu_reset.DEFAULT_COOLDOWN_S,
     show_default=True,
     show_envvar=True,

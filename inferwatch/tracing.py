@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from inferwatch.clikit import BadInput, F, option_group
+from inferwatch.clikit import BadInput, F, FiniteFloat, option_group
 
 if TYPE_CHECKING:  # the SDK is imported only when tracing is on
     from opentelemetry.sdk.trace import TracerProvider
@@ -64,7 +64,7 @@ def options(command: F) -> F:
         ),
         click.option(
             "--otlp-sampling-ratio",
-            type=click.FloatRange(0.0, 1.0),
+            type=FiniteFloat(0.0, 1.0),
             default=1.0,
             show_default=True,
             show_envvar=True,

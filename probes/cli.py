@@ -14,7 +14,7 @@ import click
 import httpx
 
 from inferwatch import tracing
-from inferwatch.clikit import CannotRun, bind, parse_listen
+from inferwatch.clikit import CannotRun, FiniteFloat, bind, parse_listen
 from inferwatch.exitcodes import ExitCode
 from inferwatch.logs import log_event
 from inferwatch.probes import client, golden
@@ -108,28 +108,28 @@ _GOLDENS_HELP = f"Golden set: a shipped name ({', '.join(golden.builtin_names())
 @click.option("--listen", default=":9401", show_envvar=True, help="HOST:PORT to serve on.")
 @click.option(
     "--cycle",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=300.0,
     show_envvar=True,
     help="Seconds for one pass over the golden set, per target.",
 )
 @click.option(
     "--jitter",
-    type=click.FloatRange(0, 1),
+    type=FiniteFloat(0, 1),
     default=0.2,
     show_envvar=True,
     help="Relative random spread of the spacing between probes.",
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1),
+    type=FiniteFloat(min=0.1),
     default=30.0,
     show_envvar=True,
     help="Seconds allowed for one probe request.",
 )
 @click.option(
     "--ttft-limit",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=10.0,
     show_envvar=True,
     help="A probe whose first token takes longer fails (check ttft).",
@@ -157,14 +157,14 @@ _GOLDENS_HELP = f"Golden set: a shipped name ({', '.join(golden.builtin_names())
 )
 @click.option(
     "--max-drop",
-    type=click.FloatRange(0, 1),
+    type=FiniteFloat(0, 1),
     default=0.10,
     show_envvar=True,
     help="Fail when the window's pass ratio is this far below the baseline's.",
 )
 @click.option(
     "--min-pass-ratio",
-    type=click.FloatRange(0, 1),
+    type=FiniteFloat(0, 1),
     default=0.5,
     show_envvar=True,
     help="Fail below this pass ratio whatever the baseline says.",
@@ -328,21 +328,21 @@ def probe(
 )
 @click.option(
     "--max-drop",
-    type=click.FloatRange(0, 1),
+    type=FiniteFloat(0, 1),
     default=0.01,
     show_envvar=True,
     help="Largest tolerated (significant) pass-rate drop, as a fraction.",
 )
 @click.option(
     "--latency-tolerance",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=0.10,
     show_envvar=True,
     help="Relative slack for TTFT, TPOT and throughput noise.",
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0.1),
+    type=FiniteFloat(min=0.1),
     default=30.0,
     show_envvar=True,
     help="Seconds allowed for one request.",

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from inferwatch.clikit import option_group
+from inferwatch.clikit import FiniteFloat, option_group
 from inferwatch.exporters import engines
 from inferwatch.exporters.engine_checks import Limits
 from inferwatch.exporters.engine_collector import EngineCollector
@@ -38,7 +38,7 @@ engine_options = option_group(
     ),
     click.option(
         "--engine-timeout",
-        type=click.FloatRange(min=0.1),
+        type=FiniteFloat(min=0.1),
         default=page_fetch.DEFAULT_TIMEOUT_S,
         show_envvar=True,
         help="Seconds allowed for one engine scrape (lowered to fit Prometheus' timeout).",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from inferwatch.clikit import FiniteFloat
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.registry import Built, Registration, Setup
 from inferwatch.probes import golden
@@ -47,7 +48,7 @@ REGISTRATION = Registration(
         ),
         click.option(
             "--probe-cycle",
-            type=click.FloatRange(min=1),
+            type=FiniteFloat(min=1),
             default=300.0,
             show_envvar=True,
             help="Seconds over which one pass of the golden set is spread.",

@@ -6,6 +6,7 @@ from functools import partial
 
 import click
 
+from inferwatch.clikit import FiniteFloat
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.registry import Built, Registration, Setup
 from inferwatch.exporters.startup import StartupTracker
@@ -100,7 +101,7 @@ REGISTRATION = Registration(
         ),
         click.option(
             "--warmup-deadline",
-            type=click.FloatRange(min=1),
+            type=FiniteFloat(min=1),
             default=120.0,
             show_envvar=True,
             show_default=True,

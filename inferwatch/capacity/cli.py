@@ -10,7 +10,7 @@ import click
 
 from inferwatch.capacity import planner as cap
 from inferwatch.capacity import sizing
-from inferwatch.clikit import BadInput, option_group
+from inferwatch.clikit import BadInput, FiniteFloat, option_group
 from inferwatch.exitcodes import ExitCode
 
 
@@ -155,7 +155,7 @@ serving_options = option_group(
     ),
     click.option(
         "--gpu-memory-utilization",
-        type=click.FloatRange(0, 1, min_open=True),
+        type=FiniteFloat(0, 1, min_open=True),
         default=0.92,
         show_envvar=True,
         help="Share of each GPU's memory the engine may take (weights, activations, KV cache).",
@@ -205,13 +205,13 @@ serving_options = option_group(
 @serving_options
 @click.option(
     "--gpu-memory-gib",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     show_envvar=True,
     help="Override the GPU's usable memory (what CUDA reports as total).",
 )
 @click.option(
     "--reserve-gib",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     show_envvar=True,
     help="Override the activation/overhead reserve estimate.",
 )
@@ -223,7 +223,7 @@ serving_options = option_group(
 )
 @click.option(
     "--rate",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     show_envvar=True,
     help="Requests per second for the whole fleet: print the replicas that serve it "
     "(needs --prompt-tokens and --completion-tokens).",
@@ -242,13 +242,13 @@ serving_options = option_group(
 )
 @click.option(
     "--ttft-slo",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     show_envvar=True,
     help="Mean time to first token to stay under, in seconds (with --rate).",
 )
 @click.option(
     "--tpot-slo",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     show_envvar=True,
     help="Mean time per output token to stay under, in seconds (with --rate).",
 )

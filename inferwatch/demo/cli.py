@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import httpx
 
-from inferwatch.clikit import BadInput, CannotRun, PortTaken
+from inferwatch.clikit import BadInput, CannotRun, FiniteFloat, PortTaken
 from inferwatch.demo import alerting, routing, sharedstate, topology
 from inferwatch.demo import engines as external
 from inferwatch.demo import scenario as scenarios
@@ -31,7 +31,7 @@ from inferwatch.mixin.config import ConfigError
 )
 @click.option(
     "--duration",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     show_envvar=True,
     help="Seconds to run once everything is up.  [default: until Ctrl-C]",
 )
@@ -45,14 +45,14 @@ from inferwatch.mixin.config import ConfigError
 )
 @click.option(
     "--speed",
-    type=click.FloatRange(min=0.01),
+    type=FiniteFloat(min=0.01),
     default=1.0,
     show_envvar=True,
     help="Simulated seconds per wall-clock second in every simulated replica.",
 )
 @click.option(
     "--rate",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=3.0,
     show_envvar=True,
     help="Load: requests per second over all tenants.",
@@ -97,14 +97,14 @@ from inferwatch.mixin.config import ConfigError
 )
 @click.option(
     "--probe-cycle",
-    type=click.FloatRange(min=1),
+    type=FiniteFloat(min=1),
     default=10.0,
     show_envvar=True,
     help="Seconds for one pass of the quality probes' golden set, per replica.",
 )
 @click.option(
     "--refresh",
-    type=click.FloatRange(min=0.5),
+    type=FiniteFloat(min=0.5),
     default=2.0,
     show_envvar=True,
     help="Seconds between summary lines when stdout is not a terminal.",

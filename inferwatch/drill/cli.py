@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from inferwatch.clikit import BadInput, CannotRun, Failed, PortTaken, cannot_write
+from inferwatch.clikit import BadInput, CannotRun, Failed, FiniteFloat, PortTaken, cannot_write
 from inferwatch.demo import alerting, routing, sharedstate
 from inferwatch.demo.processes import PortInUse
 from inferwatch.demo.run import Options
@@ -30,14 +30,14 @@ from inferwatch.mixin.config import ConfigError
 )
 @click.option(
     "--speed",
-    type=click.FloatRange(min=1),
+    type=FiniteFloat(min=1),
     default=20.0,
     show_envvar=True,
     help="Simulated seconds per wall-clock second in every replica.",
 )
 @click.option(
     "--rate",
-    type=click.FloatRange(min=1),
+    type=FiniteFloat(min=1),
     default=4.0,
     show_envvar=True,
     help="Healthy load: requests per second over all tenants, through HAProxy.",

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import click
 
 from inferwatch import tracing
-from inferwatch.clikit import BadInput, bind, parse_listen
+from inferwatch.clikit import BadInput, FiniteFloat, bind, parse_listen
 from inferwatch.logs import log_event
 from inferwatch.proxy.config import HTTP_URL, ConfigError, ProxyConfig, Serving, load
 
@@ -53,7 +53,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 )
 @click.option(
     "--drain-grace",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=Serving.drain_grace,
     show_default=True,
     show_envvar=True,

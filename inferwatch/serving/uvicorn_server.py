@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import click
 import uvicorn
 
+from inferwatch.clikit import FiniteFloat
 from inferwatch.serving.bounded_http import ServerLimits
 
 __all__ = ["config", "limit_options", "limits_from", "serve"]
@@ -48,12 +49,6 @@ def serve(app: Any, sock: socket.socket, limits: ServerLimits | None = None) -> 
         uvicorn.Server(config(app, limits)).run(sockets=[sock])
 
 
-def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    if not 0.1 <= value <= 3600:  # also refuses nan; inf is above the bound
-        raise click.BadParameter(f"{value} is not between 0.1 and 3600 seconds")
-    return value
-
-
 def limit_options(function: F) -> F:
     """The client limits of a server command, as ``--header-timeout``, ``--idle-timeout``
     and ``--max-connections`` (each with its ``INFERWATCH_<COMMAND>_*`` twin)."""
@@ -61,9 +56,8 @@ def limit_options(function: F) -> F:
     options = [
         click.option(
             "--header-timeout",
-            type=float,
+            type=FiniteFloat(0.1, 3600),
             default=defaults.header_timeout_s,
-            callback=_seconds,
             show_default=True,
             show_envvar=True,
             help="Seconds a client has to send a request's line and headers; a slower one "
@@ -71,9 +65,8 @@ def limit_options(function: F) -> F:
         ),
         click.option(
             "--idle-timeout",
-            type=float,
+            type=FiniteFloat(0.1, 3600),
             default=defaults.keep_alive_timeout_s,
-            callback=_seconds,
             show_default=True,
             show_envvar=True,
             help="Seconds a kept-alive connection may stay idle between requests.",

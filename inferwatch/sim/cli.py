@@ -11,7 +11,7 @@ import click
 from inferwatch import config as layer
 from inferwatch.capacity import planner as cap
 from inferwatch.capacity.cli import serving_options
-from inferwatch.clikit import BadInput, CannotRun, listen_error
+from inferwatch.clikit import BadInput, CannotRun, FiniteFloat, listen_error
 from inferwatch.logs import log_event
 from inferwatch.sim.faults import FaultError
 from inferwatch.sim.server import serve_forever
@@ -68,7 +68,7 @@ def _faults(path: Path | None) -> object:
 )
 @click.option(
     "--speed",
-    type=click.FloatRange(min=0.01),
+    type=FiniteFloat(min=0.01),
     default=1.0,
     show_envvar=True,
     help="Simulated seconds per wall-clock second.",
@@ -107,7 +107,7 @@ def _faults(path: Path | None) -> object:
 )
 @click.option(
     "--storage-bandwidth",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=0.0,
     show_envvar=True,
     help="Cold start: GB/s at which the replica reads its weights (all GPUs together); /health "
@@ -115,7 +115,7 @@ def _faults(path: Path | None) -> object:
 )
 @click.option(
     "--graph-capture-seconds",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=0.0,
     show_envvar=True,
     help="Cold start: simulated seconds the first engine step of each batch-size shape (vLLM's "
