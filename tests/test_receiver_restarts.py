@@ -198,4 +198,5 @@ def test_every_order_of_restarting_both_during_an_episode(tmp_path: Path) -> Non
             folder = tmp_path / f"{i}-{phase}"
             folder.mkdir()
             firing, held = (order, []) if phase == "firing" else ([], order)
-            asyncio.run(episode(folder, firing, held))
+            outcomes = asyncio.run(episode(folder, firing, held)).outcomes()
+            assert outcomes.count("reverted") == 3, (order, phase, outcomes)

@@ -351,3 +351,4 @@ def test_a_client_gone_mid_body_gives_its_backlog_back(
         conn.sendall(head.encode() + b" " * 6000)
         wait_for(lambda: rx.dispatcher.backlog_bytes > 0, "the body being read", 10)
     wait_for(lambda: rx.dispatcher.backlog_bytes == 0, "the backlog given back", 10)
+    assert rx.dispatcher.backlog_bytes == 0

@@ -109,7 +109,7 @@ def test_an_alias_bomb_in_an_alerts_config_writes_nothing(tmp_path: Path) -> Non
 def test_a_hostile_alerts_config_is_one_line_and_writes_nothing(
     tmp_path: Path, command: str, config: str, reason: str
 ) -> None:
-    _refused(tmp_path, command, config, reason)
+    assert reason in _refused(tmp_path, command, config, reason)
 
 
 def _topology(address: str = "127.0.0.1:7001", name: str = "m") -> str:
@@ -137,7 +137,8 @@ def test_a_topology_address_must_be_an_address(tmp_path: Path, address: str, rea
 
 
 def test_a_model_name_with_a_newline_never_reaches_haproxy_cfg(tmp_path: Path) -> None:
-    _refused(tmp_path, "gateway", _topology(name="a\nb"), "a model name is", "--topology")
+    line = _refused(tmp_path, "gateway", _topology(name="a\nb"), "a model name is", "--topology")
+    assert "\n" not in line
 
 
 def test_a_plain_install_is_told_which_checks_did_not_run(tmp_path: Path) -> None:
