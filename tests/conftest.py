@@ -110,7 +110,7 @@ def page_server() -> Iterator[PageServer]:
     /gzip/metrics (``server.page`` gzip-encoded) behave as their names say.
     """
     server = PageServer()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield server

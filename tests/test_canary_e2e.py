@@ -80,7 +80,7 @@ def sidecar_template(work: Path) -> Template:
     from support.pages import PageServer
 
     pages = PageServer()
-    threading.Thread(target=pages.serve_forever, daemon=True).start()
+    threading.Thread(target=pages.serve_forever, args=(0.05,), daemon=True).start()
     engine = f"{pages.url}/fixture/{CAPTURE.name.removesuffix('.prom')}/metrics"
     args = [
         str(INFERWATCH), "sidecar", f"--engine-url={engine}", "--listen=127.0.0.1:0",

@@ -60,7 +60,7 @@ class Hostile(BaseHTTPRequestHandler):
 def hostile() -> Iterator[tuple[str, type[Hostile]]]:
     handler = type("H", (Hostile,), {})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}", handler
     server.shutdown()

@@ -235,6 +235,11 @@ def cardinality_page(series: int) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+#: bad scrapes measured at most: a loop held by the scrape is held in every one of them, while
+#: a pause of the whole process (a busy machine) seldom lands in each
+ATTEMPTS = 3
+
+
 @pytest.mark.parametrize("page", ["gzip-bomb", "cardinality"])
 def test_healthz_keeps_answering_while_a_bad_scrape_runs(engine: _Engine, page: str) -> None:
     """The longest /healthz wait during a bad scrape is a small share of that scrape: the
@@ -246,31 +251,42 @@ def test_healthz_keeps_answering_while_a_bad_scrape_runs(engine: _Engine, page: 
     else:
         engine.answer = (200, {}, cardinality_page(100_000))
     sidecar = Sidecar([EngineCollector(EngineScraper(engine.url, timeout_s=60, max_bytes=cap), {})])
+    measured = []
     with serving(sidecar) as url:
-        scrape: list[float] = []
-        # A new httpx client costs tens of milliseconds of CPU (its SSL context): both are made
-        # before the clock starts, so that only the sidecar is measured.
-        scraping = httpx.Client(base_url=url, timeout=60)
+        for _ in range(ATTEMPTS):
+            longest, total, answers = longest_healthz_wait(url)
+            assert answers >= 3, f"/healthz answered {answers} times during the scrape"
+            measured.append(f"{longest:.3f}s of {total:.3f}s")
+            if longest < total / 2:
+                break
+        else:
+            pytest.fail(f"/healthz waited over half of every scrape: {', '.join(measured)}")
 
-        def scrape_metrics() -> None:
-            started = time.perf_counter()
-            scraping.get("/metrics")
-            scrape.append(time.perf_counter() - started)
 
-        scraper = threading.Thread(target=scrape_metrics)
-        with scraping, httpx.Client(base_url=url, timeout=60) as client:
-            for each in (client, scraping):  # connected before it starts
-                assert each.get("/healthz").status_code == 200
-            scraper.start()
-            waits = []
-            while scraper.is_alive():
-                asked = time.perf_counter()
-                assert client.get("/healthz").status_code == 200
-                waits.append(time.perf_counter() - asked)
-            scraper.join()
-    assert len(waits) >= 3
-    total = scrape[0]
-    assert max(waits) < total / 2, f"/healthz waited {max(waits):.3f}s of a {total:.3f}s scrape"
+def longest_healthz_wait(url: str) -> tuple[float, float, int]:
+    """One bad scrape of ``url``: the longest /healthz wait during it, its length, the answers."""
+    scrape: list[float] = []
+    # A new httpx client costs tens of milliseconds of CPU (its SSL context): both are made
+    # before the clock starts, so that only the sidecar is measured.
+    scraping = httpx.Client(base_url=url, timeout=60)
+
+    def scrape_metrics() -> None:
+        started = time.perf_counter()
+        scraping.get("/metrics")
+        scrape.append(time.perf_counter() - started)
+
+    scraper = threading.Thread(target=scrape_metrics)
+    with scraping, httpx.Client(base_url=url, timeout=60) as client:
+        for each in (client, scraping):  # connected before it starts
+            assert each.get("/healthz").status_code == 200
+        scraper.start()
+        waits = []
+        while scraper.is_alive():
+            asked = time.perf_counter()
+            assert client.get("/healthz").status_code == 200
+            waits.append(time.perf_counter() - asked)
+        scraper.join()
+    return max(waits, default=0.0), scrape[0], len(waits)
 
 
 @contextlib.contextmanager

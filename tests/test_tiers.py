@@ -49,3 +49,20 @@ def test_a_test_without_a_tier_or_with_two_fails_the_run(pytester: pytest.Pytest
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*2 do not:*", "*::test_none: no tier", "*::test_two: proc, unit"])
+
+
+def test_the_tiers_run_cheapest_first_keeping_file_order_within_each(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest('pytest_plugins = ["support.tiers"]')
+    pytester.makepyfile(
+        test_a="import pytest\n\npytestmark = pytest.mark.e2e\n\ndef test_a():\n    pass\n",
+        test_b="import pytest\n\npytestmark = pytest.mark.unit\n\ndef test_b():\n    pass\n",
+        test_c="import pytest\n\npytestmark = pytest.mark.proc\n\ndef test_c():\n    pass\n",
+        test_d="import pytest\n\npytestmark = pytest.mark.unit\n\ndef test_d():\n    pass\n",
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-v")
+    assert result.ret == pytest.ExitCode.OK
+    ran = [line.split("::")[1].split()[0] for line in result.outlines if " PASSED" in line]
+    assert ran == ["test_b", "test_d", "test_c", "test_a"]
+

@@ -83,7 +83,7 @@ class _Handler(BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def stub_prometheus() -> Iterator[StubPrometheus]:
     server = StubPrometheus()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield server

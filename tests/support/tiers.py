@@ -4,6 +4,10 @@ run ends with the time each tier took against its CI budget.
 A ``unit`` test starts no process and opens no socket beyond loopback: the guard fails one that
 does, naming what it did, so the fast tier stays fast and runs anywhere. The guard covers the
 test's fixtures too (it is active from setup to teardown).
+
+The tiers run in the order of :data:`TIERS`, cheapest first: a broken unit test fails the run in
+minutes, and the processes the later tiers keep for the session (a real vLLM, llama.cpp) are not
+yet running while the unit tier is timed.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             f"every test carries exactly one tier marker ({', '.join(TIERS)}); "
             f"{len(wrong)} do not:\n" + "\n".join(wrong)
         )
+    order = list(TIERS)
+    items.sort(key=lambda item: order.index(tier_of(item)))  # stable: file order within a tier
 
 
 def _loopback(address: Any) -> bool:
