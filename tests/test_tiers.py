@@ -65,4 +65,3 @@ def test_the_tiers_run_cheapest_first_keeping_file_order_within_each(
     assert result.ret == pytest.ExitCode.OK
     ran = [line.split("::")[1].split()[0] for line in result.outlines if " PASSED" in line]
     assert ran == ["test_b", "test_d", "test_c", "test_a"]
-
