@@ -21,11 +21,12 @@ from support.shared import tool
 
 BARE_NAMES = ("exporters", "probes", "dashboards", "alerts", "runbooks")
 #: the tier markers, their guard and the per-tier time table; the proxy tests' module-scoped
-#: loop / engine / stack / proxy fixtures (a module that defines its own fixture of one of these
-#: names uses its own)
+#: loop / engine / stack / proxy fixtures and the runbook tests' runbook_loop / sidecars (a
+#: module that defines its own fixture of one of these names uses its own)
 pytest_plugins = [
     "support.tiers",
     "support.proxy_stack",
+    "support.runbooks_harness",
     "support.realengine",
     "support.llamacpp",
     "pytester",
@@ -118,8 +119,6 @@ def page_server() -> Iterator[PageServer]:
         server.release.set()
         server.shutdown()
         server.server_close()
-
-
 
 
 @pytest.fixture

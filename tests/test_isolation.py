@@ -22,13 +22,8 @@ AUTH = {"authorization": f"Bearer {h.SIDECAR_TOKEN}"}
 
 
 @pytest.fixture
-def loop() -> Iterator[h.Loop]:
-    yield from h.stack_fixture()
-
-
-@pytest.fixture
-def sidecar(loop: h.Loop, page_server: Any) -> Iterator[h.SidecarUnderTest]:
-    made = h.SidecarUnderTest(loop, page_server.url + h.VLLM_PAGE)
+def sidecar(runbook_loop: h.Loop, page_server: Any) -> Iterator[h.SidecarUnderTest]:
+    made = h.SidecarUnderTest(runbook_loop, page_server.url + h.VLLM_PAGE)
     yield made
     made.served.stop()
 
@@ -56,7 +51,7 @@ def test_admin_endpoint_refuses_missing_and_wrong_tokens(sidecar: h.SidecarUnder
     assert sidecar.state()["isolated"] is False
 
 
-def test_admin_endpoint_is_disabled_without_a_token(loop: h.Loop, page_server: Any) -> None:
+def test_admin_endpoint_is_disabled_without_a_token(runbook_loop: h.Loop, page_server: Any) -> None:
     async def build() -> Any:
         from inferwatch.exporters.engine_collector import EngineCollector
         from inferwatch.exporters.sidecar import Sidecar
@@ -65,7 +60,7 @@ def test_admin_endpoint_is_disabled_without_a_token(loop: h.Loop, page_server: A
         scraper = EngineScraper(page_server.url + h.VLLM_PAGE, timeout_s=2.0, max_bytes=1 << 22)
         return Sidecar([EngineCollector(scraper, {"model": "m"})])
 
-    served = h.Served(loop, loop.run(build).app())
+    served = h.Served(runbook_loop, runbook_loop.run(build).app())
     try:
         reply = httpx.post(served.url + "/admin/isolation", json={"reason": "r"}, timeout=10)
         assert reply.status_code == 403
@@ -177,7 +172,7 @@ def test_plan_refuses_labels_that_cannot_make_a_safe_url(
 
 
 def test_apply_verify_revert_against_a_real_sidecar(
-    loop: h.Loop, sidecar: h.SidecarUnderTest, token_file: Path
+    runbook_loop: h.Loop, sidecar: h.SidecarUnderTest, token_file: Path
 ) -> None:
     async def scenario() -> list[Any]:
         action = IsolateReplica(token_file=str(token_file))
@@ -195,7 +190,7 @@ def test_apply_verify_revert_against_a_real_sidecar(
         finally:
             await action.aclose()
 
-    before, first, second, verified, reverted, again, after = loop.run(scenario)
+    before, first, second, verified, reverted, again, after = runbook_loop.run(scenario)
     assert not before.ok
     assert first.ok and first.changed
     assert second.ok and not second.changed
@@ -206,7 +201,7 @@ def test_apply_verify_revert_against_a_real_sidecar(
 
 
 def test_apply_with_a_wrong_token_fails_and_changes_nothing(
-    loop: h.Loop, sidecar: h.SidecarUnderTest, tmp_path: Path
+    runbook_loop: h.Loop, sidecar: h.SidecarUnderTest, tmp_path: Path
 ) -> None:
     wrong = tmp_path / "wrong"
     wrong.write_text("y" * 32)
@@ -219,7 +214,7 @@ def test_apply_with_a_wrong_token_fails_and_changes_nothing(
         finally:
             await action.aclose()
 
-    outcome = loop.run(scenario)
+    outcome = runbook_loop.run(scenario)
     assert not outcome.ok and "HTTP 401" in outcome.detail
     assert sidecar.state()["isolated"] is False
 

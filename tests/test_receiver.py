@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,31 +25,15 @@ pytestmark = pytest.mark.proc
 
 
 @pytest.fixture
-def loop() -> Iterator[h.Loop]:
-    yield from h.stack_fixture()
-
-
-@pytest.fixture
-def sidecars(loop: h.Loop, page_server: Any) -> Iterator[Callable[[int], list[h.SidecarUnderTest]]]:
-    made: list[h.SidecarUnderTest] = []
-
-    def make(count: int) -> list[h.SidecarUnderTest]:
-        made.extend(h.SidecarUnderTest(loop, page_server.url + h.VLLM_PAGE) for _ in range(count))
-        return made[-count:]
-
-    yield make
-    for sidecar in made:
-        sidecar.served.stop()
-
-
-@pytest.fixture
-def receiver(loop: h.Loop, tmp_path: Path) -> Iterator[Callable[..., h.ReceiverUnderTest]]:
+def receiver(runbook_loop: h.Loop, tmp_path: Path) -> Iterator[Callable[..., h.ReceiverUnderTest]]:
     made: list[h.ReceiverUnderTest] = []
 
     def make(execute: bool = True, queue_size: int = 100, **overrides: Any) -> h.ReceiverUnderTest:
         folder = tmp_path / f"receiver-{len(made)}"
         folder.mkdir()
-        made.append(h.ReceiverUnderTest(loop, folder, h.config(**overrides), execute, queue_size))
+        made.append(
+            h.ReceiverUnderTest(runbook_loop, folder, h.config(**overrides), execute, queue_size)
+        )
         return made[-1]
 
     yield make
@@ -364,7 +346,7 @@ def test_every_decision_is_fsynced(
 
 
 def test_a_failed_verification_is_recorded(
-    loop: h.Loop, receiver: Callable[..., h.ReceiverUnderTest]
+    runbook_loop: h.Loop, receiver: Callable[..., h.ReceiverUnderTest]
 ) -> None:
     """A sidecar that accepts the isolation but whose /readyz still passes (a broken one)."""
 
@@ -377,8 +359,8 @@ def test_a_failed_verification_is_recorded(
     app = Starlette(
         routes=[Route("/admin/isolation", admin, methods=["POST"]), Route("/readyz", readyz)]
     )
-    liar = h.Served(loop, app)
-    h.listing(loop, liar.address)
+    liar = h.Served(runbook_loop, app)
+    h.listing(runbook_loop, liar.address)
     try:
         rx = receiver()
         rx.post(h.payload(h.alert(liar.address)))
@@ -391,13 +373,13 @@ def test_a_failed_verification_is_recorded(
 
 
 def test_an_unreachable_sidecar_fails_and_a_redelivery_retries(
-    loop: h.Loop,
+    runbook_loop: h.Loop,
     receiver: Callable[..., h.ReceiverUnderTest],
     sidecars: Callable[[int], list[h.SidecarUnderTest]],
     unused_port: int,
 ) -> None:
     rx = receiver()
-    h.listing(loop, f"127.0.0.1:{unused_port}")
+    h.listing(runbook_loop, f"127.0.0.1:{unused_port}")
     rx.post(h.payload(h.alert(f"127.0.0.1:{unused_port}")))
     rx.drain()
     assert rx.outcomes() == ["failed"] and "ConnectError" in rx.audit()[0]["reason"]
@@ -455,29 +437,17 @@ def test_a_resolve_redelivered_after_the_rollback_does_not_roll_back_again(
 
 
 def test_a_full_queue_answers_503_so_alertmanager_retries(
-    loop: h.Loop, receiver: Callable[..., h.ReceiverUnderTest]
+    runbook_loop: h.Loop, receiver: Callable[..., h.ReceiverUnderTest]
 ) -> None:
     """The worker is held by a target that does not answer yet; the queue holds one more."""
-    arrived, release = threading.Event(), asyncio.Event()
-
-    async def admin(request: Request) -> JSONResponse:
-        arrived.set()
-        await release.wait()
-        return JSONResponse({"isolated": True, "changed": True})
-
-    slow = h.Served(loop, Starlette(routes=[Route("/admin/isolation", admin, methods=["POST"])]))
-    h.listing(loop, slow.address)
-    try:
+    with h.held_target(runbook_loop) as (slow, arrived):
         rx = receiver(queue_size=1)
-        assert rx.post(h.payload(h.alert(slow.address, fingerprint="a1"))).status_code == 200
+        assert rx.post(h.payload(h.alert(slow, fingerprint="a1"))).status_code == 200
         assert arrived.wait(10), "the worker never reached the target"
-        assert rx.post(h.payload(h.alert(slow.address, fingerprint="a2"))).status_code == 200
-        busy = rx.post(h.payload(h.alert(slow.address, fingerprint="a3")))
+        assert rx.post(h.payload(h.alert(slow, fingerprint="a2"))).status_code == 200
+        busy = rx.post(h.payload(h.alert(slow, fingerprint="a3")))
         assert busy.status_code == 503
         assert metric(rx.url, "inferwatch_runbooks_webhooks_total", outcome="busy") == 1
-    finally:
-        loop.loop.call_soon_threadsafe(release.set)
-        slow.stop()
 
 
 def test_alerts_cut_off_by_alertmanager_are_recorded(

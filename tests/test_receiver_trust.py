@@ -4,9 +4,7 @@ one breaker and one idempotency shared by two receiver replicas, bounded backlog
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,25 +24,7 @@ pytestmark = pytest.mark.proc
 
 
 @pytest.fixture
-def loop() -> Iterator[h.Loop]:
-    yield from h.stack_fixture()
-
-
-@pytest.fixture
-def sidecars(loop: h.Loop, page_server: Any) -> Iterator[Callable[[int], list[h.SidecarUnderTest]]]:
-    made: list[h.SidecarUnderTest] = []
-
-    def make(count: int) -> list[h.SidecarUnderTest]:
-        made.extend(h.SidecarUnderTest(loop, page_server.url + h.VLLM_PAGE) for _ in range(count))
-        return made[-count:]
-
-    yield make
-    for sidecar in made:
-        sidecar.served.stop()
-
-
-@pytest.fixture
-def receiver(loop: h.Loop, tmp_path: Path) -> Iterator[Callable[..., h.ReceiverUnderTest]]:
+def receiver(runbook_loop: h.Loop, tmp_path: Path) -> Iterator[Callable[..., h.ReceiverUnderTest]]:
     """Receivers; ``shared=True`` puts them on one state directory, as two replicas."""
     made: list[h.ReceiverUnderTest] = []
 
@@ -54,7 +34,7 @@ def receiver(loop: h.Loop, tmp_path: Path) -> Iterator[Callable[..., h.ReceiverU
         extra: dict[str, Any] = {"state_dir": tmp_path / "state" if shared else None}
         if backlog is not None:
             extra["max_backlog_bytes"] = backlog
-        made.append(h.ReceiverUnderTest(loop, folder, h.config(**overrides), True, **extra))
+        made.append(h.ReceiverUnderTest(runbook_loop, folder, h.config(**overrides), True, **extra))
         return made[-1]
 
     yield make
@@ -69,7 +49,7 @@ def rule(**fields: Any) -> dict[str, Any]:
 class Recorder:
     """A host that is not in the inventory, and records whatever reaches it."""
 
-    def __init__(self, loop: h.Loop) -> None:
+    def __init__(self, runbook_loop: h.Loop) -> None:
         self.seen: list[str] = []
 
         async def anything(request: Request) -> Response:
@@ -77,16 +57,16 @@ class Recorder:
             return JSONResponse({"isolated": True, "changed": True})
 
         routes = [Route("/{path:path}", anything, methods=["GET", "POST", "DELETE"])]
-        self.served = h.Served(loop, Starlette(routes=routes))
+        self.served = h.Served(runbook_loop, Starlette(routes=routes))
 
 
 # ---- inventory -----------------------------------------------------------------------------
 
 
 def test_a_label_naming_an_unlisted_host_gets_no_request_and_no_token(
-    loop: h.Loop, receiver: Callable[..., h.ReceiverUnderTest]
+    runbook_loop: h.Loop, receiver: Callable[..., h.ReceiverUnderTest]
 ) -> None:
-    rogue = Recorder(loop)
+    rogue = Recorder(runbook_loop)
     try:
         rx = receiver()
         rx.post(h.payload(h.alert(rogue.served.address)))
@@ -115,7 +95,7 @@ def test_labels_matching_two_entries_or_contradicting_one_are_refused(
 
 
 def test_a_reply_is_read_with_a_bound(
-    loop: h.Loop, receiver: Callable[..., h.ReceiverUnderTest]
+    runbook_loop: h.Loop, receiver: Callable[..., h.ReceiverUnderTest]
 ) -> None:
     """A listed target that answers 64 MiB costs the receiver 64 KiB, not the reply."""
 
@@ -126,8 +106,10 @@ def test_a_reply_is_read_with_a_bound(
 
         return StreamingResponse(body(), media_type="application/json")
 
-    flood = h.Served(loop, Starlette(routes=[Route("/admin/isolation", endless, methods=["POST"])]))
-    h.listing(loop, flood.address)
+    flood = h.Served(
+        runbook_loop, Starlette(routes=[Route("/admin/isolation", endless, methods=["POST"])])
+    )
+    h.listing(runbook_loop, flood.address)
     try:
         rx = receiver()
         rx.post(h.payload(h.alert(flood.address)))
@@ -209,14 +191,14 @@ def test_a_redelivered_alert_is_not_taken_as_a_duplicate_after_a_sidecar_restart
 
 
 def test_a_pending_rollback_survives_a_receiver_restart(
-    loop: h.Loop,
+    runbook_loop: h.Loop,
     tmp_path: Path,
     sidecars: Callable[[int], list[h.SidecarUnderTest]],
 ) -> None:
     (sidecar,) = sidecars(1)
     document = h.config(rules=[rule(rollback_after="1500ms")])
     state = tmp_path / "state"
-    first = h.ReceiverUnderTest(loop, tmp_path, document, True, state_dir=state)
+    first = h.ReceiverUnderTest(runbook_loop, tmp_path, document, True, state_dir=state)
     firing = h.alert(sidecar.address)
     first.post(h.payload(firing))
     first.drain()
@@ -224,7 +206,7 @@ def test_a_pending_rollback_survives_a_receiver_restart(
     first.wait_for("rollback_scheduled")
     first.stop()  # before the hold ends
     assert sidecar.state()["isolated"]
-    again = h.ReceiverUnderTest(loop, tmp_path, document, True, state_dir=state)
+    again = h.ReceiverUnderTest(runbook_loop, tmp_path, document, True, state_dir=state)
     try:
         resumed = again.wait_for("rollback_resumed")
         assert resumed["fingerprint"] == firing["fingerprint"]
@@ -272,33 +254,21 @@ def test_two_replicas_act_once_on_one_episode(
 
 
 def test_a_backlog_over_its_bytes_answers_429_with_retry_after(
-    loop: h.Loop, receiver: Callable[..., h.ReceiverUnderTest]
+    runbook_loop: h.Loop, receiver: Callable[..., h.ReceiverUnderTest]
 ) -> None:
-    arrived, release = threading.Event(), asyncio.Event()
-
-    async def admin(request: Request) -> JSONResponse:
-        arrived.set()
-        await release.wait()
-        return JSONResponse({"isolated": True, "changed": True})
-
-    slow = h.Served(loop, Starlette(routes=[Route("/admin/isolation", admin, methods=["POST"])]))
-    h.listing(loop, slow.address)
-    try:
+    with h.held_target(runbook_loop) as (slow, arrived):
         rx = receiver(backlog=16 * 1024)
         padding = "x" * 3000
-        assert rx.post(h.payload(h.alert(slow.address, fingerprint="a0"))).status_code == 200
+        assert rx.post(h.payload(h.alert(slow, fingerprint="a0"))).status_code == 200
         assert arrived.wait(10), "the worker never reached the target"
         answers = [
-            rx.post(h.payload(h.alert(slow.address, fingerprint=f"b{i}", padding=padding)))
+            rx.post(h.payload(h.alert(slow, fingerprint=f"b{i}", padding=padding)))
             for i in range(8)
         ]
         codes = [a.status_code for a in answers]
         assert 200 in codes and codes[-1] == 429, codes
         assert answers[-1].headers["retry-after"] == "5"
         assert rx.outcomes().count("backlogged") == codes.count(429)
-    finally:
-        loop.loop.call_soon_threadsafe(release.set)
-        slow.stop()
 
 
 @pytest.mark.parametrize(
@@ -321,12 +291,14 @@ def test_reset_breaker_with_a_bad_url_is_one_line(
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
-def test_reset_breaker_against_something_else_is_one_line(loop: h.Loop, tmp_path: Path) -> None:
+def test_reset_breaker_against_something_else_is_one_line(
+    runbook_loop: h.Loop, tmp_path: Path
+) -> None:
     async def other(request: Request) -> Response:
         return Response(b"<html>hello</html>", media_type="text/html")
 
     served = h.Served(
-        loop, Starlette(routes=[Route("/admin/breaker/reset", other, methods=["POST"])])
+        runbook_loop, Starlette(routes=[Route("/admin/breaker/reset", other, methods=["POST"])])
     )
     token = tmp_path / "token"
     token.write_text(h.RECEIVER_TOKEN)

@@ -1,12 +1,15 @@
 """Real receivers and real sidecars over loopback HTTP, for the runbook automation tests.
 
 Each server is the production ASGI app under uvicorn (lifespan on, so the receiver's worker
-runs) on a free port, in one event-loop thread that sync test code talks to.
+runs) on a free port, in one event-loop thread that sync test code talks to. As a pytest plugin
+it gives the fixtures ``runbook_loop`` (that thread, per test) and ``sidecars`` (a factory of
+real sidecars on it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -14,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.sidecar import Sidecar
@@ -262,7 +270,45 @@ def payload(*alerts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def stack_fixture() -> Iterator[Loop]:
+@contextlib.contextmanager
+def held_target(loop: Loop) -> Iterator[tuple[str, threading.Event]]:
+    """A listed replica whose isolation calls wait until the block ends, to hold the receiver's
+    worker: yields its address and the event set once a call arrived."""
+    arrived, release = threading.Event(), asyncio.Event()
+
+    async def admin(request: Request) -> JSONResponse:
+        arrived.set()
+        await release.wait()
+        return JSONResponse({"isolated": True, "changed": True})
+
+    slow = Served(loop, Starlette(routes=[Route("/admin/isolation", admin, methods=["POST"])]))
+    listing(loop, slow.address)
+    try:
+        yield slow.address, arrived
+    finally:
+        loop.loop.call_soon_threadsafe(release.set)
+        slow.stop()
+
+
+@pytest.fixture
+def runbook_loop() -> Iterator[Loop]:
     loop = Loop()
     yield loop
     loop.close()
+
+
+@pytest.fixture
+def sidecars(
+    runbook_loop: Loop, page_server: Any
+) -> Iterator[Callable[[int], list[SidecarUnderTest]]]:
+    """A factory of real sidecars on the fixture page; all are stopped after the test."""
+    made: list[SidecarUnderTest] = []
+
+    def make(count: int) -> list[SidecarUnderTest]:
+        url = page_server.url + VLLM_PAGE
+        made.extend(SidecarUnderTest(runbook_loop, url) for _ in range(count))
+        return made[-count:]
+
+    yield make
+    for sidecar in made:
+        sidecar.served.stop()
