@@ -11,10 +11,11 @@ tier skips and says how to install it (``scripts/install-vllm``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,18 +43,24 @@ class Engine:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def vllm_python() -> str:
-    """The python of the cached vLLM environment, installed on demand under CI."""
-    installer = REPO / "scripts" / "install-vllm"
+def installed(script: str, what: str) -> str:
+    """What ``scripts/<script>`` prints (the installed binary or python), installing it on
+    demand under CI; elsewhere a missing install skips the test and says how to install it."""
+    installer = REPO / "scripts" / script
     if not under_ci():
         found = subprocess.run([str(installer), "--print-only"], capture_output=True, text=True)
         if found.returncode != 0:
-            pytest.skip("vLLM's CPU build is not installed (scripts/install-vllm installs it)")
+            pytest.skip(f"{what} is not installed (scripts/{script} installs it)")
         return found.stdout.strip()
     done = subprocess.run([str(installer)], stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
-        pytest.fail("scripts/install-vllm failed (its output is above)", pytrace=False)
+        pytest.fail(f"scripts/{script} failed (its output is above)", pytrace=False)
     return done.stdout.strip()
+
+
+def vllm_python() -> str:
+    """The python of the cached vLLM environment."""
+    return installed("install-vllm", "vLLM's CPU build")
 
 
 def listening_port(pid: int) -> int | None:
@@ -75,14 +82,17 @@ def listening_port(pid: int) -> int | None:
     return None
 
 
-def start_vllm(python: str, model: Path, workdir: Path, flags: tuple[str, ...]) -> Engine:
-    log = workdir / f"vllm-{len(list(workdir.glob('vllm-*.log')))}.log"
-    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-               "--served-model-name", MODEL, "--load-format", "dummy",
-               "--max-model-len", str(tinymodel.MAX_MODEL_LEN), "--host", "127.0.0.1",
-               "--port", "0", *flags]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+def launch(
+    name: str,
+    command: list[str],
+    workdir: Path,
+    flags: tuple[str, ...],
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+) -> Engine:
+    """Start an engine in its own process group with its log in ``workdir``, and wait until
+    the port it bound answers ``/health`` with 200 (503 while the model loads)."""
+    log = workdir / f"{name}-{len(list(workdir.glob(f'{name}-*.log')))}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
                                    stderr=subprocess.STDOUT, env=env, cwd=workdir,
@@ -91,7 +101,7 @@ def start_vllm(python: str, model: Path, workdir: Path, flags: tuple[str, ...]) 
 
     def ready() -> bool:
         if process.poll() is not None:
-            pytest.fail(f"vLLM exited with {process.returncode}:\n{engine.log_tail()}")
+            pytest.fail(f"{name} exited with {process.returncode}:\n{engine.log_tail()}")
         port = listening_port(process.pid)
         if port is None:
             return False
@@ -99,11 +109,21 @@ def start_vllm(python: str, model: Path, workdir: Path, flags: tuple[str, ...]) 
         return httpx.get(engine.url + "/health", timeout=5).status_code == 200
 
     try:
-        wait_for(ready, f"vLLM to serve (log: {log})", START_TIMEOUT_S, interval=0.5)
+        wait_for(ready, f"{name} to serve (log: {log})", timeout_s, interval=0.2)
     except BaseException:
         stop(engine)
         raise
     return engine
+
+
+def start_vllm(python: str, model: Path, workdir: Path, flags: tuple[str, ...]) -> Engine:
+    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+               "--served-model-name", MODEL, "--load-format", "dummy",
+               "--max-model-len", str(tinymodel.MAX_MODEL_LEN), "--host", "127.0.0.1",
+               "--port", "0", *flags]  # fmt: skip
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1",
+           "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    return launch("vllm", command, workdir, flags, START_TIMEOUT_S, env)
 
 
 def stop(engine: Engine) -> None:
@@ -130,36 +150,51 @@ def stop(engine: Engine) -> None:
     engine.process.wait(timeout=10)
 
 
-class Engines:
-    """Engines by flags, each started once."""
+class ByFlags:
+    """Engine processes by flags, each started on first use and shared by every test that asks
+    for the same flags; ``close`` stops them all. ``start`` is given the flags."""
 
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self._python: str | None = None
-        self._model: Path | None = None
+    def __init__(self, what: str, start: Callable[[tuple[str, ...]], Engine]) -> None:
+        self._what = what
+        self._start = start
         self._running: dict[tuple[str, ...], Engine] = {}
 
-    def vllm(self, *flags: str) -> Engine:
+    def get(self, flags: tuple[str, ...]) -> Engine:
         if flags not in self._running:
-            if self._python is None:
-                self._python = vllm_python()
-                self._model = tinymodel.write(self.workdir / "tiny-llama")
-            assert self._model is not None
-            self._running[flags] = start_vllm(self._python, self._model, self.workdir, flags)
+            self._running[flags] = self._start(flags)
         engine = self._running[flags]
         if engine.process.poll() is not None:
-            pytest.fail(f"vLLM ({flags}) died:\n{engine.log_tail()}")
+            pytest.fail(f"{self._what} ({flags}) died:\n{engine.log_tail()}")
         return engine
 
     def restart(self, engine: Engine) -> Engine:
         """Stop an engine and start it again with the same flags (a new port)."""
         stop(engine)
         del self._running[engine.flags]
-        return self.vllm(*engine.flags)
+        return self.get(engine.flags)
 
     def close(self) -> None:
         for engine in self._running.values():
             stop(engine)
+
+
+class Engines(ByFlags):
+    """vLLM engines by flags; the environment and the tiny model are made on first use."""
+
+    def __init__(self, workdir: Path) -> None:
+        super().__init__("vLLM", self._start_vllm)
+        self.workdir = workdir
+
+    @functools.cached_property
+    def _installed(self) -> tuple[str, Path]:
+        return vllm_python(), tinymodel.write(self.workdir / "tiny-llama")
+
+    def _start_vllm(self, flags: tuple[str, ...]) -> Engine:
+        python, model = self._installed
+        return start_vllm(python, model, self.workdir, flags)
+
+    def vllm(self, *flags: str) -> Engine:
+        return self.get(flags)
 
 
 @pytest.fixture(scope="session")
