@@ -440,7 +440,7 @@ def inject_component(site: Site) -> dict[str, str]:
     """The site's injection Component (``inject/``), for the models its file names."""
     rendered = inject.render_component(
         site.models, site.release, site.cluster, site.monitoring_namespace, site.namespace,
-        site.image_tag,
+        site.image_tag, k8s_tracing.args(site.tracing) if site.tracing else (),
     )  # fmt: skip
     folder = f"deploy/kubernetes/overlays/{site.name}/inject"
     header = (

@@ -2,7 +2,8 @@
 
 A site file's optional ``tracing: {otlp_endpoint, sampling_ratio}`` becomes the
 ``--otlp-endpoint``/``--otlp-sampling-ratio`` flags of the model pods' tenancy proxy and of
-the sidecar that runs their golden-answer probes. The containers already carry the downward
+the sidecar that runs their golden-answer probes, and of the proxy injected into the site's
+``models``. The containers already carry the downward
 API's ``POD_NAME``, ``POD_NAMESPACE`` and ``NODE_NAME``, which become the spans' resource
 attributes (``inferwatch.tracing.DOWNWARD_API``).
 """
