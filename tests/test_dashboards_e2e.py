@@ -78,9 +78,6 @@ def prometheus_config(ports: topology.Ports) -> str:
     document = yaml.safe_load(topology.prometheus_config(ports, topology.generated_rule_files()))
     document["global"] = {"scrape_interval": f"{SCRAPE_S:g}s",
                           "evaluation_interval": f"{SCRAPE_S:g}s"}  # fmt: skip
-    # HAProxy's built-in exporter, for the gateway board
-    gateway = {"targets": [f"127.0.0.1:{ports.gateway_metrics}"], "labels": {}}
-    document["scrape_configs"].append({"job_name": "haproxy", "static_configs": [gateway]})
     for job in document["scrape_configs"]:
         for group in job["static_configs"]:
             group["labels"]["cluster"] = CLUSTER

@@ -209,7 +209,16 @@ def test_a_spare_is_in_maintenance_at_the_gateway_and_no_scrape_target_until_it_
     document = yaml.safe_load(
         topology.prometheus_config(ports, (), False, fleet, tmp_path / "discovered")
     )
-    for job in document["scrape_configs"]:
+    *replica_jobs, gateway = document["scrape_configs"]
+    # HAProxy serves every replica: its exporter is one target with the cluster label only
+    assert gateway == {
+        "job_name": topology.GATEWAY_JOB,
+        "static_configs": [
+            {"targets": [f"127.0.0.1:{ports.gateway_metrics}"],
+             "labels": {"cluster": topology.CLUSTER}}
+        ],
+    }  # fmt: skip
+    for job in replica_jobs:
         static = [g["labels"]["replica"] for g in job["static_configs"]]
         assert static == REPLICAS, job
         (files,) = job["file_sd_configs"]

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -86,6 +87,51 @@ def test_a_new_site_file_becomes_an_overlay_that_renders(kit: Path) -> None:
     assert spec["remoteWrite"][0]["url"] == "http://central:9090/api/v1/write"
     assert spec["remoteWrite"][0]["queueConfig"]["maxShards"] == 8
     assert spec["remoteWrite"][0]["queueConfig"]["capacity"] == 10000  # Prometheus' default
+
+
+def test_a_sites_tracing_reaches_the_model_pods_proxy_and_probes(kit: Path) -> None:
+    """Both model Deployments' proxy and probing sidecar take the site's endpoint and ratio,
+    as the real command line parses them, and know their pod; a site without it traces not."""
+    (kit / "sites" / "traced.yaml").write_text(
+        "tracing: {otlp_endpoint: 'http://collector.monitoring.svc:4318', sampling_ratio: 0.1}\n"
+    )
+    assert generate("--dir", str(kit)).exit_code == 0
+
+    def containers(overlay: str) -> dict[str, dict[str, Any]]:
+        rendered = subprocess.run(
+            [tool("kubectl"), "kustomize", str(kit / "overlays" / overlay)],
+            capture_output=True, text=True, timeout=120, check=True,
+        ).stdout  # fmt: skip
+        return {
+            f"{d['metadata']['name']}/{c['name']}": c
+            for d in yaml.safe_load_all(rendered)
+            if d and d["kind"] == "Deployment"
+            for c in d["spec"]["template"]["spec"]["containers"]
+            if c["image"].startswith("inferwatch:")
+        }
+
+    traced = {}
+    for where, container in containers("traced").items():
+        args = container["args"]
+        command = main.get_command(click.Context(main), args[0])
+        assert command is not None, where
+        params = command.make_context(args[0], list(args[1:])).params
+        if params.get("otlp_endpoint"):
+            traced[where] = (params, container)
+    assert sorted(traced) == sorted(
+        f"llama-8b{suffix}/inferwatch-{name}" for suffix in ("", "-canary")
+        for name in ("proxy", "sidecar")
+    )  # fmt: skip
+    for where, (params, container) in traced.items():
+        assert params["otlp_endpoint"] == "http://collector.monitoring.svc:4318", where
+        assert params["otlp_sampling_ratio"] == 0.1, where
+        assert params.get("probes", "default") == "default", where  # the sidecar probes
+        env = {e["name"]: e.get("valueFrom", {}).get("fieldRef") for e in container["env"]}
+        assert env["POD_NAME"] == {"fieldPath": "metadata.name"}, where
+        assert env["POD_NAMESPACE"] == {"fieldPath": "metadata.namespace"}, where
+        assert env["NODE_NAME"] == {"fieldPath": "spec.nodeName"}, where
+    plain = containers("single-cluster")
+    assert not [w for w, c in plain.items() if any("--otlp" in a for a in c["args"])]
 
 
 def test_generated_dashboards_join_the_kit_once_they_exist(kit: Path, tmp_path: Path) -> None:
@@ -180,6 +226,10 @@ BAD_SITES = {
         f"gateway: {{canary_users: [{', '.join(f'u{i}' for i in range(65))}]}}\n",
         "gateway.canary_users: expected at most 64 items, got 65",
     ),
+    "tracing-without-endpoint": (
+        "tracing: {sampling_ratio: 0.5}\n",
+        "tracing.otlp_endpoint: is required",
+    ),
     "oversized": ("namespace: x\n" + "#" * (MAX_FILE_BYTES + 1), "larger than"),
     "not-utf8": (b"namespace: \xff\n", "line 1: not UTF-8 text"),
 }
@@ -221,6 +271,7 @@ FULL_SITE = {
         "fallback_port": 80,
     },
     "models": yaml.safe_load((KIT / "sites" / "single-cluster.yaml").read_text())["models"],
+    "tracing": {"otlp_endpoint": "http://collector.monitoring.svc:4318", "sampling_ratio": 0.1},
 }
 
 
@@ -261,7 +312,7 @@ NOT_INTEGER = st.one_of(
 def bad_value(draw: st.DrawFn) -> tuple[tuple[str, ...], Any]:
     """A value at one key that its schema refuses: the wrong type, a string with a blank
     in it (no site value allows one) or too long, an integer out of its range (every count
-    is at least 0, and at most a million), too many users."""
+    is at least 0, and at most a million; a ratio is from 0 to 1), too many users."""
     path = draw(st.sampled_from(LEAVES))
     valid = _get(FULL_SITE, path)
     if isinstance(valid, str):
@@ -278,6 +329,11 @@ def bad_value(draw: st.DrawFn) -> tuple[tuple[str, ...], Any]:
             st.lists(st.just("qa"), min_size=k8s.MAX_CANARY_USERS + 1,
                      max_size=k8s.MAX_CANARY_USERS + 3),
             st.lists(NOT_TEXT, min_size=1, max_size=3),
+        ))  # fmt: skip
+    elif isinstance(valid, float):  # a ratio
+        value = draw(st.one_of(
+            NOT_TEXT.filter(lambda v: isinstance(v, str | bool | None | list | dict)),
+            st.floats(max_value=-0.001), st.floats(min_value=1.001, allow_infinity=False),
         ))  # fmt: skip
     else:
         value = draw(st.one_of(

@@ -12,6 +12,7 @@ post-renderer gives the same result as the kustomization.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from dataclasses import dataclass
@@ -292,3 +293,22 @@ def test_the_injected_ports_are_the_ones_the_policy_guards() -> None:
     (model,) = [inject.Model("m", workload="w")]
     sidecar, proxy = inject.containers(model)
     assert {p["name"] for c in (sidecar, proxy) for p in c["ports"]} == set(inject.PORTS)
+
+
+def test_a_sites_tracing_reaches_the_injected_proxy(tmp_path: Path) -> None:
+    site_file = tmp_path / "traced.yaml"
+    site_file.write_text(yaml.safe_dump({
+        "models": [{"name": "m", "workload": "w", "kind": "Deployment"}],
+        "tracing": {"otlp_endpoint": "http://collector:4318", "sampling_ratio": 0.25},
+    }))  # fmt: skip
+    kustomization = yaml.safe_load(k8s.inject_component(k8s.load_site(site_file))[
+        "traced/inject/kustomization.yaml"])  # fmt: skip
+    (patch,) = kustomization["patches"]
+    added = [op["value"] for op in json.loads(patch["patch"]) if op["path"].endswith("/-")]
+    (proxy,) = [c for c in added if c["name"] == "inferwatch-proxy"]
+    params = parse(proxy["args"], "proxy")
+    assert params["otlp_endpoint"] == "http://collector:4318"
+    assert params["otlp_sampling_ratio"] == 0.25
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in proxy["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace",
+                   "NODE_NAME": "spec.nodeName"}  # fmt: skip

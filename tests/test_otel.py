@@ -7,22 +7,26 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from inferwatch import tracing
+from inferwatch.cli import main
 from inferwatch.clikit import BadInput
 from inferwatch.dashboards import queries
+from inferwatch.exporters import sidecar_cli
+from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.probes import client, golden
 from inferwatch.probes.runner import ProbeRunner, Target
 from inferwatch.serving.histogram import Histogram
 from support.otlp import Receiver, Span, receiver
-from support.proxy_stack import CHAT, KEYS, Stack, auth
+from support.proxy_stack import CHAT, KEYS, Engine, Stack, auth
 from support.shared import REPO
 
 pytestmark = pytest.mark.unit
@@ -284,3 +288,41 @@ def test_a_bucket_keeps_its_latest_traced_observation_across_a_fold() -> None:
     folded.merge(histogram)  # an evicted tenant's series folded into ``other``
     with_exemplars = {b[0]: b[2].labels["trace_id"] for b in folded.buckets() if len(b) == 3}
     assert with_exemplars == {"1.0": "b" * 32, "+Inf": "c" * 32}
+
+
+def test_the_sidecars_probes_are_spans_when_given_an_endpoint(
+    otlp: Receiver, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``inferwatch sidecar --probes`` traces each probe as the standalone runner does."""
+    made: list[Sequence[object]] = []
+
+    class Recorded(Sidecar):
+        def __init__(self, sources: Sequence[object], **kw: Any) -> None:
+            super().__init__(sources, **kw)
+            made.append(sources)
+
+    monkeypatch.setattr(sidecar_cli, "Sidecar", Recorded)
+    monkeypatch.setattr(sidecar_cli.uvicorn_server, "serve", lambda app, sock, limits: sock.close())
+    monkeypatch.setenv("POD_NAME", "model-0")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")  # ms: the SDK's batch export delay
+    args = ["sidecar", "--listen=127.0.0.1:0", f"--engine-url={engine.url}/metrics",
+            "--no-collector.gpu", "--probes=default", "--model=m",
+            f"--otlp-endpoint={otlp.url}"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    ((runner,),) = ([s for s in sources if isinstance(s, ProbeRunner)] for sources in made)
+    (target,) = runner.targets
+
+    async def probe_once() -> None:
+        try:
+            await runner.probe_once(target, runner.goldens.probes[0])
+        finally:
+            await runner.aclose()
+
+    asyncio.run(probe_once())
+    # no handle on the runner's provider to flush: its batch goes out within the delay set
+    probe = otlp.wait_for_span(lambda span: "inferwatch.probe" in span.attributes,
+                               "the sidecar probe's span", lambda: None)  # fmt: skip
+    assert probe.attributes["inferwatch.route"] == "direct"
+    assert probe.resource["service.name"] == "inferwatch-sidecar"
+    assert probe.resource["k8s.pod.name"] == "model-0"

@@ -1,9 +1,11 @@
-"""The quality source: golden-answer probes sent straight to this replica's engine."""
+"""The quality source: golden-answer probes sent straight to this replica's engine, each a
+span (as the standalone probe runner's) when ``--otlp-endpoint`` names a collector."""
 
 from __future__ import annotations
 
 import click
 
+from inferwatch import tracing
 from inferwatch.clikit import FiniteFloat
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.registry import Built, Registration, Setup
@@ -32,7 +34,16 @@ def build(setup: Setup) -> Built | None:
         model_version=setup.identity["model_version"],
     )
     cycle = setup.options["probe_cycle"]
-    return Built([ProbeRunner(golden_set, [target], schedule=Schedule(cycle_s=cycle))])
+    trace = tracing.TraceOptions(
+        setup.options["otlp_endpoint"], setup.options["otlp_sampling_ratio"]
+    )
+    runner = ProbeRunner(
+        golden_set,
+        [target],
+        schedule=Schedule(cycle_s=cycle),
+        tracer_provider=tracing.provider("inferwatch-sidecar", trace),
+    )
+    return Built([runner])
 
 
 REGISTRATION = Registration(
@@ -53,6 +64,7 @@ REGISTRATION = Registration(
             show_envvar=True,
             help="Seconds over which one pass of the golden set is spread.",
         ),
+        tracing.options,
     ],
     build=build,
 )

@@ -351,7 +351,8 @@ class Demo:
     async def _start(self, workdir: Path, http: httpx.AsyncClient) -> None:
         """Start every component, each stage configured with the addresses bound before it:
         the receiver before Alertmanager (its webhook), Alertmanager before Prometheus, the
-        replicas before Prometheus and HAProxy (their targets and servers)."""
+        replicas before HAProxy (its servers), both before Prometheus (its targets: HAProxy's
+        exporter is one)."""
         automation.write_tokens(workdir)
         await self._start_replicas(self.replicas, workdir)
         if self._alerting:
@@ -359,12 +360,12 @@ class Demo:
             alertmanager = functools.partial(self._alertmanager, workdir)
             await self._external(http, alertmanager, self.ports.alertmanager)
             self.context.alertmanager_url = topology.url(self.ports.alertmanager)
+        haproxy = functools.partial(self._haproxy, workdir)
+        await self._external(http, haproxy, self.ports.gateway, self.ports.gateway_metrics)
         if self.options.prometheus:
             prometheus = functools.partial(self._prometheus, workdir)
             await self._external(http, prometheus, self.ports.prometheus)
             self.context.prometheus_url = topology.url(self.ports.prometheus)
-        haproxy = functools.partial(self._haproxy, workdir)
-        await self._external(http, haproxy, self.ports.gateway, self.ports.gateway_metrics)
 
     async def _external(
         self, http: httpx.AsyncClient, build: Callable[..., Component], *ports: int

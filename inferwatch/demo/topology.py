@@ -234,7 +234,9 @@ def prometheus_config(
     discovery: Path | None = None,
 ) -> str:
     """Prometheus scraping every sidecar and proxy, each target labelled with its replica and
-    the cluster; with ``alertmanager``, alerts go to the demo's Alertmanager.
+    the cluster, and HAProxy's built-in exporter (the gateway board's series, labelled with
+    the cluster only: it serves every replica); with ``alertmanager``, alerts go to the demo's
+    Alertmanager.
 
     A spare's targets are not listed: with ``discovery`` (a folder), each job also reads its
     targets from a file there (file-based service discovery), which :func:`write_discovered`
@@ -254,6 +256,8 @@ def prometheus_config(
         if job == SIDECAR_JOB:
             config["metric_relabel_configs"] = gpu_nodes(replicas)
         jobs.append(config)
+    gateway = {"targets": [f"127.0.0.1:{ports.gateway_metrics}"], "labels": {"cluster": CLUSTER}}
+    jobs.append({"job_name": GATEWAY_JOB, "static_configs": [gateway]})
     document: dict[str, Any] = {
         "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
         "scrape_configs": jobs,
@@ -270,6 +274,7 @@ def prometheus_config(
 
 
 SIDECAR_JOB = "inferwatch-sidecar"
+GATEWAY_JOB = "haproxy"
 
 
 def scrape_jobs(ports: Ports) -> dict[str, Mapping[str, int]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,8 +130,9 @@ def monitor_name(model: Model) -> str:
     return f"{model.name}-inferwatch"
 
 
-def containers(model: Model) -> list[dict[str, Any]]:
-    """The sidecar and the proxy as one replica of ``model`` runs them."""
+def containers(model: Model, traced: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The sidecar and the proxy as one replica of ``model`` runs them; ``traced``: the
+    proxy's tracing flags (inferwatch/k8s/tracing.py)."""
     engine = f"http://127.0.0.1:{model.engine_port}"
     sidecar_args = [
         "sidecar",
@@ -157,17 +159,18 @@ def containers(model: Model) -> list[dict[str, Any]]:
         "periodSeconds": 5,
         "failureThreshold": 2,
     }
+    # the pod's identity from the downward API (the sidecar's labels, the spans' resource)
+    identity = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+    ]
     sidecar = {
         "name": "inferwatch-sidecar",
         "image": "inferwatch:0.1.0",
         "args": sidecar_args,
         "env": [
-            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            {
-                "name": "POD_NAMESPACE",
-                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
-            },
-            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            *identity,
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             _secret_env("INFERWATCH_SIDECAR_ADMIN_TOKEN", "inferwatch-sidecar-admin-token"),
             _secret_env("INFERWATCH_SIDECAR_NODE_AGENT_TOKEN", "inferwatch-node-agent-token"),
@@ -191,7 +194,9 @@ def containers(model: Model) -> list[dict[str, Any]]:
             f"--listen=0.0.0.0:{PORTS['iw-proxy']}",
             f"--metrics-listen=0.0.0.0:{PORTS['iw-tenants']}",
             f"--probe-metrics=http://127.0.0.1:{PORTS['iw-metrics']}/metrics",
+            *traced,
         ],
+        "env": identity,
         "ports": [
             {"name": "iw-proxy", "containerPort": PORTS["iw-proxy"]},
             {"name": "iw-tenants", "containerPort": PORTS["iw-tenants"]},
@@ -208,7 +213,7 @@ def _secret_env(name: str, secret: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": "token"}}}
 
 
-def patches(model: Model) -> list[dict[str, Any]]:
+def patches(model: Model, traced: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The kustomize patches that inject into ``model``'s workloads, one per kind."""
     found = []
     for kind in model.kinds:
@@ -227,7 +232,7 @@ def patches(model: Model) -> list[dict[str, Any]]:
         ]
         ops += [
             {"op": "add", "path": f"{template}/spec/containers/-", "value": container}
-            for container in containers(model)
+            for container in containers(model, traced)
         ]
         target: dict[str, Any] = {"group": group, "version": version, "kind": kind}
         if model.workload:
@@ -333,6 +338,7 @@ def render_component(
     monitoring: str,
     namespace: str,
     image_tag: str,
+    traced: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The Component's kustomization and its objects document, as data."""
     documents = [
@@ -345,6 +351,6 @@ def render_component(
         "kind": "Component",
         "resources": ["models.yaml"],
         "images": [{"name": "inferwatch", "newTag": image_tag}],
-        "patches": [p for model in models for p in patches(model)],
+        "patches": [p for model in models for p in patches(model, traced)],
     }
     return {"kustomization": kustomization, "documents": documents}

@@ -35,6 +35,7 @@ from inferwatch.canary import splits
 from inferwatch.config import Duration
 from inferwatch.config.schema import Fail, Fields, matching_of
 from inferwatch.k8s import automation, autoscaling, inject
+from inferwatch.k8s import tracing as k8s_tracing
 from inferwatch.mixin import files as generated
 from inferwatch.mixin import validate
 from inferwatch.proxy import config as proxy_config
@@ -102,6 +103,8 @@ class Site:
     models: tuple[inject.Model, ...] = ()
     #: the label selector of the GPU nodes: the receiver's node inventory
     gpu_node_selector: str = automation.GPU_NODES
+    #: where the model pods' proxy and probes send spans (None: no tracing)
+    tracing: k8s_tracing.Tracing | None = None
 
 
 #: a Gateway API rule holds at most 64 matches, one per user
@@ -118,13 +121,14 @@ QUEUE = {
 SECTIONS = {
     "": {
         "namespace", "cluster", "image_tag", "monitoring", "gateway", "autoscaling", "models",
-        "automation",
+        "automation", "tracing",
     },
     "monitoring": {"namespace", "release", "remote_write"},
     "monitoring.remote_write": {"url", *QUEUE, "batch_send_deadline"},
     "gateway": {"class", "hostname", "canary_weight", "canary_users", "fallback", "fallback_port"},
     "autoscaling": {"mode", "min_replicas", "max_replicas"},
     "automation": {"gpu_node_selector"},
+    "tracing": k8s_tracing.KEYS,
 }
 #: an equality-based label selector, as the receiver's node inventory reads it
 _REQUIREMENT = (
@@ -179,6 +183,7 @@ def load_site(path: Path) -> Site:
         gpu_node_selector=acting.matching(
             "gpu_node_selector", automation.GPU_NODES, SELECTOR, "a label selector", 1024
         ),
+        tracing=k8s_tracing.load(top.child("tracing")) if "tracing" in top.raw else None,
     )
     if site.remote_write and not site.cluster:
         raise monitoring.error(
@@ -383,6 +388,12 @@ def render_overlay(
             }
         ],
     }
+    if site.tracing:
+        # both the stable and the canary Deployment (base/model and its -canary copy)
+        kustomization["patches"].append({
+            "target": {"kind": "Deployment", "labelSelector": "app.kubernetes.io/name=llama-8b"},
+            "patch": json.dumps(k8s_tracing.model_patch(site.tracing)),
+        })  # fmt: skip
     header = (
         MARKER + f"# from deploy/kubernetes/sites/{site.name}.yaml; render with\n"
         f"#   kubectl kustomize deploy/kubernetes/overlays/{site.name}\n"
@@ -429,7 +440,7 @@ def inject_component(site: Site) -> dict[str, str]:
     """The site's injection Component (``inject/``), for the models its file names."""
     rendered = inject.render_component(
         site.models, site.release, site.cluster, site.monitoring_namespace, site.namespace,
-        site.image_tag,
+        site.image_tag, k8s_tracing.args(site.tracing) if site.tracing else (),
     )  # fmt: skip
     folder = f"deploy/kubernetes/overlays/{site.name}/inject"
     header = (
