@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import cast
 
@@ -39,6 +40,7 @@ from inferwatch.demo.signals import History, Scrape, quantiles, rate
 from inferwatch.demo.view import decisions_summary
 from inferwatch.exitcodes import ExitCode
 from inferwatch.exporters import gpu
+from inferwatch.proxy.usage import estimate_prompt_tokens
 from inferwatch.runbooks import breaker, inventory, registry
 from inferwatch.runbooks import config as runbook_config
 from inferwatch.runbooks.actions.base import Alert, Step
@@ -446,14 +448,17 @@ def summaries(output: str) -> list[str]:
 
 
 def busy(output: str) -> bool:
-    """Every replica has shown throughput and every tenant has been charged tokens."""
+    """Every replica has shown throughput and every tenant of the demo's load has been charged
+    tokens."""
     lines = summaries(output)
     return (
         bool(lines)
         and all(
             {replica_throughput(line, name) for line in lines} - {"-", "0"} for name in REPLICAS
         )
-        and all(tenant_tokens(lines[-1], t.name) not in ("0", "-") for t in topology.TENANTS)
+        and all(
+            tenant_tokens(lines[-1], t.name) not in ("0", "-") for t in topology.TENANTS if t.share
+        )
     )
 
 
@@ -535,34 +540,64 @@ def tokens(shown: str) -> float:
     return float(shown.rstrip("kM")) * scale
 
 
+def flood(url: str, key: str, body: dict[str, object]) -> tuple[int, int]:
+    """Rounds of concurrent requests for one tenant through the gateway until the gateway
+    refuses one; (prompt tokens the engine counted in one answer, requests sent)."""
+    headers = {"Authorization": f"Bearer {key}"}
+    counted, sent = 0, 0
+    with httpx.Client(timeout=30) as http, ThreadPoolExecutor(CONCURRENCY) as pool:
+        for _ in range(ROUNDS):
+            answers = list(pool.map(lambda _: http.post(url, json=body, headers=headers),
+                                    range(CONCURRENCY)))  # fmt: skip
+            sent += len(answers)
+            for answer in answers:
+                if answer.status_code == 200:
+                    counted = max(counted, answer.json()["usage"]["prompt_tokens"])
+            if any(400 <= a.status_code < 500 for a in answers):
+                return counted, sent
+    raise AssertionError(f"{sent} requests and none refused")
+
+
+#: the test's flood of the budgeted tenant: concurrent requests per round, rounds at most
+CONCURRENCY, ROUNDS = 16, 20
+
+
 @pytest.mark.e2e
 def test_scenario_none_is_a_quiet_run_and_a_budget_holds_across_the_proxies(
     tmp_path: Path, reaper: list[int]
 ) -> None:
-    globex = next(t for t in topology.TENANTS if t.name == "globex")
-    assert globex.budget_tokens and globex.budget_window == "1m"
+    hooli = next(t for t in topology.TENANTS if t.name == "hooli")
+    assert hooli.share == 0 and hooli.budget_tokens and hooli.budget_window == "1m"
+    demo = Demo(["--speed", "50", "--no-prometheus", "--refresh", "1", "--scenario", "none"],
+                tmp_path, reaper)  # fmt: skip
+    demo.out.wait_text(lambda out: len(summaries(out)) >= 2, "two summary lines", 60)
+    model = topology.replica("primary-v1").model
+    body: dict[str, object] = {
+        "model": model,
+        "messages": [{"role": "user", "content": " ".join(["budget"] * 600)}],
+        "max_tokens": 64,
+    }
     began = time.time()
-    demo = Demo(["--speed", "50", "--no-prometheus", "--refresh", "1", "--scenario", "none",
-                 "--rate", "12"], tmp_path, reaper)  # fmt: skip
-    # the four proxies of the primary replicas share globex's budget in Redis: it is refused
+    # the four proxies of the primary replicas share hooli's budget in Redis: it is refused
     # once the fleet spent it, not once each proxy did (4x the budget)
+    counted, sent = flood(printed_urls(demo.output)["curl"], hooli.key, body)
+    ended = time.time()
     demo.out.wait_text(
-        lambda out: bool(summaries(out)) and tenant_budget(summaries(out)[-1], "globex")[1] > 0,
-        "globex refused over its budget",
-        90,
+        lambda out: tenant_budget(summaries(out)[-1], "hooli")[1] > 0,
+        "hooli refused over its budget in the view",
+        30,
     )
     line = summaries(demo.output)[-1]
-    ended = time.time()
     code, errors = demo.stop()
     assert code == 0, demo.output + errors
     assert "scenario" not in demo.output
-    spent, _, proxies = tenant_budget(line, "globex")
+    spent, _, proxies = tenant_budget(line, "hooli")
     assert proxies == 4, line
-    # each budget window (aligned to the minute) the run touched allows the budget; on top, at
-    # most one reservation: the longest prompt admitted (max_input_tokens) and its cap
+    # each budget window (aligned to the minute) the flood touched allows the budget; on top,
+    # at most one reservation: the prompt (as estimated or as the engine counted it) and its cap
     windows = int(ended // 60) - int(began // 60) + 1
-    largest = topology.MAX_INPUT_TOKENS + globex.max_tokens[1]
-    assert spent <= windows * globex.budget_tokens + largest, (windows, line)
+    largest = max(counted, estimate_prompt_tokens(body)) + cast(int, body["max_tokens"])
+    assert spent <= windows * hooli.budget_tokens + largest, (windows, sent, line)
     assert_clean(demo.output, expected_processes=13)  # 3 engines, 3 sidecars, 5 proxies,
     # Redis and HAProxy
 

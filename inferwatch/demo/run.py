@@ -607,6 +607,13 @@ class Demo:
         tenants = ", ".join(f"{t.name} ({t.key})" for t in self.tenants)
         first = self.replicas[0]
         self.say(f"  tenant API keys: {tenants}")
+        for tenant in self.tenants:
+            if tenant.share == 0 and tenant.budget_tokens:
+                self.say(
+                    f"  {tenant.name} sends nothing unless you do: its budget of "
+                    f"{tenant.budget_tokens} tokens per {tenant.budget_window} holds over every "
+                    f"proxy of its model (kept in Redis), however they share its requests"
+                )
         question = "Which planet in our solar system is the largest? Reply with one word."
         body = json.dumps(
             {"model": first.model, "messages": [{"role": "user", "content": question}]}

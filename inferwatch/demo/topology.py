@@ -67,7 +67,7 @@ class Tenant:
     name: str
     key: str
     role: Role  # the model the tenant asks for
-    share: float  # share of all requests
+    share: float  # share of the demo's requests (0: none, only what a user sends)
     prompt_words: tuple[int, int]
     max_tokens: tuple[int, int]
     priority: str = "normal"
@@ -88,10 +88,13 @@ REPLICAS: tuple[Replica, ...] = (
 
 TENANTS: tuple[Tenant, ...] = (
     Tenant("acme", "sk-demo-acme", "primary", 0.5, (20, 120), (32, 160), priority="high"),
-    Tenant("globex", "sk-demo-globex", "primary", 0.3, (400, 900), (16, 64),
-           budget_tokens=40_000, budget_window="1m"),
+    Tenant("globex", "sk-demo-globex", "primary", 0.3, (400, 900), (16, 64)),
     Tenant("initech", "sk-demo-initech", "fallback", 0.2, (200, 500), (128, 384),
            priority="low", budget_tokens=30_000, budget_window="1m"),
+    # no share of the demo's load (so no scenario's load meets its budget): its traffic is
+    # the user's own, through the gateway, to watch one budget hold over the four proxies
+    Tenant("hooli", "sk-demo-hooli", "primary", 0.0, (400, 900), (16, 64),
+           budget_tokens=20_000, budget_window="1m"),
 )  # fmt: skip
 
 
