@@ -1,4 +1,5 @@
-"""Cost and tenancy layer: budgets, cost per token, admission rejections, reconciliation.
+"""Cost and tenancy layer: budgets, cost per token, admission rejections, reconciliation,
+and the fleet's shared state (Redis) that keeps the budgets of every proxy replica.
 
 Each replica's proxy keeps its own budget ledger, so budget alerts are per proxy instance;
 the cost and rejection ratios are summed over proxies first (ratios of sums, never averages
@@ -24,7 +25,13 @@ REJECTIONS = (
 
 
 def alerts(config: Config) -> list[Alert]:
-    return [*_budget(config), *_cost_drift(config), *_rejections(config), *_drift(config)]
+    return [
+        *_budget(config),
+        *_cost_drift(config),
+        *_rejections(config),
+        *_drift(config),
+        *_shared_state(config),
+    ]
 
 
 def _budget(config: Config) -> list[Alert]:
@@ -137,5 +144,28 @@ def _drift(config: Config) -> list[Alert]:
                 f"{settings.for_}: traffic bypasses the proxy or usage is lost."
             ),
             panel=Panel(COST, 4),
+        )
+    ]
+
+
+def _shared_state(config: Config) -> list[Alert]:
+    """Redis unreachable: fail_closed tenants are refused and their replicas unready, fail_open
+    tenants each get budget / N per proxy, so the books are no longer the fleet's one ledger."""
+    settings = config.alert("InferwatchSharedStateDown")
+    up = metric(config, "tenancy_shared_state_up")
+    return [
+        Alert(
+            name="InferwatchSharedStateDown",
+            severity="critical",
+            expr=f"{up} == 0",
+            for_=settings.for_,
+            summary="A proxy cannot reach the fleet's shared state (Redis) for tenant budgets.",
+            description=(
+                "The proxy at {{ $labels.instance }} has not reached its shared state for "
+                f"{settings.for_}: fail_closed tenants get 503 and this replica reports not "
+                "ready; fail_open tenants are held to their budget / N on each proxy, and usage "
+                "is journaled until Redis is back."
+            ),
+            panel=Panel(COST, 9),
         )
     ]

@@ -78,16 +78,18 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "console": ("rich",),
     "kubernetes": ("kubernetes",),
     "tokenizer": ("tokenizers",),
+    "redis": ("redis",),
 }
 
 #: command -> the extras it always needs (an extra one setting needs is checked where the
 #: setting is read)
 COMMAND_EXTRAS: dict[str, tuple[str, ...]] = {
     "snapshot": ("snapshot",),
-    "demo": ("console",),
+    # the demo's proxies keep their budgets in Redis (shared_state)
+    "demo": ("console", "redis"),
     "canary": ("console",),
     # the drill's GPU reset request goes through the Kubernetes client to a fake API server
-    "drill": ("console", "kubernetes"),
+    "drill": ("console", "kubernetes", "redis"),
 }
 
 

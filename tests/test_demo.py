@@ -19,7 +19,9 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import cast
 
@@ -38,6 +40,7 @@ from inferwatch.demo.signals import History, Scrape, quantiles, rate
 from inferwatch.demo.view import decisions_summary
 from inferwatch.exitcodes import ExitCode
 from inferwatch.exporters import gpu
+from inferwatch.proxy.usage import estimate_prompt_tokens
 from inferwatch.runbooks import breaker, inventory, registry
 from inferwatch.runbooks import config as runbook_config
 from inferwatch.runbooks.actions.base import Alert, Step
@@ -209,6 +212,11 @@ def test_a_spare_is_in_maintenance_at_the_gateway_and_no_scrape_target_until_it_
     document = yaml.safe_load(
         topology.prometheus_config(ports, (), False, fleet, tmp_path / "discovered")
     )
+    proxies = [name for r in topology.REPLICAS for name in topology.proxy_names(r)]
+    expected = {
+        "inferwatch-sidecar": REPLICAS,
+        "inferwatch-proxy": list(map(topology.owner, proxies)),
+    }
     *replica_jobs, gateway = document["scrape_configs"]
     # HAProxy serves every replica: its exporter is one target with the cluster label only
     assert gateway == {
@@ -220,7 +228,7 @@ def test_a_spare_is_in_maintenance_at_the_gateway_and_no_scrape_target_until_it_
     }  # fmt: skip
     for job in replica_jobs:
         static = [g["labels"]["replica"] for g in job["static_configs"]]
-        assert static == REPLICAS, job
+        assert static == expected[job["job_name"]], job
         (files,) = job["file_sd_configs"]
         assert files["files"] == [str(tmp_path / "discovered" / f"{job['job_name']}.json")]
     topology.write_discovered(tmp_path / "discovered", ports, [])
@@ -297,8 +305,11 @@ def test_engines_become_replicas_of_their_models_with_no_simulator_port(tmp_path
     ]
     assert {r.version for r in fleet} == {"unknown"}  # the deployment's to say, not the demo's
     ports = topology.Ports.assign(None, fleet)
-    assert ports.sim == {} and topology.Ports.count(fleet) == 3 * 3 + 5
-    assert set(ports.sidecar) == set(ports.proxy) == {"engine-1", "engine-2", "engine-3"}
+    # a sidecar each, two proxies (client and metrics ports) per primary replica, one for the
+    # fallback, and the fleet-wide six (Redis among them)
+    assert ports.sim == {} and topology.Ports.count(fleet) == 3 + 2 * 5 + 6
+    assert set(ports.sidecar) == {"engine-1", "engine-2", "engine-3"}
+    assert set(ports.proxy) == {"engine-1", "engine-1.b", "engine-2", "engine-2.b", "engine-3"}
     # the simulated fleet keeps its layout (the committed HAProxy example is made from it)
     assert topology.Ports.assign(18000).sim == {"primary-v1": 18000, "primary-v2": 18001,
                                                 "fallback": 18002}  # fmt: skip
@@ -446,14 +457,17 @@ def summaries(output: str) -> list[str]:
 
 
 def busy(output: str) -> bool:
-    """Every replica has shown throughput and every tenant has been charged tokens."""
+    """Every replica has shown throughput and every tenant of the demo's load has been charged
+    tokens."""
     lines = summaries(output)
     return (
         bool(lines)
         and all(
             {replica_throughput(line, name) for line in lines} - {"-", "0"} for name in REPLICAS
         )
-        and all(tenant_tokens(lines[-1], t.name) not in ("0", "-") for t in topology.TENANTS)
+        and all(
+            tenant_tokens(lines[-1], t.name) not in ("0", "-") for t in topology.TENANTS if t.share
+        )
     )
 
 
@@ -471,10 +485,12 @@ def test_demo_runs_a_scenario_and_stops_cleanly(tmp_path: Path, reaper: list[int
     output = demo.output
     assert code == 0, output + errors
     assert "\x1b" not in output  # not a terminal: plain lines only
-    for kind in ("sim", "sidecar", "proxy"):
-        assert len(re.findall(rf"^  {kind} .* http://127\.0\.0\.1:\d+ ", output, re.M)) == 3
+    for kind, count in (("sim", 3), ("sidecar", 3), ("proxy", 5), ("redis", 1)):
+        assert (
+            len(re.findall(rf"^  {kind} .* (http|redis)://127\.0\.0\.1:\d+", output, re.M)) == count
+        )
     assert re.search(r"\| primary-v1 .* req/s \(\S+ probes\) ", output), output
-    assert_clean(output, expected_processes=11)  # 9, the restarted engine and sidecar
+    assert_clean(output, expected_processes=14)  # 12, the restarted engine and sidecar
 
 
 def printed_urls(output: str) -> dict[str, str]:
@@ -508,7 +524,7 @@ def test_the_default_run_announces_its_scenario_and_its_urls_work_as_printed(
     output = demo.output
     assert code == 0, output + errors
     assert f"stopping ({signum.name})" in output
-    assert_clean(output, expected_processes=9)
+    assert_clean(output, expected_processes=12)
     assert scraped.exit_code == 0 and scraped.output.startswith("engine: vllm"), scraped.output
     up = [s.value for f in families for s in f.samples if s.name == "inferwatch_gpu_backend_up"]
     assert 1.0 in up
@@ -519,15 +535,83 @@ def test_the_default_run_announces_its_scenario_and_its_urls_work_as_printed(
     assert re.search(rf"\] scenario {scenario.DEFAULT}: ", output), output
 
 
+def tenant_budget(line: str, name: str) -> tuple[float, int, int]:
+    """(tokens charged, requests rejected, proxies that charged it) of a budgeted tenant."""
+    match = re.search(rf"(?:tenants|,) {name} (\S+) tok \S+ ok \d+ rejected (\d+) errors \d+ "
+                      rf"budget left \S+ over (\d+) proxies", line)  # fmt: skip
+    assert match, line
+    return tokens(match[1]), int(match[2]), int(match[3])
+
+
+def tokens(shown: str) -> float:
+    """A count as the view shows it: ``812``, ``40.2k``, ``1.3M``."""
+    scale = {"k": 1e3, "M": 1e6}.get(shown[-1], 1.0)
+    return float(shown.rstrip("kM")) * scale
+
+
+def flood(url: str, key: str, body: dict[str, object]) -> tuple[int, int]:
+    """Rounds of concurrent requests for one tenant through the gateway until its budget
+    refuses a whole round; (the most prompt tokens the engine counted in an answer, requests
+    sent)."""
+    headers = {"Authorization": f"Bearer {key}"}
+    counted, sent = 0, 0
+    with httpx.Client(timeout=30) as http, ThreadPoolExecutor(CONCURRENCY) as pool:
+        for _ in range(ROUNDS):
+            answers = list(pool.map(lambda _: http.post(url, json=body, headers=headers),
+                                    range(CONCURRENCY)))  # fmt: skip
+            sent += len(answers)
+            for answer in answers:
+                if answer.status_code == 200:
+                    counted = max(counted, answer.json()["usage"]["prompt_tokens"])
+            # a round ends with its reservations settled: one the budget refuses whole means
+            # the window has no room left for another request
+            if all(a.status_code == 429 and "token budget" in a.text for a in answers):
+                return counted, sent
+    raise AssertionError(f"{sent} requests and none refused by the budget")
+
+
+#: the test's flood of the budgeted tenant: concurrent requests per round, rounds at most
+CONCURRENCY, ROUNDS = 8, 40
+
+
 @pytest.mark.e2e
-def test_scenario_none_is_a_quiet_run(tmp_path: Path, reaper: list[int]) -> None:
+def test_scenario_none_is_a_quiet_run_and_a_budget_holds_across_the_proxies(
+    tmp_path: Path, reaper: list[int]
+) -> None:
+    hooli = next(t for t in topology.TENANTS if t.name == "hooli")
+    assert hooli.share == 0 and hooli.budget_tokens and hooli.budget_window == "1m"
     demo = Demo(["--speed", "50", "--no-prometheus", "--refresh", "1", "--scenario", "none"],
                 tmp_path, reaper)  # fmt: skip
     demo.out.wait_text(lambda out: len(summaries(out)) >= 2, "two summary lines", 60)
+    model = topology.replica("primary-v1").model
+    body: dict[str, object] = {
+        "model": model,
+        "messages": [{"role": "user", "content": " ".join(["budget"] * 600)}],
+        "max_tokens": 64,
+    }
+    began = time.time()
+    # the four proxies of the primary replicas share hooli's budget in Redis: it is refused
+    # once the fleet spent it, not once each proxy did (4x the budget)
+    counted, sent = flood(printed_urls(demo.output)["curl"], hooli.key, body)
+    ended = time.time()
+    demo.out.wait_text(
+        lambda out: tenant_budget(summaries(out)[-1], "hooli")[1] > 0,
+        "hooli refused over its budget in the view",
+        30,
+    )
+    line = summaries(demo.output)[-1]
     code, errors = demo.stop()
     assert code == 0, demo.output + errors
     assert "scenario" not in demo.output
-    assert_clean(demo.output, expected_processes=9)
+    spent, _, proxies = tenant_budget(line, "hooli")
+    assert proxies == 4, line
+    # each budget window (aligned to the minute) the flood touched allows the budget; on top,
+    # at most one reservation: the prompt (as estimated or as the engine counted it) and its cap
+    windows = int(ended // 60) - int(began // 60) + 1
+    largest = max(counted, estimate_prompt_tokens(body)) + cast(int, body["max_tokens"])
+    assert spent <= windows * hooli.budget_tokens + largest, (windows, sent, line)
+    assert_clean(demo.output, expected_processes=13)  # 3 engines, 3 sidecars, 5 proxies,
+    # Redis and HAProxy
 
 
 @pytest.mark.e2e
@@ -838,3 +922,22 @@ def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: s
             process.wait(10)
             sidecar.shutdown()
             sidecar.server_close()
+
+
+@pytest.mark.unit
+def test_an_answer_from_a_replicas_second_proxy_counts_for_the_replica() -> None:
+    """The drill checks where traffic goes by replica: both proxies of one are that replica."""
+    from inferwatch.demo.loadgen import LoadGenerator
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200, headers={"X-Served-By": "v1:primary-v1.b"}, text="data: [DONE]\n"
+        )
+
+    async def one() -> str:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+            load = LoadGenerator(http, "http://gw", {"primary": "m"}, topology.TENANTS[:1], 1.0)
+            await load._one(topology.TENANTS[0])
+            return load.history[-1].replica
+
+    assert asyncio.run(one()) == "primary-v1"

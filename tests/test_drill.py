@@ -52,6 +52,10 @@ def test_the_drill_times_every_scenario_passes_its_checks_and_leaves_nothing(
             assert line["fault"] <= line["action"] <= line["recovered"], line
         if scenario.moved_from:
             assert line["moved"] is not None and line["recovered"] is not None, line
+    (redis,) = [line for line in result["scenarios"] if line["scenario"] == "redis-dies"]
+    # fail_open while Redis was down: budget x (1 + 1/N) per window, and the journal replayed
+    assert redis["spent_while_down"] <= redis["allowed_while_down"], redis
+    assert redis["replayed"] is not None and redis["drift_tokens"] is not None, redis
     mass = result["scenarios"][-1]
     assert mass["refused_by_breaker"] >= 1 and mass["acted"].get("isolate_replica", 0) <= 1
     assert "inferwatch drill: fault -> alert" in done.stdout

@@ -29,8 +29,8 @@ pytestmark = pytest.mark.proc
 
 #: the issue's bound on a plain ``pip install inferwatch``, pip included (10^6 bytes)
 LIMIT_BYTES = 90_000_000
-#: what only an extra may bring (matplotlib: snapshot; rich: console; ...)
-EXTRA_ONLY = ("matplotlib", "numpy", "PIL", "rich", "pygments", "kubernetes", "tokenizers")
+#: what only an extra may bring (matplotlib: snapshot; rich: console; redis: redis; ...)
+EXTRA_ONLY = ("matplotlib", "numpy", "PIL", "rich", "pygments", "kubernetes", "tokenizers", "redis")
 TOKEN = "wheel-test-token"
 
 
@@ -159,7 +159,7 @@ def test_the_core_install_is_lean(install: Install) -> None:
 
 
 def test_a_command_whose_extra_is_missing_says_which_before_it_starts(install: Install) -> None:
-    for command, extra in (("drill", "console,kubernetes"), ("snapshot", "snapshot")):
+    for command, extra in (("drill", "console,kubernetes,redis"), ("snapshot", "snapshot")):
         result = run(install, command, "--help")
         assert result.returncode == 3, result.stderr
         assert result.stderr.strip().splitlines() == [

@@ -11,7 +11,7 @@ import click
 import httpx
 
 from inferwatch.clikit import BadInput, CannotRun, FiniteFloat, PortTaken
-from inferwatch.demo import alerting, routing, topology
+from inferwatch.demo import alerting, routing, sharedstate, topology
 from inferwatch.demo import engines as external
 from inferwatch.demo import scenario as scenarios
 from inferwatch.demo.processes import PortInUse
@@ -173,6 +173,7 @@ def demo(
     with httpx.Client() as http:
         engines = tuple(external.discover(url, http) for url in urls)
     haproxy_bin = routing.binary()
+    redis_bin = sharedstate.binary()
     prometheus_bin = shutil.which("prometheus") if prometheus else None
     if prometheus and prometheus_bin is None:
         click.echo("prometheus is not on PATH; running without it (Debian package: prometheus)")
@@ -197,6 +198,7 @@ def demo(
         probe_cycle=probe_cycle,
         refresh=refresh,
         haproxy=haproxy_bin,
+        redis=redis_bin,
         execute_runbooks=execute_runbooks,
     )
     try:

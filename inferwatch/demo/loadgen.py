@@ -21,7 +21,7 @@ from typing import Literal
 
 import httpx
 
-from inferwatch.demo.topology import Role, Tenant
+from inferwatch.demo.topology import Role, Tenant, owner
 from inferwatch.gateway.haproxy import SERVER_HEADER, parse_server_name
 
 _TEXT = (
@@ -129,7 +129,8 @@ class LoadGenerator:
             async with self.http.stream(
                 "POST", self.url, json=body, headers=headers, timeout=60
             ) as response:
-                replica = parse_server_name(response.headers.get(SERVER_HEADER, ""))[1]
+                # the server is a proxy: both proxies of a replica count for the replica
+                replica = owner(parse_server_name(response.headers.get(SERVER_HEADER, ""))[1])
                 self.routed.append((time.monotonic(), tenant.role, replica))
                 if response.status_code >= 500:
                     outcome = "failed"

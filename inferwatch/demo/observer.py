@@ -93,6 +93,8 @@ class TenantState:
     cost: float = 0.0
     cost_per_hour: float | None = None
     budget_left: float | None = None  # lowest share left over the proxies
+    #: proxies that charged the tenant: its budget holds across all of them (shared state)
+    proxies: int = 0
 
 
 @dataclass(frozen=True)
@@ -257,7 +259,8 @@ class Observer:
         self.sidecar_urls = dict(sidecar_urls)
         self.proxy_urls = dict(proxy_urls)
         self._sidecars = {r.name: History(WINDOW) for r in replicas}
-        self._proxies = {r.name: History(WINDOW) for r in replicas}
+        #: by proxy (a replica may have two, :func:`~inferwatch.demo.topology.proxy_names`)
+        self._proxies = {name: History(WINDOW) for name in self.proxy_urls}
         self._previous: dict[str, ReplicaState] = {}
         self._prometheus: tuple[int, int] | None = None
         self._prometheus_checked = 0.0
@@ -283,7 +286,7 @@ class Observer:
         names = [r.name for r in self.replicas]
         sidecar_pages, proxy_pages, readiness, _, _ = await asyncio.gather(
             asyncio.gather(*(self._scrape(self.sidecar_urls[n] + "/metrics") for n in names)),
-            asyncio.gather(*(self._scrape(self.proxy_urls[n] + "/metrics") for n in names)),
+            asyncio.gather(*(self._scrape(url + "/metrics") for url in self.proxy_urls.values())),
             asyncio.gather(*(self._readyz(self.sidecar_urls[n]) for n in names)),
             self._targets(),
             self._read_alerts(),
@@ -291,9 +294,9 @@ class Observer:
         for name, page in zip(names, sidecar_pages, strict=True):
             if page is not None:
                 self._sidecars[name].add(page)
-        for name, page in zip(names, proxy_pages, strict=True):
+        for proxy, page in zip(self.proxy_urls, proxy_pages, strict=True):
             if page is not None:
-                self._proxies[name].add(page)
+                self._proxies[proxy].add(page)
         replicas = [
             self._replica(replica, fresh=page is not None, ready=ready)
             for replica, page, ready in zip(self.replicas, sidecar_pages, readiness, strict=True)
@@ -500,7 +503,9 @@ class Observer:
                     state.rejected += value
                 else:
                     state.errors += value
-            state.tokens += page.total(tokens, charged) or 0.0
+            spent = page.total(tokens, charged) or 0.0
+            state.tokens += spent
+            state.proxies += spent > 0
             state.cost += page.total(cost, own) or 0.0
             remaining = page.total(budget_name, own)
             if remaining is not None and tenant.budget_tokens:

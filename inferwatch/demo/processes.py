@@ -49,9 +49,9 @@ ATTEMPTS = 5
 class Component:
     """One child process and where it answers once it is up."""
 
-    kind: str  # sim, sidecar, proxy, prometheus
-    name: str  # the replica it serves ("" for fleet-wide components)
-    url: str
+    kind: str  # sim, sidecar, proxy, prometheus, redis
+    name: str  # the replica (or proxy) it serves ("" for fleet-wide components)
+    url: str  # http://... (answers 200 on ready_path) or redis://... (answers PING)
     ready_path: str
     argv: Sequence[str]
     env: Mapping[str, str] = field(default_factory=dict)
@@ -203,12 +203,8 @@ class Supervisor:
         while True:
             if component.process.poll() is not None:
                 raise component.failure()
-            try:
-                response = await http.get(probe_url, timeout=1.0)
-                if response.status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
+            if await _answers(http, probe_url):
+                return
             if time.monotonic() > deadline:
                 raise StartError(
                     f"{component.label} did not answer on {probe_url} within {timeout_s:g} s"
@@ -263,6 +259,28 @@ async def start_on_free_ports(
             tries -= 1
             if tries == 0:
                 raise
+
+
+async def _answers(http: httpx.AsyncClient, url: str) -> bool:
+    """Whether a component answers: 200 on an HTTP URL, PONG from a ``redis://HOST:PORT/DB``
+    (one RESP round trip, no client library)."""
+    if not url.startswith("redis://"):
+        try:
+            return (await http.get(url, timeout=1.0)).status_code == 200
+        except httpx.TransportError:
+            return False
+    host, port = url.removeprefix("redis://").split("/", 1)[0].rsplit(":", 1)
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 1.0)
+    except (OSError, TimeoutError):
+        return False
+    try:
+        writer.write(b"PING\r\n")
+        return (await asyncio.wait_for(reader.read(64), 1.0)).startswith(b"+PONG")
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        writer.close()
 
 
 def _loopback_ports(count: int) -> list[int]:

@@ -66,8 +66,10 @@ def fleet_topology(
     """The demo fleet's topology (``fleet``: its replicas, by default those running at t=0)
     behind one gateway.
 
-    Clients call each replica's tenancy proxy; HAProxy checks each replica's sidecar. A spare
-    replica's server starts in maintenance, until the demo starts the replica.
+    Clients call each replica's tenancy proxies, one server each (named after the proxy, at
+    the replica's weight, so that the versions' shares stay those of their replicas); HAProxy
+    checks each replica's sidecar. A spare replica's server starts in maintenance, until the
+    demo starts the replica.
     """
     chosen = tuple(fleet)
     models: list[gateway.Model] = []
@@ -79,14 +81,15 @@ def fleet_topology(
         fallback = next((r.model for r in chosen if r.role != role), None)
         servers = tuple(
             gateway.Server(
-                replica=r.name,
+                replica=proxy,
                 version=r.version,
-                address=f"127.0.0.1:{ports.proxy[r.name] or UNBOUND}",
+                address=f"127.0.0.1:{ports.proxy[proxy] or UNBOUND}",
                 check_port=ports.sidecar[r.name] or UNBOUND,
                 weight=round(r.weight * 100),
                 disabled=r.spare,
             )
             for r in replicas
+            for proxy in topology.proxy_names(r)
         )
         models.append(gateway.Model(name, servers, fallback))
     routed = gateway.Topology(
@@ -156,7 +159,7 @@ def _usable(servers: list[ServerState]) -> dict[str, int]:
     usable: dict[str, int] = {}
     for server in servers:
         if server.up and server.weight > 0:
-            replica = gateway.parse_server_name(server.name)[1]
+            replica = topology.owner(gateway.parse_server_name(server.name)[1])
             usable[replica] = usable.get(replica, 0) + server.weight
     return usable
 
@@ -195,7 +198,7 @@ async def wait_all_up(
                 s.name
                 for servers in states.values()
                 for s in servers
-                if not s.up and gateway.parse_server_name(s.name)[1] in names
+                if not s.up and topology.owner(gateway.parse_server_name(s.name)[1]) in names
             ]
             if not down:
                 return

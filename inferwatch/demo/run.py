@@ -33,7 +33,7 @@ import httpx
 from rich.console import Console
 from rich.live import Live
 
-from inferwatch.demo import alerting, automation, routing, topology
+from inferwatch.demo import alerting, automation, routing, sharedstate, topology
 from inferwatch.demo import engines as external
 from inferwatch.demo.loadgen import LoadGenerator
 from inferwatch.demo.observer import Observer
@@ -70,6 +70,7 @@ class Options:
     probe_cycle: float
     refresh: float
     haproxy: str  # path of the binary: the gateway the load goes through
+    redis: str  # path of redis-server: the proxies' shared budgets
     execute_runbooks: bool = False  # the runbook receiver acts; else it only audits its plans
     #: engines the user runs, which replace the simulated replicas
     engines: tuple[external.Engine, ...] = ()
@@ -184,7 +185,11 @@ class Demo:
             self.replicas,
             self.tenants,
             {r.name: topology.url(self.ports.sidecar[r.name]) for r in self.replicas},
-            {r.name: topology.url(self.ports.proxy_metrics[r.name]) for r in self.replicas},
+            {
+                name: topology.url(self.ports.proxy_metrics[name])
+                for r in self.replicas
+                for name in topology.proxy_names(r)
+            },
             self.context.prometheus_url,
             self.context.alertmanager_url,
             workdir / automation.AUDIT_LOG if self._alerting else None,
@@ -350,10 +355,12 @@ class Demo:
     # --- the fleet ------------------------------------------------------------------------------
     async def _start(self, workdir: Path, http: httpx.AsyncClient) -> None:
         """Start every component, each stage configured with the addresses bound before it:
-        the receiver before Alertmanager (its webhook), Alertmanager before Prometheus, the
-        replicas before HAProxy (its servers), both before Prometheus (its targets: HAProxy's
-        exporter is one)."""
+        Redis before the proxies (their shared budgets), the receiver before Alertmanager (its
+        webhook), Alertmanager before Prometheus, the replicas before HAProxy (its servers),
+        both before Prometheus (its targets: HAProxy's exporter is one)."""
         automation.write_tokens(workdir)
+        redis = functools.partial(self._redis, workdir)
+        await self._external(http, redis, self.ports.redis)
         await self._start_replicas(self.replicas, workdir)
         if self._alerting:
             await self._started(lambda: self._runbooks(workdir))
@@ -381,21 +388,29 @@ class Demo:
         self, replicas: Sequence[Replica], workdir: Path, faults: object = None
     ) -> list[Component]:
         """Engines, then sidecars (which scrape them), then proxies (which read the sidecars'
-        probe counters), each stage all at once; ``faults``: a fault document the engines
-        start with. A replica served by the user's engine has no engine process."""
+        probe counters; :func:`~inferwatch.demo.topology.proxy_names`), each stage all at
+        once; ``faults``: a fault document the engines start with. A replica served by the
+        user's engine has no engine process."""
         started: list[Component] = []
-        simulated = [r for r in replicas if not r.engine_url]
-        stages: list[tuple[Callable[[Replica, Path], Component], Sequence[Replica]]] = [
-            (functools.partial(self._sim, faults=faults), simulated),
-            (self._sidecar, replicas),
-            (self._proxy, replicas),
+        stages: list[list[Callable[[], Component]]] = [
+            [
+                functools.partial(self._sim, r, workdir, faults)
+                for r in replicas
+                if not r.engine_url
+            ],
+            [functools.partial(self._sidecar, r, workdir) for r in replicas],
+            [
+                functools.partial(self._proxy, r, workdir, name)
+                for r in replicas
+                for name in topology.proxy_names(r)
+            ],
         ]
-        for build, chosen in stages:
-            stage = [build(r, workdir) for r in chosen]
+        for builds in stages:
+            stage = [build() for build in builds]
             for component in stage:
                 self.supervisor.start(component)
-            for replica, component in zip(chosen, stage, strict=True):
-                await self._bound(component, functools.partial(build, replica, workdir))
+            for build, component in zip(builds, stage, strict=True):
+                await self._bound(component, build)
             started += stage
         return started
 
@@ -469,6 +484,10 @@ class Demo:
         )
         return Component("alertmanager", "", topology.url(port), "/-/ready", argv)
 
+    def _redis(self, workdir: Path, port: int) -> Component:
+        self.ports.redis = port
+        return sharedstate.component(self.options.redis, port, workdir)
+
     def _haproxy(self, workdir: Path, port: int, metrics: int) -> Component:
         self.ports.gateway, self.ports.gateway_metrics = port, metrics
         return routing.component(self.options.haproxy, self.ports, workdir, self.fleet)
@@ -522,23 +541,25 @@ class Demo:
              "--warmup-batch-sizes", "1,4", "--warmup-prompt-tokens", "16,256"],
         )  # fmt: skip
 
-    def _proxy(self, replica: Replica, workdir: Path) -> Component:
-        config = workdir / f"proxy-{replica.name}.yaml"
+    def _proxy(self, replica: Replica, workdir: Path, name: str) -> Component:
+        """The proxy ``name`` in front of ``replica``, its budgets in the demo's Redis."""
+        config = workdir / f"proxy-{name}.yaml"
         sidecar_url = topology.url(self.ports.sidecar[replica.name])
+        shared = sharedstate.proxy_section(self.ports.redis, workdir / f"journal-{name}")
         config.write_text(
             topology.proxy_config(
-                replica, self._engine(replica), sidecar_url, self.tenants, self.fleet
+                replica, self._engine(replica), sidecar_url, self.tenants, self.fleet, shared
             )
         )
-        port = self.ports.proxy[replica.name]
+        port = self.ports.proxy[name]
         return Component(
             "proxy",
-            replica.name,
+            name,
             topology.url(port),
             "/healthz",
             [*INFERWATCH, "proxy", "--config", str(config), "--no-access-log",
              "--listen", f"127.0.0.1:{port}",
-             "--metrics-listen", f"127.0.0.1:{self.ports.proxy_metrics[replica.name]}",
+             "--metrics-listen", f"127.0.0.1:{self.ports.proxy_metrics[name]}",
              "--drain-grace", "1"],
         )  # fmt: skip
 
@@ -548,7 +569,8 @@ class Demo:
         engine = "your engine" if options.engines else "simulated vLLM"
         self.say(
             f"inferwatch demo: {len(self.replicas)} replicas ({engine} + sidecar + tenancy "
-            f"proxy each){', Prometheus with the generated rules' if options.prometheus else ''}"
+            f"proxy each, two proxies per primary replica, budgets shared in Redis)"
+            f"{', Prometheus with the generated rules' if options.prometheus else ''}"
             f"{', Alertmanager' if self._alerting else ''}"
             f"{f', runbook receiver ({self.context.runbooks_mode})' if self._alerting else ''}; "
             f"load {options.rate:g} req/s"
@@ -559,6 +581,7 @@ class Demo:
             " (--gpu dcgm=URL)",
             "sidecar": "/metrics /readyz",
             "proxy": "OpenAI API per tenant (base URL {url}/v1); tenant /metrics on its own port",
+            "redis": "the proxies' shared budgets (shared_state url)",
             "prometheus": "web UI and API, /alerts",
             "alertmanager": "web UI, /api/v2/alerts",
             "haproxy": "the gateway clients call: OpenAI API at {gateway}/v1, routed by model, "
@@ -568,22 +591,29 @@ class Demo:
         }
         for c in supervisor.components:
             about = what[c.kind].format(url=c.url, gateway=topology.url(self.ports.gateway))
-            self.say(f"  {c.kind:<12} {c.name:<11} {c.url:<24} pid {c.pid:<7} {about}")
+            self.say(f"  {c.kind:<12} {c.name:<12} {c.url:<24} pid {c.pid:<7} {about}")
         if options.engines:
             for replica, served in zip(self.replicas, options.engines, strict=True):
                 context = f", max_model_len {served.max_model_len}" if served.max_model_len else ""
                 self.say(
-                    f"  engine       {replica.name:<11} {served.url:<24} yours   model "
+                    f"  engine       {replica.name:<12} {served.url:<24} yours   model "
                     f"{served.model}{context} (/v1/models); not started or stopped by the demo"
                 )
         for spare in self.fleet[len(self.replicas) :]:
             self.say(
-                f"  spare        {spare.name:<11} a second {spare.version} replica, started by "
+                f"  spare        {spare.name:<12} a second {spare.version} replica, started by "
                 f"the scenario (gateway server in maintenance until then)"
             )
         tenants = ", ".join(f"{t.name} ({t.key})" for t in self.tenants)
         first = self.replicas[0]
         self.say(f"  tenant API keys: {tenants}")
+        for tenant in self.tenants:
+            if tenant.share == 0 and tenant.budget_tokens:
+                self.say(
+                    f"  {tenant.name} sends nothing unless you do: its budget of "
+                    f"{tenant.budget_tokens} tokens per {tenant.budget_window} holds over every "
+                    f"proxy of its model (kept in Redis), however they share its requests"
+                )
         question = "Which planet in our solar system is the largest? Reply with one word."
         body = json.dumps(
             {"model": first.model, "messages": [{"role": "user", "content": question}]}

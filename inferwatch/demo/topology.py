@@ -4,8 +4,10 @@ The fleet is fixed so that scenarios can name its parts: the primary model serve
 versions (``primary-v1`` on bf16 weights and the fp8 rollout ``primary-v2``, a canary taking a
 third of the primary traffic) and a smaller fallback model (``fallback``) that a batch tenant
 uses and that takes the primary traffic when no primary replica is ready. Every replica has
-its own sidecar and its own tenancy proxy in front of it, as in a pod; HAProxy in front of the
-proxies is the gateway clients call.
+its own sidecar and a tenancy proxy in front of it, as in a pod; a primary replica running at
+t=0 has two proxies (:func:`proxy_names`), as a fleet runs several proxy replicas per model.
+Every proxy keeps the tenants' budgets in one Redis (``shared_state``), so a budget holds
+across all of them. HAProxy in front of the proxies is the gateway clients call.
 
 A spare replica (``primary-v1b``, a second replica of ``primary-v1``'s model and version) is
 not running at t=0: a scenario's ``start`` step starts it, as an autoscaler scaling out would.
@@ -65,11 +67,11 @@ class Tenant:
     name: str
     key: str
     role: Role  # the model the tenant asks for
-    share: float  # share of all requests
+    share: float  # share of the demo's requests (0: none, only what a user sends)
     prompt_words: tuple[int, int]
     max_tokens: tuple[int, int]
     priority: str = "normal"
-    #: tokens per budget window, per proxy (each replica's proxy keeps its own ledger)
+    #: tokens per budget window, for the whole fleet (every proxy keeps it in the one Redis)
     budget_tokens: int | None = None
     budget_window: str = "1h"
 
@@ -89,6 +91,10 @@ TENANTS: tuple[Tenant, ...] = (
     Tenant("globex", "sk-demo-globex", "primary", 0.3, (400, 900), (16, 64)),
     Tenant("initech", "sk-demo-initech", "fallback", 0.2, (200, 500), (128, 384),
            priority="low", budget_tokens=30_000, budget_window="1m"),
+    # no share of the demo's load (so no scenario's load meets its budget): its traffic is
+    # the user's own, through the gateway, to watch one budget hold over the four proxies
+    Tenant("hooli", "sk-demo-hooli", "primary", 0.0, (400, 900), (16, 64),
+           budget_tokens=20_000, budget_window="1m"),
 )  # fmt: skip
 
 
@@ -116,6 +122,23 @@ def fleet(
     return (*replicas, *(r for r in SPARES if r.name in wanted))
 
 
+#: what a replica's second proxy is called after it: ``primary-v1.b``
+TWIN = ".b"
+
+
+def proxy_names(replica: Replica) -> tuple[str, ...]:
+    """The proxies in front of a replica: two for a primary replica running at t=0 (their
+    budgets held in the one Redis), one for any other."""
+    if replica.role == "primary" and not replica.spare:
+        return (replica.name, replica.name + TWIN)
+    return (replica.name,)
+
+
+def owner(proxy: str) -> str:
+    """The replica a proxy (named by :func:`proxy_names`) is in front of."""
+    return proxy.removesuffix(TWIN)
+
+
 def models(replicas: Sequence[Replica]) -> dict[Role, str]:
     """The model of each role the fleet serves; a fleet without a fallback model sends the
     fallback's tenants to the primary model."""
@@ -134,9 +157,10 @@ class Ports:
 
     sim: dict[str, int]  # the simulated replicas' engines
     sidecar: dict[str, int]
-    proxy: dict[str, int]
+    proxy: dict[str, int]  # by proxy name (:func:`proxy_names`)
     #: each proxy's own metrics listener (tenant series), apart from the client port
     proxy_metrics: dict[str, int]
+    redis: int  # the proxies' shared state
     prometheus: int
     alertmanager: int
     runbooks: int  # the runbook receiver (inferwatch runbooks serve)
@@ -148,7 +172,8 @@ class Ports:
     @classmethod
     def count(cls, replicas: Sequence[Replica] = REPLICAS) -> int:
         """How many ports the fleet uses: a replica served by the user's engine has none."""
-        return 3 * len(replicas) + len(_simulated(replicas)) + 5
+        proxies = sum(len(proxy_names(r)) for r in replicas)
+        return len(replicas) + 2 * proxies + len(_simulated(replicas)) + 6
 
     @classmethod
     def assign(cls, base: int | None, replicas: Sequence[Replica] = REPLICAS) -> Ports:
@@ -156,11 +181,13 @@ class Ports:
         count = cls.count(replicas)
         ports = iter(range(base, base + count) if base else [0] * count)
         names = [r.name for r in replicas]
+        proxies = [name for r in replicas for name in proxy_names(r)]
         return cls(
             sim={name: next(ports) for name in _simulated(replicas)},
             sidecar={name: next(ports) for name in names},
-            proxy={name: next(ports) for name in names},
-            proxy_metrics={name: next(ports) for name in names},
+            proxy={name: next(ports) for name in proxies},
+            proxy_metrics={name: next(ports) for name in proxies},
+            redis=next(ports),
             prometheus=next(ports),
             alertmanager=next(ports),
             runbooks=next(ports),
@@ -181,6 +208,10 @@ def served_names(replica: Replica, replicas: Sequence[Replica] = REPLICAS) -> li
     return [replica.model, *others]
 
 
+#: every proxy's max_input_tokens: no reservation is larger than it plus the completion cap
+MAX_INPUT_TOKENS = 8192
+
+
 def url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
 
@@ -191,12 +222,16 @@ def proxy_config(
     sidecar: str,
     tenants: Sequence[Tenant] = TENANTS,
     replicas: Sequence[Replica] = REPLICAS,
+    shared_state: Mapping[str, Any] | None = None,
 ) -> str:
-    """The tenancy proxy's YAML for the proxy in front of one replica.
+    """The tenancy proxy's YAML for a proxy in front of one replica; ``shared_state``: its
+    section (the fleet's Redis, where every proxy keeps the budgets).
 
     The replica's sidecar probes the engine directly; the proxy reads its probe token counters
-    so that they reconcile with the engine's.
+    so that they reconcile with the engine's. A proxy that shares its engine with another
+    (:func:`proxy_names`) does not reconcile: the engine's counters hold both proxies' traffic.
     """
+    shares_engine = len(proxy_names(replica)) > 1
     tenant_entries: dict[str, Any] = {}
     for tenant in tenants:
         entry: dict[str, Any] = {"key_sha256": [hash_key(tenant.key)], "priority": tenant.priority}
@@ -206,16 +241,18 @@ def proxy_config(
     document = {
         "upstream": {
             "url": upstream,
-            "reconcile_interval": 5,
+            "reconcile_interval": 0 if shares_engine else 5,
             "probe_metrics": [sidecar + "/metrics"],
         },
         "tenants": tenant_entries,
         "versions": {"model_version": replica.version},
         "prices": {"models": {r.model: dict(PRICES[r.role]) for r in replicas}},
-        "limits": {"max_input_tokens": 8192},
+        "limits": {"max_input_tokens": MAX_INPUT_TOKENS},
         # demo traffic is light: screen half of it so injected degeneracy shows in seconds
         "quality_sampling": {"rate": 1.0},
     }
+    if shared_state is not None:
+        document["shared_state"] = dict(shared_state)
     return yaml.safe_dump(document, sort_keys=False)
 
 
@@ -283,11 +320,13 @@ def scrape_jobs(ports: Ports) -> dict[str, Mapping[str, int]]:
 
 
 def target_groups(by_replica: Mapping[str, int], names: Collection[str]) -> list[dict[str, Any]]:
-    """One target group per named replica, as static configs and discovery files list them."""
+    """One target group per sidecar or proxy of the named replicas, labelled with its replica
+    (both proxies of a replica carry its name), as static configs and discovery files list
+    them."""
     return [
-        {"targets": [f"127.0.0.1:{port}"], "labels": {"cluster": CLUSTER, "replica": name}}
+        {"targets": [f"127.0.0.1:{port}"], "labels": {"cluster": CLUSTER, "replica": owner(name)}}
         for name, port in by_replica.items()
-        if name in names
+        if owner(name) in names
     ]
 
 

@@ -200,7 +200,7 @@ def _tenant_table(tenants: Sequence[TenantState]) -> Table:
             number(state.tokens, 0),
             money(state.cost),
             money(state.cost_per_hour),
-            budget(state),
+            budget(state) + (f" ({state.proxies} proxies)" if t.budget_tokens else ""),
         )
     return table
 
@@ -275,6 +275,7 @@ def summary_line(state: FleetState) -> str:
     tenants = ", ".join(
         f"{t.tenant.name} {number(t.tokens, 0)} tok {money(t.cost)} "
         f"ok {t.ok:.0f} rejected {t.rejected:.0f} errors {t.errors:.0f}"
+        + (f" budget left {budget(t)} over {t.proxies} proxies" if t.tenant.budget_tokens else "")
         for t in state.tenants
     )
     parts.append(f"tenants {tenants}")

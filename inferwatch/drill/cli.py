@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from inferwatch.clikit import BadInput, CannotRun, Failed, FiniteFloat, PortTaken, cannot_write
-from inferwatch.demo import alerting, routing
+from inferwatch.demo import alerting, routing, sharedstate
 from inferwatch.demo.processes import PortInUse
 from inferwatch.demo.run import Options
 from inferwatch.drill.run import Drill, Timeline
@@ -82,6 +82,7 @@ def drill(report: Path | None, speed: float, rate: float, alert_config: Path | N
         probe_cycle=5.0,
         refresh=5.0,
         haproxy=routing.binary(),
+        redis=sharedstate.binary(),
         execute_runbooks=True,
     )
     began = time.monotonic()

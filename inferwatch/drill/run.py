@@ -24,12 +24,14 @@ from typing import Any
 
 import httpx
 
+from inferwatch.config import Duration
 from inferwatch.demo import automation, routing, topology
 from inferwatch.demo.loadgen import Completion, LoadGenerator
 from inferwatch.demo.observer import Observer
 from inferwatch.demo.processes import Component, StartError, Supervisor
 from inferwatch.demo.run import Demo
 from inferwatch.demo.scenario import Step
+from inferwatch.drill import books
 from inferwatch.drill.kubefake import FakeKube
 from inferwatch.gateway import haproxy as gateway
 
@@ -55,6 +57,9 @@ class Scenario:
     also: tuple[str, ...] = ()  # further actions that must be applied exactly once
     #: the fault kills the engines themselves, so failed requests are no routing loss
     kills_engines: bool = False
+    #: the fault is the proxies' Redis killed (``kill -9``) during the flood, the repair
+    #: its restart: the budget holds on each proxy's local bound and the journal replays
+    kills_redis: bool = False
 
 
 def _inject(replicas: Sequence[str], faults: dict[str, Any]) -> Step:
@@ -98,6 +103,16 @@ SCENARIOS: tuple[Scenario, ...] = (
         "InferwatchAdmissionRejectionsRising",
         None,  # admission control contains it: nothing to isolate or shift
         flood="initech",
+    ),
+    Scenario(
+        "redis-dies",
+        "the proxies' Redis is killed mid-flood of tenant initech, then restarted",
+        [],
+        [],
+        "InferwatchSharedStateDown",
+        None,  # the failure policy is the response: fail_open, budget / N on each proxy
+        flood="initech",
+        kills_redis=True,
     ),
     Scenario(
         "hung-engine",
@@ -147,6 +162,14 @@ class Timeline:
     checks: dict[str, bool] = field(default_factory=dict)
     #: the receiver's audited decisions during the scenario (alert, action, outcome, reason)
     decisions: list[dict[str, str]] = field(default_factory=list)
+    #: Redis killed: the flooding tenant's tokens charged over every proxy while it was down,
+    #: and what they may be (budget x (1 + 1/N) per window touched, plus one reservation)
+    spent_while_down: float | None = None
+    allowed_while_down: float | None = None
+    #: seconds after t=0 at which every proxy reached Redis again with its journal replayed
+    replayed: float | None = None
+    #: afterwards, the largest gap between a proxy's charges and its engine's counters
+    drift_tokens: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -218,6 +241,8 @@ class Drill(Demo):
     ) -> Timeline:
         line = Timeline(scenario.name, scenario.about)
         self.progress(f"{scenario.name}: {scenario.about}")
+        if scenario.kills_redis and scenario.flood is not None:
+            await self._fresh_window(scenario.flood)
         start_audit = len(self._audit())
         line.fault = self._now()
         flood = None
@@ -229,6 +254,13 @@ class Drill(Demo):
                                   {tenant.role: topology.replica("fallback").model}, [tenant], 25.0,
                                   seed=7)  # fmt: skip
             flood_task = asyncio.create_task(flood.run())
+        redis = self.supervisor.find("redis", "") if scenario.kills_redis else None
+        down_since = time.time()
+        before = None
+        if redis is not None and scenario.flood is not None:
+            before = books.spent(await books.pages(http, self._proxy_metrics()), scenario.flood)
+            await self.supervisor.crash(redis)
+            self.progress(f"  redis-server killed (pid {redis.pid})")
         line.alert = await self._until(lambda: self._alert_seen(http, scenario.alert), "alert")
         self.progress(f"  alert {scenario.alert}: {self._show(line.alert, line.fault)}")
         if scenario.action is not None:
@@ -248,6 +280,8 @@ class Drill(Demo):
             flood_task.cancel()
             await asyncio.gather(flood_task, return_exceptions=True)
         line.repaired = self._now()
+        if redis is not None and scenario.flood is not None:
+            await self._redis_back(line, redis, http, scenario.flood, before, down_since)
         for step in scenario.repair:
             await self._apply(step, http, load)
         if scenario.moved_from:
@@ -298,6 +332,60 @@ class Drill(Demo):
                 )
         return False
 
+    async def _fresh_window(self, tenant_name: str) -> None:
+        """Wait until the tenant's budget window (aligned to the clock, as the proxies' books
+        are) has just begun, so that it has room when Redis dies: an earlier flood may have
+        spent the last window, and then the local bound would admit nothing to measure."""
+        tenant = next(t for t in topology.TENANTS if t.name == tenant_name)
+        window = Duration.parse(tenant.budget_window).seconds
+        await asyncio.sleep(window - time.time() % window)
+        self.progress(f"  {tenant_name}'s budget window begins")
+
+    def _proxy_metrics(self) -> list[str]:
+        return [topology.url(port) for port in self.ports.proxy_metrics.values() if port]
+
+    async def _redis_back(
+        self,
+        line: Timeline,
+        redis: Component,
+        http: httpx.AsyncClient,
+        tenant_name: str,
+        before: float | None,
+        down_since: float,
+    ) -> None:
+        """Measure what the tenant spent while Redis was down, restart it, and wait for every
+        proxy's journal to replay and the books to agree with the engines again."""
+        after = books.spent(await books.pages(http, self._proxy_metrics()), tenant_name)
+        tenant = next(t for t in topology.TENANTS if t.name == tenant_name)
+        if before is not None and after is not None and tenant.budget_tokens:
+            proxies = len(self._proxy_metrics())
+            window = Duration.parse(tenant.budget_window).seconds
+            windows = int(time.time() // window) - int(down_since // window) + 1
+            line.spent_while_down = after - before
+            line.allowed_while_down = windows * tenant.budget_tokens * (1 + 1 / proxies) + (
+                topology.MAX_INPUT_TOKENS + tenant.max_tokens[1]
+            )
+        await self.supervisor.restart(redis)
+        try:
+            await self.supervisor.wait_answering(redis, http, DEADLINE)
+        except StartError as exc:
+            self.progress(f"  {exc}")
+            return
+        self.progress(f"  redis-server started again (pid {redis.pid})")
+
+        async def replayed() -> bool:
+            return books.replayed(await books.pages(http, self._proxy_metrics()))
+
+        line.replayed = await self._until(replayed, "journal replay")
+        tolerance = self.options.alerts.alert("InferwatchReconciliationDrift").number("tokens")
+
+        async def agree() -> bool:
+            gap = books.drift(await books.pages(http, self._proxy_metrics()))
+            line.drift_tokens = gap
+            return gap is not None and gap <= tolerance
+
+        await self._until(agree, "books agreeing with the engines")
+
     def _checks(self, line: Timeline, scenario: Scenario) -> dict[str, bool]:
         checks = {"alert fired": line.alert is not None}
         if scenario.action is None:
@@ -315,6 +403,17 @@ class Drill(Demo):
         # from the unready replicas, so that loses nothing either, unless the engines died
         if not scenario.kills_engines:
             checks["no request lost"] = line.lost == 0
+        if scenario.kills_redis:
+            checks["within budget x (1 + 1/N) while down"] = (
+                line.spent_while_down is not None
+                and line.allowed_while_down is not None
+                and line.spent_while_down <= line.allowed_while_down
+            )
+            checks["journal replayed"] = line.replayed is not None
+            tolerance = self.options.alerts.alert("InferwatchReconciliationDrift").number("tokens")
+            checks["books equal the engines' counters"] = (
+                line.drift_tokens is not None and line.drift_tokens <= tolerance
+            )
         return checks
 
     def _count_losses(self, line: Timeline, load: LoadGenerator, scenario: Scenario) -> None:
