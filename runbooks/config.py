@@ -152,11 +152,13 @@ def _breaker(reader: Fields) -> Breaker:
 
 #: per source, its settings: (known, required)
 _SOURCES: Mapping[str, tuple[set[str], set[str]]] = {
-    "kubernetes": (
-        {"namespace", "selector", "port", "model_label", "pool_label", "host", "kubeconfig"},
-        {"selector"},
-    ),
+    "kubernetes": ({"selector", "host", "kubeconfig"}, {"selector"}),
     "haproxy": ({"runtime"}, {"runtime"}),
+}
+#: per kind listed from Kubernetes, the settings only it takes: (known, required)
+_KUBERNETES_KINDS: Mapping[str, tuple[set[str], set[str]]] = {
+    "replicas": ({"namespace", "port", "model_label", "population_label"}, {"namespace", "port"}),
+    "nodes": ({"pool_label"}, set()),
 }
 
 
@@ -190,8 +192,9 @@ def _inventory(reader: Fields) -> dict[str, dict[str, Any]]:
             )
         fields = section.child(source)
         known, required = _SOURCES[source]
-        if kind == "replicas":
-            required = required | {"namespace", "port"}
+        if source == "kubernetes":
+            own, needed = _KUBERNETES_KINDS[kind]
+            known, required = known | own, required | needed
         fields.check_keys(known, required)
         if kind == "replicas" and not isinstance(fields.raw["port"], int):
             raise fields.error("port", "expected the sidecars' port number")

@@ -1,11 +1,13 @@
 """Inventory sources from the Kubernetes API: a model's pods and the GPU nodes, by label selector.
 
 A pod is a replica once it runs, has an IP and is not being deleted; its sidecar is reached at
-``<pod IP>:<port>`` (the ``instance`` Prometheus' pod discovery gives it) and its model is the
-value of ``model_label``. A node is listed when it matches ``selector`` (for example
-``nvidia.com/gpu.present=true``), so a control-plane node outside it is never a target; its
-pool is ``pool_label``'s value. Lists are read with ``limit`` :data:`~inferwatch.runbooks.
-inventory.MAX_ENTRIES` and refused when the server says there is more.
+``<pod IP>:<port>`` (the ``instance`` Prometheus' pod discovery gives it), its model is the
+value of ``model_label`` and its breaker population the value of ``population_label`` (for
+pods whose model label cannot hold the served name; else the model). A node is listed when
+it matches ``selector`` (for example ``nvidia.com/gpu.present=true``), so a control-plane node
+outside it is never a target; its pool is ``pool_label``'s value. Lists are read with
+``limit`` :data:`~inferwatch.runbooks.inventory.MAX_ENTRIES` and refused when the server says
+there is more.
 """
 
 from __future__ import annotations
@@ -61,13 +63,14 @@ class Pods(_Listing):
         selector: str,
         port: int,
         model_label: str = "inferwatch.io/model",
+        population_label: str = "",
         host: str | None = None,
         kubeconfig: str | None = None,
         api: client.ApiClient | None = None,
     ) -> None:
         super().__init__(api, host, kubeconfig)
         self.namespace, self.selector, self.port = namespace, selector, port
-        self.model_label = model_label
+        self.model_label, self.population_label = model_label, population_label
 
     async def entries(self) -> Sequence[Entry]:
         pods = await self._list(
@@ -88,10 +91,13 @@ class Pods(_Listing):
                 "instance": f"{ip}:{self.port}",
                 "node": str((pod.get("spec") or {}).get("nodeName", "")),
             }
-            model = (meta.get("labels") or {}).get(self.model_label)
+            pod_labels = meta.get("labels") or {}
+            model = pod_labels.get(self.model_label)
             if model:
                 labels["model"] = str(model)
-            found.append(entry(self.kind, labels))
+            listed = entry(self.kind, labels)
+            population = pod_labels.get(self.population_label) if self.population_label else None
+            found.append(Entry(listed.labels, str(population)) if population else listed)
         return found
 
 

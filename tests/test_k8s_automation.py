@@ -99,6 +99,7 @@ def test_the_kit_mapping_is_the_sites(rendered: tuple[dict[str, Any], ...]) -> N
     assert dict(config.inventory) == {
         "replicas": {"kubernetes": {
             "namespace": "inference", "port": SIDECAR_PORT, "model_label": "",
+            "population_label": "inferwatch.io/model",
             "selector": "inferwatch.io/sidecar=true,inferwatch.io/track!=canary",
         }},
         "nodes": {"kubernetes": {"selector": "nvidia.com/gpu.present=true"}},

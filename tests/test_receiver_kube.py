@@ -8,6 +8,7 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -121,6 +122,43 @@ def test_the_models_pods_are_replicas_at_their_ip(fake: FakeKube, api: client.Ap
     for spoofed in ({"instance": "10.0.0.7:9400"}, {"pod": "llama-2"}, {"instance": "evil:80"}):
         with pytest.raises(Refused):
             asyncio.run(inventory.resolve("isolate_replica", {"alertname": "X", **spoofed}))
+
+
+@pytest.mark.parametrize(
+    ("population_label", "populations"),
+    [("inferwatch.io/model", {"a-0": ("llama", 2), "b-0": ("qwen", 2)}),
+     ("", {"a-0": ("replicas", 4), "b-0": ("replicas", 4)})],
+)  # fmt: skip
+def test_each_models_pods_are_a_breaker_population_of_their_own(
+    fake: FakeKube, api: client.ApiClient, population_label: str, populations: dict[str, Any]
+) -> None:
+    """Two models in one namespace, their served names in no label (``model_label: ""``, as
+    the kit lists them): with ``population_label`` each model's share is of its own pods."""
+    for i, (pod, model) in enumerate([("a-0", "llama"), ("a-1", "llama"), ("b-0", "qwen"),
+                                      ("b-1", "qwen")]):  # fmt: skip
+        labels = {"inferwatch.io/sidecar": "true", "inferwatch.io/model": model}
+        fake.add_pod("inference", pod, labels=labels, ip=f"10.0.0.{i + 1}")
+    pods = Pods(namespace="inference", selector="inferwatch.io/sidecar=true", port=9400,
+                model_label="", population_label=population_label, api=api)  # fmt: skip
+    inventory = Inventory({"replicas": pods})
+    for pod, expected in populations.items():
+        found = asyncio.run(inventory.resolve("isolate_replica", {"alertname": "X", "pod": pod}))
+        assert found is not None
+        entry, size = found
+        assert "model" not in entry.labels
+        assert (entry.population, size) == expected
+
+
+def test_a_setting_of_another_kind_is_refused_in_one_line() -> None:
+    """``population_label`` lists replicas only: on the nodes it is a config error, not a
+    crash when the inventory is built."""
+    document = {
+        "namespaces": [""],
+        "breaker": {"max_fraction": 0.5},
+        "inventory": {"nodes": {"kubernetes": {"selector": GPU, "population_label": "x"}}},
+    }
+    with pytest.raises(mapping.ConfigError, match=r"population_label: unknown field"):
+        mapping.parse(document, "actions.yaml")
 
 
 def test_configmap_writes_that_conflict_are_retried_and_none_is_lost(

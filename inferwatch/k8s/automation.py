@@ -11,8 +11,9 @@ the kit's receiver reads with ``--config``, so the receiver acts as shipped:
   canary (left to its readiness and its rollback), reached at the sidecar's port; the nodes
   are the ones the GPU node selector picks, so a control-plane node is never a target. The
   entries carry no ``model``: the inventory compares it with the alert's, the served name,
-  which (``meta-llama/...``) cannot be a label value; so the breaker's replica population is
-  every listed replica of the namespace;
+  which (``meta-llama/...``) cannot be a label value; the breaker's replica population is the
+  pod's :data:`~inferwatch.k8s.inject.MODEL_LABEL` instead (the kit's model and each injected
+  one), so one model's faults cannot use up another's share;
 - the replica rules also match the models' scrape jobs only, so an alert of the node-wide GPU
   exporter or of the canary isolates nothing;
 - GPU faults take the replica out through its sidecar and act on the node: a reset-class XID
@@ -57,6 +58,7 @@ def inventory(namespace: str, gpu_nodes: str) -> dict[str, Any]:
         "port": inject.PORTS["iw-metrics"],
         # no pod label holds the served model name (see the module docstring)
         "model_label": "",
+        "population_label": inject.MODEL_LABEL,
     }
     return {
         "replicas": {"kubernetes": replicas},
