@@ -19,6 +19,7 @@ from inferwatch.cli import main
 from inferwatch.config.loader import MAX_FILE_BYTES, MAX_INTEGER
 from inferwatch.k8s import autoscaling as k8s_autoscaling
 from inferwatch.k8s import kit as k8s
+from support.k8s import validate
 from support.shared import REPO, tool
 
 pytestmark = pytest.mark.proc
@@ -132,6 +133,53 @@ def test_a_sites_tracing_reaches_the_model_pods_proxy_and_probes(kit: Path) -> N
         assert env["NODE_NAME"] == {"fieldPath": "spec.nodeName"}, where
     plain = containers("single-cluster")
     assert not [w for w, c in plain.items() if any("--otlp" in a for a in c["args"])]
+
+
+def test_a_site_with_an_endpoint_picker_routes_the_stable_share_to_a_fail_open_pool(
+    kit: Path,
+) -> None:
+    """The pool is the stable replicas at the proxy's client port, valid by the Inference
+    Extension's CRD; the route's stable share goes to it, the canary's and the fallback's
+    stay on their Services."""
+    (kit / "sites" / "pooled.yaml").write_text(
+        "gateway: {endpoint_picker: llama-8b-epp, fallback: qwen3-32b-inferwatch}\n"
+    )
+    assert generate("--dir", str(kit)).exit_code == 0
+    rendered = subprocess.run(
+        [tool("kubectl"), "kustomize", str(kit / "overlays" / "pooled")],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    documents = [d for d in yaml.safe_load_all(rendered) if d]
+    for document in documents:
+        validate(document)
+    (pool,) = [d for d in documents if d["kind"] == "InferencePool"]
+    assert pool["spec"]["endpointPickerRef"] == {
+        "name": "llama-8b-epp", "port": {"number": 9002}, "failureMode": "FailOpen",
+    }  # fmt: skip
+    (stable,) = [
+        d for d in documents if d["kind"] == "Deployment" and d["metadata"]["name"] == "llama-8b"
+    ]
+    template = stable["spec"]["template"]
+    assert pool["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    containers = template["spec"]["containers"]
+    proxy_ports = [
+        p["containerPort"] for c in containers if c["name"] == "inferwatch-proxy"
+        for p in c["ports"] if p["name"] == "http"
+    ]  # fmt: skip
+    assert [t["number"] for t in pool["spec"]["targetPorts"]] == proxy_ports
+    (route,) = [d for d in documents if d["kind"] == "HTTPRoute"]
+    refs = route["spec"]["rules"][1]["backendRefs"]
+    assert [(r.get("kind", "Service"), r["name"]) for r in refs] == [
+        ("InferencePool", pool["metadata"]["name"]),
+        ("Service", "llama-8b-canary"),
+        ("Service", "qwen3-32b-inferwatch"),
+    ]
+    assert refs[0]["group"] == "inference.networking.k8s.io"
+    plain = subprocess.run(
+        [tool("kubectl"), "kustomize", str(kit / "overlays" / "single-cluster")],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    assert "InferencePool" not in plain
 
 
 def test_generated_dashboards_join_the_kit_once_they_exist(kit: Path, tmp_path: Path) -> None:
@@ -269,6 +317,8 @@ FULL_SITE = {
         "canary_users": ["release-qa"],
         "fallback": "qwen3-32b-inferwatch",
         "fallback_port": 80,
+        "endpoint_picker": "llama-8b-epp",
+        "endpoint_picker_port": 9002,
     },
     "models": yaml.safe_load((KIT / "sites" / "single-cluster.yaml").read_text())["models"],
     "tracing": {"otlp_endpoint": "http://collector.monitoring.svc:4318", "sampling_ratio": 0.1},

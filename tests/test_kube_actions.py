@@ -631,16 +631,28 @@ def test_planning_any_alert_either_plans_or_refuses_with_action_error(offline, l
 
 
 @settings(max_examples=25, deadline=None)
-@given(backend=st.integers(0, 1000), fallback=st.integers(0, 1000), steps=st.integers(1, 8))
+@given(
+    backend=st.integers(0, 1000),
+    fallback=st.integers(0, 1000),
+    steps=st.integers(1, 8),
+    pool=st.booleans(),
+)
 def test_httproute_stages_keep_the_total_and_revert_restores_it(
-    validator, backend, fallback, steps
+    validator, backend, fallback, steps, pool
 ) -> None:
+    """``pool``: the failing backend is the Inference Extension's pool of the model's pods,
+    as the kit's route names it when the site has an endpoint picker."""
     fake = FakeKube(validator)
+    failing = (
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "v2"}
+        if pool
+        else {"name": "v2", "port": 80}
+    )
     spec = {
         "rules": [
             {
                 "backendRefs": [
-                    {"name": "v2", "port": 80, "weight": backend},
+                    {**failing, "weight": backend},
                     {"name": "v1", "port": 80, "weight": fallback},
                 ]
             }

@@ -96,6 +96,10 @@ class Site:
     #: another model's Service the route carries at weight 0, for shift_traffic ("": none)
     fallback: str = ""
     fallback_port: int = 80
+    #: the Inference Extension's endpoint picker Service ("": no InferencePool, the route
+    #: sends the stable share to the model's Service) and its port
+    endpoint_picker: str = ""
+    endpoint_picker_port: int = 9002
     autoscaling: str = "none"  # none | hpa | keda (see inferwatch/k8s/autoscaling.py)
     min_replicas: int = 2
     max_replicas: int = 8
@@ -125,7 +129,10 @@ SECTIONS = {
     },
     "monitoring": {"namespace", "release", "remote_write"},
     "monitoring.remote_write": {"url", *QUEUE, "batch_send_deadline"},
-    "gateway": {"class", "hostname", "canary_weight", "canary_users", "fallback", "fallback_port"},
+    "gateway": {
+        "class", "hostname", "canary_weight", "canary_users", "fallback", "fallback_port",
+        "endpoint_picker", "endpoint_picker_port",
+    },
     "autoscaling": {"mode", "min_replicas", "max_replicas"},
     "automation": {"gpu_node_selector"},
     "tracing": k8s_tracing.KEYS,
@@ -174,6 +181,10 @@ def load_site(path: Path) -> Site:
         # another model's Service in this namespace, at weight 0 beside the stable replicas
         fallback=gateway.matching("fallback", "", OPTIONAL_DNS_LABEL, "a Service name", 63),
         fallback_port=gateway.integer("fallback_port", 80, 1, 65535),
+        endpoint_picker=gateway.matching(
+            "endpoint_picker", "", OPTIONAL_DNS_LABEL, "a Service name", 63
+        ),
+        endpoint_picker_port=gateway.integer("endpoint_picker_port", 9002, 1, 65535),
         # the model Deployment's autoscaler (inferwatch/k8s/autoscaling.py); none: a fixed count
         autoscaling=scaling.choice("mode", "none", AUTOSCALING_MODES),
         min_replicas=scaling.integer("min_replicas", 2, 1, 1000),
@@ -340,8 +351,12 @@ def render_overlay(
         f"hostname={site.hostname}",
     ]
     route_patch = [
-        {"op": "replace", "path": "/spec/rules/1/backendRefs/0/weight",
-         "value": 100 - site.canary_weight},
+        # the stable share: to the model's Service, or its pool when the site has a picker
+        {"op": "replace", "path": "/spec/rules/1/backendRefs/0",
+         "value": {**POOL_REF, "weight": 100 - site.canary_weight}}
+        if site.endpoint_picker
+        else {"op": "replace", "path": "/spec/rules/1/backendRefs/0/weight",
+              "value": 100 - site.canary_weight},
         {"op": "replace", "path": "/spec/rules/1/backendRefs/1/weight",
          "value": site.canary_weight},
     ]  # fmt: skip
@@ -388,6 +403,13 @@ def render_overlay(
             }
         ],
     }
+    files: dict[str, str] = {}
+    if site.endpoint_picker:
+        kustomization["resources"].append(INFERENCE_POOL_FILE)
+        files[f"{site.name}/{INFERENCE_POOL_FILE}"] = (
+            MARKER + f"# from deploy/kubernetes/sites/{site.name}.yaml (gateway.endpoint_picker)\n"
+            + _dump(inference_pool(site))
+        )
     if site.tracing:
         # both the stable and the canary Deployment (base/model and its -canary copy)
         kustomization["patches"].append({
@@ -398,7 +420,6 @@ def render_overlay(
         MARKER + f"# from deploy/kubernetes/sites/{site.name}.yaml; render with\n"
         f"#   kubectl kustomize deploy/kubernetes/overlays/{site.name}\n"
     )
-    files: dict[str, str] = {}
     if site.autoscaling != "none":
         files.update(_autoscaling_overlay(site, scaled, kustomization))
     files[f"{site.name}/kustomization.yaml"] = header + _dump(kustomization)
@@ -455,6 +476,35 @@ def inject_component(site: Site) -> dict[str, str]:
         f"{site.name}/inject/kustomization.yaml": header + _dump(rendered["kustomization"]),
         f"{site.name}/inject/models.yaml": MARKER + objects,
     }
+
+
+#: the stable replicas as an Inference Extension pool, as the route names it
+POOL_REF = {"group": "inference.networking.k8s.io", "kind": "InferencePool",
+            "name": automation.ROUTE}  # fmt: skip
+INFERENCE_POOL_FILE = "inferencepool.yaml"
+#: the proxy's client port in the model pod (base/model/vllm.yaml, container port ``http``)
+PROXY_PORT = 8080
+
+
+def inference_pool(site: Site) -> dict[str, Any]:
+    """The stable replicas as an InferencePool: the site's endpoint picker chooses among the
+    ready pods, and the gateway keeps routing (to any of them) when the picker does not
+    answer (``FailOpen``), rather than failing every request."""
+    return {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": automation.ROUTE, "labels": {"app.kubernetes.io/name": "llama-8b"}},
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": "llama-8b",
+                                         "inferwatch.io/track": "stable"}},
+            "targetPorts": [{"number": PROXY_PORT}],
+            "endpointPickerRef": {
+                "name": site.endpoint_picker,
+                "port": {"number": site.endpoint_picker_port},
+                "failureMode": "FailOpen",
+            },
+        },
+    }  # fmt: skip
 
 
 def node_agent_overlay(site: Site) -> dict[str, Any]:

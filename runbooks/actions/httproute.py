@@ -62,8 +62,14 @@ def _weight(ref: Mapping[str, Any]) -> int:
     return int(ref.get("weight", _DEFAULT_WEIGHT))
 
 
-def _is(ref: Mapping[str, Any], service: str) -> bool:
-    return ref.get("name") == service and ref.get("kind", "Service") == "Service"
+#: the kinds of backend a shift moves weight between: a Service, or the Inference Extension's
+#: pool of a model's pods
+_BACKENDS = {("", "Service"), ("inference.networking.k8s.io", "InferencePool")}
+
+
+def _is(ref: Mapping[str, Any], backend: str) -> bool:
+    kind = (ref.get("group", ""), ref.get("kind", "Service"))
+    return ref.get("name") == backend and kind in _BACKENDS
 
 
 def _originals(route: Obj, backend: str, fallback: str) -> list[list[int]]:

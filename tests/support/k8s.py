@@ -20,7 +20,9 @@ from support.shared import REPO, shared_path
 KIT = REPO / "deploy" / "kubernetes"
 #: oldest Kubernetes the kit supports, and the newest schema kubernetes-validate ships
 KUBERNETES_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
-CRD_GROUPS = ("monitoring.coreos.com", "gateway.networking.k8s.io", "keda.sh")
+CRD_GROUPS = (
+    "monitoring.coreos.com", "gateway.networking.k8s.io", "keda.sh", "inference.networking.k8s.io"
+)
 
 
 class CrdLoader(yaml.SafeLoader):
