@@ -14,6 +14,21 @@ T, TO, C, MV = Scope.TENANT, Scope.TENANT_ONLY, Scope.CLUSTER, Scope.MODEL_VERSI
 REJECTED = 'outcome=~"rejected_.*"'
 
 
+def _fair_share(ctx: Ctx) -> tuple[str, str]:
+    """Each tenant's share of the tokens, and its weight's share among the tenants that sent
+    some (over every tenant: the tenant variable would make the shares of a subset)."""
+    c = ctx.config.cluster_label
+    on_c = f"on ({c}) group_left"
+    tokens = ctx.r(recording.tenant_tokens(ctx.config), C, 'token_type=~"prompt|completion"')
+    per_tenant = f"sum by ({c}, tenant) ({tokens})"
+    # every proxy exports the weights of its config: one value per tenant
+    weights = (f"(max by ({c}, tenant) ({ctx.m('tenancy_weight', C)}) "
+               f"and on ({c}, tenant) {per_tenant})")  # fmt: skip
+    share = f"({per_tenant} / {on_c} sum by ({c}) ({per_tenant}))"
+    weight_share = f"({weights} / {on_c} sum by ({c}) ({weights}))"
+    return share, weight_share
+
+
 def board(ctx: Ctx) -> Board:
     config = ctx.config
     c = config.cluster_label
@@ -35,6 +50,7 @@ def board(ctx: Ctx) -> Board:
     )
     tenant_by = ctx.by("tenant", "model", "model_version")
     admitted = ctx.rate("tenancy_requests", T, 'outcome="ok"')
+    share, weight_share = _fair_share(ctx)
     return Board(
         "cost", "Inferwatch / Tenants and cost",
         "Tokens and cost by tenant and model, budgets and where they are heading, admission "
@@ -127,4 +143,18 @@ def board(ctx: Ctx) -> Board:
               [Q(ctx.or_zero(f"sum by ({c}, tenant, reason) ({ctx.rate('tenancy_shed', TO)})",
                              scope=C, of="tenancy_requests_in_flight"),
                  "{{tenant}} {{reason}}")], width=12, stack=True),
+        Panel(13, "Token share against weight share", "Each tenant's share of the prompt "
+              "and completion tokens metered, and its weight's share of the weights of the "
+              "tenants that sent tokens (an idle tenant is owed nothing). Under contention "
+              "weighted fair queuing brings a tenant's share towards its weight's within its "
+              "priority class; far below it while its requests queue, it is starved. Every "
+              "tenant is shown: a share is only one against the others.", "percentunit",
+              [Q(share, "{{tenant}} tokens"), Q(weight_share, "{{tenant}} weight")],
+              max=1, width=16),
+        Panel(14, "Fair-share gap", "The largest gap, over the tenants, between a tenant's "
+              "token share and its weight share: 0 is every tenant on its weight. A large "
+              "gap with no queue is only uneven demand; with queued requests, see queue "
+              "time and shed requests.", "percentunit",
+              [Q(f"max by ({c}) (abs({share} - {weight_share}))", "gap")],
+              kind="stat", max=1, width=8),
     )  # fmt: skip

@@ -18,6 +18,11 @@ def _p99(ctx: Ctx, key: str) -> str:
             f"(rate({bucket}[$__rate_interval])))")  # fmt: skip
 
 
+def _per_replica(ctx: Ctx, key: str, *labels: str) -> str:
+    """The rate of counter ``key`` summed per replica (engine ranks added up)."""
+    return f"sum {ctx.by('pod', *labels)} ({ctx.rate(key, E)})"
+
+
 def board(ctx: Ctx) -> Board:
     config = ctx.config
     c = config.cluster_label
@@ -54,6 +59,24 @@ def board(ctx: Ctx) -> Board:
               [Q(f"sum {pod} ({ctx.m('engine_requests_running', E)})", "running"),
                Q(f"sum {pod} ({ctx.m('engine_requests_waiting', E)})", "waiting"),
                Q(f"max {pod} ({ctx.m('engine_kv_cache_usage', E)})", "KV-cache usage")]),
+    ).row(
+        "Speculative decoding",
+        Panel(14, "Draft acceptance rate", "Share of the drafted tokens the model accepted, "
+              "overall, and by draft position the share of drafts whose token there was kept "
+              "(position 0 is the first speculated token). A falling rate spends GPU on "
+              "drafts thrown away: a worse draft model, or traffic it predicts poorly. Empty "
+              "for a replica that does not speculate.", "percentunit",
+              [Q(f"{_per_replica(ctx, 'engine_spec_decode_accepted_tokens')}\n/ "
+                 f"{_per_replica(ctx, 'engine_spec_decode_draft_tokens')}", "all {{pod}}"),
+               Q(f"{_per_replica(ctx, 'engine_spec_decode_position_accepted_tokens', 'position')}"
+                 f"\n/ {on_pod} group_left "
+                 f"{_per_replica(ctx, 'engine_spec_decode_drafts')}",
+                 "position {{position}} {{pod}}")], max=1, width=12),
+        Panel(15, "Mean accepted length", "Tokens each decode step yields per request: 1 "
+              "(the model's own) plus the draft tokens accepted. 1 means speculation buys "
+              "nothing; the ceiling is 1 + the draft length.", "short",
+              [Q(f"1 + {_per_replica(ctx, 'engine_spec_decode_accepted_tokens')}\n/ "
+                 f"{_per_replica(ctx, 'engine_spec_decode_drafts')}", "{{pod}}")], width=12),
     ).row(
         "Sidecar",
         Panel(4, "Readiness by condition", "The sidecar's /readyz conditions. The one at 0 "

@@ -76,10 +76,11 @@ class Tenant:
     budget_window: str = "1h"
 
 
-# Small KV caches (``--num-gpu-blocks``) keep cache usage visible at demo load.
+# Small KV caches (``--num-gpu-blocks``) keep cache usage visible at demo load; primary-v1
+# speculates (3 draft tokens), so the replica board's spec-decode panels draw.
 REPLICAS: tuple[Replica, ...] = (
     Replica("primary-v1", "primary", PRIMARY_MODEL, "v1", "H100", "node-a", 2 / 3,
-            ("--num-gpu-blocks", "2048")),
+            ("--num-gpu-blocks", "2048", "--num-speculative-tokens", "3")),
     Replica("primary-v2", "primary", PRIMARY_MODEL, "v2-fp8", "H100", "node-b", 1 / 3,
             ("--num-gpu-blocks", "2048", "--weight-dtype", "fp8", "--kv-cache-dtype", "fp8")),
     Replica("fallback", "fallback", FALLBACK_MODEL, "v1", "L40S", "node-c", 1.0,

@@ -580,6 +580,7 @@ class ProxyApp:
                 in_flight=self.gate.in_flight,
                 waiting=self.gate.waiting,
                 budgets=budgets,
+                weights={name: tenant.weight for name, tenant in self.config.tenants.items()},
                 tenant_label_values=len(self.tenant_labels),
                 tenant_label_folds=self.tenant_labels.folded,
                 value_label_folds={

@@ -158,6 +158,7 @@ class ProxyMetrics:
         in_flight: int,
         waiting: int,
         budgets: dict[str, int],
+        weights: dict[str, int],
         tenant_label_values: int,
         tenant_label_folds: int,
         value_label_folds: dict[str, int],
@@ -191,6 +192,7 @@ class ProxyMetrics:
             ("tenancy_reconciliation_errors", self.reconciliation_errors),
             ("tenancy_reconciliation_drift", self.drift),
             ("tenancy_budget_remaining", budgets),
+            ("tenancy_weight", weights),
             ("tenancy_value_label_folds", value_label_folds),
         ):
             family = cat.family(key)

@@ -121,6 +121,22 @@ def _faults(path: Path | None) -> object:
     help="Cold start: simulated seconds the first engine step of each batch-size shape (vLLM's "
     "CUDA graph sizes 1, 2, 4, 8, 16, ...) costs on top; a warm-up at those sizes removes it.",
 )
+@click.option(
+    "--num-speculative-tokens",
+    type=click.IntRange(0, 16),
+    default=0,
+    show_envvar=True,
+    help="Speculative decoding: draft tokens proposed per decode step (vLLM's "
+    "num_speculative_tokens); /metrics then carries vllm:spec_decode_*. 0: off.",
+)
+@click.option(
+    "--draft-acceptance",
+    type=FiniteFloat(0.0, 1.0),
+    default=0.8,
+    show_envvar=True,
+    help="Speculative decoding: the chance the draft's first token is accepted on an idle "
+    "engine; deeper positions and a fuller batch accept less.",
+)
 @click.option("--host", default="127.0.0.1", show_envvar=True, help="Address to serve on.")
 @click.option(
     "--port",
@@ -166,6 +182,8 @@ def sim(
     hostname: str,
     storage_bandwidth: float,
     graph_capture_seconds: float,
+    num_speculative_tokens: int,
+    draft_acceptance: float,
     host: str,
     port: int,
     gpu_port: int | None,
@@ -199,6 +217,8 @@ def sim(
         gpu_port=gpu_port,
         storage_bandwidth=storage_bandwidth * 1e9,
         graph_capture_seconds=graph_capture_seconds,
+        num_speculative_tokens=num_speculative_tokens,
+        draft_acceptance=draft_acceptance,
     )
     log_event(
         logger, logging.INFO, "simulator starting", model=model, gpu=gpu, host=host, port=port

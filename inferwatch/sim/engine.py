@@ -18,7 +18,8 @@ from inferwatch.sim.faults import Faults
 from inferwatch.sim.gpu import SimulatedGPU
 from inferwatch.sim.kvcache import BlockPool
 from inferwatch.sim.metrics import FinishedRequest, RankMetrics
-from inferwatch.sim.scheduler import Emitted, Request, Scheduler
+from inferwatch.sim.scheduler import Emitted, Request, Scheduler, StepPlan
+from inferwatch.sim.specdecode import Drafter
 
 
 class SimClock:
@@ -68,8 +69,10 @@ class Engine:
         gpus: list[SimulatedGPU],
         clock: SimClock,
         graphs: GraphCache | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
         self.rank = rank
+        self.drafter = drafter
         self.graphs = graphs or GraphCache(0.0)
         self.pool = BlockPool(num_blocks, capacity.block_size, enable_prefix_caching)
         self.scheduler = Scheduler(
@@ -158,9 +161,19 @@ class Engine:
             end = self.clock.at(step_end)
             for gpu in self.gpus:
                 gpu.record_step(start, end, cost.compute_share, plan.num_tokens / self._budget)
+            if self.drafter is not None:
+                self._speculate(plan)
             for emitted in self.scheduler.complete(plan):
                 self._deliver(emitted, end)
             self._publish(plan.num_tokens)
+
+    def _speculate(self, plan: StepPlan) -> None:
+        """Draft for every request this step decodes (those past their prefill)."""
+        assert self.drafter is not None
+        decoding = sum(1 for item in plan.scheduled if item.request.output)
+        if decoding:
+            fill = len(plan.scheduled) / self.scheduler.max_num_seqs
+            self.metrics.speculated(self.drafter.step(decoding, fill))
 
     def _publish(self, step_tokens: int) -> None:
         if step_tokens:

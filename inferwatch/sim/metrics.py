@@ -3,7 +3,9 @@
 These are spelled here rather than taken from the inferwatch catalogue because the simulator
 plays the engine: it must look exactly like vLLM to the sidecar that scrapes it. The family
 set, order, HELP texts, label names and bucket boundaries are those of a real vLLM 0.33.0
-exposition (the shared capture engines/vllm-generated-0.33.0-1engine.prom); a test compares them.
+exposition (the shared capture engines/vllm-generated-0.33.0-1engine.prom, and
+vllm-generated-0.33.0-specdec-lora.prom for the speculative-decoding families vLLM registers
+only when a speculative config is set); a test compares them.
 Each server has its own CollectorRegistry; engine ranks are children labelled ``engine``.
 """
 
@@ -23,6 +25,8 @@ from prometheus_client import (
     Summary,
     generate_latest,
 )
+
+from inferwatch.sim.specdecode import Speculation
 
 RANK_LABELS = ("engine", "model_name")
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -253,6 +257,12 @@ class RankMetrics:
             for reason in FINISHED_REASONS
         }
         self.h = {name: family.labels(**labels) for name, family in histograms.items()}
+        spec = metrics.spec_decode
+        self.spec = {name: spec[name].labels(**labels) for name in spec if name != "pos"}
+        self.spec_positions = [
+            spec["pos"].labels(**labels, position=str(position))
+            for position in range(metrics.num_speculative_tokens if spec else 0)
+        ]
 
     def admitted(self, prompt_tokens: int, cached_tokens: int) -> None:
         """A request (new or resumed) was scheduled and looked up in the prefix cache."""
@@ -272,6 +282,14 @@ class RankMetrics:
     def next_token(self, interval: float) -> None:
         self.h["itl"].observe(interval)
         self.generation_tokens.inc()
+
+    def speculated(self, step: Speculation) -> None:
+        """One step's drafts, as vLLM's SpecDecodingStats.observe_draft adds them up."""
+        self.spec["drafts"].inc(step.drafts)
+        self.spec["draft_tokens"].inc(step.draft_tokens)
+        self.spec["accepted"].inc(step.accepted)
+        for child, accepted in zip(self.spec_positions, step.accepted_per_position, strict=True):
+            child.inc(accepted)
 
     def finished(self, done: FinishedRequest) -> None:
         self.success[done.finished_reason].inc()
@@ -478,16 +496,33 @@ _HISTOGRAMS: tuple[tuple[str, str, str, tuple[float, ...] | str], ...] = (
 )  # fmt: skip
 
 
+_SPEC_DECODE: tuple[tuple[str, str, str], ...] = (
+    ("drafts", "vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+    ("draft_tokens", "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+    ("accepted", "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+    ("pos", "vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position."),
+)
+
+
 class VllmMetrics:
     """All families of one simulated vLLM server, registered in vLLM's order."""
 
     def __init__(
-        self, model_name: str, max_model_len: int, cache_config: Mapping[int, Mapping[str, str]]
+        self,
+        model_name: str,
+        max_model_len: int,
+        cache_config: Mapping[int, Mapping[str, str]],
+        num_speculative_tokens: int = 0,
     ) -> None:
         self.model_name = model_name
+        self.num_speculative_tokens = num_speculative_tokens
         self.registry = registry = CollectorRegistry()
         for collector in (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR):
             registry.register(collector)
+        self.spec_decode: dict[str, Counter] = {}
+        for attribute, name, doc in _SPEC_DECODE if num_speculative_tokens else ():
+            names = [*RANK_LABELS, "position"] if attribute == "pos" else list(RANK_LABELS)
+            self.spec_decode[attribute] = Counter(name, doc, names, registry=registry)
         self.counters: dict[str, Counter] = {}
         self.gauges: dict[str, Gauge] = {}
         self.histograms: dict[str, Histogram] = {}

@@ -26,6 +26,7 @@ from inferwatch.sim.engine import Engine, Event, SimClock
 from inferwatch.sim.gpu import NON_FATAL_XIDS, SimulatedGPU, gpu_uuid, render_dcgm
 from inferwatch.sim.metrics import VllmMetrics
 from inferwatch.sim.scheduler import Request
+from inferwatch.sim.specdecode import Drafter
 
 VLLM_VERSION = "0.33.0"
 
@@ -64,6 +65,8 @@ class SimConfig:
     gpu_port: int | None = None  # also serve the DCGM endpoint on its own port
     storage_bandwidth: float = 0.0  # bytes/s the weights load at; 0: loaded at once
     graph_capture_seconds: float = 0.0  # first step of each batch shape costs this much more
+    num_speculative_tokens: int = 0  # draft tokens per decode step; 0: no speculative decoding
+    draft_acceptance: float = 0.8  # the draft's first-position acceptance on an idle engine
 
 
 class ApiError(Exception):
@@ -151,7 +154,9 @@ class Simulator:
             }
             for rank in range(config.engine_ranks)
         }
-        self.metrics = VllmMetrics(self.model_name, self.capacity.max_model_len, cache_info)
+        self.metrics = VllmMetrics(
+            self.model_name, self.capacity.max_model_len, cache_info, config.num_speculative_tokens
+        )
         allocated = self.capacity.budget_bytes - self.capacity.reserve_bytes
         self.gpus = [
             SimulatedGPU(
@@ -176,12 +181,20 @@ class Simulator:
                 gpus=self.gpus[rank * tp : (rank + 1) * tp],
                 clock=self.clock,
                 graphs=coldstart.GraphCache(config.graph_capture_seconds),
+                drafter=self._drafter(rank),
             )
             for rank in range(config.engine_ranks)
         ]
         self.faults = fault_doc.Faults()
         self.apply_faults(config.faults)
         self._tasks: list[asyncio.Task[None]] = []
+
+    def _drafter(self, rank: int) -> Drafter | None:
+        k = self.config.num_speculative_tokens
+        if not k:
+            return None
+        rng = random.Random(f"{self.config.seed}:spec:{rank}")
+        return Drafter(k, self.config.draft_acceptance, rng)
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
