@@ -350,7 +350,7 @@ def render_overlay(
         f"gateway_class={site.gateway_class}",
         f"hostname={site.hostname}",
     ]
-    route_patch = [
+    route_patch: list[dict[str, Any]] = [
         # the stable share: to the model's Service, or its pool when the site has a picker
         {"op": "replace", "path": "/spec/rules/1/backendRefs/0",
          "value": {**POOL_REF, "weight": 100 - site.canary_weight}}
