@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import tomllib
+from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
@@ -42,14 +43,36 @@ def test_the_image_runs_the_console_script_as_65532() -> None:
         assert f"org.opencontainers.image.{label}=" in text
 
 
-def test_the_lock_pins_every_core_dependency_within_its_range() -> None:
+def image_requirements(project: dict[str, Any]) -> list[Requirement]:
+    """The core dependencies and those of the ``image`` extra, its own extras expanded."""
+    extras = project["optional-dependencies"]
+    found = list(map(Requirement, project["dependencies"]))
+    wanted, seen = ["image"], set()
+    while wanted:
+        extra = wanted.pop()
+        seen.add(extra)
+        for requirement in map(Requirement, extras[extra]):
+            if canonicalize_name(requirement.name) == "inferwatch":
+                wanted += [e for e in requirement.extras if e not in seen]
+            else:
+                found.append(requirement)
+    return found
+
+
+def test_the_lock_pins_every_core_and_image_dependency_within_its_range() -> None:
+    """The image carries what the kit's containers run: the receiver's and the node agent's
+    Kubernetes client, the proxies' Redis client, their OpenTelemetry exporter."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     pinned = {}
     for line in (REPO / "requirements.lock").read_text(encoding="utf-8").splitlines():
         if line and not line.startswith("#"):
             name, _, version = line.partition("==")
             pinned[canonicalize_name(name)] = version
-    for dependency in map(Requirement, project["dependencies"]):
+    required = image_requirements(project)
+    assert {"kubernetes", "redis", "opentelemetry-sdk"} <= {
+        canonicalize_name(r.name) for r in required
+    }
+    for dependency in required:
         name = canonicalize_name(dependency.name)
         assert name in pinned, f"{name} is not in requirements.lock (scripts/build-image --lock)"
         assert dependency.specifier.contains(pinned[name]), f"{name}=={pinned[name]}"

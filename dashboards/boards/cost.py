@@ -6,7 +6,7 @@ come from the tenancy proxies, which know the model and version but not the repl
 
 from __future__ import annotations
 
-from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below
+from inferwatch.dashboards.panels import IDENTITY_KEY, Board, Ctx, Panel, Q, Scope, above, below
 from inferwatch.mixin import recording
 from inferwatch.mixin.promql import seconds_text
 
@@ -27,6 +27,27 @@ def _fair_share(ctx: Ctx) -> tuple[str, str]:
     share = f"({per_tenant} / {on_c} sum by ({c}) ({per_tenant}))"
     weight_share = f"({weights} / {on_c} sum by ({c}) ({weights}))"
     return share, weight_share
+
+
+def _gpu_cost(ctx: Ctx, price: float) -> tuple[str, str, str]:
+    """Per model: the cost per hour of its GPUs' busy share and of their idle share (the
+    configured GPU-hour price times utilization, and times the rest), and their cost per 1M
+    output tokens. GPU series carry no model: each is joined to its replica's identity on
+    the scrape target both come from, narrowed by model and version only."""
+    c = ctx.config.cluster_label
+    identity = (
+        f"group by ({c}, instance, model, model_version) ({ctx.m(IDENTITY_KEY, MV)})"
+    )
+    utilization = (
+        f"({ctx.m('gpu_utilization', C)} * on ({c}, instance) "
+        f"group_left (model, model_version) {identity})"
+    )
+    busy = f"{price:g} * sum by ({c}, model) ({utilization})"
+    idle = f"{price:g} * sum by ({c}, model) (1 - {utilization})"
+    recorded = ctx.r(f"model_version:inferwatch_engine_generation_tokens:rate{ctx.w}", MV)
+    output = f"sum by ({c}, model) ({recorded})"
+    per_million = f"{price:g} * count by ({c}, model) ({utilization}) * 1e6 / (3600 * {output})"
+    return busy, idle, per_million
 
 
 def board(ctx: Ctx) -> Board:
@@ -51,6 +72,9 @@ def board(ctx: Ctx) -> Board:
     tenant_by = ctx.by("tenant", "model", "model_version")
     admitted = ctx.rate("tenancy_requests", T, 'outcome="ok"')
     share, weight_share = _fair_share(ctx)
+    idle = config.alert("InferwatchGPUIdleWaste")
+    price = idle.number("gpu_hour_price")
+    busy_cost, idle_cost, per_million = _gpu_cost(ctx, price)
     return Board(
         "cost", "Inferwatch / Tenants and cost",
         "Tokens and cost by tenant and model, budgets and where they are heading, admission "
@@ -157,4 +181,18 @@ def board(ctx: Ctx) -> Board:
               "time and shed requests.", "percentunit",
               [Q(f"max by ({c}) (abs({share} - {weight_share}))", "gap")],
               kind="stat", max=1, width=8),
+    ).row(
+        "GPU cost",
+        Panel(15, "GPU cost per hour, busy and idle", "What each model's GPUs cost per hour "
+              f"at {price:g} per GPU-hour (the alert config's InferwatchGPUIdleWaste "
+              "gpu_hour_price), split by their utilization: the idle part is paid for and "
+              "serves nothing. A large idle part is expensive and idle: scale the model in "
+              "(InferwatchGPUIdleWaste fires once a GPU idles for "
+              f"{idle.text('window')} with nothing queued).", "currencyUSD",
+              [Q(busy_cost, "{{model}} busy"), Q(idle_cost, "{{model}} idle")],
+              stack=True, width=12),
+        Panel(16, "GPU cost per 1M output tokens", "What the model's GPU-hours cost per "
+              "million generated tokens: it rises as utilization falls, and is the figure "
+              "to compare with the prices the tenants pay.", "currencyUSD",
+              [Q(per_million, "{{model}}")], width=12),
     )  # fmt: skip
