@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import httpx
 import openai
@@ -33,7 +33,15 @@ from click.testing import CliRunner
 
 from inferwatch.cli import main
 from inferwatch.clikit import BadInput, CannotRun
-from inferwatch.demo import alerting, automation, routing, scenario, topology
+from inferwatch.demo import (
+    alerting,
+    automation,
+    processes,
+    routing,
+    scenario,
+    sharedstate,
+    topology,
+)
 from inferwatch.demo import engines as external
 from inferwatch.demo.observer import AuditTail, Observer, ReplicaState
 from inferwatch.demo.signals import History, Scrape, quantiles, rate
@@ -73,6 +81,27 @@ def page(count: float, buckets: dict[str, float], series: str = "a") -> str:
     lines.append("# TYPE latency_seconds histogram")
     lines += [f'latency_seconds_bucket{{s="{series}",le="{le}"}} {n}' for le, n in buckets.items()]
     return "\n".join(lines) + "\n"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("find", "words"),
+    [(routing.binary, "haproxy is not installed: the gateway the load goes through "
+                      "(scripts/install-haproxy, or the Debian package haproxy)"),
+     (sharedstate.binary, "redis-server is not installed: the proxies' shared budgets "
+                          "(scripts/install-redis, or the Debian package redis-server)")],
+)  # fmt: skip
+def test_a_missing_external_binary_is_one_line_saying_how_to_install_it(
+    find: Any, words: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(processes, "SEARCH_PATH", str(tmp_path))
+    with pytest.raises(CannotRun) as refused:
+        find()
+    assert str(refused.value) == words
+    (tmp_path / words.split()[0]).write_text("#!/bin/sh\n")
+    (tmp_path / words.split()[0]).chmod(0o755)
+    assert find() == str(tmp_path / words.split()[0])
 
 
 @pytest.mark.unit

@@ -14,6 +14,7 @@ import ctypes
 import ctypes.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +25,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from inferwatch.clikit import CannotRun
+
+#: the PATH of an unprivileged shell often lacks /usr/sbin, where Debian installs haproxy and
+#: redis-server
+SEARCH_PATH = "/usr/local/sbin:/usr/sbin:/sbin"
+
+
+def installed(name: str, purpose: str, package: str) -> str:
+    """The path of the external binary ``name``; a one-line error naming what it is for
+    (``purpose``) and how to install it (``scripts/install-PACKAGE`` or Debian's package)."""
+    found = shutil.which(name, path=f"{os.environ.get('PATH', '')}:{SEARCH_PATH}")
+    if found is None:
+        raise CannotRun(
+            f"{name} is not installed: {purpose} "
+            f"(scripts/install-{package}, or the Debian package {name})"
+        )
+    return found
+
 
 #: how a child starts the CLI: the interpreter running the demo, never the working directory's
 #: ``inferwatch/`` folder (``-P``), which in a checkout would shadow the installed mapping

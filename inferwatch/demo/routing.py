@@ -11,14 +11,11 @@ view shows as routing is read back from HAProxy itself, never from a model of it
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from inferwatch.clikit import CannotRun
-from inferwatch.demo import topology
+from inferwatch.demo import processes, topology
 from inferwatch.demo.processes import Component, StartError
 from inferwatch.demo.topology import Ports, Replica, Role
 from inferwatch.gateway import haproxy as gateway
@@ -29,19 +26,9 @@ CONFIG = "haproxy.cfg"
 #: sets them); a server in maintenance is neither checked nor sent traffic
 UNBOUND = 1
 RUNTIME = "haproxy.sock"
-#: the PATH of an unprivileged shell often lacks /usr/sbin, where Debian installs haproxy
-SEARCH_PATH = "/usr/local/sbin:/usr/sbin:/sbin"
-
-
 def binary() -> str:
     """The haproxy binary; a one-line error when it is not installed."""
-    found = shutil.which("haproxy", path=f"{os.environ.get('PATH', '')}:{SEARCH_PATH}")
-    if found is None:
-        raise CannotRun(
-            "haproxy is not installed: the gateway the load goes through "
-            "(scripts/install-haproxy, or the Debian package haproxy)"
-        )
-    return found
+    return processes.installed("haproxy", "the gateway the load goes through", "haproxy")
 
 
 def layout(

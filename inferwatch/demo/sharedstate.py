@@ -8,15 +8,12 @@ down and replay it once it is back, as in production.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from inferwatch.clikit import CannotRun
+from inferwatch.demo import processes
 from inferwatch.demo.processes import Component
-from inferwatch.demo.routing import SEARCH_PATH
 
 #: how long a proxy's reservation holds unrenewed; short, so that a crashed proxy's holds
 #: come back within seconds of demo time
@@ -25,13 +22,7 @@ LEASE = "6s"
 
 def binary() -> str:
     """The redis-server binary; a one-line error when it is not installed."""
-    found = shutil.which("redis-server", path=f"{os.environ.get('PATH', '')}:{SEARCH_PATH}")
-    if found is None:
-        raise CannotRun(
-            "redis-server is not installed: the proxies' shared budgets "
-            "(scripts/install-redis, or the Debian package redis-server)"
-        )
-    return found
+    return processes.installed("redis-server", "the proxies' shared budgets", "redis")
 
 
 def component(binary: str, port: int, workdir: Path) -> Component:
