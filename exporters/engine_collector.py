@@ -134,7 +134,8 @@ class EngineCollector:
         timeout = self.scraper.timeout_s
         wait = timeout if deadline is None else min(deadline, timeout)
         try:
-            return await asyncio.wait_for(asyncio.shield(scrape), wait)
+            async with asyncio.timeout(wait):
+                return await asyncio.shield(scrape)
         except TimeoutError:
             failure = ScrapeFailure("timeout", f"no complete answer within {wait:.1f}s")
             self._record_failure(scrape, failure)

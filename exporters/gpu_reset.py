@@ -323,7 +323,8 @@ class ResetAgent:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
         try:
-            output, _ = await asyncio.wait_for(process.communicate(), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                output, _ = await process.communicate()
         except TimeoutError:
             process.kill()
             await process.wait()

@@ -386,9 +386,9 @@ def gate(
             for endpoint, hint in ((base, "baseline"), (cand, "candidate")):
                 if not endpoint.model:
                     try:
-                        # the timeout bounds each read; wait_for the whole answer
-                        listing = client.discover_model(http, endpoint, timeout)
-                        model = await asyncio.wait_for(listing, timeout)
+                        # the timeout bounds each read; this one the whole answer
+                        async with asyncio.timeout(timeout):
+                            model = await client.discover_model(http, endpoint, timeout)
                     except TimeoutError:
                         raise CannotRun(
                             f"{hint} {endpoint.url}: no list of models within {timeout:g} s"

@@ -440,7 +440,8 @@ class Dispatcher:
                 wait = self.config.reassert_every or IDLE_S
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
 
     async def tick(self) -> float:
         """Run the rollbacks that are due and, when it is time, the read-backs; the seconds

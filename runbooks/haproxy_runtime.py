@@ -69,7 +69,8 @@ class RuntimeApi:
         if not _COMMAND.match(line):
             raise RuntimeApiError(f"refusing to send a malformed command: {line[:80]!r}")
         try:
-            return await asyncio.wait_for(self._exchange(line), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                return await self._exchange(line)
         except TimeoutError:
             raise RuntimeApiError(
                 f"haproxy runtime API at {self.address}: no answer within {self.timeout_s:g}s"

@@ -163,6 +163,24 @@ def test_concurrent_scrapes_share_one_upstream_request(page_server: Any) -> None
     assert page_server.hits["/slow/0.3/metrics"] == 1
 
 
+def test_a_scrape_cancelled_as_its_page_lands_is_cancelled(page_server: Any) -> None:
+    """A caller cancelled in the same turn of the loop that its shared scrape finishes
+    stops. 3.11's ``asyncio.wait_for`` handed it the page instead, so a loop around it
+    (the start-up tracker's) never stopped and the sidecar's shutdown hung."""
+    collector = EngineCollector(EngineScraper(f"{page_server.url}/{VLLM_PAGE}"), {})
+
+    async def cancelled_as_it_lands() -> asyncio.Task[object]:
+        caller = asyncio.create_task(collector.collect())
+        while collector._in_flight is None:
+            await asyncio.sleep(0)
+        await collector._in_flight  # the page is in; the caller has not woken yet
+        caller.cancel()
+        await asyncio.gather(caller, return_exceptions=True)
+        return caller
+
+    assert asyncio.run(cancelled_as_it_lands()).cancelled()
+
+
 def test_gzip_from_the_engine_and_to_the_scraper(page_server: Any) -> None:
     page_server.page = fixture_page(VLLM_PAGE)
     sidecar = make_sidecar(f"{page_server.url}/gzip/metrics")

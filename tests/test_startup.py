@@ -395,7 +395,8 @@ def test_a_hostile_engine_fails_the_round_within_its_deadline(
         beating = asyncio.create_task(heartbeat())
         try:
             with pytest.raises(WarmupFailure) as failure:
-                await asyncio.wait_for(warm.round(), 20)
+                async with asyncio.timeout(20):
+                    await warm.round()
         finally:
             beating.cancel()
             await warm.aclose()

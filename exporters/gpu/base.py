@@ -148,9 +148,8 @@ class GpuTelemetry(abc.ABC):
             self._inflight = self._start_poll()
         wait = self.timeout_s if deadline is None else min(deadline, self.timeout_s)
         try:
-            families = await asyncio.wait_for(
-                asyncio.shield(asyncio.wrap_future(self._inflight)), wait
-            )
+            async with asyncio.timeout(wait):
+                families = await asyncio.shield(asyncio.wrap_future(self._inflight))
         except TimeoutError:
             return self._degraded("timeout", f"poll took longer than {wait:g}s")
         except BackendDown as down:

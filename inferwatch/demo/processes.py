@@ -291,12 +291,14 @@ async def _answers(http: httpx.AsyncClient, url: str) -> bool:
             return False
     host, port = url.removeprefix("redis://").split("/", 1)[0].rsplit(":", 1)
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 1.0)
+        async with asyncio.timeout(1.0):
+            reader, writer = await asyncio.open_connection(host, int(port))
     except (OSError, TimeoutError):
         return False
     try:
         writer.write(b"PING\r\n")
-        return (await asyncio.wait_for(reader.read(64), 1.0)).startswith(b"+PONG")
+        async with asyncio.timeout(1.0):
+            return (await reader.read(64)).startswith(b"+PONG")
     except (OSError, TimeoutError):
         return False
     finally:

@@ -250,9 +250,8 @@ class Demo:
                     self.stop_reason = f"{duration:g}s elapsed"
                     break
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self.stop.wait(), max(0.0, tick + 1.0 - time.monotonic())
-                    )
+                    async with asyncio.timeout(max(0.0, tick + 1.0 - time.monotonic())):
+                        await self.stop.wait()
         self.say(f"{stamp(time.monotonic() - self.t0)} stopping ({self.stop_reason or 'done'})")
         return None
 
