@@ -366,7 +366,8 @@ class FakeKube:
             self._objects[key]["metadata"]["resourceVersion"] = self._next_version()
 
     def line_up_reads(self, parties: int) -> None:
-        """The next ``parties`` GETs are answered only once all of them have arrived."""
+        """The next ``parties`` GETs read the object, then are answered only once all of them
+        have read it: they see one resourceVersion, however late each thread runs."""
         with self._lock:
             self._barrier, self._lined_up = threading.Barrier(parties), parties
 
@@ -445,9 +446,9 @@ class FakeKube:
             with self._lock:
                 barrier = self._barrier if self._lined_up > 0 else None
                 self._lined_up -= 1 if barrier else 0
-            if barrier is not None:
-                barrier.wait(timeout=10)
             found = self.get(*key)
+            if barrier is not None:  # read first: a party released late must not read later
+                barrier.wait(timeout=30)
             if found is None:
                 raise self._not_found(group, key)
             return found
