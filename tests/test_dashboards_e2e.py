@@ -54,6 +54,7 @@ steps:
 """
 SCRAPE_S = 2.0
 DATA_DEADLINE_S = 75.0
+DEMO_START_S = 180.0
 
 
 def free_base() -> int:
@@ -96,6 +97,22 @@ class Stack:
         if self.demo.poll() is not None:
             lines = self.demo_log.read_text().strip().splitlines() or ["no output"]
             pytest.fail(f"the demo stopped (exit {self.demo.returncode}): {lines[-1]}")
+
+    def wait_demo_up(self, timeout: float) -> None:
+        """Until the demo says every process answers: the panels' deadline starts then, not
+        while a busy machine is still starting its two dozen processes."""
+
+        def up() -> bool:
+            self.check_demo()
+            return bool(re.search(r"^all \d+ processes answering", self.demo_log.read_text(), re.M))
+
+        wait_for(up, "the demo's processes answering", timeout, interval=0.5)
+
+    def targets_down(self) -> list[str]:
+        """The scrape targets Prometheus last failed to scrape, with why."""
+        response = self.http.get(f"{self.prometheus}/api/v1/targets", params={"state": "active"})
+        targets = response.json()["data"]["activeTargets"]
+        return [f"{t['scrapeUrl']}: {t['lastError']}" for t in targets if t["health"] != "up"]
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         now = time.time()
@@ -146,7 +163,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> Iter
         url = topology.url(ports.prometheus)
         wait_ready(f"{url}/-/ready", 30)
         with httpx.Client(timeout=10) as http:
-            yield Stack(url, http, demo, work / "demo.log")
+            up = Stack(url, http, demo, work / "demo.log")
+            up.wait_demo_up(DEMO_START_S)
+            yield up
 
 
 def _stop(process: subprocess.Popen[Any]) -> None:
@@ -217,6 +236,8 @@ def dead_after_waiting(stack: Stack) -> list[str]:
 
     with suppress(pytest.fail.Exception):  # the test names the panels still dead
         wait_for(all_alive, "data on every panel", DATA_DEADLINE_S, interval=3)
+    if dead:
+        dead += [f"target down: {line}" for line in stack.targets_down()]
     return dead
 
 
