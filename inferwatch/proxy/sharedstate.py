@@ -203,27 +203,33 @@ class SharedLedger:
     async def reserve(
         self,
         tenant: str,
-        budget: Budget,
+        budget: Budget | None,
         prompt: int,
         completion_cap: int,
         choices: int = 1,
         clamp: bool = True,
+        most: int = 0,
     ) -> Reservation | Refusal:
+        """Reserve against the tenant's budget (if it has one) and, with ``most``, take one
+        of its ``most`` concurrency slots, fleet-wide: one script, one round trip."""
+        window_ms = round(budget.window_seconds * 1000) if budget is not None else 0
         if not self.up:
+            if budget is None:  # only a slot: this proxy's gate holds the cap meanwhile
+                return SharedReservation(tenant, 0.0, 0)
             return self._reserve_down(tenant, budget, prompt, completion_cap, choices, clamp)
         hold = f"{self.proxy}:{next(self._sequence)}"
-        window_ms = round(budget.window_seconds * 1000)
         call = asyncio.ensure_future(
             self.books.reserve(
                 tenant,
                 hold,
                 window_ms,
-                budget.tokens + budget.tolerance,
+                budget.tokens + budget.tolerance if budget is not None else 0,
                 prompt,
                 completion_cap,
                 choices,
                 clamp,
                 self.lease_ms,
+                most,
             )
         )
         try:
@@ -235,10 +241,21 @@ class SharedLedger:
         except (RedisError, OSError, TimeoutError) as exc:
             self._down(exc)
             call.add_done_callback(lambda done: self._give_back(done, tenant, hold, window_ms))
+            if budget is None:
+                return SharedReservation(tenant, 0.0, 0)
             return self._reserve_down(tenant, budget, prompt, completion_cap, choices, clamp)
         window = reserved.window
         self._seen[tenant] = window
+        if reserved.at_cap:
+            return Refusal(
+                429,
+                "rejected_concurrency",
+                f"tenant already has {window.in_flight} requests in flight or queued across "
+                f"the fleet (limit {most})",
+                1,
+            )
         if not reserved.admitted:
+            assert budget is not None  # the only other refusal is the budget's
             retry_after = max(1, math.ceil((window.start_ms + window_ms - window.now_ms) / 1000))
             return budget_refusal(
                 budget,
@@ -253,8 +270,9 @@ class SharedLedger:
         return SharedReservation(
             tenant,
             window.start_ms / 1000,
-            prompt + cap * choices,
+            prompt + cap * choices if budget is not None else 0,
             cap if cap != completion_cap else None,
+            fleet_slot=most > 0,
             hold=hold,
             window_ms=window_ms,
         )
@@ -297,22 +315,26 @@ class SharedLedger:
         return Budget(room // self.live_replicas(), budget.window_seconds)
 
     # ------------------------------------------------------------------ settling
-    def settle(self, reservation: Reservation, budget: Budget, tokens: int) -> None:
-        """Release a reservation and charge its usage: in Redis, or journaled while down."""
+    def settle(self, reservation: Reservation, budget: Budget | None, tokens: int) -> None:
+        """Release a reservation (its tokens, its concurrency slot) and charge its usage: in
+        Redis, or journaled while down."""
         if not isinstance(reservation, SharedReservation):
             raise TypeError("a shared ledger settles only its own reservations")
         hold = reservation.hold
         if hold:
             self._holds.get(reservation.tenant, {}).pop(hold, None)
-        else:
+        elif budget is not None:
             self.local.settle(reservation, budget, tokens)
+        else:
+            return  # a slot this proxy's gate held while Redis was down: nothing in Redis
         now_ms = round(time.time() * 1000)
+        window_ms = reservation.window_ms
         entry = Entry(
             id=hold or uuid.uuid4().hex,
             tenant=reservation.tenant,
             hold=hold,
             window_ms=reservation.window_ms,
-            spent_in_ms=now_ms - now_ms % reservation.window_ms,
+            spent_in_ms=now_ms - now_ms % window_ms if window_ms else -1,
             tokens=tokens,
         )
         if not self.up:
@@ -482,7 +504,11 @@ class SharedLedger:
             out.append(family)
         flight = cat.family("tenancy_fleet_requests_in_flight")
         for name, tenant in sorted(self.tenants.items()):
-            seen = self._current(name, tenant.budget) if tenant.budget is not None else None
+            seen = (
+                self._current(name, tenant.budget)
+                if tenant.budget is not None
+                else self._seen.get(name)  # a capped tenant's: its slots know no window
+            )
             if seen is not None:
                 flight.add_metric([name], seen.in_flight)
         out.append(flight)
