@@ -185,6 +185,42 @@ def test_a_replayed_journal_entry_is_charged_once(server: RedisServer) -> None:
     run(server, work)
 
 
+def test_a_replayed_settlement_of_a_settled_reservation_charges_nothing(
+    server: RedisServer,
+) -> None:
+    """A settlement whose reply was lost is journaled and replayed: keyed by its reservation,
+    the replay of one that Redis had settled is a no-op, so the books never double-count."""
+    tenant = uuid.uuid4().hex
+
+    async def work(books: Books) -> None:
+        await books.reserve(tenant, "h", WINDOW_MS, 1000, 0, 100, 1, False, LEASE_MS)
+        assert await books.settle(tenant, "h", WINDOW_MS, 70) is not None
+        assert await books.settle(tenant, "h", WINDOW_MS, 70) is None  # the replay
+        window = await books.peek(tenant, WINDOW_MS)
+        assert (window.used, window.reserved, window.in_flight) == (70, 0, 0)
+        assert await books.total(tenant) == 70
+
+    run(server, work)
+
+
+def test_a_reservation_whose_lease_expired_is_still_charged_once_when_it_settles(
+    server: RedisServer,
+) -> None:
+    """Its hold went back to the room when the lease ran out; the tokens it spent still
+    reach the books when it settles (late, or from a journal), and only once."""
+    tenant = uuid.uuid4().hex
+
+    async def work(books: Books) -> None:
+        await books.reserve(tenant, "h", WINDOW_MS, 1000, 0, 100, 1, False, LEASE_MS)
+        await books.client.zadd(books.keys(tenant)[2], {"h": 0})  # the lease ran out
+        assert (await books.peek(tenant, WINDOW_MS)).reserved == 0
+        assert await books.settle(tenant, "h", WINDOW_MS, 40) is not None
+        assert await books.settle(tenant, "h", WINDOW_MS, 40) is None
+        assert await books.total(tenant) == 40
+
+    run(server, work)
+
+
 def test_tokens_spent_in_an_earlier_window_reach_the_total_not_the_window(
     server: RedisServer,
 ) -> None:

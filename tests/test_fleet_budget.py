@@ -1,5 +1,6 @@
 """One tenant budget across real proxy processes sharing a real redis-server: concurrent
-floods over four proxies, a proxy killed mid-flight, a proxy restarted."""
+floods over four proxies, a proxy killed mid-flight, a proxy restarted; a tenant's
+concurrency cap raced from two proxies."""
 
 from __future__ import annotations
 
@@ -145,5 +146,61 @@ def test_a_rate_limit_holds_across_the_fleet_and_its_headers_say_so(
         assert remaining == list(range(10))  # one bucket: each answer saw the one before
         assert all(a.headers["x-ratelimit-limit-requests"] == "10" for a in answers)
         assert all(int(a.headers["retry-after"]) >= 1 for a in refused)
+    finally:
+        fleet.close()
+
+
+def test_a_hostile_tenant_racing_its_own_cap_from_two_proxies_never_runs_more_than_it(
+    redis_server: RedisServer, engine: Engine, tmp_path: Path
+) -> None:
+    """Three in flight for the tenant: forty at once over two proxies, and the engine never
+    runs more than three of them at a time (each proxy alone would let three through)."""
+    fleet = Fleet(redis_server, engine.url, tmp_path, {"acme": {"max_concurrency": 3}})
+    try:
+        proxies = fleet.add(2)
+        answers = flood(
+            [p.url for p in proxies], "acme", per_proxy=20, max_tokens=4, tag="hostile-cap"
+        )
+        admitted = [a for a in answers if a.status_code == 200]
+        refused = [a for a in answers if a.status_code == 429]
+        assert len(admitted) + len(refused) == 40
+        assert admitted and refused
+        assert engine.engine.peak["hostile-cap"] <= 3
+        assert all("across the fleet (limit 3)" in a.json()["error"]["message"] for a in refused)
+    finally:
+        fleet.close()
+
+
+def test_a_killed_proxys_concurrency_slots_return_within_the_lease(
+    redis_server: RedisServer, engine: Engine, tmp_path: Path
+) -> None:
+    limits = {"max_concurrency": 2, "budget": {"tokens": 10**9}}
+    fleet = Fleet(redis_server, engine.url, tmp_path, {"acme": limits})
+    fleet.shared = {"lease": "2s", "timeout": "300ms"}
+    try:
+        doomed, survivor = fleet.add(2)
+
+        def hold() -> None:
+            with contextlib.suppress(httpx.HTTPError):  # the proxy dies under them
+                flood([doomed.url], "acme", per_proxy=2, max_tokens=4, delay_ms=60_000)
+
+        threading.Thread(target=hold, daemon=True).start()
+        in_flight = "inferwatch_tenancy_fleet_requests_in_flight"
+        wait_for(lambda: books(fleet.redis)[1] > 0, "the doomed proxy to hold both slots", 20)
+        wait_for(
+            lambda: (
+                flood([survivor.url], "acme", 1, 4, delay_ms=0)[0].status_code == 429
+                and samples(survivor.metrics(), in_flight, tenant="acme") == 2
+            ),
+            "the survivor to be refused: both slots held by the doomed proxy",
+            20,
+        )
+        doomed.kill()
+        # the lease is 2 s; a slot is dropped by the first script that looks after it expired
+        wait_for(
+            lambda: flood([survivor.url], "acme", 1, 4, delay_ms=0)[0].status_code == 200,
+            "the dead proxy's slots to return",
+            2 + 3,
+        )
     finally:
         fleet.close()

@@ -64,7 +64,7 @@ class Accounting:
                 self.metrics.usage_anomaly(token_type, reason)
         reservation, exchange.reservation = exchange.reservation, None
         tenant: Tenant | None = self.config.tenants.get(exchange.tenant)
-        if reservation is not None and tenant is not None and tenant.budget is not None:
+        if reservation is not None and tenant is not None:
             self.ledger.settle(reservation, tenant.budget, spent)
 
     def _no_cached_details(self, model: str, price: Price) -> None:

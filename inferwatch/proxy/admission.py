@@ -47,6 +47,8 @@ class Reservation:
     tokens: int
     #: the completion cap the request must be sent with (None: leave the body as it is)
     completion_cap: int | None = None
+    #: whether it holds one of its tenant's concurrency slots in the fleet's shared state
+    fleet_slot: bool = False
 
 
 def budget_refusal(
@@ -69,7 +71,7 @@ class Ledger(Protocol):
 
     def room(self, tenant: str, budget: Budget) -> int: ...
 
-    def settle(self, reservation: Reservation, budget: Budget, tokens: int) -> None: ...
+    def settle(self, reservation: Reservation, budget: Budget | None, tokens: int) -> None: ...
 
     def remaining(self, tenant: str, budget: Budget) -> int: ...
 
@@ -130,8 +132,9 @@ class BudgetLedger:
         self._reserved[tenant] = (start, reserved + tokens)
         return Reservation(tenant, start, tokens, cap if cap != completion_cap else None)
 
-    def settle(self, reservation: Reservation, budget: Budget, tokens: int) -> None:
+    def settle(self, reservation: Reservation, budget: Budget | None, tokens: int) -> None:
         """Release a reservation and charge what the request actually used."""
+        assert budget is not None, "a local reservation is always its budget's"
         _, start = self._window(budget)
         if reservation.window == start:
             reserved = self._in(self._reserved, reservation.tenant, start) - reservation.tokens

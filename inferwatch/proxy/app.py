@@ -401,6 +401,8 @@ class ProxyApp:
             ), False
         changed = asked.rewritten
         cap, engine_applies = await self._reserved_cap(exchange, body, requested, prompt)
+        # with shared state a tenant's concurrency cap is a slot in the fleet's books
+        fleet_cap = tenant.max_concurrency if tenant is not None and self.shared else 0
         if tenant is not None and budget is not None:
             if choices > MAX_CHOICES:
                 exchange.meter = None
@@ -410,18 +412,22 @@ class ProxyApp:
             if prompt.tokens + cap * choices > self.budgets.room(exchange.tenant, budget):
                 await self._recount(exchange, body, prompt)  # a bound must not refuse or clamp
                 cap, engine_applies = await self._reserved_cap(exchange, body, requested, prompt)
-            hold = (exchange.tenant, budget, prompt.tokens, cap, choices)
+        if tenant is not None and (budget is not None or fleet_cap):
             clamp = config.over_budget == "clamp"
-            reserved = (
-                await self.shared.reserve(*hold, clamp=clamp)
-                if self.shared is not None
-                else self.ledger.reserve(*hold, clamp=clamp)
-            )
+            if self.shared is not None:
+                reserved = await self.shared.reserve(
+                    exchange.tenant, budget, prompt.tokens, cap, choices, clamp, fleet_cap
+                )
+            else:
+                assert budget is not None  # without shared state only a budget reserves
+                reserved = self.ledger.reserve(
+                    exchange.tenant, budget, prompt.tokens, cap, choices, clamp
+                )
             if isinstance(reserved, Refusal):
                 exchange.meter = None
                 return reserved, False
             exchange.reservation = reserved
-            if reserved.completion_cap is not None or not engine_applies:
+            if budget is not None and (reserved.completion_cap is not None or not engine_applies):
                 cap = cap if reserved.completion_cap is None else reserved.completion_cap
                 for key in asked.fields or ["max_tokens"]:  # no twin left uncapped
                     body[key] = cap
@@ -436,6 +442,8 @@ class ProxyApp:
             limit, priority, weight = (
                 (tenant.max_concurrency, tenant.priority, tenant.weight) if tenant else (0, 1, 1)
             )
+            if exchange.reservation is not None and exchange.reservation.fleet_slot:
+                limit = 0  # held fleet-wide already
             queued = time.perf_counter()
             refusal = await self.gate.acquire(exchange.tenant, limit, priority, weight)
             self.metrics.queued(exchange.identity[0], time.perf_counter() - queued, refusal)

@@ -10,7 +10,12 @@ which share a hash tag (``{tenant}``) and so one Cluster slot:
 - ``<prefix>:{<tenant>}:h``: reservation id -> tokens it holds;
 - ``<prefix>:{<tenant>}:l``: reservation id scored by its lease's expiry (ms). A reservation
   whose lease expired (its proxy died, or lost Redis for longer than the lease) is dropped by
-  the next script that looks, and its tokens return to the room.
+  the next script that looks, and its tokens return to the room;
+- ``<prefix>:{<tenant>}:x``: reservation ids whose lease expired, scored by when (kept for
+  ``REPLAYED_TTL_S``), so that the settlement of one still charges its tokens, once.
+
+Settling is keyed by the reservation id: a hold still held, or expired, is settled once; any
+other id was settled already, so a settlement replayed from the journal charges nothing.
 
 Reservations count against whatever window is current, so one taken just before a window
 turns is still held after it (a request in flight does not vanish with the hour).
@@ -19,66 +24,99 @@ turns is still held after it (a request in flight does not vanish with the hour)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-#: drops the tenant's expired leases (their holds go back), rolls the window when it has
-#: turned; leaves ``now``, ``start``, ``used`` and ``reserved`` set for the caller's code
-_PRELUDE = """
+with contextlib.suppress(ImportError):  # without the redis extra no Books is ever made
+    from redis.exceptions import NoScriptError, RedisError
+
+#: a replayed journal entry, and the id of a hold whose lease expired, are remembered this
+#: long, so that a replay cut short is not charged twice and a late settlement still charges
+REPLAYED_TTL_S = 7 * 24 * 3600
+
+#: drops the tenant's expired leases (their holds go back, their ids are kept in ``x`` so that
+#: a late settlement still charges), rolls the window when it has turned (a window of 0 ms:
+#: the tenant has no budget); leaves ``now``, ``start``, ``used`` and ``reserved`` set
+_PRELUDE = (
+    """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local reserved = tonumber(redis.call('HGET', KEYS[1], 'reserved') or '0')
+local state = redis.call('HMGET', KEYS[1], 'reserved', 'start', 'used')
+local reserved = tonumber(state[1] or '0')
 local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
-for _, id in ipairs(dead) do
-  reserved = reserved - tonumber(redis.call('HGET', KEYS[2], id) or '0')
-  redis.call('HDEL', KEYS[2], id)
-end
 if #dead > 0 then
+  for _, id in ipairs(dead) do
+    reserved = reserved - tonumber(redis.call('HGET', KEYS[2], id) or '0')
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('ZADD', KEYS[4], now, id)
+  end
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - """
+    + str(REPLAYED_TTL_S * 1000)
+    + """)
+  if reserved < 0 then reserved = 0 end
+  redis.call('HSET', KEYS[1], 'reserved', reserved)
 end
-if reserved < 0 then reserved = 0 end
 local window = tonumber(ARGV[2])
-local start = now - now % window
-local used = 0
-if tonumber(redis.call('HGET', KEYS[1], 'start') or '-1') == start then
-  used = tonumber(redis.call('HGET', KEYS[1], 'used') or '0')
+local start, used = 0, 0
+if window > 0 then
+  start = now - now % window
+  if tonumber(state[2] or '-1') == start then
+    used = tonumber(state[3] or '0')
+  else
+    redis.call('HSET', KEYS[1], 'start', start, 'used', 0)
+  end
 end
-redis.call('HSET', KEYS[1], 'start', start, 'used', used, 'reserved', reserved)
 """
+)
 
-#: ARGV: id, window ms, limit (budget + tolerance), prompt, completion cap, choices,
-#: clamp (1/0), lease ms. Returns {admitted 1/0, used, reserved, window start, now, cap,
-#: requests in flight}.
+#: ARGV: id, window ms (0: no budget), limit (budget + tolerance), prompt, completion cap,
+#: choices, clamp (1/0), lease ms, concurrency cap (0: none). Returns {verdict (1 admitted,
+#: 0 over budget, 2 at the concurrency cap), used, reserved, window start, now, cap, requests
+#: in flight}.
 RESERVE = (
     _PRELUDE
     + """
 local limit, prompt = tonumber(ARGV[3]), tonumber(ARGV[4])
 local asked, choices = tonumber(ARGV[5]), tonumber(ARGV[6])
-local room = limit - used - reserved
+local flight = redis.call('ZCARD', KEYS[3])
 local cap = asked
-if prompt + cap * choices > room and ARGV[7] == '1' then
-  cap = math.floor((room - prompt) / choices)
+if window > 0 then
+  local room = limit - used - reserved
+  if prompt + cap * choices > room and ARGV[7] == '1' then
+    cap = math.floor((room - prompt) / choices)
+  end
+  if cap < 0 or (cap == 0 and asked > 0) or prompt + cap * choices > room then
+    return {0, used, reserved, start, now, cap, flight}
+  end
 end
-if cap < 0 or (cap == 0 and asked > 0) or prompt + cap * choices > room then
-  return {0, used, reserved, start, now, cap, redis.call('ZCARD', KEYS[3])}
+local most = tonumber(ARGV[9])
+if most > 0 and flight >= most then
+  return {2, used, reserved, start, now, cap, flight}
 end
-local tokens = prompt + cap * choices
-reserved = reserved + tokens
-redis.call('HSET', KEYS[1], 'reserved', reserved)
+local tokens = 0
+if window > 0 then
+  tokens = prompt + cap * choices
+  reserved = reserved + tokens
+  redis.call('HSET', KEYS[1], 'reserved', reserved)
+end
 redis.call('HSET', KEYS[2], ARGV[1], tokens)
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[8]), ARGV[1])
-return {1, used, reserved, start, now, cap, redis.call('ZCARD', KEYS[3])}
+return {1, used, reserved, start, now, cap, flight + 1}
 """
 )
 
-#: ARGV: id ("" : none held), window ms, tokens, window start they were spent in (-1: the
-#: current one), journal entry TTL s. KEYS[4], when given, marks a journal entry replayed so
-#: that replaying it twice charges it once. Returns {charged 1/0, used, reserved, start, now,
-#: requests in flight}.
+#: ARGV: id ("" : none held in Redis), window ms, tokens, window start they were spent in
+#: (-1: the current one), journal entry TTL s. Keyed by the reservation: a hold still held is
+#: released and charged, one whose lease expired (in ``x``) is charged, and any other id was
+#: settled already, so a replayed settlement charges nothing. KEYS[5], when given, marks a
+#: journal entry of a request that held nothing in Redis replayed, so that replaying it twice
+#: charges it once. Returns {charged 1/0, used, reserved, start, now, requests in flight}.
 SETTLE = (
     _PRELUDE
     + """
-if KEYS[4] and redis.call('SET', KEYS[4], '1', 'NX', 'EX', tonumber(ARGV[5])) == false then
+if KEYS[5] and redis.call('SET', KEYS[5], '1', 'NX', 'EX', tonumber(ARGV[5])) == false then
   return {0, used, reserved, start, now, redis.call('ZCARD', KEYS[3])}
 end
 if ARGV[1] ~= '' then
@@ -88,14 +126,18 @@ if ARGV[1] ~= '' then
     redis.call('HDEL', KEYS[2], ARGV[1])
     redis.call('ZREM', KEYS[3], ARGV[1])
     redis.call('HSET', KEYS[1], 'reserved', reserved)
+  elseif redis.call('ZREM', KEYS[4], ARGV[1]) == 0 then
+    return {0, used, reserved, start, now, redis.call('ZCARD', KEYS[3])}
   end
 end
 local tokens, spent_in = tonumber(ARGV[3]), tonumber(ARGV[4])
-if spent_in < 0 or spent_in == start then
-  used = used + tokens
-  redis.call('HSET', KEYS[1], 'used', used)
+if window > 0 then
+  if spent_in < 0 or spent_in == start then
+    used = used + tokens
+    redis.call('HSET', KEYS[1], 'used', used)
+  end
+  redis.call('HINCRBY', KEYS[1], 'total', tokens)
 end
-redis.call('HINCRBY', KEYS[1], 'total', tokens)
 return {1, used, reserved, start, now, redis.call('ZCARD', KEYS[3])}
 """
 )
@@ -164,9 +206,6 @@ end
 return reply
 """
 
-#: a replayed journal entry is remembered this long, so a replay cut short is not charged twice
-REPLAYED_TTL_S = 7 * 24 * 3600
-
 
 @dataclass(frozen=True)
 class Window:
@@ -186,26 +225,94 @@ class Reserved:
     admitted: bool
     window: Window
     cap: int  # completion cap per choice it holds (or would have, clamped)
+    #: refused for the tenant's concurrency cap (not its budget)
+    at_cap: bool = False
+
+
+class _Script:
+    """A Lua script by its SHA1, loaded into the server when it answers NOSCRIPT (a restarted
+    or failed-over Redis has none)."""
+
+    def __init__(self, client: Any, source: str) -> None:
+        self.source = source
+        self.sha = client.register_script(source).sha
 
 
 class Books:
-    """The scripts, registered once on a redis-py asyncio client (plain, Sentinel or Cluster)."""
+    """The scripts on a redis-py asyncio client (plain, Sentinel or Cluster).
+
+    Where the client pipelines (one Redis, Sentinel's master), every script call made in one
+    turn of the event loop goes out in one pipeline: under load one round trip carries many
+    requests' reservations and settlements (each script still runs on its own, atomically).
+    A Cluster's calls go node by node, each on its own."""
 
     def __init__(self, client: Any, prefix: str, pipelines: bool = True) -> None:
         self.client = client
         self.prefix = prefix
-        #: whether the client pipelines scripts (a Cluster's commands go node by node)
         self.pipelines = pipelines
-        self._reserve = client.register_script(RESERVE)
-        self._settle = client.register_script(SETTLE)
-        self._renew = client.register_script(RENEW)
-        self._heartbeat = client.register_script(HEARTBEAT)
-        self._peek = client.register_script(PEEK)
-        self._rate = client.register_script(RATE)
+        self._reserve = _Script(client, RESERVE)
+        self._settle = _Script(client, SETTLE)
+        self._renew = _Script(client, RENEW)
+        self._heartbeat = _Script(client, HEARTBEAT)
+        self._peek = _Script(client, PEEK)
+        self._rate = _Script(client, RATE)
+        self._keys: dict[str, list[str]] = {}
+        self._queued: list[tuple[_Script, list[str], list[Any], asyncio.Future[Any]]] = []
+        self._sending: set[asyncio.Task[None]] = set()
 
     def keys(self, tenant: str) -> list[str]:
-        base = f"{self.prefix}:{{{tenant}}}"
-        return [f"{base}:w", f"{base}:h", f"{base}:l"]
+        """The tenant's window, holds, leases and expired holds (made once per tenant)."""
+        found = self._keys.get(tenant)
+        if found is None:
+            base = f"{self.prefix}:{{{tenant}}}"
+            found = self._keys[tenant] = [f"{base}:w", f"{base}:h", f"{base}:l", f"{base}:x"]
+        return found
+
+    async def _call(self, script: _Script, keys: list[str], args: list[Any]) -> Any:
+        if not self.pipelines:
+            return await self._direct(script, keys, args)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queued.append((script, keys, args, future))
+        if len(self._queued) == 1:
+            asyncio.get_running_loop().call_soon(self._send)
+        return await future
+
+    async def _direct(self, script: _Script, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            await self.client.script_load(script.source)
+            return await self.client.evalsha(script.sha, len(keys), *keys, *args)
+
+    def _send(self) -> None:
+        calls, self._queued = self._queued, []
+        task = asyncio.ensure_future(self._pipeline(calls))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _pipeline(
+        self, calls: list[tuple[_Script, list[str], list[Any], asyncio.Future[Any]]]
+    ) -> None:
+        """One round trip for every call queued; a NOSCRIPT (the script never ran) is
+        loaded and run again on its own."""
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for script, keys, args, _ in calls:
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            replies = await pipe.execute(raise_on_error=False)
+            for (script, keys, args, future), reply in zip(calls, replies, strict=True):
+                if isinstance(reply, NoScriptError):
+                    reply = await self._direct(script, keys, args)
+                if future.done():
+                    continue
+                if isinstance(reply, Exception):
+                    future.set_exception(reply)
+                else:
+                    future.set_result(reply)
+        except (RedisError, OSError) as exc:  # a script's own error fails its call alone
+            for *_, future in calls:
+                if not future.done():
+                    future.set_exception(exc)
 
     async def reserve(
         self,
@@ -218,12 +325,16 @@ class Books:
         choices: int,
         clamp: bool,
         lease_ms: int,
+        most: int = 0,
     ) -> Reserved:
-        args = [hold, window_ms, limit, prompt, cap, choices, 1 if clamp else 0, lease_ms]
-        admitted, used, reserved, start, now, capped, flight = await self._reserve(
-            keys=self.keys(tenant), args=args
+        """Hold ``prompt + cap * choices`` (``window_ms`` 0: no budget, only a slot) unless
+        the tenant has ``most`` requests in flight already (0: no cap)."""
+        args = [hold, window_ms, limit, prompt, cap, choices, 1 if clamp else 0, lease_ms, most]
+        verdict, used, reserved, start, now, capped, flight = await self._call(
+            self._reserve, self.keys(tenant), args
         )
-        return Reserved(admitted == 1, Window(used, reserved, start, now, flight), int(capped))
+        window = Window(used, reserved, start, now, flight)
+        return Reserved(verdict == 1, window, int(capped), at_cap=verdict == 2)
 
     async def settle(
         self,
@@ -234,36 +345,24 @@ class Books:
         spent_in_ms: int = -1,
         entry: str = "",
     ) -> Window | None:
-        """Release ``hold`` and charge ``tokens``; None when ``entry`` was replayed already."""
+        """Release ``hold`` and charge ``tokens``; None when it was settled already (or
+        ``entry``, the journal entry of a request that held nothing, was replayed)."""
         keys = self.keys(tenant)
         if entry:
-            keys.append(f"{self.prefix}:{{{tenant}}}:j:{entry}")
+            keys = [*keys, f"{self.prefix}:{{{tenant}}}:j:{entry}"]
         args = [hold, window_ms, tokens, spent_in_ms, REPLAYED_TTL_S]
-        charged, *window = await self._settle(keys=keys, args=args)
+        charged, *window = await self._call(self._settle, keys, args)
         return Window(*window) if charged == 1 else None
 
-    async def settle_all(self, settlements: list[tuple[str, str, int, int]]) -> list[Window]:
-        """Settle ``(tenant, hold, window ms, tokens)`` each, in one round trip where the
-        client pipelines (one Redis, Sentinel's master); a Cluster's go out side by side."""
-        if not self.pipelines:
-            found = await asyncio.gather(*(self.settle(*one) for one in settlements))
-            return [window for window in found if window is not None]  # none is a replay
-        pipe = self.client.pipeline(transaction=False)
-        for tenant, hold, window_ms, tokens in settlements:
-            await self._settle(
-                keys=self.keys(tenant), args=[hold, window_ms, tokens, -1, 0], client=pipe
-            )
-        return [Window(*window) for _, *window in await pipe.execute()]
-
     async def renew(self, tenant: str, holds: list[str], lease_ms: int) -> int:
-        return int(await self._renew(keys=[self.keys(tenant)[2]], args=[lease_ms, *holds]))
+        return int(await self._call(self._renew, [self.keys(tenant)[2]], [lease_ms, *holds]))
 
     async def heartbeat(self, proxy: str, lease_ms: int) -> int:
-        return int(await self._heartbeat(keys=[f"{self.prefix}:proxies"], args=[proxy, lease_ms]))
+        return int(await self._call(self._heartbeat, [f"{self.prefix}:proxies"], [proxy, lease_ms]))
 
     async def peek(self, tenant: str, window_ms: int) -> Window:
         """The tenant's current window, leases that expired dropped first."""
-        return Window(*await self._peek(keys=self.keys(tenant), args=["", window_ms]))
+        return Window(*await self._call(self._peek, self.keys(tenant), ["", window_ms]))
 
     async def rate(
         self, tenant: str, buckets: list[tuple[str, int, float]], charge: bool
@@ -274,7 +373,7 @@ class Books:
         args: list[str | int | float] = ["charge" if charge else "take"]
         for _, capacity, amount in buckets:
             args += [capacity, amount]
-        admitted, wait, *levels = await self._rate(keys=keys, args=args)
+        admitted, wait, *levels = await self._call(self._rate, keys, args)
         return admitted == 1, int(wait), [level / 1000 for level in levels]
 
     async def total(self, tenant: str) -> int:

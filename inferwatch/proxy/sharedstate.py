@@ -44,8 +44,10 @@ try:
     from redis.asyncio.cluster import ClusterNode, RedisCluster
     from redis.asyncio.sentinel import Sentinel
     from redis.backoff import NoBackoff
+    from redis.connection import HiredisRespSerializer
     from redis.exceptions import RedisError
     from redis.retry import Retry
+    from redis.utils import HIREDIS_AVAILABLE
 except ImportError:  # the redis extra is not installed: only a shared_state config needs it
     aioredis = None  # type: ignore[assignment]
 
@@ -115,7 +117,23 @@ def connect(shared: SharedState) -> tuple[Any, list[Any]]:
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=MAX_CONNECTIONS, timeout=shared.timeout_s * CALL_BOUND, **options
     )
+    if HIREDIS_AVAILABLE:
+        pool.connection_class = type(
+            pool.connection_class.__name__, (_HiredisPacking, pool.connection_class), {}
+        )
     return aioredis.Redis.from_pool(pool), []  # closing the client closes the pool
+
+
+class _HiredisPacking:
+    """Commands packed by hiredis, as redis-py's own synchronous client does: its asyncio
+    connections pack every argument in Python, the largest part of a script call's cost."""
+
+    _serializer = HiredisRespSerializer() if HIREDIS_AVAILABLE else None
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        assert self._serializer is not None
+        packed: list[bytes] = self._serializer.pack(*args)
+        return packed
 
 
 def _reason(exc: BaseException) -> str:
@@ -149,12 +167,10 @@ class SharedLedger:
         self.replicas = 0
         self.errors: dict[str, int] = {}
         self._seen: dict[str, Window] = {}
-        self._holds: dict[str, set[str]] = {}
+        #: this proxy's holds in Redis per tenant, each with when it was taken (monotonic)
+        self._holds: dict[str, dict[str, float]] = {}
         self._sequence = itertools.count()
         self._writes: set[asyncio.Task[Any]] = set()
-        #: settlements waiting for the flush in flight, and whether one is
-        self._settling: list[Entry] = []
-        self._flushing = False
         self._down_since = 0.0
 
     # ------------------------------------------------------------------ admission
@@ -187,27 +203,33 @@ class SharedLedger:
     async def reserve(
         self,
         tenant: str,
-        budget: Budget,
+        budget: Budget | None,
         prompt: int,
         completion_cap: int,
         choices: int = 1,
         clamp: bool = True,
+        most: int = 0,
     ) -> Reservation | Refusal:
+        """Reserve against the tenant's budget (if it has one) and, with ``most``, take one
+        of its ``most`` concurrency slots, fleet-wide: one script, one round trip."""
+        window_ms = round(budget.window_seconds * 1000) if budget is not None else 0
         if not self.up:
+            if budget is None:  # only a slot: this proxy's gate holds the cap meanwhile
+                return SharedReservation(tenant, 0.0, 0)
             return self._reserve_down(tenant, budget, prompt, completion_cap, choices, clamp)
         hold = f"{self.proxy}:{next(self._sequence)}"
-        window_ms = round(budget.window_seconds * 1000)
         call = asyncio.ensure_future(
             self.books.reserve(
                 tenant,
                 hold,
                 window_ms,
-                budget.tokens + budget.tolerance,
+                budget.tokens + budget.tolerance if budget is not None else 0,
                 prompt,
                 completion_cap,
                 choices,
                 clamp,
                 self.lease_ms,
+                most,
             )
         )
         try:
@@ -219,10 +241,21 @@ class SharedLedger:
         except (RedisError, OSError, TimeoutError) as exc:
             self._down(exc)
             call.add_done_callback(lambda done: self._give_back(done, tenant, hold, window_ms))
+            if budget is None:
+                return SharedReservation(tenant, 0.0, 0)
             return self._reserve_down(tenant, budget, prompt, completion_cap, choices, clamp)
         window = reserved.window
         self._seen[tenant] = window
+        if reserved.at_cap:
+            return Refusal(
+                429,
+                "rejected_concurrency",
+                f"tenant already has {window.in_flight} requests in flight or queued across "
+                f"the fleet (limit {most})",
+                1,
+            )
         if not reserved.admitted:
+            assert budget is not None  # the only other refusal is the budget's
             retry_after = max(1, math.ceil((window.start_ms + window_ms - window.now_ms) / 1000))
             return budget_refusal(
                 budget,
@@ -232,13 +265,14 @@ class SharedLedger:
                 window.reserved,
                 retry_after,
             )
-        self._holds.setdefault(tenant, set()).add(hold)
+        self._holds.setdefault(tenant, {})[hold] = time.monotonic()
         cap = reserved.cap
         return SharedReservation(
             tenant,
             window.start_ms / 1000,
-            prompt + cap * choices,
+            prompt + cap * choices if budget is not None else 0,
             cap if cap != completion_cap else None,
+            fleet_slot=most > 0,
             hold=hold,
             window_ms=window_ms,
         )
@@ -281,53 +315,48 @@ class SharedLedger:
         return Budget(room // self.live_replicas(), budget.window_seconds)
 
     # ------------------------------------------------------------------ settling
-    def settle(self, reservation: Reservation, budget: Budget, tokens: int) -> None:
-        """Release a reservation and charge its usage: in Redis, or journaled while down."""
+    def settle(self, reservation: Reservation, budget: Budget | None, tokens: int) -> None:
+        """Release a reservation (its tokens, its concurrency slot) and charge its usage: in
+        Redis, or journaled while down."""
         if not isinstance(reservation, SharedReservation):
             raise TypeError("a shared ledger settles only its own reservations")
         hold = reservation.hold
         if hold:
-            self._holds.get(reservation.tenant, set()).discard(hold)
-        else:
+            self._holds.get(reservation.tenant, {}).pop(hold, None)
+        elif budget is not None:
             self.local.settle(reservation, budget, tokens)
+        else:
+            return  # a slot this proxy's gate held while Redis was down: nothing in Redis
         now_ms = round(time.time() * 1000)
+        window_ms = reservation.window_ms
         entry = Entry(
-            id=uuid.uuid4().hex,
+            id=hold or uuid.uuid4().hex,
             tenant=reservation.tenant,
             hold=hold,
             window_ms=reservation.window_ms,
-            spent_in_ms=now_ms - now_ms % reservation.window_ms,
+            spent_in_ms=now_ms - now_ms % window_ms if window_ms else -1,
             tokens=tokens,
         )
         if not self.up:
             self.journal.write(entry)
             return
-        self._settling.append(entry)
-        if len(self._settling) == 1 and not self._flushing:
-            self._spawn(self._flush())
+        self._spawn(self._settle(entry))
 
-    async def _flush(self) -> None:
-        """Send the settlements that queued up, together, until none is left: under load one
-        round trip carries many (each script still runs on its own, atomically)."""
-        self._flushing = True
+    async def _settle(self, entry: Entry) -> None:
+        """Settle in Redis (settlements of one turn of the loop share a round trip, see
+        :class:`Books`); one whose reply is lost is journaled, and its replay, keyed by the
+        reservation, charges nothing if the first one ran."""
         try:
-            while self._settling:
-                entries, self._settling = self._settling, []
-                try:
-                    async with asyncio.timeout(self.call_bound_s):
-                        windows = await self.books.settle_all(
-                            [(e.tenant, e.hold, e.window_ms, e.tokens) for e in entries]
-                        )
-                except (RedisError, OSError, TimeoutError) as exc:
-                    self._down(exc)
-                    for entry in (*entries, *self._settling):
-                        self.journal.write(entry)
-                    self._settling = []
-                    return
-                for entry, window in zip(entries, windows, strict=True):
-                    self._seen[entry.tenant] = window
-        finally:
-            self._flushing = False
+            async with asyncio.timeout(self.call_bound_s):
+                window = await self.books.settle(
+                    entry.tenant, entry.hold, entry.window_ms, entry.tokens
+                )
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._down(exc)
+            self.journal.write(entry)
+            return
+        if window is not None:
+            self._seen[entry.tenant] = window
 
     def _give_back(
         self, call: asyncio.Future[Reserved], tenant: str, hold: str, window_ms: int
@@ -432,10 +461,15 @@ class SharedLedger:
                         down_s=round(time.monotonic() - self._down_since, 3),
                     )
                 self.up = True
+            # a hold younger than a sixth of the lease outlives the next tick and a renewal
+            # that takes its longest (``timeout`` is at most a sixth of the lease, a call at
+            # most three): short requests are never renewed
+            young = time.monotonic() - self.shared.lease_s / 6
             for tenant, holds in list(self._holds.items()):
-                if holds:
+                old = sorted(hold for hold, taken in holds.items() if taken <= young)
+                if old:
                     async with asyncio.timeout(self.call_bound_s):
-                        await self.books.renew(tenant, sorted(holds), self.lease_ms)
+                        await self.books.renew(tenant, old, self.lease_ms)
         except (RedisError, OSError, TimeoutError) as exc:
             self._down(exc)
 
@@ -470,7 +504,11 @@ class SharedLedger:
             out.append(family)
         flight = cat.family("tenancy_fleet_requests_in_flight")
         for name, tenant in sorted(self.tenants.items()):
-            seen = self._current(name, tenant.budget) if tenant.budget is not None else None
+            seen = (
+                self._current(name, tenant.budget)
+                if tenant.budget is not None
+                else self._seen.get(name)  # a capped tenant's: its slots know no window
+            )
             if seen is not None:
                 flight.add_metric([name], seen.in_flight)
         out.append(flight)

@@ -144,9 +144,18 @@ def body(max_tokens: int, stream: bool = False) -> dict[str, Any]:
 
 
 async def _send(
-    client: httpx.AsyncClient, url: str, tenant: str, request: dict[str, Any], delay_ms: int
+    client: httpx.AsyncClient,
+    url: str,
+    tenant: str,
+    request: dict[str, Any],
+    delay_ms: int,
+    tag: str,
 ) -> httpx.Response:
-    headers = {"authorization": f"Bearer {KEYS[tenant]}", "x-delay-ms": str(delay_ms)}
+    headers = {
+        "authorization": f"Bearer {KEYS[tenant]}",
+        "x-delay-ms": str(delay_ms),
+        "x-test-tag": tag,
+    }
     return await client.post(url + CHAT, json=request, headers=headers)
 
 
@@ -156,8 +165,10 @@ def flood(
     per_proxy: int,
     max_tokens: int,
     delay_ms: int = 200,
+    tag: str = "",
 ) -> list[httpx.Response]:
-    """``per_proxy`` requests at once to each proxy; every answer, in no particular order."""
+    """``per_proxy`` requests at once to each proxy; every answer, in no particular order.
+    ``tag`` names them for the engine's count of requests it runs at once (``peak``)."""
 
     async def go() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=len(urls) * per_proxy + 8)
@@ -165,7 +176,7 @@ def flood(
             return list(
                 await asyncio.gather(
                     *(
-                        _send(client, url, tenant, body(max_tokens), delay_ms)
+                        _send(client, url, tenant, body(max_tokens), delay_ms, tag)
                         for url in urls
                         for _ in range(per_proxy)
                     )
