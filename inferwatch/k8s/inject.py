@@ -46,6 +46,9 @@ PORTS = {"iw-metrics": 9400, "iw-tenants": 9402, "iw-proxy": 9403}
 MODEL_LABEL = "inferwatch.io/model"
 #: what the node agent's NetworkPolicy lets in
 SIDECAR_LABEL = "inferwatch.io/sidecar"
+#: the Secret of the token a sidecar's /admin/isolation asks for (the receiver's, and the
+#: node agent's when it drains a GPU's replicas)
+SIDECAR_ADMIN_SECRET = "inferwatch-sidecar-admin-token"
 #: where the node agent runs (base/node-agent)
 NODE_AGENT = "inferwatch-node-agent"
 NODE_AGENT_NAMESPACE = "inferwatch-system"
@@ -189,7 +192,7 @@ def containers(model: Model, traced: Sequence[str] = ()) -> list[dict[str, Any]]
         "env": [
             *identity,
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-            _secret_env("INFERWATCH_SIDECAR_ADMIN_TOKEN", "inferwatch-sidecar-admin-token"),
+            _secret_env("INFERWATCH_SIDECAR_ADMIN_TOKEN", SIDECAR_ADMIN_SECRET),
             _secret_env("INFERWATCH_SIDECAR_NODE_AGENT_TOKEN", "inferwatch-node-agent-token"),
         ],
         "ports": [{"name": "iw-metrics", "containerPort": PORTS["iw-metrics"]}],

@@ -582,8 +582,9 @@ GPU_RESET_PATCH: list[dict[str, Any]] = [
         for variable in (
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
+            # the variable node-agent reads the token from (exporters/node_agent.py)
             {"name": "INFERWATCH_RUNBOOKS_SIDECAR_TOKEN", "valueFrom": {"secretKeyRef": {
-                "name": "inferwatch-sidecar-admin-token", "key": "token"}}},
+                "name": inject.SIDECAR_ADMIN_SECRET, "key": "token"}}},
         )
     ),
     {"op": "replace", "path": f"{_CONTAINER}/securityContext",
@@ -597,8 +598,8 @@ GPU_RESET_PATCH: list[dict[str, Any]] = [
 
 def gpu_reset_rbac() -> str:
     """The node agent's account, and a ClusterRole with exactly the rules its GPU reset
-    declares (``RBAC_RULES`` of ``exporters/gpu_reset.py``): nodes and pods are
-    cluster-scoped reads."""
+    declares (``RBAC_RULES`` of ``exporters/gpu_reset.py``): a ClusterRole, because nodes
+    are cluster-scoped and the replicas it drains are in any namespace."""
     meta = {"name": NODE_AGENT, "namespace": NODE_AGENT_NAMESPACE}
     role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NODE_AGENT}
     documents = [
