@@ -19,6 +19,10 @@ reset fails is not reset in a loop; dry-run (drain nothing, reset nothing: each 
 only logged). Every decision is one audit line (``gpu reset``, JSON when not on a terminal).
 A reset that fails, or a GPU that does not come back healthy, leaves the request in place
 and the replicas isolated: that is for a person.
+
+:data:`RBAC_RULES` is every Kubernetes API call the agent makes, nothing more: the kit's
+ClusterRole for the node agent (``inferwatch generate k8s``, ``automation.gpu_reset``) is
+generated from it.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ REQUESTED = "inferwatch.io/gpu-reset-requested"
 MERGE_PATCH = "application/merge-patch+json"
 #: the label every pod with an inferwatch sidecar carries (inferwatch/k8s/inject.py, the kit)
 SIDECAR_LABEL = "inferwatch.io/sidecar"
+#: the node's requests (read, clear) and the pods on the node (the replicas to drain)
+RBAC_RULES: tuple[Mapping[str, Any], ...] = (
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+)
 #: seconds between two looks at the node's requests
 DEFAULT_INTERVAL_S = 10.0
 #: seconds before a GPU may be reset again, after any attempt

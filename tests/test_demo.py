@@ -232,7 +232,7 @@ def test_a_spare_is_in_maintenance_at_the_gateway_and_no_scrape_target_until_it_
     spare = topology.replica("primary-v1b")
     assert re.search(
         rf"^    server v1:primary-v1b 127\.0\.0\.1:{ports.proxy[spare.name]} weight 67 "
-        rf"check port {ports.sidecar[spare.name]} disabled$",
+        rf"check port {ports.sidecar[spare.name]} {gateway.OBSERVE} disabled$",
         config,
         re.M,
     ), config

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from inferwatch.demo import topology
 from inferwatch.drill.run import SCENARIOS
 
 pytestmark = [
@@ -29,6 +30,19 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_the_mass_gpu_fault_kills_the_primary_and_leaves_the_fallback_model_to_serve() -> None:
+    """Its fault hits every GPU of the primary model and none of the fallback model's, whose
+    node is another, and the traffic must leave the primary's replicas and come back: the
+    check that nothing is lost beyond what they held in flight then has somewhere to go."""
+    (mass,) = [s for s in SCENARIOS if s.name == "mass-gpu-fault"]
+    faulted = {name for step in mass.fault for name in step.replicas}
+    primary = {r.name for r in topology.REPLICAS if r.role == "primary"}
+    assert faulted == primary == set(mass.moved_from)
+    nodes = {r.node for r in topology.REPLICAS if r.name in faulted}
+    assert all(r.node not in nodes for r in topology.REPLICAS if r.role == "fallback")
+    assert {name for step in mass.repair for name in step.replicas} == primary
 
 
 @pytest.mark.timeout(900)

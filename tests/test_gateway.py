@@ -75,7 +75,13 @@ def test_demo_and_custom_configs_pass_haproxy_check(haproxy_bin: str, tmp_path: 
         assert check.returncode == 0, check.stdout + check.stderr
     text = custom.read_text(encoding="utf-8")
     # the pieces the gateway promises, spelled as HAProxy reads them
-    assert "server v1:big-1 127.0.0.1:7001 weight 90 check port 7101" in text
+    # a refused connection takes the replica out at once; only a request that got nothing
+    # back is retried
+    assert "server v1:big-1 127.0.0.1:7001 weight 90 check port 7101 " \
+        "observe layer4 error-limit 1 on-error mark-down" in text
+    assert "    retry-on conn-failure empty-response\n" in text
+    opened = text.split("\nbackend m_org_big_open\n")[1].split("\n\n")[0]
+    assert "server open:big-1" in opened and "observe" not in opened, "no check, no mark-down"
     assert "server fallback:small-1 127.0.0.1:7003 weight 0 track m_org_small/v1:small-1" in text
     assert "use_backend m_org_small if { var(txn.model) -m str org/big } " \
         "{ nbsrv(m_org_big) lt 1 }" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import shutil
 import subprocess
 from pathlib import Path
@@ -88,6 +89,28 @@ def test_a_new_site_file_becomes_an_overlay_that_renders(kit: Path) -> None:
     assert spec["remoteWrite"][0]["url"] == "http://central:9090/api/v1/write"
     assert spec["remoteWrite"][0]["queueConfig"]["maxShards"] == 8
     assert spec["remoteWrite"][0]["queueConfig"]["capacity"] == 10000  # Prometheus' default
+
+
+def test_the_gpu_reset_switch_changes_only_the_node_agent_and_who_reaches_the_sidecars() -> None:
+    """Off (the default), a site renders no account, privilege or policy entry for the node
+    agent's GPU reset; on, it adds them to the node agent's overlay, the model's NetworkPolicy
+    and the injected models' policies, and changes nothing else."""
+    site = k8s.load_site(KIT / "sites" / "single-cluster.yaml")
+    assert site.gpu_reset, "the shipped example turns it on"
+    scaled = k8s_autoscaling.scaled_model(KIT)
+    on = k8s.render_overlay(site, scaled)
+    off = k8s.render_overlay(dataclasses.replace(site, gpu_reset=False), scaled)
+    changed = {name for name in on if on[name] != off.get(name)}
+    assert changed == {
+        "single-cluster/kustomization.yaml", "single-cluster/inject/models.yaml",
+        "single-cluster/node-agent/kustomization.yaml", "single-cluster/node-agent/gpu-reset.yaml",
+    }  # fmt: skip
+    assert set(off) == set(on) - {"single-cluster/node-agent/gpu-reset.yaml"}
+    assert "gpu-reset" not in off["single-cluster/node-agent/kustomization.yaml"]
+    for name in ("single-cluster/kustomization.yaml", "single-cluster/inject/models.yaml"):
+        assert "inferwatch-node-agent" not in off[name] and "inferwatch-node-agent" in on[name]
+    default = KIT / "sites" / "multi-cluster-east.yaml"
+    assert "gpu_reset" not in default.read_text() and not k8s.load_site(default).gpu_reset
 
 
 def test_a_sites_tracing_reaches_the_model_pods_proxy_and_probes(kit: Path) -> None:
@@ -321,6 +344,7 @@ FULL_SITE = {
         "endpoint_picker_port": 9002,
     },
     "models": yaml.safe_load((KIT / "sites" / "single-cluster.yaml").read_text())["models"],
+    "automation": {"gpu_node_selector": "nvidia.com/gpu.present=true", "gpu_reset": True},
     "tracing": {"otlp_endpoint": "http://collector.monitoring.svc:4318", "sampling_ratio": 0.1},
 }
 
@@ -362,7 +386,8 @@ NOT_INTEGER = st.one_of(
 def bad_value(draw: st.DrawFn) -> tuple[tuple[str, ...], Any]:
     """A value at one key that its schema refuses: the wrong type, a string with a blank
     in it (no site value allows one) or too long, an integer out of its range (every count
-    is at least 0, and at most a million; a ratio is from 0 to 1), too many users."""
+    is at least 0, and at most a million; a ratio is from 0 to 1), too many users, a switch
+    that is not true or false."""
     path = draw(st.sampled_from(LEAVES))
     valid = _get(FULL_SITE, path)
     if isinstance(valid, str):
@@ -380,6 +405,8 @@ def bad_value(draw: st.DrawFn) -> tuple[tuple[str, ...], Any]:
                      max_size=k8s.MAX_CANARY_USERS + 3),
             st.lists(NOT_TEXT, min_size=1, max_size=3),
         ))  # fmt: skip
+    elif isinstance(valid, bool):  # a switch
+        value = draw(NOT_TEXT.filter(lambda v: not isinstance(v, bool)))
     elif isinstance(valid, float):  # a ratio
         value = draw(st.one_of(
             NOT_TEXT.filter(lambda v: isinstance(v, str | bool | None | list | dict)),

@@ -31,6 +31,7 @@ from inferwatch.exporters.gpu.podresources import Allocation
 from inferwatch.exporters.gpu.recording import Recording
 from inferwatch.exporters.gpu_reset import (
     PREFIX,
+    RBAC_RULES,
     REQUESTED,
     Attempt,
     KubeletReplicas,
@@ -90,6 +91,7 @@ def request(fingerprint: str, at: str) -> str:
 @pytest.fixture
 def fake(nvml: FakeNvml) -> FakeKube:
     served = FakeKube()
+    served.rules = RBAC_RULES  # what the kit's ClusterRole grants the node agent, nothing more
     served.add_node(
         NODE,
         labels={REQUESTED: "true"},

@@ -13,6 +13,11 @@ replicas with no health check, serving degraded rather than failing every reques
 Envoy's panic threshold does). Those requests carry the ``fail_open`` split, so the proxy
 counts them and an alert says the fleet is failing open.
 
+A replica that dies under load is taken out by its traffic as well as its checks: a refused
+connection marks its server down at once (``observe layer4``), and a request refused, or
+closed before a byte of an answer, is retried on another server (``retry-on``), so what is
+lost is what the dead replica held in flight.
+
 Server names carry the version, ``<version>:<replica>``, and ``fallback:<replica>`` for the
 fallback model's replicas, so that an action can tell them apart from HAProxy alone; every
 answer names its server in ``X-Served-By``. A fallback replica answers the primary model's
@@ -53,6 +58,8 @@ SERVER_HEADER = "X-Served-By"
 FALLBACK = "fallback"
 #: the server-name prefix of a model's replicas in its fail-open backend
 OPEN = "open"
+#: what a replica's own server watches in its traffic besides its checks (see ``_backend``)
+OBSERVE = "observe layer4 error-limit 1 on-error mark-down"
 #: replica, version and user names (matched whole)
 _NAME = re.compile(r"[A-Za-z0-9._-]+")
 _NAME_WHAT = "a name of A-Z a-z 0-9 . _ -"
@@ -318,11 +325,12 @@ def _defaults() -> list[str]:
         "    timeout http-request 10s",
         "    timeout queue 10s",
         "    timeout check 2s",
-        # only failures to connect are retried: nothing reached the engine, so a generation
-        # is never run twice; the retry goes to another server
+        # only failures to connect, and a connection closed before a byte of an answer (the
+        # replica died with the request), are retried, on another server: the client has
+        # nothing yet, and an answer with a status is never sent twice
         "    retries 2",
         "    option redispatch 1",
-        "    retry-on conn-failure",
+        "    retry-on conn-failure empty-response",
         # a fresh server connection per request: a replica that restarted shows up as a
         # connection failure, which is safe to retry, never as a request lost on a stale one
         "    option http-server-close",
@@ -391,9 +399,12 @@ def _backend(topology: Topology, model: Model) -> list[str]:
         "    http-check expect status 200",
     ]
     for server in model.servers:
+        # a refused connection marks the server down at once, not after its checks fail
+        # (fall x inter), so the requests behind it go elsewhere, to the fallback once none
+        # is left; its checks bring it back
         lines.append(
             f"    server {server_name(server)} {server.address} weight {server.weight} "
-            f"check port {server.check_port}{' disabled' if server.disabled else ''}"
+            f"check port {server.check_port} {OBSERVE}{' disabled' if server.disabled else ''}"
         )
     if model.fallback is not None:
         fallback = topology.model(model.fallback)

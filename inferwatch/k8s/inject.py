@@ -46,7 +46,27 @@ PORTS = {"iw-metrics": 9400, "iw-tenants": 9402, "iw-proxy": 9403}
 MODEL_LABEL = "inferwatch.io/model"
 #: what the node agent's NetworkPolicy lets in
 SIDECAR_LABEL = "inferwatch.io/sidecar"
-NODE_AGENT_URL = "http://inferwatch-node-agent.inferwatch-system.svc:9406"
+#: the Secret of the token a sidecar's /admin/isolation asks for (the receiver's, and the
+#: node agent's when it drains a GPU's replicas)
+SIDECAR_ADMIN_SECRET = "inferwatch-sidecar-admin-token"
+#: where the node agent runs (base/node-agent)
+NODE_AGENT = "inferwatch-node-agent"
+NODE_AGENT_NAMESPACE = "inferwatch-system"
+NODE_AGENT_URL = f"http://{NODE_AGENT}.{NODE_AGENT_NAMESPACE}.svc:9406"
+#: the NetworkPolicy rule that lets the node agent reach a sidecar's port (its admin
+#: endpoint), to drain a GPU's replicas before a reset (a site's ``automation.gpu_reset``).
+#: A ``matchExpressions`` selector, because the site overlay's ``monitoring_namespace``
+#: replacement rewrites every ``matchLabels`` namespace of the kit model's NetworkPolicy and
+#: would move this one.
+NODE_AGENT_INGRESS = {
+    "ports": [{"port": PORTS["iw-metrics"], "protocol": "TCP"}],
+    "from": [{
+        "namespaceSelector": {"matchExpressions": [{
+            "key": "kubernetes.io/metadata.name", "operator": "In", "values": [NODE_AGENT_NAMESPACE]
+        }]},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": NODE_AGENT}},
+    }],
+}  # fmt: skip
 MAX_MODELS = 64
 MAX_LABELS = 16
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -172,7 +192,7 @@ def containers(model: Model, traced: Sequence[str] = ()) -> list[dict[str, Any]]
         "env": [
             *identity,
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-            _secret_env("INFERWATCH_SIDECAR_ADMIN_TOKEN", "inferwatch-sidecar-admin-token"),
+            _secret_env("INFERWATCH_SIDECAR_ADMIN_TOKEN", SIDECAR_ADMIN_SECRET),
             _secret_env("INFERWATCH_SIDECAR_NODE_AGENT_TOKEN", "inferwatch-node-agent-token"),
         ],
         "ports": [{"name": "iw-metrics", "containerPort": PORTS["iw-metrics"]}],
@@ -248,9 +268,15 @@ def _pointer(key: str) -> str:
 
 
 def objects(
-    model: Model, release: str, cluster: str, monitoring: str, namespace: str
+    model: Model,
+    release: str,
+    cluster: str,
+    monitoring: str,
+    namespace: str,
+    node_agent: bool = False,
 ) -> list[dict[str, Any]]:
-    """The PodMonitor, proxy Service and NetworkPolicy of one injected model."""
+    """The PodMonitor, proxy Service and NetworkPolicy of one injected model (``node_agent``:
+    the node agent may reach the sidecar too, to drain it before a GPU reset)."""
     selector = {MODEL_LABEL: model.name}
     relabelings = [
         {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"},
@@ -307,6 +333,7 @@ def objects(
                         },
                     ],
                 },
+                *([NODE_AGENT_INGRESS] if node_agent else []),
             ],
         },
     }
@@ -339,12 +366,14 @@ def render_component(
     namespace: str,
     image_tag: str,
     traced: Sequence[str] = (),
+    node_agent: bool = False,
 ) -> dict[str, Any]:
-    """The Component's kustomization and its objects document, as data."""
+    """The Component's kustomization and its objects document, as data (``node_agent``: see
+    :func:`objects`)."""
     documents = [
         document
         for model in models
-        for document in objects(model, release, cluster, monitoring, namespace)
+        for document in objects(model, release, cluster, monitoring, namespace, node_agent)
     ]
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1alpha1",

@@ -59,7 +59,7 @@ MAX_TEXT = 253
 #: what each generated file is, for the checks run before any is written
 KINDS = {"components/rules/prometheusrule.yaml": validate.PROMETHEUS_RULE, "*.yaml": validate.YAML}
 #: where base/node-agent runs: the sidecars' --node-agent-url names it
-NODE_AGENT_NAMESPACE = "inferwatch-system"
+NODE_AGENT_NAMESPACE = inject.NODE_AGENT_NAMESPACE
 
 
 class SiteError(layer.ConfigError):
@@ -109,6 +109,8 @@ class Site:
     gpu_node_selector: str = automation.GPU_NODES
     #: where the model pods' proxy and probes send spans (None: no tracing)
     tracing: k8s_tracing.Tracing | None = None
+    #: the node agent carries out the receiver's GPU reset requests (privileged, with API access)
+    gpu_reset: bool = False
 
 
 #: a Gateway API rule holds at most 64 matches, one per user
@@ -134,7 +136,7 @@ SECTIONS = {
         "endpoint_picker", "endpoint_picker_port",
     },
     "autoscaling": {"mode", "min_replicas", "max_replicas"},
-    "automation": {"gpu_node_selector"},
+    "automation": {"gpu_node_selector", "gpu_reset"},
     "tracing": k8s_tracing.KEYS,
 }
 #: an equality-based label selector, as the receiver's node inventory reads it
@@ -195,6 +197,8 @@ def load_site(path: Path) -> Site:
             "gpu_node_selector", automation.GPU_NODES, SELECTOR, "a label selector", 1024
         ),
         tracing=k8s_tracing.load(top.child("tracing")) if "tracing" in top.raw else None,
+        # the node agent resets the GPUs the receiver asks a reset of (off: nothing does)
+        gpu_reset=acting.flag("gpu_reset", False),
     )
     if site.remote_write and not site.cluster:
         raise monitoring.error(
@@ -416,6 +420,14 @@ def render_overlay(
             "target": {"kind": "Deployment", "labelSelector": "app.kubernetes.io/name=llama-8b"},
             "patch": json.dumps(k8s_tracing.model_patch(site.tracing)),
         })  # fmt: skip
+    if site.gpu_reset:
+        files[f"{site.name}/node-agent/{GPU_RESET_FILE}"] = gpu_reset_rbac()
+        # the node agent drains a GPU's replicas through their sidecars' port
+        kustomization["patches"].append({
+            "target": {"kind": "NetworkPolicy", "name": "inferwatch-model-admin"},
+            "patch": json.dumps([{"op": "add", "path": "/spec/ingress/-",
+                                  "value": inject.NODE_AGENT_INGRESS}]),
+        })  # fmt: skip
     header = (
         MARKER + f"# from deploy/kubernetes/sites/{site.name}.yaml; render with\n"
         f"#   kubectl kustomize deploy/kubernetes/overlays/{site.name}\n"
@@ -461,7 +473,7 @@ def inject_component(site: Site) -> dict[str, str]:
     """The site's injection Component (``inject/``), for the models its file names."""
     rendered = inject.render_component(
         site.models, site.release, site.cluster, site.monitoring_namespace, site.namespace,
-        site.image_tag, k8s_tracing.args(site.tracing) if site.tracing else (),
+        site.image_tag, k8s_tracing.args(site.tracing) if site.tracing else (), site.gpu_reset,
     )  # fmt: skip
     folder = f"deploy/kubernetes/overlays/{site.name}/inject"
     header = (
@@ -524,7 +536,7 @@ def node_agent_overlay(site: Site) -> dict[str, Any]:
             else []
         ),
     ]  # fmt: skip
-    return {
+    kustomization: dict[str, Any] = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": ["../../../base/node-agent"],
@@ -540,6 +552,70 @@ def node_agent_overlay(site: Site) -> dict[str, Any]:
             },
         ],
     }
+    if site.gpu_reset:
+        kustomization["resources"].append(GPU_RESET_FILE)
+        kustomization["patches"].append({
+            "target": {"kind": "DaemonSet", "name": NODE_AGENT},
+            "patch": json.dumps(GPU_RESET_PATCH),
+        })  # fmt: skip
+    return kustomization
+
+
+#: the node agent's DaemonSet, Service account and roles (base/node-agent)
+NODE_AGENT = inject.NODE_AGENT
+#: the NVIDIA container runtime's RuntimeClass (the GPU operator's name for it)
+NVIDIA_RUNTIME_CLASS = "nvidia"
+GPU_RESET_FILE = "gpu-reset.yaml"
+_AGENT = "/spec/template/spec"
+_CONTAINER = f"{_AGENT}/containers/0"
+#: what ``--gpu-reset`` needs of the node agent's pod: the Kubernetes API (its own account),
+#: every GPU of the node with NVML and nvidia-smi (the NVIDIA runtime mounts both, for the
+#: ``utility`` capability, and the device nodes of ``NVIDIA_VISIBLE_DEVICES``), privilege
+#: (a reset writes to the GPU's device as root), and the sidecars' admin token to drain them
+GPU_RESET_PATCH: list[dict[str, Any]] = [
+    {"op": "add", "path": f"{_AGENT}/serviceAccountName", "value": NODE_AGENT},
+    {"op": "replace", "path": f"{_AGENT}/automountServiceAccountToken", "value": True},
+    {"op": "add", "path": f"{_AGENT}/runtimeClassName", "value": NVIDIA_RUNTIME_CLASS},
+    {"op": "add", "path": f"{_CONTAINER}/args/-", "value": "--gpu-reset"},
+    *(
+        {"op": "add", "path": f"{_CONTAINER}/env/-", "value": variable}
+        for variable in (
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
+            # the variable node-agent reads the token from (exporters/node_agent.py)
+            {"name": "INFERWATCH_RUNBOOKS_SIDECAR_TOKEN", "valueFrom": {"secretKeyRef": {
+                "name": inject.SIDECAR_ADMIN_SECRET, "key": "token"}}},
+        )
+    ),
+    {"op": "replace", "path": f"{_CONTAINER}/securityContext",
+     "value": {"privileged": True, "readOnlyRootFilesystem": True}},
+    # the Kubernetes client and NVML take the agent from 56 to 78 MB resident after import
+    # (measured), and nvidia-smi runs in the same cgroup
+    {"op": "replace", "path": f"{_CONTAINER}/resources/requests/memory", "value": "96Mi"},
+    {"op": "replace", "path": f"{_CONTAINER}/resources/limits/memory", "value": "256Mi"},
+]  # fmt: skip
+
+
+def gpu_reset_rbac() -> str:
+    """The node agent's account, and a ClusterRole with exactly the rules its GPU reset
+    declares (``RBAC_RULES`` of ``exporters/gpu_reset.py``): a ClusterRole, because nodes
+    are cluster-scoped and the replicas it drains are in any namespace."""
+    meta = {"name": NODE_AGENT, "namespace": NODE_AGENT_NAMESPACE}
+    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NODE_AGENT}
+    documents = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": NODE_AGENT},
+         "rules": rbac_rules("gpu_reset.py", "inferwatch.exporters")},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": NODE_AGENT}, "roleRef": role_ref,
+         "subjects": [{"kind": "ServiceAccount", **meta}]},
+    ]  # fmt: skip
+    header = (
+        MARKER + "# the node agent's GPU reset (automation.gpu_reset), from RBAC_RULES in\n"
+        "# exporters/gpu_reset.py: every API call it makes, nothing more\n"
+    )
+    return header + "---\n".join(_dump(document) for document in documents)
 
 
 def user_rule(
@@ -645,11 +721,11 @@ NAMESPACE_RULES = ("kube_state.py",)
 RECEIVER = "inferwatch-receiver"
 
 
-def rbac_rules(module: str) -> list[dict[str, Any]]:
-    """``RBAC_RULES`` of a receiver module, read from its source rather than imported:
-    importing it needs the kubernetes client (an optional extra), which rendering a kit does
-    not."""
-    source = _package_dir("inferwatch.runbooks") / module
+def rbac_rules(module: str, package: str = "inferwatch.runbooks") -> list[dict[str, Any]]:
+    """``RBAC_RULES`` of a module (the receiver's by default), read from its source rather
+    than imported: importing it needs the kubernetes client (an optional extra), or the
+    exporters' dependencies, which rendering a kit does not."""
+    source = _package_dir(package) / module
     tree = ast.parse(source.read_text(encoding="utf-8"))
     (rules,) = [
         ast.literal_eval(node.value)
