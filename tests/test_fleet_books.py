@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.sharedbooks import Books
-from inferwatch.proxy.sharedstate import SharedLedger, SharedReservation
+from inferwatch.proxy.sharedconfig import SharedState
+from inferwatch.proxy.sharedstate import SharedLedger, SharedReservation, connect
 from support.redis import RedisServer
 from support.wait import wait_until
 
@@ -243,6 +244,30 @@ def test_the_server_keeps_its_books_across_a_kill(server: RedisServer, tmp_path:
     server.kill()
     server.start()
     assert run(server, lambda books: books.total(tenant)) == 42
+
+
+def test_the_proxys_client_loads_its_scripts_again_on_a_redis_that_lost_them(
+    server: RedisServer,
+) -> None:
+    """A restarted or failed-over Redis holds no scripts: the proxy's own client (hiredis
+    packing, one write per turn) loads them with SCRIPT LOAD and the call goes through."""
+    tenant = uuid.uuid4().hex
+
+    async def go() -> tuple[bool, bool, int]:
+        client, _ = connect(SharedState(url=server.url))
+        try:
+            books = Books(client, "t")
+            await client.script_flush()
+            first, second = await asyncio.gather(  # one pipeline, both answered NOSCRIPT
+                books.reserve(tenant, "a", WINDOW_MS, 100, 10, 20, 1, False, LEASE_MS),
+                books.reserve(tenant, "b", WINDOW_MS, 100, 10, 20, 1, False, LEASE_MS),
+            )
+            await books.settle(tenant, "a", WINDOW_MS, 25)
+            return first.admitted, second.admitted, await books.total(tenant)
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(go()) == (True, True, 25)
 
 
 def test_a_slow_redis_counts_as_down_and_a_late_reservation_does_not_leak(
