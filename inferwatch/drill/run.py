@@ -278,6 +278,8 @@ class Drill(Demo):
                           f"{self._show(line.moved, line.fault)}")  # fmt: skip
         else:
             await asyncio.sleep(QUIET)
+        if scenario.breaker:  # the other faulted replicas' alerts may come a group later
+            await self._until(lambda: self._refused(start_audit), "breaker refusal")
         if flood is not None:
             flood_task.cancel()
             await asyncio.gather(flood_task, return_exceptions=True)
@@ -463,6 +465,9 @@ class Drill(Demo):
     def _acted(self, since: int, action: str) -> bool:
         return any(d["decision"] == "acted" and d["action"] == action
                    for d in self._audit()[since:])  # fmt: skip
+
+    def _refused(self, since: int) -> bool:
+        return any(d.get("outcome") == "breaker" for d in self._audit()[since:])
 
     def _recent(self, load: LoadGenerator, since: float) -> list[Completion]:
         return [d for d in load.history if d.started >= since and d.role == "primary"]
