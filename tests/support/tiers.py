@@ -13,12 +13,15 @@ yet running while the unit tier is timed.
 from __future__ import annotations
 
 import _posixsubprocess  # type: ignore[import-not-found]
+import contextlib
 import ipaddress
 import multiprocessing.process
 import os
 import platform
+import shutil
 import socket
 import subprocess
+import tempfile
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -150,6 +153,21 @@ def pytest_configure(config: pytest.Config) -> None:
     # the processor (the openai client does, for its headers): run it before any test, so the
     # guard never blames whichever unit test happens to ask first.
     platform.processor()
+    _build_font_cache(config)
+
+
+def _build_font_cache(config: pytest.Config) -> None:
+    """matplotlib lists the system's fonts with ``fc-list`` the first time it is imported on a
+    machine (no font cache yet) and caches them. Without that cache the first unit test that
+    draws (snapshot) is refused its ``fc-list``, fails its import, and so does every later one.
+
+    Every run starts from an empty cache of its own, as on a fresh machine, and builds it here
+    before any test: a run never depends on what an earlier one left in ``~/.cache``."""
+    cache = tempfile.mkdtemp(prefix="inferwatch-mplconfig-")
+    config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
+    os.environ["MPLCONFIGDIR"] = cache
+    with contextlib.suppress(ImportError):  # without the snapshot extra nothing draws
+        import matplotlib.font_manager  # noqa: F401
 
 
 @pytest.hookimpl(wrapper=True)
