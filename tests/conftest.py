@@ -1,14 +1,8 @@
-"""Shared test fixtures and the import-mapping guard.
-
-The code folders install under ``inferwatch.*``. If a test run ever imports one of them under
-its bare folder name (``import alerts``), two copies of the module and of its registries
-exist at once; the guard below fails the run when that happens.
-"""
+"""Shared test fixtures, and the plugins every test module runs under."""
 
 from __future__ import annotations
 
 import shutil
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,25 +13,20 @@ from support.pages import PageServer
 from support.ports import refused_port
 from support.shared import tool
 
-BARE_NAMES = ("exporters", "probes", "dashboards", "alerts", "runbooks")
-#: the tier markers, their guard and the per-tier time table; the proxy tests' module-scoped
+#: the tier markers, their guard and the per-tier time table; the xdist workers' scheduling;
+#: the import-mapping guard; the proxy tests' module-scoped
 #: loop / engine / stack / proxy fixtures and the runbook tests' runbook_loop / sidecars (a
 #: module that defines its own fixture of one of these names uses its own)
 pytest_plugins = [
     "support.tiers",
+    "support.parallel",
+    "support.imports",
     "support.proxy_stack",
     "support.runbooks_harness",
     "support.realengine",
     "support.llamacpp",
     "pytester",
 ]
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    leaked = sorted(name for name in sys.modules if name.split(".")[0] in BARE_NAMES)
-    if leaked:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        print(f"\nimport-mapping guard: bare top-level modules were imported: {leaked}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from support.tiers import Guard, TierViolation
+from support.tiers import Guard, TierClock, TierViolation
 
 pytestmark = pytest.mark.unit
 
@@ -65,3 +65,10 @@ def test_the_tiers_run_cheapest_first_keeping_file_order_within_each(
     assert result.ret == pytest.ExitCode.OK
     ran = [line.split("::")[1].split()[0] for line in result.outlines if " PASSED" in line]
     assert ran == ["test_b", "test_d", "test_c", "test_a"]
+
+
+def test_a_tiers_time_counts_the_tests_that_ran_side_by_side_once() -> None:
+    clock = TierClock()
+    clock.phases["proc"] = [(20.0, 21.0), (0.0, 10.0), (5.0, 12.0), (6.0, 7.0)]
+    assert clock.seconds("proc") == 13.0
+    assert clock.seconds("e2e") == 0.0

@@ -36,7 +36,8 @@ TIERS: dict[str, float | None] = {
     "gpu": None,
 }
 _TIER_KEY = pytest.StashKey[str]()
-_SPENT = pytest.StashKey[dict[str, float]]()
+#: the user property that carries a test's tier into its reports (and from xdist's workers)
+_TIER_PROPERTY = "tier"
 
 
 class TierViolation(Exception):
@@ -55,6 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tiers = sorted({mark.name for mark in item.iter_markers() if mark.name in TIERS})
         if len(tiers) == 1:
             item.stash[_TIER_KEY] = tiers[0]
+            item.user_properties.append((_TIER_PROPERTY, tiers[0]))
         else:
             wrong.append(f"  {item.nodeid}: {', '.join(tiers) or 'no tier'}")
     if wrong:
@@ -148,7 +150,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[_SPENT] = {}
+    config.pluginmanager.register(TierClock(), "tier-clock")
     # The standard library runs `uname -p` once per process, the first time anything asks for
     # the processor (the openai client does, for its headers): run it before any test, so the
     # guard never blames whichever unit test happens to ask first.
@@ -170,30 +172,37 @@ def _build_font_cache(config: pytest.Config) -> None:
         import matplotlib.font_manager  # noqa: F401
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Add each phase (setup, call, teardown) of a test to its tier's time."""
-    report = yield
-    spent = item.config.stash[_SPENT]
-    tier = item.stash.get(_TIER_KEY, "")
-    if tier:
-        spent[tier] = spent.get(tier, 0.0) + report.duration
-    return report
+class TierClock:
+    """The wall-clock time each tier took: the time during which at least one of its tests
+    was in a phase (setup, call or teardown), so that tests run side by side on xdist workers
+    count once. Reports reach it on the process that prints the summary (under xdist, the
+    controller, to which each worker sends its reports)."""
 
+    def __init__(self) -> None:
+        self.phases: dict[str, list[tuple[float, float]]] = {}
 
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """Per tier: time spent and its CI budget; a tier over budget is flagged, never failed."""
-    spent = config.stash[_SPENT]
-    if not spent:
-        return
-    terminalreporter.section("time per tier")
-    terminalreporter.write_line(f"{'tier':<11} {'spent':>8} {'budget':>8}")
-    for tier, budget in TIERS.items():
-        if tier not in spent:
-            continue
-        minutes = spent[tier] / 60
-        shown = f"{budget:g} min" if budget is not None else "-"
-        over = "  OVER BUDGET" if budget is not None and minutes > budget else ""
-        terminalreporter.write_line(f"{tier:<11} {minutes:>4.1f} min {shown:>8}{over}")
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        tier = dict(report.user_properties).get(_TIER_PROPERTY)
+        if isinstance(tier, str):
+            self.phases.setdefault(tier, []).append((report.start, report.stop))
+
+    def seconds(self, tier: str) -> float:
+        total, reached = 0.0, float("-inf")
+        for start, stop in sorted(self.phases.get(tier, [])):
+            total += max(0.0, stop - max(start, reached))
+            reached = max(reached, stop)
+        return total
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """Per tier: the time it took and its CI budget; over budget is flagged, never failed."""
+        if not self.phases:
+            return
+        terminalreporter.section("time per tier")
+        terminalreporter.write_line(f"{'tier':<11} {'spent':>8} {'budget':>8}")
+        for tier, budget in TIERS.items():
+            if tier not in self.phases:
+                continue
+            minutes = self.seconds(tier) / 60
+            shown = f"{budget:g} min" if budget is not None else "-"
+            over = "  OVER BUDGET" if budget is not None and minutes > budget else ""
+            terminalreporter.write_line(f"{tier:<11} {minutes:>4.1f} min {shown:>8}{over}")
