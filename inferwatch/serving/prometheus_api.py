@@ -15,6 +15,8 @@ import httpx
 
 from inferwatch.clikit import F, FiniteFloat
 
+__all__ = ["DEADLINE_S", "checked_url", "timeout_option"]
+
 #: seconds all queries of one run share, by default (``--timeout``)
 DEADLINE_S = 120.0
 
