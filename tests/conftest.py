@@ -21,11 +21,13 @@ from support.shared import tool
 
 BARE_NAMES = ("exporters", "probes", "dashboards", "alerts", "runbooks")
 #: the tier markers, their guard and the per-tier time table; the proxy tests' module-scoped
-#: loop / engine / stack / proxy fixtures and the runbook tests' runbook_loop / sidecars (a
-#: module that defines its own fixture of one of these names uses its own)
+#: loop / engine / stack / proxy fixtures, the fleet tests' redis_server and the runbook tests'
+#: runbook_loop / sidecars (a module that defines its own fixture of one of these names uses
+#: its own)
 pytest_plugins = [
     "support.tiers",
     "support.proxy_stack",
+    "support.redis",
     "support.runbooks_harness",
     "support.realengine",
     "support.llamacpp",
