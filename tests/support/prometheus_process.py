@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-from support.ports import launch
+from support.ports import launch, running
 
 #: a scrape a second: a test sees a series a few seconds after its target serves it
 GLOBAL = "global: {scrape_interval: 1s, scrape_timeout: 900ms}\n"
@@ -21,28 +21,29 @@ def start_prometheus(
     prometheus_bin: str, scrape_configs: str, workdir: Path, *flags: str
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Prometheus scraping the YAML list ``scrape_configs``; (process, its URL)."""
+    return launch(*_launch_args(prometheus_bin, scrape_configs, workdir, flags))
+
+
+def _launch_args(
+    prometheus_bin: str, scrape_configs: str, workdir: Path, flags: tuple[str, ...]
+) -> tuple[Callable[[int], list[str]], Path, str, str]:
     config = workdir / "prometheus.yml"
     config.write_text(GLOBAL + "scrape_configs:\n" + scrape_configs)
-    return launch(
-        lambda port: [
+
+    def argv(port: int) -> list[str]:
+        return [
             prometheus_bin,
             f"--config.file={config}",
             f"--storage.tsdb.path={workdir / 'tsdb'}",
             f"--web.listen-address=127.0.0.1:{port}",
             *flags,
-        ],
-        workdir / "prometheus.log",
-        "/-/ready",
-        "Prometheus",
-    )
+        ]
+
+    return argv, workdir / "prometheus.log", "/-/ready", "Prometheus"
 
 
-@contextlib.contextmanager
-def running_prometheus(prometheus_bin: str, scrape_configs: str, workdir: Path) -> Iterator[str]:
+def running_prometheus(
+    prometheus_bin: str, scrape_configs: str, workdir: Path
+) -> contextlib.AbstractContextManager[str]:
     """:func:`start_prometheus` for the length of a ``with``; yields its URL."""
-    process, url = start_prometheus(prometheus_bin, scrape_configs, workdir)
-    try:
-        yield url
-    finally:
-        process.terminate()
-        process.wait(10)
+    return running(*_launch_args(prometheus_bin, scrape_configs, workdir, ()))
