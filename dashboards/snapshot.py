@@ -22,19 +22,18 @@ from typing import Any
 import click
 import httpx
 
-from inferwatch.clikit import BadInput, CannotRun, FiniteFloat, cannot_write
+from inferwatch.clikit import BadInput, CannotRun, cannot_write
 from inferwatch.config import Duration
 from inferwatch.dashboards import queries, writer
 from inferwatch.mixin import config as alert_config
 from inferwatch.mixin import recording
 from inferwatch.mixin.model import Recording
-from inferwatch.serving import bounded_request
+from inferwatch.serving import bounded_request, prometheus_api
 from inferwatch.serving.bounded_request import Deadline, RequestFailed
+from inferwatch.serving.prometheus_api import DEADLINE_S
 
 #: largest Prometheus answer read per query
 MAX_ANSWER_BYTES = 16 << 20
-#: seconds all queries of one snapshot share, by default (``--timeout``)
-DEADLINE_S = 120.0
 #: the longest window drawn, and the longest scrape interval taken
 MAX_WINDOW, MAX_SCRAPE_INTERVAL = "90d", "1h"
 #: series drawn per panel (the legend says how many more there were)
@@ -66,19 +65,6 @@ def _duration(option: str, value: str, longest: str) -> Duration:
     if duration.milliseconds > Duration.parse(longest).milliseconds:
         raise BadInput(f"{option}: at most {longest}, got {value!r}")
     return duration
-
-
-def _url(url: str) -> str:
-    """``--prometheus`` as an http(s) URL with a host and a port that is one."""
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL as exc:
-        raise BadInput(f"--prometheus {url!r}: not a URL ({exc})") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise BadInput(f"--prometheus {url!r}: expected an http:// or https:// URL")
-    if parsed.port is not None and not 0 < parsed.port < 65536:
-        raise BadInput(f"--prometheus {url!r}: port {parsed.port} is not a port")
-    return url
 
 
 @dataclass
@@ -482,13 +468,8 @@ def variable_values(dashboard: Mapping[str, Any], given: Sequence[str]) -> dict[
     show_envvar=True,
     help="Alert config the boards are built from (thresholds, selectors).",
 )
-@click.option(
-    "--timeout",
-    type=FiniteFloat(1, 3600),
-    default=DEADLINE_S,
-    show_default=True,
-    show_envvar=True,
-    help="Seconds all queries to Prometheus may take together (exit 3 past it).",
+@prometheus_api.timeout_option(
+    "Seconds all queries to Prometheus may take together (exit 3 past it)."
 )
 def snapshot(dashboard: str, prometheus: str, since: str, out: Path | None, var: tuple[str, ...],
              scrape_interval: str, config_path: Path | None, timeout: float) -> None:  # fmt: skip
@@ -496,7 +477,10 @@ def snapshot(dashboard: str, prometheus: str, since: str, out: Path | None, var:
     name, url = dashboard, prometheus
     back = _duration("--from", since, MAX_WINDOW)
     interval = _duration("--scrape-interval", scrape_interval, MAX_SCRAPE_INTERVAL)
-    url = _url(url)
+    try:
+        url = prometheus_api.checked_url(url)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
     try:
         config = alert_config.load(config_path)
     except alert_config.ConfigError as exc:

@@ -29,8 +29,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from inferwatch import catalog
-from inferwatch.auth import TokenError, bearer_ok, load_token
-from inferwatch.clikit import CannotRun, FiniteFloat, bind, parse_listen
+from inferwatch.auth import bearer_ok
+from inferwatch.clikit import (
+    CannotRun,
+    FiniteFloat,
+    bind,
+    listen_option,
+    parse_listen,
+    required_token,
+    token_file_option,
+)
 from inferwatch.exporters import gpu_reset
 from inferwatch.exporters.gpu.node_agent import allocation_path
 from inferwatch.exporters.gpu.podresources import Allocation, PodResourcesError
@@ -121,7 +129,7 @@ def app(
 
 
 @click.command("node-agent")
-@click.option("--listen", default=":9406", show_envvar=True, help="HOST:PORT to serve on.")
+@listen_option(":9406")
 @click.option(
     "--kubelet-socket",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -129,12 +137,8 @@ def app(
     show_envvar=True,
     help="The kubelet's PodResources socket (mount its directory read-only).",
 )
-@click.option(
-    "--token-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    show_envvar=True,
-    help=f"File holding the bearer token sidecars present (or ${TOKEN_ENV}).",
+@token_file_option(
+    "--token-file", f"File holding the bearer token sidecars present (or ${TOKEN_ENV})."
 )
 @click.option(
     "--node",
@@ -162,12 +166,9 @@ def app(
     show_envvar=True,
     help="Seconds before a GPU's reset is tried again.",
 )
-@click.option(
+@token_file_option(
     "--sidecar-token-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    show_envvar=True,
-    help=f"File holding the sidecars' admin token, to drain a GPU's replicas (or ${SIDECAR_ENV}).",
+    f"File holding the sidecars' admin token, to drain a GPU's replicas (or ${SIDECAR_ENV}).",
 )
 def node_agent(
     listen: str,
@@ -184,12 +185,13 @@ def node_agent(
     from inferwatch.exporters.gpu.podresources import PodResourcesClient
 
     host, port = parse_listen(listen)
-    try:
-        token = load_token(os.environ.get(TOKEN_ENV), token_file, what="node agent token")
-    except TokenError as exc:
-        raise click.BadParameter(str(exc), param_hint="--token-file") from None
-    if token is None:
-        raise click.UsageError(f"the node agent needs a token: --token-file or ${TOKEN_ENV}")
+    token = required_token(
+        os.environ.get(TOKEN_ENV),
+        token_file,
+        "--token-file",
+        what="node agent token",
+        missing=f"the node agent needs a token: --token-file or ${TOKEN_ENV}",
+    )
     if not node:
         raise click.UsageError("--node (or $NODE_NAME) must name this node")
     renamed = [name for name in os.environ.get("NVIDIA_RESOURCE_NAMES", "").split(",") if name]
@@ -216,12 +218,13 @@ def _reset_agent(
     node: str, kubelet: Allocations, token_file: Path | None, dry_run: bool, cooldown_s: float
 ) -> ResetAgent:
     """The GPU reset agent, with this node's API access, NVML and the sidecars' token."""
-    try:
-        token = load_token(os.environ.get(SIDECAR_ENV), token_file, what="sidecar token")
-    except TokenError as exc:
-        raise click.BadParameter(str(exc), param_hint="--sidecar-token-file") from None
-    if token is None:
-        raise click.UsageError(f"--gpu-reset needs --sidecar-token-file or ${SIDECAR_ENV}")
+    token = required_token(
+        os.environ.get(SIDECAR_ENV),
+        token_file,
+        "--sidecar-token-file",
+        what="sidecar token",
+        missing=f"--gpu-reset needs --sidecar-token-file or ${SIDECAR_ENV}",
+    )
     try:
         import kubernetes  # noqa: F401  the kubernetes extra
         import pynvml  # type: ignore[import-untyped]

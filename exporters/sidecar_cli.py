@@ -18,8 +18,15 @@ from typing import Any
 import click
 from prometheus_client.core import Metric
 
-from inferwatch.auth import TokenError, load_token
-from inferwatch.clikit import CannotRun, bind, option_group, parse_listen
+from inferwatch.clikit import (
+    CannotRun,
+    bind,
+    listen_option,
+    option_group,
+    parse_listen,
+    token_file_option,
+    token_from,
+)
 from inferwatch.exporters.collector import ReplicaSource
 from inferwatch.exporters.registry import Setup, build_all
 from inferwatch.exporters.sidecar import Sidecar
@@ -34,7 +41,7 @@ logger = logging.getLogger("inferwatch.sidecar")
 
 
 @click.command()
-@click.option("--listen", default=":9400", show_envvar=True, help="HOST:PORT to serve on.")
+@listen_option(":9400")
 @click.option("--model", default="", show_envvar=True, help="Model label when the engine has none.")
 @click.option(
     "--model-version",
@@ -85,12 +92,9 @@ logger = logging.getLogger("inferwatch.sidecar")
     "too would turn them into exported_pod...), emit them elsewhere; emit for scrape "
     "configs with honorLabels: true.",
 )
-@click.option(
+@token_file_option(
     "--admin-token-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    show_envvar=True,
-    help="File holding the bearer token of POST/DELETE /admin/isolation (the runbook "
+    "File holding the bearer token of POST/DELETE /admin/isolation (the runbook "
     "receiver's replica isolation). Without it (or INFERWATCH_SIDECAR_ADMIN_TOKEN) the admin "
     "endpoint answers 403.",
 )
@@ -118,12 +122,12 @@ def sidecar(
     """
     host, port = parse_listen(listen)
     limits = uvicorn_server.limits_from(options)
-    try:
-        admin_token = load_token(
-            os.environ.get("INFERWATCH_SIDECAR_ADMIN_TOKEN"), admin_token_file, what="admin token"
-        )
-    except TokenError as exc:
-        raise click.BadParameter(str(exc), param_hint="--admin-token-file") from None
+    admin_token = token_from(
+        os.environ.get("INFERWATCH_SIDECAR_ADMIN_TOKEN"),
+        admin_token_file,
+        "--admin-token-file",
+        what="admin token",
+    )
     emit_pod = emits_pod_labels(pod_labels, os.environ)
     identity = {
         "model": model,

@@ -1,6 +1,6 @@
 """What the subcommands' command-line code shares: option groups, ``HOST:PORT`` parsing,
-listening sockets, :class:`CommandError` (the one way a command fails) and the check of the
-optional extras a command needs.
+listening sockets, bearer-token files, :class:`CommandError` (the one way a command fails)
+and the check of the optional extras a command needs.
 
 Domain CLIs (sidecar, proxy, probes, runbooks, generate, ...) import this and never the
 top-level ``inferwatch.cli``, which only finds the subcommands.
@@ -14,10 +14,12 @@ import math
 import os
 import socket
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import click
 
+from inferwatch.auth import TokenError, load_token
 from inferwatch.exitcodes import ExitCode
 
 __all__ = [
@@ -35,10 +37,14 @@ __all__ = [
     "cannot_write",
     "check_option",
     "listen_error",
+    "listen_option",
     "missing_extras",
     "option_group",
     "parse_listen",
     "require_extra",
+    "required_token",
+    "token_file_option",
+    "token_from",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -159,6 +165,45 @@ def parse_listen(value: str, flag: str = "--listen") -> tuple[str, int]:
     if any(c.isspace() for c in host):
         raise click.BadParameter(f"{value!r}: the host has white space", param_hint=flag)
     return host or "0.0.0.0", int(port)
+
+
+def listen_option(default: str) -> Callable[[F], F]:
+    """``--listen``: the ``HOST:PORT`` a server binds (see :func:`parse_listen`)."""
+    return click.option(
+        "--listen", default=default, show_envvar=True, help="HOST:PORT to serve on."
+    )
+
+
+def token_file_option(flag: str, help: str) -> Callable[[F], F]:
+    """A file option holding a bearer token (a mounted Secret): tokens are never flag values,
+    which ``ps`` shows (:mod:`inferwatch.auth`)."""
+    return click.option(
+        flag,
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        show_envvar=True,
+        help=help,
+    )
+
+
+def token_from(value: str | None, path: Path | None, flag: str, *, what: str) -> str | None:
+    """The token of :func:`inferwatch.auth.load_token` (``value`` from the environment, or
+    the file of ``flag``); a source it refuses is a usage error naming ``flag``."""
+    try:
+        return load_token(value, path, what=what)
+    except TokenError as exc:
+        raise click.BadParameter(str(exc), param_hint=flag) from None
+
+
+def required_token(
+    value: str | None, path: Path | None, flag: str, *, what: str, missing: str
+) -> str:
+    """:func:`token_from` for a command that cannot start without a token: none is the
+    usage error ``missing``."""
+    token = token_from(value, path, flag, what=what)
+    if token is None:
+        raise click.UsageError(missing)
+    return token
 
 
 def check_option(what: str = "a file") -> Callable[[F], F]:

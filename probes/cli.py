@@ -14,7 +14,7 @@ import click
 import httpx
 
 from inferwatch import tracing
-from inferwatch.clikit import CannotRun, FiniteFloat, bind, parse_listen
+from inferwatch.clikit import CannotRun, FiniteFloat, bind, listen_option, parse_listen
 from inferwatch.exitcodes import ExitCode
 from inferwatch.logs import log_event
 from inferwatch.probes import client, golden
@@ -105,7 +105,7 @@ _GOLDENS_HELP = f"Golden set: a shipped name ({', '.join(golden.builtin_names())
     help="Bearer key for probe requests; map it to the tenant _probe in the proxy.",
 )
 @click.option("--goldens", default=golden.DEFAULT_SET, show_envvar=True, help=_GOLDENS_HELP)
-@click.option("--listen", default=":9401", show_envvar=True, help="HOST:PORT to serve on.")
+@listen_option(":9401")
 @click.option(
     "--cycle",
     type=FiniteFloat(min=0),

@@ -13,8 +13,18 @@ from typing import Any
 import click
 import httpx
 
-from inferwatch.auth import TokenError, load_token
-from inferwatch.clikit import BadInput, CannotRun, Failed, bind, cannot_write, parse_listen
+from inferwatch.auth import TokenError
+from inferwatch.clikit import (
+    BadInput,
+    CannotRun,
+    Failed,
+    bind,
+    cannot_write,
+    listen_option,
+    parse_listen,
+    required_token,
+    token_file_option,
+)
 from inferwatch.logs import log_event
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks import inventory, lint, pages, registry
@@ -34,13 +44,14 @@ DEFAULT_CONFIG = "actions.yaml (shipped)"
 
 
 def _token(path: Path | None) -> str:
-    try:
-        token = load_token(None if path else os.environ.get(TOKEN_ENV), path, what="token")
-    except TokenError as exc:
-        raise click.BadParameter(str(exc), param_hint="--token-file") from None
-    if token is None:
-        raise click.UsageError(f"a bearer token is required: --token-file or ${TOKEN_ENV}")
-    return token
+    """The receiver's bearer token: ``--token-file`` when given, else ``$TOKEN_ENV``."""
+    return required_token(
+        None if path else os.environ.get(TOKEN_ENV),
+        path,
+        "--token-file",
+        what="token",
+        missing=f"a bearer token is required: --token-file or ${TOKEN_ENV}",
+    )
 
 
 def _config(path: str | None) -> mapping.Config:
@@ -73,7 +84,7 @@ def runbooks() -> None:
 
 @runbooks.command()
 @config_option
-@click.option("--listen", default="127.0.0.1:9405", show_envvar=True, help="HOST:PORT to serve on.")
+@listen_option("127.0.0.1:9405")
 @click.option(
     "--execute/--dry-run",
     default=None,
@@ -81,12 +92,8 @@ def runbooks() -> None:
     show_default="the config's execute (false: dry-run)",
     help="Act on targets, or only record the plans in the audit log.",
 )
-@click.option(
-    "--token-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    show_envvar=True,
-    help=f"File holding the bearer token Alertmanager sends (else ${TOKEN_ENV}).",
+@token_file_option(
+    "--token-file", f"File holding the bearer token Alertmanager sends (else ${TOKEN_ENV})."
 )
 @click.option(
     "--audit-log",
@@ -217,13 +224,7 @@ def check_config(path: str) -> None:
 
 @runbooks.command("reset-breaker")
 @click.option("--url", default="http://127.0.0.1:9405", show_envvar=True, help="The receiver.")
-@click.option(
-    "--token-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    show_envvar=True,
-    help=f"File holding the receiver's bearer token (else ${TOKEN_ENV}).",
-)
+@token_file_option("--token-file", f"File holding the receiver's bearer token (else ${TOKEN_ENV}).")
 def reset_breaker(url: str, token_file: Path | None) -> None:
     """Close every open circuit breaker of a running receiver (after a person has looked)."""
     token = _token(token_file)
@@ -254,4 +255,3 @@ def reset_breaker(url: str, token_file: Path | None) -> None:
     except (ValueError, RecursionError, KeyError, TypeError):
         raise CannotRun(f"{url} answered 200 but not as a runbook receiver does") from None
     click.echo(f"closed {len(closed)} breaker(s): " + ", ".join(f"{u}/{g}" for u, g in closed))
-

@@ -14,14 +14,15 @@ from support.ports import refused_port
 from support.shared import tool
 
 #: the tier markers, their guard and the per-tier time table; the xdist workers' scheduling;
-#: the import-mapping guard; the proxy tests' module-scoped
-#: loop / engine / stack / proxy fixtures and the runbook tests' runbook_loop / sidecars (a
+#: the import-mapping guard; the proxy tests' module-scoped loop / engine / stack / proxy
+#: fixtures, the fleet tests' redis_server and the runbook tests' runbook_loop / sidecars (a
 #: module that defines its own fixture of one of these names uses its own)
 pytest_plugins = [
     "support.tiers",
     "support.parallel",
     "support.imports",
     "support.proxy_stack",
+    "support.redis",
     "support.runbooks_harness",
     "support.realengine",
     "support.llamacpp",

@@ -26,7 +26,7 @@ from inferwatch.demo import observer, topology, view
 from inferwatch.demo.loadgen import LoadStats
 from inferwatch.mixin import config
 from inferwatch.mixin import files as generated
-from support.ports import launch
+from support.ports import running
 from support.wait import wait_for, wait_until
 
 pytestmark = pytest.mark.proc
@@ -218,17 +218,13 @@ def test_a_bad_section_is_one_line_naming_the_field(
 def running_alertmanager(binary: str, folder: Path) -> Iterator[str]:
     """The generated inhibition rules in a running Alertmanager; receivers send nowhere."""
     path = write(folder, alertmanager.settings(config.load()).silent())
-    process, url = launch(
+    with running(
         lambda port: topology.alertmanager_argv(binary, path, folder / "data", port),
         folder / "alertmanager.log",
         "/-/ready",
         "Alertmanager",
-    )
-    try:
+    ) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 @pytest.fixture(scope="module")

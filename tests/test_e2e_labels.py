@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from support.ports import announced_url, launch
+from support.ports import announced_url
+from support.prometheus_process import running_prometheus
 from support.shared import shared_path
 from support.wait import wait_for
 
@@ -78,30 +79,9 @@ def prometheus(prometheus_bin: str, sidecars: dict[str, str], tmp_path: Path) ->
         f"      - {{targets: ['{address}'], labels: {{pod: {name}-0, namespace: serving}}}}\n"
         for name, address in sidecars.items()
     )
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global: {scrape_interval: 1s, scrape_timeout: 900ms}\n"
-        "scrape_configs:\n"
-        "  - job_name: podmonitor\n"
-        "    honor_labels: false\n"
-        f"    static_configs:\n{targets}"
-    )
-    process, url = launch(
-        lambda port: [
-            prometheus_bin,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        tmp_path / "prometheus.log",
-        "/-/ready",
-        "Prometheus",
-    )
-    try:
+    scrape = f"  - job_name: podmonitor\n    honor_labels: false\n    static_configs:\n{targets}"
+    with running_prometheus(prometheus_bin, scrape, tmp_path) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def series(prometheus: str, promql: str) -> list[dict[str, str]]:

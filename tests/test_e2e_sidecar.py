@@ -15,7 +15,8 @@ import pytest
 from inferwatch import catalog
 from inferwatch.exporters import engines
 from inferwatch.serving import textformat
-from support.ports import announced_url, launch
+from support.ports import announced_url
+from support.prometheus_process import running_prometheus
 from support.shared import shared_path
 from support.wait import wait_for
 
@@ -56,29 +57,12 @@ def sidecar_url(page_server: Any, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def prometheus_url(prometheus_bin: str, sidecar_url: str, tmp_path: Path) -> Iterator[str]:
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global: {scrape_interval: 1s, scrape_timeout: 900ms}\n"
-        "scrape_configs:\n"
+    scrape = (
         "  - job_name: inferwatch\n"
         f"    static_configs: [{{targets: ['{sidecar_url.removeprefix('http://')}']}}]\n"
     )
-    process, url = launch(
-        lambda port: [
-            prometheus_bin,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        tmp_path / "prometheus.log",
-        "/-/ready",
-        "Prometheus",
-    )
-    try:
+    with running_prometheus(prometheus_bin, scrape, tmp_path) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def query(prometheus_url: str, promql: str) -> list[Any]:

@@ -14,7 +14,6 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-import support.scripted_engine as se
 from inferwatch.proxy.sharedbooks import Books
 from support.fleet import Fleet, flood
 from support.proxy_stack import Engine, samples
@@ -25,22 +24,6 @@ pytestmark = pytest.mark.proc
 
 BUDGET = 3000
 HOUR_MS = 3_600_000
-
-
-@pytest.fixture(scope="module")
-def engine() -> Iterator[Engine]:
-    loop = se.LoopThread()
-    engine = Engine(loop)
-    yield engine
-    engine.close()
-    loop.close()
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    yield server
-    server.stop()
 
 
 @pytest.fixture

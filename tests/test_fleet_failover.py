@@ -12,10 +12,9 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-import support.scripted_engine as se
 from inferwatch.proxy.sharedbooks import Books
 from support.fleet import Fleet, flood, wait_ready
-from support.proxy_stack import Engine, samples
+from support.proxy_stack import Engine, own_engine, samples
 from support.redis import RedisServer
 from support.wait import wait_for
 
@@ -27,18 +26,8 @@ PROXIES = 2
 
 @pytest.fixture
 def engine() -> Iterator[Engine]:
-    loop = se.LoopThread()
-    engine = Engine(loop)
-    yield engine
-    engine.close()
-    loop.close()
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    yield server
-    server.stop()
+    with own_engine() as engine:
+        yield engine
 
 
 def fleet_of(policy: str, server: RedisServer, engine: Engine, tmp_path: Path) -> Fleet:

@@ -11,7 +11,6 @@ import collections
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 
 from inferwatch.canary import splits
 from inferwatch.gateway import haproxy as gateway
+from support.gateway_stubs import Stub
 from support.ports import launch
 from support.wait import wait_for
 
@@ -31,46 +31,13 @@ DEADLINE = 20.0
 NOT_YET = (httpx.HTTPError, ValueError, KeyError)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def _answer(self) -> None:
-        length = int(self.headers.get("content-length") or 0)
-        if length:
-            self.rfile.read(length)
-        server: _Stub = self.server  # type: ignore[assignment]
-        if server.sidecar:
-            status, body = (200 if server.ready else 503), b"{}"
-        else:
-            split = self.headers.get_all(splits.SPLIT_HEADER) or []
-            status, body = 200, json.dumps({"replica": server.name, "split": split}).encode()
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = _answer
-
-
-class _Stub(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, port: int, name: str, sidecar: bool) -> None:
-        super().__init__(("127.0.0.1", port), _Handler)
-        self.name, self.sidecar, self.ready = name, sidecar, True
-
-
 @pytest.fixture
-def fleet(haproxy_bin: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, _Stub]]]:
+def fleet(haproxy_bin: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, Stub]]]:
     """A stable v1 (weight 90) and a canary v2 (weight 10) for alice and the header."""
     stubs, sidecars, replicas = [], {}, []
     for name, version, weight in (("stable-1", "v1", 90), ("canary-1", "v2", 10)):
-        stubs.append(_Stub(0, name, sidecar=False))
-        sidecars[name] = _Stub(0, name, sidecar=True)
+        stubs.append(Stub(0, name, "replica"))
+        sidecars[name] = Stub(0, name, "sidecar")
         stubs.append(sidecars[name])
         replicas.append({"name": name, "version": version,
                          "address": f"127.0.0.1:{stubs[-2].server_address[1]}",
@@ -115,7 +82,7 @@ def _ask(url: str, count: int, **headers: str) -> collections.Counter[tuple[str,
             reply = client.post(
                 f"{url}/v1/chat/completions", json={"model": MODEL, "messages": []}, headers=headers
             ).json()
-            seen[(reply["replica"], ",".join(reply["split"]))] += 1
+            seen[(reply["replica"], ",".join(reply["splits"]))] += 1
     return seen
 
 

@@ -10,13 +10,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from inferwatch.gateway import haproxy as gateway
 from inferwatch.runbooks.actions.base import ActionError, Alert, Step
 from inferwatch.runbooks.actions.haproxy import ShiftTraffic, _schedule
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError, valid_name
+from support.gateway_stubs import Stub
 from support.ports import PortTaken, in_use, refused_port, start_on_free_port
 from support.wait import wait_for
 
@@ -38,47 +37,14 @@ BIG, SMALL = "org/big", "org/small"
 DEADLINE = 20.0
 
 
-class _Replica(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-    def _answer(self) -> None:
-        length = int(self.headers.get("content-length") or 0)
-        if length:
-            self.rfile.read(length)
-        server: _Stub = self.server  # type: ignore[assignment]
-        if server.role == "sidecar":
-            status, body = (200 if server.ready else 503), b"{}"
-        else:
-            split = self.headers.get("x-inferwatch-split")
-            status, body = 200, json.dumps({"replica": server.replica, "split": split}).encode()
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = _answer
-
-
-class _Stub(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, port: int, replica: str, role: str) -> None:
-        super().__init__(("127.0.0.1", port), _Replica)
-        self.replica, self.role, self.ready = replica, role, True
-
-
 @dataclass
 class Gateway:
     url: str
     runtime: str
-    sidecars: dict[str, _Stub]
+    sidecars: dict[str, Stub]
     config: Path
     process: subprocess.Popen[bytes]
-    stubs: list[_Stub] = field(default_factory=list)
+    stubs: list[Stub] = field(default_factory=list)
     #: the dead replicas' ports: bound, not listening, so connecting is refused
     refused: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
@@ -127,9 +93,9 @@ def _start(
         if name in dead:
             port = refused.enter_context(refused_port())
         else:
-            stubs.append(_Stub(0, name, "replica"))
+            stubs.append(Stub(0, name, "replica"))
             port = stubs[-1].server_address[1]
-        sidecars[name] = _Stub(0, name, "sidecar")
+        sidecars[name] = Stub(0, name, "sidecar")
         stubs.append(sidecars[name])
         models[model]["replicas"].append(
             {
@@ -481,7 +447,6 @@ def test_a_name_that_is_not_haproxys_never_reaches_the_socket(name: str) -> None
         asyncio.run(RuntimeApi("/nonexistent.sock").set_weight(name, "v1:a", 1))
     with pytest.raises(ActionError, match="backend"):
         ShiftTraffic("/tmp/x.sock").plan(_alert(model=BIG), {"backend": name or ";"})
-
 
 
 class _Load(threading.Thread):

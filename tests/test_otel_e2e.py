@@ -18,7 +18,7 @@ import pytest
 from inferwatch import tracing
 from inferwatch.serving.histogram import TTFT_BUCKETS_LONG
 from support.otlp import receiver
-from support.ports import launch
+from support.prometheus_process import start_prometheus
 from support.proxy_stack import CHAT, Stack, auth
 from support.wait import wait_for
 
@@ -33,24 +33,9 @@ def prometheus(prometheus_bin: str, tmp_path: Path) -> Iterator[Callable[[str], 
     started: list[Any] = []
 
     def start(target: str) -> str:
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
-            "global: {scrape_interval: 1s, scrape_timeout: 900ms}\n"
-            "scrape_configs:\n"
-            "  - job_name: proxy\n"
-            f"    static_configs: [{{targets: ['{target}']}}]\n"
-        )
-        process, url = launch(
-            lambda port: [
-                prometheus_bin,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--enable-feature=exemplar-storage",
-            ],
-            tmp_path / "prometheus.log",
-            "/-/ready",
-            "Prometheus",
+        scrape = f"  - job_name: proxy\n    static_configs: [{{targets: ['{target}']}}]\n"
+        process, url = start_prometheus(
+            prometheus_bin, scrape, tmp_path, "--enable-feature=exemplar-storage"
         )
         started.append(process)
         return str(url)

@@ -17,16 +17,10 @@ import support.scripted_engine as se
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
 from inferwatch.proxy.tenants import hash_key
+from support.proxy_stack import CHAT, KEYS, auth, samples
 from support.wait import wait_for
 
 pytestmark = pytest.mark.proc
-
-KEYS = {"acme": "sk-acme-1", "globex": "sk-globex-1"}
-CHAT = "/v1/chat/completions"
-
-
-def auth(tenant: str, **extra: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {KEYS[tenant]}", **extra}
 
 
 def chat(content: str = "hello there", **extra: Any) -> dict[str, Any]:
@@ -36,23 +30,6 @@ def chat(content: str = "hello there", **extra: Any) -> dict[str, Any]:
         "max_tokens": 6,
         **extra,
     }
-
-
-def samples(text: str, name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[Any]:
-    thread = se.LoopThread()
-    yield thread
-    thread.close()
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ import httpx
 import openai
 import pytest
 from click.testing import CliRunner
-from prometheus_client.parser import text_string_to_metric_families
 
 import support.scripted_engine as harness
 from inferwatch.probes import client as probe_client
@@ -32,6 +31,7 @@ from inferwatch.proxy.sampling import TranscribingMeter, prompt_text
 from inferwatch.proxy.tenants import hash_key
 from inferwatch.sim.server import run_in_thread
 from inferwatch.sim.simulator import SimConfig
+from support.proxy_stack import samples
 
 pytestmark = pytest.mark.unit
 
@@ -40,15 +40,6 @@ ADMIN = "admin-token"
 SAMPLED = "inferwatch_quality_sampled_outputs_total"
 DEGENERATE = "inferwatch_quality_degenerate_outputs_total"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def samples(text: str, name: str, **labels: str) -> float:
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
 
 
 class Stack:

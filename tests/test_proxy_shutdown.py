@@ -16,10 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-import support.scripted_engine as se
 from inferwatch.proxy.tenants import hash_key
 from support.ports import announced_url
-from support.proxy_stack import KEYS, Engine
+from support.proxy_stack import KEYS, Engine, own_engine
 from support.wait import wait_for
 
 pytestmark = pytest.mark.proc
@@ -30,11 +29,8 @@ INFERWATCH = Path(sys.executable).parent / "inferwatch"
 
 @pytest.fixture
 def engine() -> Iterator[Engine]:
-    loop = se.LoopThread()
-    engine = Engine(loop)
-    yield engine
-    engine.close()
-    loop.close()
+    with own_engine() as engine:
+        yield engine
 
 
 class Stream(threading.Thread):

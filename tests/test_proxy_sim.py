@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 import support.scripted_engine as harness
 from inferwatch.proxy import config as proxy_config
@@ -22,20 +21,12 @@ from inferwatch.proxy.reconcile import engine_token_counters
 from inferwatch.proxy.tenants import hash_key
 from inferwatch.sim.server import run_in_thread
 from inferwatch.sim.simulator import SimConfig
+from support.proxy_stack import samples
 from support.wait import wait_for
 
 pytestmark = pytest.mark.unit
 
 MODEL = "sim-model"
-
-
-def samples(text: str, name: str, **labels: str) -> float:
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
 
 
 @contextlib.contextmanager

@@ -104,13 +104,6 @@ class RealStack:
 
 
 @pytest.fixture(scope="module")
-def loop() -> Iterator[se.LoopThread]:
-    thread = se.LoopThread()
-    yield thread
-    thread.close()
-
-
-@pytest.fixture(scope="module")
 def vllm(engines: Engines) -> Engine:
     return engines.vllm()
 

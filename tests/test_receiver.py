@@ -10,7 +10,6 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
-from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -20,6 +19,7 @@ import support.runbooks_harness as h
 from inferwatch import auth
 from inferwatch.cli import main
 from inferwatch.runbooks import audit as audit_module
+from support.proxy_stack import samples
 
 pytestmark = pytest.mark.proc
 
@@ -42,13 +42,7 @@ def receiver(runbook_loop: h.Loop, tmp_path: Path) -> Iterator[Callable[..., h.R
 
 
 def metric(url: str, name: str, **labels: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
+    return samples(httpx.get(url + "/metrics", timeout=10).text, name, **labels)
 
 
 # ---- authentication ----------------------------------------------------------------------

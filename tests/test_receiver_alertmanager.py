@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 import support.runbooks_harness as h
-from support.ports import launch
+from support.ports import running
 from support.shared import tool
 
 pytestmark = pytest.mark.e2e
@@ -44,7 +44,7 @@ receivers:
           authorization: {{type: Bearer, credentials_file: {token}}}
 """
     )
-    process, url = launch(
+    with running(
         lambda port: [
             tool("prometheus-alertmanager"),
             f"--config.file={config}",
@@ -56,12 +56,8 @@ receivers:
         tmp_path / "alertmanager.log",
         "/-/ready",
         "Alertmanager",
-    )
-    try:
+    ) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 @pytest.fixture

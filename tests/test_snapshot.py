@@ -51,7 +51,7 @@ def run(*args: str) -> tuple[int, list[str]]:
         (["--dashboard", "gpu", "--prometheus", "http://127.0.0.1:1", "--from", "0m"],
          "Error: --from: must be longer than 0s, got '0m'"),
         (["--dashboard", "gpu", "--prometheus", "127.0.0.1:9090"],
-         "Error: --prometheus '127.0.0.1:9090': expected an http:// or https:// URL"),
+         "Error: --prometheus '127.0.0.1:9090': expected an http(s) URL with a host"),
         (["--dashboard", "gpu", "--prometheus", "http://127.0.0.1:1", "--var", "gpu=0"],
          "Error: --var gpu: the board has no such variable "
          "(cluster, namespace, model, model_version, replica)"),

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferwatch.canary.cli import canary
-from inferwatch.canary.prometheus import DEADLINE_S
 from inferwatch.cli import main
+from inferwatch.serving.prometheus_api import DEADLINE_S
 from support.stub_prometheus import StubPrometheus, stub_prometheus, vector
 
 pytestmark = pytest.mark.unit

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from inferwatch.auth import TokenError, load_token
+from inferwatch.clikit import required_token, token_file_option
 from inferwatch.exporters import gpu
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.gpu import GpuTelemetry, scope
@@ -57,17 +57,14 @@ def _node_agent(options: Mapping[str, Any]) -> NodeAgentClient | None:
     url = options["node_agent_url"]
     if not url:
         return None
-    try:
-        token = load_token(
-            os.environ.get(AGENT_TOKEN_ENV), options["node_agent_token_file"], what="node agent"
-        )
-    except TokenError as exc:
-        raise click.BadParameter(str(exc), param_hint="--node-agent-token-file") from None
-    if token is None:
-        raise click.UsageError(
-            f"--node-agent-url needs the agent's token: ${AGENT_TOKEN_ENV} or "
-            "--node-agent-token-file"
-        )
+    token = required_token(
+        os.environ.get(AGENT_TOKEN_ENV),
+        options["node_agent_token_file"],
+        "--node-agent-token-file",
+        what="node agent",
+        missing=f"--node-agent-url needs the agent's token: ${AGENT_TOKEN_ENV} or "
+        "--node-agent-token-file",
+    )
     return NodeAgentClient(url, token, options["node"])
 
 
@@ -133,12 +130,9 @@ REGISTRATION = Registration(
             "with internalTrafficPolicy: Local; its bearer token comes from "
             f"${AGENT_TOKEN_ENV} or --node-agent-token-file.",
         ),
-        click.option(
+        token_file_option(
             "--node-agent-token-file",
-            type=click.Path(dir_okay=False, path_type=Path),
-            default=None,
-            show_envvar=True,
-            help="File holding the node agent's bearer token (a mounted Secret).",
+            "File holding the node agent's bearer token (a mounted Secret).",
         ),
         click.option(
             "--kubelet-socket",

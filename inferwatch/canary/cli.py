@@ -21,11 +21,12 @@ from rich.table import Table
 
 from inferwatch.canary import analysis, selector
 from inferwatch.canary.analysis import EXIT_CODES, Analysis, Result, Thresholds
-from inferwatch.canary.prometheus import DEADLINE_S, Prometheus, PrometheusError
+from inferwatch.canary.prometheus import Prometheus, PrometheusError
 from inferwatch.clikit import CannotRun, FiniteFloat
 from inferwatch.config import Duration, DurationParam
 from inferwatch.exitcodes import ExitCode
 from inferwatch.mixin import config as alert_config
+from inferwatch.serving.prometheus_api import timeout_option
 
 #: a window must hold a few scrapes for ``increase()`` to count anything: 10 s does at the
 #: 2 s intervals of the demo or a high-resolution setup, and where scrapes are sparser its
@@ -123,14 +124,9 @@ def _with_thresholds(command: Any) -> Any:
     show_envvar=True,
     help="End of the window, unix seconds [default: now].",
 )
-@click.option(
-    "--timeout",
-    type=FiniteFloat(1, 3600),
-    default=DEADLINE_S,
-    show_default=True,
-    show_envvar=True,
-    help="Seconds all queries to Prometheus may take together; past it the analysis "
-    "could not run (exit 3).",
+@timeout_option(
+    "Seconds all queries to Prometheus may take together; past it the analysis "
+    "could not run (exit 3)."
 )
 @click.option(
     "--config",

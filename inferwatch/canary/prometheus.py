@@ -16,10 +16,9 @@ from typing import Any
 import httpx
 
 from inferwatch.serving.bounded_request import Deadline, RequestFailed, fetch
+from inferwatch.serving.prometheus_api import DEADLINE_S, checked_url
 
 MAX_REPLY_BYTES = 8 << 20
-#: seconds every query of one analysis shares, by default (``--timeout``)
-DEADLINE_S = 120.0
 
 
 class PrometheusError(RuntimeError):
@@ -34,13 +33,9 @@ class Prometheus:
         self, url: str, client: httpx.Client | None = None, deadline_s: float = DEADLINE_S
     ) -> None:
         try:
-            parsed = httpx.URL(url)
-        except httpx.InvalidURL as exc:
-            raise PrometheusError(f"--prometheus {url!r} is not a URL: {exc}") from None
-        if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise PrometheusError(f"--prometheus must be an http(s) URL with a host, not {url!r}")
-        if parsed.port is not None and not 0 < parsed.port < 65536:
-            raise PrometheusError(f"--prometheus {url!r}: port {parsed.port} is not a port")
+            checked_url(url)
+        except ValueError as exc:
+            raise PrometheusError(str(exc)) from None
         self.url = url.rstrip("/")
         # identity: httpx inflates a compressed network chunk in one call, past any cap
         self._client = client or httpx.Client(headers={"Accept-Encoding": "identity"})

@@ -420,6 +420,23 @@ class FakeKube:
             kind=resource,
         )
 
+    @staticmethod
+    def _check_version(group: str, key: Key, current: dict[str, Any], wanted: Any) -> None:
+        """A write naming another resourceVersion than the stored one is refused with 409
+        Conflict, as kube-apiserver refuses it (optimistic concurrency); none named wins."""
+        if wanted is None or wanted == current["metadata"]["resourceVersion"]:
+            return
+        resource, _, name = key
+        raise ApiError(
+            409,
+            "Conflict",
+            f'Operation cannot be fulfilled on {resource} "{name}": the object has been '
+            "modified; please apply your changes to the latest version and try again",
+            name=name,
+            group=group,
+            kind=resource,
+        )
+
     def handle(
         self, method: str, path: str, content_type: str, body: bytes, query: str = ""
     ) -> dict[str, Any]:
@@ -502,17 +519,7 @@ class FakeKube:
             current = self._objects.get(key)
             if current is None:
                 raise self._not_found(group, key)
-            wanted = meta.get("resourceVersion")
-            if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
-                raise ApiError(
-                    409,
-                    "Conflict",
-                    f'Operation cannot be fulfilled on {key[0]} "{key[2]}": the object has been '
-                    "modified; please apply your changes to the latest version and try again",
-                    name=key[2],
-                    group=group,
-                    kind=key[0],
-                )
+            self._check_version(group, key, current, meta.get("resourceVersion"))
             kept = {f: current["metadata"][f] for f in ("uid", "creationTimestamp")}
             obj["metadata"] = {**meta, **kept, "name": key[2], "namespace": key[1]}
             obj["metadata"]["resourceVersion"] = self._next_version()
@@ -558,17 +565,7 @@ class FakeKube:
             meta: dict[str, Any] = (
                 patched["metadata"] if isinstance(patched.get("metadata"), dict) else {}
             )
-            wanted = meta.get("resourceVersion")
-            if wanted != current["metadata"]["resourceVersion"] and wanted is not None:
-                raise ApiError(
-                    409,
-                    "Conflict",
-                    f'Operation cannot be fulfilled on {key[0]} "{key[2]}": the object has been '
-                    "modified; please apply your changes to the latest version and try again",
-                    name=key[2],
-                    group=group,
-                    kind=key[0],
-                )
+            self._check_version(group, key, current, meta.get("resourceVersion"))
             for field in ("name", "namespace", "uid", "creationTimestamp"):
                 if meta.get(field) != current["metadata"].get(field):
                     raise ApiError(422, "Invalid", f"{kind} metadata.{field}: field is immutable")

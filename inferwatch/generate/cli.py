@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -17,6 +18,9 @@ from inferwatch.clikit import BadInput, F, Failed, cannot_write, check_option
 from inferwatch.generate import docs
 from inferwatch.mixin import validate
 from inferwatch.mixin.files import Written
+
+if TYPE_CHECKING:
+    from inferwatch.mixin.config import Config
 
 
 def _config_option(command: str, help: str) -> Callable[[F], F]:
@@ -31,14 +35,16 @@ def _config_option(command: str, help: str) -> Callable[[F], F]:
     )
 
 
-def _out_dir_option(what: str, default: str) -> Callable[[F], F]:
+def _out_dir_option(what: str, default: str, relative: bool = True) -> Callable[[F], F]:
+    """``--out``: the directory a generator writes ``what`` into (``relative``: ``--help``
+    says that ``default`` is taken in the current directory)."""
     return click.option(
         "--out",
         type=click.Path(file_okay=False, path_type=Path),
         default=Path(default),
         show_envvar=True,
-        show_default=f"{default}/ in the current directory",
-        help=f"Directory for the {what}.",
+        show_default=f"{default}/ in the current directory" if relative else None,
+        help=f"Directory for {what}.",
     )
 
 
@@ -74,6 +80,25 @@ def _validated(write: Callable[[], Written]) -> Written:
     return written
 
 
+def _write_from_config(
+    render: Callable[[Config], Mapping[str, str]],
+    kinds: Mapping[str, validate.Kind],
+    config_path: Path | None,
+    out: Path,
+    check: bool,
+) -> None:
+    """The files ``render`` derives from the alert config (the shipped defaults, then
+    ``config_path``), written or checked under ``out``; a bad config is bad input."""
+    from inferwatch.mixin import config
+    from inferwatch.mixin.files import stale, write
+
+    try:
+        files = render(config.load(config_path))
+    except config.ConfigError as exc:
+        raise BadInput(str(exc)) from None
+    _write_or_check(out, files, check, stale, _kinds_of(write, kinds))
+
+
 def _kinds_of(
     write: Callable[[Path, Mapping[str, str], Mapping[str, validate.Kind]], Written],
     kinds: Mapping[str, validate.Kind],
@@ -87,13 +112,7 @@ def generate() -> None:
 
 
 @generate.command(name="docs")
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("docs"),
-    show_envvar=True,
-    help="Directory for metrics.md and porting.md.",
-)
+@_out_dir_option("metrics.md and porting.md", "docs", relative=False)
 @check_option("a page")
 def docs_pages(out: Path, check: bool) -> None:
     """Write the metric table and the porting tables (docs/metrics.md, docs/porting.md)."""
@@ -106,38 +125,26 @@ def docs_pages(out: Path, check: bool) -> None:
 @_config_option(
     "alerts", "Alert config read on top of the shipped defaults (inferwatch/mixin/config.yaml)."
 )
-@_out_dir_option("rule files", "generated/alerts")
+@_out_dir_option("the rule files", "generated/alerts")
 @check_option("a file")
 def alerts(config_path: Path | None, out: Path, check: bool) -> None:
     """Write the Prometheus rule files (one per layer, recording rules), a PrometheusRule and
     the recommended Alertmanager config."""
     from inferwatch.alerts import writer
-    from inferwatch.mixin import config
-    from inferwatch.mixin.files import stale, write
 
-    try:
-        files = writer.render(config.load(config_path))
-    except config.ConfigError as exc:
-        raise BadInput(str(exc)) from None
-    _write_or_check(out, files, check, stale, _kinds_of(write, writer.KINDS))
+    _write_from_config(writer.render, writer.KINDS, config_path, out, check)
 
 
 @generate.command()
 @_config_option("slo", "Alert config (its slo section) read on top of the shipped defaults.")
-@_out_dir_option("SLO specs", "generated/slo")
+@_out_dir_option("the SLO specs", "generated/slo")
 @check_option("a file")
 def slo(config_path: Path | None, out: Path, check: bool) -> None:
     """Write the SLOs as Sloth (prometheus/v1 and PrometheusServiceLevel), OpenSLO (v1) and
     Pyrra (ServiceLevelObjective) specs, from the objectives the burn-rate alerts use."""
     from inferwatch.alerts import slo_specs
-    from inferwatch.mixin import config
-    from inferwatch.mixin.files import stale, write
 
-    try:
-        files = slo_specs.render(config.load(config_path))
-    except config.ConfigError as exc:
-        raise BadInput(str(exc)) from None
-    _write_or_check(out, files, check, stale, _kinds_of(write, slo_specs.KINDS))
+    _write_from_config(slo_specs.render, slo_specs.KINDS, config_path, out, check)
 
 
 @generate.command()
@@ -145,19 +152,13 @@ def slo(config_path: Path | None, out: Path, check: bool) -> None:
     "dashboards",
     "Alert config (thresholds, selectors, cluster label) read on top of the defaults.",
 )
-@_out_dir_option("dashboards", "generated/dashboards")
+@_out_dir_option("the dashboards", "generated/dashboards")
 @check_option("a file")
 def dashboards(config_path: Path | None, out: Path, check: bool) -> None:
     """Write the Grafana dashboards (JSON), a ConfigMap per board and a provisioning file."""
     from inferwatch.dashboards import writer
-    from inferwatch.mixin import config
-    from inferwatch.mixin.files import stale, write
 
-    try:
-        files = writer.render(config.load(config_path))
-    except config.ConfigError as exc:
-        raise BadInput(str(exc)) from None
-    _write_or_check(out, files, check, stale, _kinds_of(write, writer.KINDS))
+    _write_from_config(writer.render, writer.KINDS, config_path, out, check)
 
 
 @generate.command()
@@ -247,23 +248,11 @@ def k8s(out: Path, check: bool) -> None:
 @_config_option(
     "canary", "Alert config whose source selectors the queries use, read on top of the defaults."
 )
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("deploy/canary"),
-    show_envvar=True,
-    help="Directory for the templates.",
-)
+@_out_dir_option("the templates", "deploy/canary", relative=False)
 @check_option("a file")
 def canary(config_path: Path | None, out: Path, check: bool) -> None:
     """Write the canary analysis as an Argo Rollouts AnalysisTemplate and Flagger
     MetricTemplates (the checks of `inferwatch canary`)."""
     from inferwatch.canary import templates
-    from inferwatch.mixin import config
-    from inferwatch.mixin.files import stale, write
 
-    try:
-        files = templates.render(config.load(config_path))
-    except config.ConfigError as exc:
-        raise BadInput(str(exc)) from None
-    _write_or_check(out, files, check, stale, _kinds_of(write, templates.KINDS))
+    _write_from_config(templates.render, templates.KINDS, config_path, out, check)

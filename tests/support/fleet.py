@@ -11,12 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
@@ -24,6 +23,7 @@ from inferwatch.proxy.tenants import hash_key
 from support.ports import announced_url
 from support.proxy_stack import KEYS
 from support.redis import RedisServer
+from support.restartable import Restartable
 from support.wait import wait_for
 
 INFERWATCH = Path(sys.executable).parent / "inferwatch"
@@ -42,7 +42,11 @@ def _metrics_url(log: Path) -> str:
 
 
 @dataclass
-class Proxy:
+class Proxy(Restartable):
+    """One proxy of the fleet; :meth:`kill` leaves what it held to the leases, no drain."""
+
+    stop_timeout: ClassVar[float] = 15.0
+
     config: Path
     directory: Path
     process: subprocess.Popen[bytes] | None = None
@@ -64,22 +68,6 @@ class Proxy:
             )  # fmt: skip
         self.url = announced_url(self.process, log, "a fleet proxy")
         self.metrics_url = _metrics_url(log)
-
-    def kill(self) -> None:
-        """``kill -9``: no drain, no settling; what it held is left to the leases."""
-        if self.process is not None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
-            self.process = None
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-            self.process = None
 
     def metrics(self) -> str:
         return httpx.get(self.metrics_url + "/metrics", timeout=10).text

@@ -94,6 +94,19 @@ def launch(
     return start_on_free_port(start)
 
 
+@contextlib.contextmanager
+def running(
+    argv: Callable[[int], Sequence[str]], log: Path, ready_path: str, what: str
+) -> Iterator[str]:
+    """:func:`launch` for the length of a ``with``: yields the URL, then SIGTERM and a wait."""
+    process, url = launch(argv, log, ready_path, what)
+    try:
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
 def announced_url(process: subprocess.Popen[bytes], log: Path, what: str) -> str:
     """The ``listen`` URL an inferwatch server logs once it has bound (``--listen HOST:0``
     gets a port from the OS); fails with the log's last line if the server exits first."""

@@ -8,15 +8,15 @@ production Redis with AOF does. ``scripts/install-redis`` installs Debian's pack
 from __future__ import annotations
 
 import shutil
-import signal
 import socket
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from support.ports import PortTaken, in_use, pick_port, start_on_free_port
+from support.restartable import Restartable
 from support.wait import wait_for
 
 
@@ -30,8 +30,9 @@ def _answers(port: int) -> bool:
         return False
 
 
-class RedisServer:
-    """One ``redis-server`` process; :meth:`kill` and :meth:`start` keep its port and data."""
+class RedisServer(Restartable):
+    """One ``redis-server`` process; :meth:`kill` (no last write: the port stops answering at
+    once) and :meth:`start` keep its port and data."""
 
     def __init__(
         self,
@@ -116,21 +117,13 @@ class RedisServer:
         """Start it again on the port it had (its data comes back from the append-only file)."""
         self._start(self.port)
 
-    def kill(self) -> None:
-        """``kill -9``: no shutdown, no last write; the port stops answering at once."""
-        if self.process is not None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
-            self.process = None
 
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-            self.process = None
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own, stopped after it (skipped where none is installed)."""
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    server.stop()
 
 
 def pick_cluster_port() -> int:
