@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,9 +16,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from inferwatch import catalog
+from inferwatch.dashboards import writer
 from inferwatch.exporters import gpu
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.sidecar import Sidecar
+from inferwatch.mixin import config as alert_config
 from inferwatch.probes import golden
 from inferwatch.probes.client import Endpoint
 from inferwatch.probes.runner import ProbeRunner, Schedule, Target
@@ -96,6 +100,29 @@ def test_one_page_carries_engine_gpu_and_quality_signals(sim: SimHandle) -> None
     assert "inferwatch_engine_kv_cache_usage_ratio" in names
     assert "inferwatch_gpu_power_watts" in names
     assert any(name.startswith("inferwatch_probe_") for name in names)
+
+
+def test_every_gpu_series_the_gpu_board_reads_from_dcgm_is_on_the_page(sim: SimHandle) -> None:
+    """The simulator's dcgm-exporter page feeds every GPU panel a dcgm-exporter can: each
+    GPU series the board reads whose catalogue entry has a dcgm source is served (NVML-only
+    ones, such as per-process memory, cannot be). XID counts are series only once a GPU
+    reported an XID: their labels are the XID and its action."""
+    board = json.dumps(writer.dashboards(alert_config.load())["gpu"])
+    specs = {spec.name: spec for spec in catalog.load().values()}
+    wanted = {
+        name for name in re.findall(r"inferwatch_gpu_\w+", board) if "dcgm" in specs[name].sources
+    }
+    assert {"inferwatch_gpu_clock_event_active", "inferwatch_gpu_power_limit_watts",
+            "inferwatch_gpu_temperature_threshold_celsius",
+            "inferwatch_gpu_nvlink_errors_total"} <= wanted  # fmt: skip
+
+    async def scenario() -> str:
+        async with Replica(sim) as replica:
+            return (await replica.get("/metrics")).text
+
+    page = asyncio.run(scenario())
+    assert sorted(wanted - metric_names(page)) == ["inferwatch_gpu_xid_errors_total"]
+    assert 'threshold="slowdown"' in page
 
 
 def test_wrong_answers_fail_quality_and_nothing_else(sim: SimHandle) -> None:

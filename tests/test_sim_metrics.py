@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from inferwatch.capacity import planner as cap
-from inferwatch.sim.gpu import SimulatedGPU
+from inferwatch.sim.gpu import GPU_IDLE, POWER_CAP, SimulatedGPU, render_dcgm
 from inferwatch.sim.server import SimHandle, run_in_thread
 from inferwatch.sim.simulator import SimConfig
 from support.shared import shared_path
@@ -205,3 +205,56 @@ def test_served_load_moves_the_gpu_endpoint() -> None:
         after = httpx.get(handle.url + "/gpu/metrics").text
     assert value(after, "DCGM_FI_DEV_GPU_UTIL") > value(before, "DCGM_FI_DEV_GPU_UTIL") == 0
     assert value(after, "DCGM_FI_DEV_POWER_USAGE") > value(before, "DCGM_FI_DEV_POWER_USAGE")
+
+
+def test_clock_event_reasons_say_what_holds_the_clocks_down() -> None:
+    """As the H200 recording shows: gpu_idle at the idle clock, no reason at full clocks
+    under a load below the power limit, power_cap with clocks below the maximum at it."""
+    spec = cap.gpu_preset("H200")
+    gpu = SimulatedGPU(0, spec, "GPU-x", "h", allocated_bytes=cap.GIB, activation_bytes=cap.GIB)
+    idle = gpu.values()
+    assert idle["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"] == GPU_IDLE
+    assert idle["DCGM_FI_DEV_SM_CLOCK"] == spec.idle_sm_clock_mhz
+    t = 0.0
+    while t < 10:  # decode: short memory-bound steps, half the time busy
+        gpu.record_step(t, t + 0.05, compute_share=0.1, load=0.3)
+        t += 0.1
+    decoding = gpu.values()
+    assert decoding["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"] == 0
+    assert decoding["DCGM_FI_DEV_SM_CLOCK"] == spec.max_sm_clock_mhz
+    assert decoding["DCGM_FI_DEV_POWER_USAGE"] < 0.95 * spec.tdp_watts
+    while t < 20:  # back-to-back prefill: the draw reaches the limit
+        gpu.record_step(t, t + 0.1, compute_share=1.0, load=1.0)
+        t += 0.1
+    capped = gpu.values()
+    assert capped["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"] == POWER_CAP
+    assert capped["DCGM_FI_DEV_SM_CLOCK"] < spec.max_sm_clock_mhz
+    assert capped["DCGM_FI_DEV_POWER_USAGE"] <= capped["DCGM_FI_DEV_ENFORCED_POWER_LIMIT"]
+    gpu.settle(t + 30)
+    assert gpu.values()["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"] == GPU_IDLE
+
+
+def test_gpu_page_has_limits_thresholds_and_nvlink_where_the_board_has_it() -> None:
+    """The power limit and the thermal thresholds on every board; NVLink error counters (0)
+    on an SXM board, and none at all on a PCIe one, whose NVLink fields DCGM leaves blank."""
+    boards = {
+        name: SimulatedGPU(0, cap.gpu_preset(name), f"GPU-{name}", "h", cap.GIB, cap.GIB)
+        for name in ("H100", "L40S")
+    }
+    text = {name: render_dcgm([gpu], 0.0) for name, gpu in boards.items()}
+    for name, page in text.items():
+        spec = boards[name].spec
+        assert value(page, "DCGM_FI_DEV_ENFORCED_POWER_LIMIT") == spec.tdp_watts
+        assert value(page, "DCGM_FI_DEV_SLOWDOWN_TEMP") == spec.slowdown_temp_c
+        assert value(page, "DCGM_FI_DEV_SHUTDOWN_TEMP") == spec.shutdown_temp_c
+        assert re.search(r"^DCGM_FI_DEV_ENFORCED_POWER_LIMIT\{.*\} \d+\.\d{6}$", page, re.M)
+        assert re.search(r"^DCGM_FI_DEV_SLOWDOWN_TEMP\{.*\} \d+$", page, re.M)
+    nvlink = [
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    ]
+    assert all(shape(text["H100"])[f][0] == "counter" for f in nvlink)
+    assert all(value(text["H100"], f) == 0 for f in nvlink)
+    assert not [f for f in nvlink if f in text["L40S"]]  # not even a HELP line

@@ -101,7 +101,8 @@ def board(ctx: Ctx) -> Board:
         Panel(3, "Admission rejections", "Share of each tenant's requests the proxy refused, "
               f"by reason. Above {rejections:g} is InferwatchAdmissionRejectionsRising: budget "
               "429s mean the budget is too small, too_long 400s a client sending oversize "
-              "prompts.", "percentunit",
+              "prompts. Only the admitted line until a proxy refuses one of the tenant's "
+              "requests.", "percentunit",
               [Q(f"sum by ({c}, tenant, outcome) ({ctx.rate('tenancy_requests', T, REJECTED)})"
                  f" / ignoring (outcome) group_left sum by ({c}, tenant) "
                  f"({ctx.rate('tenancy_requests', T)})", "{{tenant}} {{outcome}}"),

@@ -289,7 +289,8 @@ def board(ctx: Ctx) -> Board:
                 18,
                 "Firing alerts",
                 "Every inferwatch alert firing now, with its severity. "
-                "Each alert's dashboard_url opens the panel that shows it.",
+                "Each alert's dashboard_url opens the panel that shows it. "
+                "Empty (No alert firing) while no alert fires: a healthy fleet shows none.",
                 "short",
                 [Q(f"sum by ({c}, alertname, severity) (ALERTS{{{firing}}})", instant=True)],
                 kind="table",

@@ -46,7 +46,8 @@ def board(ctx: Ctx) -> Board:
         Panel(1, f"XID errors by action ({window})", "XIDs each GPU reported in the last "
               f"{window}, by the action NVIDIA's catalogue prescribes. "
               f"{', '.join(xid.names('critical_actions'))} pages: drain the node and repair "
-              "the GPU; restart_app: restart the engine; ignore: nothing to do.", "short",
+              "the GPU; restart_app: restart the engine; ignore: nothing to do. Empty until "
+              f"a GPU reports an XID: a healthy GPU has none in the last {window}.", "short",
               [Q(f"sum by ({by_gpu}, xid, action) ({xids})",
                  "{{pod}} XID {{xid}} {{action}}")],
               thresholds=above(None, 1)),
@@ -69,7 +70,8 @@ def board(ctx: Ctx) -> Board:
               f"{nvlink.text('window')}, per GPU. {pcie.number('min_errors'):g} replays is "
               "InferwatchGPUPCIeReplays (the slot, riser or cable degrades), "
               f"{nvlink.number('min_errors'):g} NVLink errors InferwatchGPUNVLinkErrors (a lane "
-              "or NVSwitch port): both slow transfers before they fail; plan to drain the node.",
+              "or NVSwitch port): both slow transfers before they fail; plan to drain the node. "
+              "A PCIe board without NVLink (L40S, L4) has no NVLink line.",
               "short",
               [Q(f"sum by ({by_gpu}) ({replays})", "PCIe replays " + GPU),
                Q(f"sum by ({by_gpu}, error) ({link_errors})", "NVLink {{error}} " + GPU)],
@@ -94,18 +96,22 @@ def board(ctx: Ctx) -> Board:
         "Heat, power, clocks",
         Panel(6, "Temperature against the slowdown threshold", "GPU temperature, and the "
               f"alert line: the GPU's own slowdown threshold minus {margin:g} C "
-              "(InferwatchGPUTemperatureNearSlowdown; only NVML reports the threshold). Past "
-              "it the GPU cuts clocks: check cooling and airflow.", "celsius",
+              "(InferwatchGPUTemperatureNearSlowdown; the threshold from NVML, or dcgm-exporter "
+              "with the DCGM_FI_DEV_SLOWDOWN_TEMP field). Past it the GPU cuts clocks: check "
+              "cooling and airflow.", "celsius",
               [Q(j(ctx.m("gpu_temperature", C, 'sensor="gpu"')), GPU),
                Q(j(f"{slowdown} - {margin:g}"), "alert line " + GPU)]),
         Panel(7, "Clocks and clock event reasons", "SM clock, and each active clock event "
               "reason (1 active; NVML or a dcgm-exporter with the clock-events field). "
-              f"{throttle} warn: the GPU is throttling, tokens slow down.", "hertz",
+              f"{throttle} warn: the GPU is throttling, tokens slow down. No reason line while "
+              "the GPU runs at full clocks (busy below its power limit); gpu_idle when nothing "
+              "runs, power_cap at the limit.", "hertz",
               [Q(j(ctx.m("gpu_clock", C, 'clock="sm"')), "SM " + GPU),
                Q(j(f"{ctx.m('gpu_clock_event', C)} == 1"), "{{reason}} " + GPU)]),
-        Panel(12, "Power against its limit", "Power draw and the enforced limit (the limit "
-              "from NVML). Draw pinned at the limit with power_cap events is the GPU "
-              "running as fast as its power budget allows.", "watt",
+        Panel(12, "Power against its limit", "Power draw and the enforced limit (from NVML, "
+              "or dcgm-exporter with the DCGM_FI_DEV_ENFORCED_POWER_LIMIT field). Draw pinned "
+              "at the limit with power_cap events is the GPU running as fast as its power "
+              "budget allows.", "watt",
               [Q(j(ctx.m("gpu_power", C)), GPU),
                Q(j(ctx.m("gpu_power_limit", C)), "limit " + GPU)]),
     ).row(
@@ -123,7 +129,8 @@ def board(ctx: Ctx) -> Board:
                Q(f"sum by ({by_gpu}) ({j(ctx.m('gpu_memory_total', C))})", "total " + GPU)]),
         Panel(14, "GPU memory per pod", "Memory used on the GPUs of each pod, and per "
               "process where NVML reports processes. One pod growing without traffic is a "
-              "leak.", "bytes",
+              "leak. dcgm-exporter lists no processes: read through it (as in the demo), the "
+              "panel has no per-process lines.", "bytes",
               [Q(f"sum by ({c}, namespace, pod) ({j(ctx.m('gpu_memory_used', C))})",
                  "{{namespace}}/{{pod}}"),
                Q(f"sum by ({c}, pod, pid) ({j(ctx.m('gpu_process_memory', C))})",

@@ -89,7 +89,8 @@ def board(ctx: Ctx) -> Board:
               "across instances (vLLM's KV connector), per model version. Each hit is "
               "prefill not computed: a drop raises time to first token and GPU load; a "
               "shared-cache share near 0 with a connector configured means it is not "
-              "reached.", "percentunit",
+              "reached. No shared line without a connector: vLLM then counts no shared-cache "
+              "lookups (0 of 0 is no share).", "percentunit",
               [Q(_hit_share(ctx, "engine_prefix_cache_hit_tokens",
                             "engine_prefix_cache_queried_tokens"), "local {{model_version}}"),
                Q(_hit_share(ctx, "engine_external_prefix_cache_hit_tokens",

@@ -34,7 +34,8 @@ def board(ctx: Ctx) -> Board:
         Panel(2, "Probe pass rate against baseline", "Windowed pass rate per model x version "
               f"x replica, and the expected rate minus {margin:g} (the alert line of "
               "InferwatchProbePassRateBelowBaseline). Below the line after a rollout: roll "
-              "back that version.", "percentunit",
+              "back that version. No alert line until the version's baseline is captured, "
+              "over its first probe cycles.", "percentunit",
               [Q(ctx.m("probe_pass_ratio", P), PROBE),
                Q(f"{ctx.m('probe_expected_pass_ratio', P)} - {margin:g}",
                  "alert line " + PROBE)], max=1),

@@ -143,7 +143,9 @@ def board(ctx: Ctx) -> Board:
         "Quality",
         Panel(10, "Probe pass rate", "Golden-answer probes of this replica (windowed pass "
               "rate) against their expected rate. Below it the verdict fails and /readyz "
-              "takes the replica out; see the Quality board for the failing checks.",
+              "takes the replica out; see the Quality board for the failing checks. No "
+              "expected line until the version's baseline is captured, over its first probe "
+              "cycles.",
               "percentunit",
               [Q(ctx.m("probe_pass_ratio", Scope.PROBE), "{{route}} {{set}}"),
                Q(ctx.m("probe_expected_pass_ratio", Scope.PROBE), "expected {{set}}")],

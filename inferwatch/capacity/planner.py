@@ -143,6 +143,12 @@ class GPUSpec:
     max_sm_clock_mhz: int
     idle_sm_clock_mhz: int
     mem_clock_mhz: int
+    #: the GPU's own thermal limits (NVML's temperature thresholds, DCGM's SLOWDOWN_TEMP and
+    #: SHUTDOWN_TEMP fields)
+    slowdown_temp_c: int = 89
+    shutdown_temp_c: int = 95
+    #: NVLink links the board reports (0: a PCIe board, whose NVLink fields DCGM leaves blank)
+    nvlinks: int = 0
 
     @property
     def memory_bytes(self) -> int:
@@ -584,6 +590,8 @@ def _gpu(
     max_sm: int,
     idle_sm: int,
     mem_clock: int,
+    thresholds: tuple[int, int] = (89, 95),
+    nvlinks: int = 0,
 ) -> GPUSpec:
     return GPUSpec(
         name=name,
@@ -598,24 +606,32 @@ def _gpu(
         max_sm_clock_mhz=max_sm,
         idle_sm_clock_mhz=idle_sm,
         mem_clock_mhz=mem_clock,
+        slowdown_temp_c=thresholds[0],
+        shutdown_temp_c=thresholds[1],
+        nvlinks=nvlinks,
     )
 
 
 # Datasheet bandwidth and dense bf16 FLOP/s. Framebuffer totals are nvidia-smi's; the reserved
 # part is measured where a capture exists (H200: the shared NVML recording, 615 MiB; L4: the
 # dcgm-exporter capture, 470 MiB; H100: vLLM's "79.18 GiB" total in the llm-d logs) and about
-# 500 MiB otherwise.
+# 500 MiB otherwise. Slowdown and shutdown temperatures: the H200's are the NVML recording's
+# (89 and 95 C), the A100's an nvidia-smi -q of an A100 80GB (89 and 92 C); the others have
+# no capture and take the H200's. NVLink: the SXM boards of an HGX baseboard (H100 SXM5 18
+# links, A100 SXM4 12); the recorded H200 (a one-GPU VM) reports NVLink as not supported.
 GPU_PRESETS: dict[str, GPUSpec] = {
     "H100": _gpu(
-        "H100", "NVIDIA H100 80GB HBM3", 81559, 479, 3.35, 989.4, 700, 70, 32, 1980, 345, 2619
+        "H100", "NVIDIA H100 80GB HBM3", 81559, 479, 3.35, 989.4, 700, 70, 32, 1980, 345, 2619,
+        nvlinks=18,
     ),
     "H200": _gpu("H200", "NVIDIA H200", 143771.5, 615.06, 4.8, 989.4, 700, 78, 34, 1980, 345, 3201),
     "A100": _gpu(
-        "A100", "NVIDIA A100-SXM4-80GB", 81920, 500, 2.039, 312, 400, 55, 30, 1410, 210, 1593
+        "A100", "NVIDIA A100-SXM4-80GB", 81920, 500, 2.039, 312, 400, 55, 30, 1410, 210, 1593,
+        thresholds=(89, 92), nvlinks=12,
     ),
     "L40S": _gpu("L40S", "NVIDIA L40S", 46068, 500, 0.864, 362.05, 350, 32, 30, 2520, 210, 9001),
     "L4": _gpu("L4", "NVIDIA L4", 23033, 470, 0.3, 121, 72, 16, 31, 2040, 210, 6251),
-}
+}  # fmt: skip
 
 
 def _find_preset(name: str, presets: dict[str, Any]) -> str | None:

@@ -3,14 +3,18 @@
 Each GPU follows the load its engine rank puts on it: utilization is the share of recent time
 spent in steps, power rises from idle towards the board limit with utilization (compute-bound
 prefill more than memory-bound decode), temperature lags behind power, SM clocks drop from their
-maximum when the board sits at its power limit (as the H200 recording in the fixtures shows),
-and framebuffer use is the engine's allocation plus the activations of the latest step.
-Faults set the last XID, add ECC errors and remap rows.
+maximum when the board sits at its power limit and to the idle clock when nothing runs, each
+with its clock event reason (power_cap, gpu_idle; none at full clocks, as the H200 recording
+in the fixtures shows), and framebuffer use is the engine's allocation plus the activations of
+the latest step. Faults set the last XID, add ECC errors and remap rows.
 
 The exposition copies dcgm-exporter 4.x: the default counters in their order with their HELP
 texts, labels ``gpu, UUID, pci_bus_id, device, modelName, Hostname, DCGM_FI_DRIVER_VERSION``
 (XID also ``err_code, err_msg``), integers printed as integers and doubles with six decimals,
-plus the ECC and row-remap fields an inference fleet should enable.
+plus the fields an inference fleet should enable: ECC, row remapping, the clock event reasons
+bitmask, the enforced power limit, the slowdown and shutdown temperatures, and NVLink errors
+(on a board with NVLink only: DCGM leaves the fields blank on a PCIe board, and
+dcgm-exporter omits a blank field).
 """
 
 from __future__ import annotations
@@ -24,6 +28,12 @@ from inferwatch.capacity.planner import MIB, GPUSpec
 DRIVER_VERSION = "580.95.05"
 UTIL_TAU_S = 1.0  # utilization averaging window (NVML samples over about a second)
 THERMAL_TAU_S = 3.0  # the H200 recording goes from 34 to 56 C in about 4 s of full load
+#: share of the power limit at which the board counts as capped: the H200 recording shows the
+#: power_cap reason from about 690 of 700 W (the simulated draw is a 1 s average, a little
+#: below the peaks that trip the cap), and full clocks with no reason below it
+POWER_CAP_SHARE = 0.95
+#: NVML's clock event reason bits (nvmlClocksEventReason*), as in DCGM's bitmask field
+GPU_IDLE, POWER_CAP = 0x1, 0x4
 # From dcgm-exporter's xid_errors.go table (the codes faults are likely to use).
 XID_MESSAGES = {
     0: "No Error",
@@ -75,6 +85,20 @@ _FIELDS = (
     ("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether remapping of rows is pending"),
     ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors."),
     ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors."),
+    ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge",
+     "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*)."),
+    ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "gauge",
+     "Effective power limit that the driver enforces after taking into account all limiters "
+     "(in W)."),
+    ("DCGM_FI_DEV_SLOWDOWN_TEMP", "gauge", "Slowdown temperature for the device (in C)."),
+    ("DCGM_FI_DEV_SHUTDOWN_TEMP", "gauge", "Shutdown temperature for the device (in C)."),
+    ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter",
+     "Total number of NVLink flow-control CRC errors."),
+    ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "counter",
+     "Total number of NVLink data CRC errors."),
+    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries."),
+    ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter",
+     "Total number of NVLink recovery errors."),
     ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
     ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge",
      "Ratio of cycles the tensor (HMMA) pipe is active."),
@@ -87,6 +111,9 @@ _FIELDS = (
      "The rate of data received over the PCIe bus - including both protocol headers and data "
      "payloads - in bytes per second."),
 )  # fmt: skip
+
+
+NVLINK_ERRORS = tuple(name for name, _, _ in _FIELDS if name.startswith("DCGM_FI_DEV_NVLINK_"))
 
 
 @dataclass
@@ -126,11 +153,26 @@ class SimulatedGPU:
         return self.spec.idle_watts + swing * intensity
 
     @property
+    def idle(self) -> bool:
+        return self.busy_ewma < 0.02
+
+    @property
+    def power_capped(self) -> bool:
+        return not self.idle and self.power_w >= POWER_CAP_SHARE * self.spec.tdp_watts
+
+    @property
     def sm_clock_mhz(self) -> int:
-        if self.busy_ewma < 0.02:
+        if self.idle:
             return self.spec.idle_sm_clock_mhz
-        throttle = 0.25 * self.compute_ewma * self.busy_ewma  # power-capped under heavy compute
+        if not self.power_capped:
+            return self.spec.max_sm_clock_mhz
+        throttle = 0.25 * self.compute_ewma * self.busy_ewma  # heavy compute at the limit
         return int(self.spec.max_sm_clock_mhz * (1 - throttle))
+
+    @property
+    def clock_event_reasons(self) -> int:
+        """What holds the clocks below their maximum: nothing runs, or the power limit."""
+        return (GPU_IDLE if self.idle else 0) | (POWER_CAP if self.power_capped else 0)
 
     @property
     def fb_used_bytes(self) -> int:
@@ -173,6 +215,7 @@ class SimulatedGPU:
         self.remap_pending = self.remap_failure = False
 
     def values(self) -> dict[str, int | float]:
+        """Each field's reading; a field DCGM leaves blank on this board is absent."""
         fb_total = self.spec.total_bytes // MIB
         fb_reserved = self.spec.reserved_bytes // MIB
         fb_used = min(self.fb_used_bytes // MIB, fb_total - fb_reserved)
@@ -200,6 +243,11 @@ class SimulatedGPU:
             "DCGM_FI_DEV_ROW_REMAP_PENDING": int(self.remap_pending),
             "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": self.ecc_sbe,
             "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": self.ecc_dbe,
+            "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": self.clock_event_reasons,
+            "DCGM_FI_DEV_ENFORCED_POWER_LIMIT": float(self.spec.tdp_watts),
+            "DCGM_FI_DEV_SLOWDOWN_TEMP": self.spec.slowdown_temp_c,
+            "DCGM_FI_DEV_SHUTDOWN_TEMP": self.spec.shutdown_temp_c,
+            **dict.fromkeys(NVLINK_ERRORS if self.spec.nvlinks else (), 0),
             "DCGM_FI_PROF_GR_ENGINE_ACTIVE": round(self.busy_ewma, 6),
             "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": round(self.busy_ewma * self.compute_ewma * 0.8, 6),
             "DCGM_FI_PROF_DRAM_ACTIVE": round(self.busy_ewma * (1 - 0.5 * self.compute_ewma), 6),
@@ -223,8 +271,11 @@ def render_dcgm(gpus: list[SimulatedGPU], now: float) -> str:
     readings = [(gpu, gpu.values()) for gpu in gpus]
     lines: list[str] = []
     for field, kind, doc in _FIELDS:
+        present = [(gpu, values) for gpu, values in readings if field in values]
+        if not present:
+            continue
         lines += [f"# HELP {field} {doc}", f"# TYPE {field} {kind}"]
-        for gpu, values in readings:
+        for gpu, values in present:
             labels = (
                 f'gpu="{gpu.index}",UUID="{gpu.uuid}",pci_bus_id="{gpu.pci_bus_id}",'
                 f'device="nvidia{gpu.index}",modelName="{gpu.spec.model_name}",'
