@@ -806,6 +806,32 @@ def test_the_demo_alertmanager_sends_only_the_automation_to_the_receiver(
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+def recorded(paths: list[Path]) -> list[str]:
+    """Each recorded series (its name and the labels its rule sets) of the rule files."""
+    return [f"{rule['record']}{sorted(rule.get('labels', {}).items())}"
+            for path in paths for group in yaml.safe_load(path.read_text())["groups"]
+            for rule in group["rules"] if "record" in rule]  # fmt: skip
+
+
+@pytest.mark.proc
+def test_the_demos_prometheus_records_every_series_the_committed_boards_read_once(
+    tmp_path: Path, promtool: str
+) -> None:
+    """The boards a user imports into Grafana read the default config's 5m recording rules;
+    the demo's own config records over 20s: both are recorded, and no series twice."""
+    demo = recorded(alerting.write_rules(tmp_path / "demo", alerting.demo_config()))
+    committed = recorded(topology.generated_rule_files())
+    assert set(committed) <= set(demo) and len(demo) == len(set(demo))
+    assert any(":rate20s[" in series for series in demo)
+    paths = sorted((tmp_path / "demo").glob("*.yaml"))
+    checked = subprocess.run([promtool, "check", "rules", *map(str, paths)],
+                             capture_output=True, text=True)  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # with the default config itself, its rules are written once
+    default = recorded(alerting.write_rules(tmp_path / "default", alerting.config.load()))
+    assert sorted(default) == sorted(committed)
+
+
 @pytest.mark.unit
 def test_routing_reads_where_haproxy_sends_each_model_from_its_server_states() -> None:
     primary, fallback = topology.PRIMARY_MODEL, topology.FALLBACK_MODEL

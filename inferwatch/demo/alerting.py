@@ -13,9 +13,14 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import yaml
+
 from inferwatch.alerts import alertmanager, writer
 from inferwatch.mixin import config
 from inferwatch.mixin import files as generated
+
+#: the generated file of recording rules
+RECORDING = "recording.yaml"
 
 
 def demo_config(path: Path | None = None) -> config.Config:
@@ -25,12 +30,35 @@ def demo_config(path: Path | None = None) -> config.Config:
     return config.load(path or Path(alerts.__file__).parent / "demo.yaml")
 
 
+#: the recording rules of the default alert config, which the committed dashboards read
+BOARDS_RECORDING = "boards-recording.yaml"
+
+
 def write_rules(folder: Path, chosen: config.Config) -> list[Path]:
-    """Writes the rule files Prometheus loads into ``folder``; returns their paths."""
+    """Writes the rule files Prometheus loads into ``folder``; returns their paths.
+
+    Besides ``chosen``'s rules, Prometheus records the series the committed dashboards read
+    that ``chosen`` does not (the default config's windows are 5m, the demo's 20s), so that
+    the boards a user imports into Grafana draw against the demo as well as its own."""
     files = writer.render(chosen)
     rules = {name: text for name, text in files.items() if "/" not in name}  # not the CR, AM
+    boards = _recording_rules_besides(writer.render(config.load())[RECORDING], rules[RECORDING])
+    if boards:
+        rules[BOARDS_RECORDING] = boards
     generated.write(folder, rules, writer.KINDS)
     return sorted(folder / name for name in rules)
+
+
+def _recording_rules_besides(rule_file: str, other: str) -> str | None:
+    """``rule_file`` less the rules whose series ``other`` records; None when none is left."""
+    recorded = {rule.get("record") for group in yaml.safe_load(other)["groups"]
+                for rule in group["rules"]}  # fmt: skip
+    groups = []
+    for group in yaml.safe_load(rule_file)["groups"]:
+        kept = [rule for rule in group["rules"] if rule["record"] not in recorded]
+        if kept:
+            groups.append({**group, "name": f"boards-{group['name']}", "rules": kept})
+    return yaml.safe_dump({"groups": groups}, sort_keys=False) if groups else None
 
 
 def alertmanager_config(
