@@ -700,7 +700,8 @@ def xid_alert(replica: str, sidecar_port: int) -> Alert:
 def demo_mapping(workdir: Path, execute: bool = False) -> Config:
     automation.write_tokens(workdir)
     # writes the config it starts the receiver on
-    automation.component(workdir, 9405, execute, workdir / routing.RUNTIME, sidecars=SIDECARS)
+    settings = automation.Settings(execute, workdir / routing.RUNTIME, sidecars=SIDECARS)
+    automation.component(workdir, 9405, settings)
     return runbook_config.load(workdir / automation.CONFIG)
 
 
@@ -837,10 +838,10 @@ def test_the_drill_mapping_isolates_a_stalled_engine_by_pod_and_shifts_a_degener
     tmp_path: Path,
 ) -> None:
     automation.write_tokens(tmp_path)
-    document = automation.document(
-        tmp_path / automation.SIDECAR_TOKEN, True, tmp_path / routing.RUNTIME,
-        kube_host="http://127.0.0.1:9", cooldown="5s",
-    )  # fmt: skip
+    settings = automation.Settings(
+        True, tmp_path / routing.RUNTIME, kube_host="http://127.0.0.1:9", cooldown="5s"
+    )
+    document = automation.document(tmp_path / automation.SIDECAR_TOKEN, settings)
     mapping = runbook_config.parse(document, "drill mapping")
     # the stalled-engine alert is summed per pod: no replica label, the pod names the replica
     stalled = {
@@ -865,7 +866,10 @@ def test_the_drill_mapping_isolates_a_stalled_engine_by_pod_and_shifts_a_degener
     assert nodes == [{"node": r.node, "pool": automation.GPUS} for r in topology.REPLICAS]
     # the demo (no Kubernetes API) has no reset rule and no GPU population
     demo = runbook_config.parse(
-        automation.document(tmp_path / automation.SIDECAR_TOKEN, False, tmp_path / "s"), "demo"
+        automation.document(
+            tmp_path / automation.SIDECAR_TOKEN, automation.Settings(False, tmp_path / "s")
+        ),
+        "demo",
     )
     assert [r.action for r in demo.rules_for(xid)] == ["isolate_replica"]
     assert "nodes" not in demo.inventory

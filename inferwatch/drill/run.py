@@ -203,15 +203,14 @@ class Drill(Demo):
 
     def _runbooks(self, workdir: Path) -> Component:
         self.workdir = workdir
-        return automation.component(
-            workdir,
-            self.ports.runbooks,
+        settings = automation.Settings(
             True,
             workdir / routing.RUNTIME,
             sidecars=self.ports.sidecar,
             kube_host=self.kube_url,
             cooldown="5s",
         )
+        return automation.component(workdir, self.ports.runbooks, settings)
 
     # --- the drill ------------------------------------------------------------------------------
     async def session(
