@@ -323,9 +323,7 @@ class Drill(Demo):
         deadline = time.monotonic() + DEADLINE
         while time.monotonic() < deadline:
             states = await routing.backends(self.gateway)
-            if all(
-                s.weight == s.initial_weight for servers in states.values() for s in servers
-            ):
+            if all(s.weight == s.initial_weight for servers in states.values() for s in servers):
                 return True
             await asyncio.sleep(0.5)
         for model, servers in states.items():
