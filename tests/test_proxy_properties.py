@@ -153,16 +153,6 @@ class Event:
     bad: bool = False
 
 
-def usage(prompt: int, completion: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": prompt // 2},
-        "completion_tokens_details": {"reasoning_tokens": completion // 4},
-    }
-
-
 def sse(payload: dict[str, Any]) -> bytes:
     # raw UTF-8 like vLLM's pydantic serialiser, so pieces can split a character
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
@@ -176,7 +166,7 @@ def stream_events(chat: bool, texts: list[str], mode: str, prompt: int) -> list[
     def frame(choice: dict[str, Any], completion: int) -> Event:
         payload: dict[str, Any] = {"id": "r", "object": kind, "choices": [choice]}
         if mode == "cumulative":
-            payload["usage"] = usage(prompt, completion)
+            payload["usage"] = se.usage(prompt, completion)
         elif mode == "final":
             payload["usage"] = None
         has_text = bool(choice.get("text") or choice.get("delta", {}).get("content"))
@@ -189,7 +179,7 @@ def stream_events(chat: bool, texts: list[str], mode: str, prompt: int) -> list[
         choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
         events.append(frame(choice, index + 1))
     if mode != "none":
-        final = {"id": "r", "object": kind, "choices": [], "usage": usage(prompt, len(texts))}
+        final = {"id": "r", "object": kind, "choices": [], "usage": se.usage(prompt, len(texts))}
         events.append(Event(sse(final), completion=len(texts), usage_only=True))
     events.append(Event(b"data: [DONE]\n\n"))
     return events
@@ -206,7 +196,7 @@ def reply_body(chat: bool, texts: list[str], mode: str, prompt: int) -> bytes:
     body: dict[str, Any] = {"id": "r", "object": "chat.completion", "model": "m"}
     body["choices"] = [choice]
     if mode != "none":
-        body["usage"] = usage(prompt, len(texts))
+        body["usage"] = se.usage(prompt, len(texts))
     return json.dumps(body, ensure_ascii=False).encode()
 
 
