@@ -57,6 +57,7 @@ from inferwatch.runbooks.config import Config
 from inferwatch.runbooks.dispatch import Dispatcher
 from inferwatch.runbooks.haproxy_runtime import RuntimeApiError, ServerState
 from inferwatch.runbooks.state import State
+from support.demo import alive, pids
 from support.output import Output
 from support.ports import launch, pick_port
 from support.wait import wait_for
@@ -395,22 +396,10 @@ def test_a_scenario_of_load_steps_only_runs_on_an_engine(tmp_path: Path) -> None
 
 
 # --- the demo as a user runs it ---------------------------------------------------------------
-def pids(output: str) -> list[int]:
-    return [int(pid) for pid in re.findall(r"\bpid (\d+)", output)]
-
-
 def workdir(output: str) -> Path:
     match = re.search(r"work dir (\S+)", output)
     assert match, output
     return Path(match[1])
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def assert_clean(output: str, expected_processes: int) -> None:
