@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import subprocess
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -252,6 +253,20 @@ def test_bad_input_is_one_clear_line_and_exit_3(
     assert "Traceback" not in result.output
 
 
+def _a_against_b(handler: Callable[[httpx.Request], httpx.Response]) -> analysis.Analysis:
+    """Version a against version b over 30 minutes, on the shipped alert config and default
+    thresholds, querying a Prometheus that ``handler`` answers for."""
+    return analysis.Analysis(
+        _prometheus(httpx.MockTransport(handler)),
+        alert_config.load(),
+        selector.parse('model_version="a"'),
+        selector.parse('model_version="b"'),
+        "30m",
+        0.0,
+        analysis.Thresholds(),
+    )
+
+
 def test_an_empty_prometheus_is_inconclusive(unused_port: int) -> None:
     """No series at all is not an error: every check lacks data, and the pipeline waits."""
 
@@ -260,17 +275,7 @@ def test_an_empty_prometheus_is_inconclusive(unused_port: int) -> None:
             200, json={"status": "success", "data": {"resultType": "vector", "result": []}}
         )
 
-    from inferwatch.mixin import config
-
-    run = analysis.Analysis(
-        _prometheus(httpx.MockTransport(handler)),
-        config.load(),
-        selector.parse('model_version="a"'),
-        selector.parse('model_version="b"'),
-        "30m",
-        0.0,
-        analysis.Thresholds(),
-    )
+    run = _a_against_b(handler)
     results = run.run()
     assert {r.outcome for r in results} == {"no data"}
     assert analysis.verdict(results) == "inconclusive"
@@ -279,7 +284,6 @@ def test_an_empty_prometheus_is_inconclusive(unused_port: int) -> None:
 
 def _ttft(buckets: list[tuple[str, float]]) -> Result:
     """The TTFT check of both sides having ``buckets`` (le, increase)."""
-    from inferwatch.mixin import config
 
     def handler(request: httpx.Request) -> httpx.Response:
         query = request.content.decode()
@@ -293,15 +297,7 @@ def _ttft(buckets: list[tuple[str, float]]) -> Result:
             200, json={"status": "success", "data": {"resultType": "vector", "result": result}}
         )
 
-    run = analysis.Analysis(
-        _prometheus(httpx.MockTransport(handler)),
-        config.load(),
-        selector.parse('model_version="a"'),
-        selector.parse('model_version="b"'),
-        "30m",
-        0.0,
-        analysis.Thresholds(),
-    )
+    run = _a_against_b(handler)
     (ttft,) = [r for r in run.run() if r.check.name == "ttft_p99"]
     return ttft
 

@@ -57,6 +57,7 @@ from inferwatch.runbooks.config import Config
 from inferwatch.runbooks.dispatch import Dispatcher
 from inferwatch.runbooks.haproxy_runtime import RuntimeApiError, ServerState
 from inferwatch.runbooks.state import State
+from support.demo import alive, pids
 from support.output import Output
 from support.ports import launch, pick_port
 from support.wait import wait_for
@@ -395,22 +396,10 @@ def test_a_scenario_of_load_steps_only_runs_on_an_engine(tmp_path: Path) -> None
 
 
 # --- the demo as a user runs it ---------------------------------------------------------------
-def pids(output: str) -> list[int]:
-    return [int(pid) for pid in re.findall(r"\bpid (\d+)", output)]
-
-
 def workdir(output: str) -> Path:
     match = re.search(r"work dir (\S+)", output)
     assert match, output
     return Path(match[1])
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def assert_clean(output: str, expected_processes: int) -> None:
@@ -700,7 +689,8 @@ def xid_alert(replica: str, sidecar_port: int) -> Alert:
 def demo_mapping(workdir: Path, execute: bool = False) -> Config:
     automation.write_tokens(workdir)
     # writes the config it starts the receiver on
-    automation.component(workdir, 9405, execute, workdir / routing.RUNTIME, sidecars=SIDECARS)
+    settings = automation.Settings(execute, workdir / routing.RUNTIME, sidecars=SIDECARS)
+    automation.component(workdir, 9405, settings)
     return runbook_config.load(workdir / automation.CONFIG)
 
 
@@ -863,10 +853,10 @@ def test_the_drill_mapping_isolates_a_stalled_engine_by_pod_and_shifts_a_degener
     tmp_path: Path,
 ) -> None:
     automation.write_tokens(tmp_path)
-    document = automation.document(
-        tmp_path / automation.SIDECAR_TOKEN, True, tmp_path / routing.RUNTIME,
-        kube_host="http://127.0.0.1:9", cooldown="5s",
-    )  # fmt: skip
+    settings = automation.Settings(
+        True, tmp_path / routing.RUNTIME, kube_host="http://127.0.0.1:9", cooldown="5s"
+    )
+    document = automation.document(tmp_path / automation.SIDECAR_TOKEN, settings)
     mapping = runbook_config.parse(document, "drill mapping")
     # the stalled-engine alert is summed per pod: no replica label, the pod names the replica
     stalled = {
@@ -891,7 +881,10 @@ def test_the_drill_mapping_isolates_a_stalled_engine_by_pod_and_shifts_a_degener
     assert nodes == [{"node": r.node, "pool": automation.GPUS} for r in topology.REPLICAS]
     # the demo (no Kubernetes API) has no reset rule and no GPU population
     demo = runbook_config.parse(
-        automation.document(tmp_path / automation.SIDECAR_TOKEN, False, tmp_path / "s"), "demo"
+        automation.document(
+            tmp_path / automation.SIDECAR_TOKEN, automation.Settings(False, tmp_path / "s")
+        ),
+        "demo",
     )
     assert [r.action for r in demo.rules_for(xid)] == ["isolate_replica"]
     assert "nodes" not in demo.inventory

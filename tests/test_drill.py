@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -14,6 +13,7 @@ import pytest
 
 from inferwatch.demo import topology
 from inferwatch.drill.run import SCENARIOS
+from support.demo import alive, pids
 
 pytestmark = [
     pytest.mark.e2e,
@@ -22,14 +22,6 @@ pytestmark = [
         reason="needs prometheus, alertmanager and haproxy (scripts/install-*)",
     ),
 ]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_the_mass_gpu_fault_kills_the_primary_and_leaves_the_fallback_model_to_serve() -> None:
@@ -73,6 +65,6 @@ def test_the_drill_times_every_scenario_passes_its_checks_and_leaves_nothing(
     mass = result["scenarios"][-1]
     assert mass["refused_by_breaker"] >= 1 and mass["acted"].get("isolate_replica", 0) <= 1
     assert "inferwatch drill: fault -> alert" in done.stdout
-    started = [int(pid) for pid in re.findall(r"\bpid (\d+)", output)]
+    started = pids(output)
     assert len(started) >= 13 and [pid for pid in started if alive(pid)] == []
     assert re.search(r"removed (\S+)", output)

@@ -217,13 +217,6 @@ def fake(rendered: tuple[dict[str, Any], ...]) -> FakeKube:
 
 
 @pytest.fixture
-def loop() -> Iterator[Loop]:
-    running = Loop()
-    yield running
-    running.close()
-
-
-@pytest.fixture
 def kubeconfig(fake: FakeKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The receiver's environment: the fake API as its cluster, the sidecars' admin token."""
     with fake.serve() as url:
@@ -274,14 +267,14 @@ class Replica(SidecarUnderTest):
     [(name, index) for name, cases in KINDS.items() for index in range(len(cases))],
 )
 def test_the_kit_receiver_acts_on_each_mapped_alert_kind(
-    rendered: tuple[dict[str, Any], ...], fake: FakeKube, kubeconfig: str, loop: Loop,
+    rendered: tuple[dict[str, Any], ...], fake: FakeKube, kubeconfig: str, runbook_loop: Loop,
     tmp_path: Path, alertname: str, case: int,
 ) -> None:  # fmt: skip
-    sidecar = Replica(loop)
+    sidecar = Replica(runbook_loop)
     labels, rules = KINDS[alertname][case]
     fired = alert(alertname, **REPLICA, **labels)
-    dispatcher = receiver(loop, kit_mapping(rendered), tmp_path / "audit.jsonl")
-    loop.run(lambda: dispatcher.handle(fired, {}), timeout=120)
+    dispatcher = receiver(runbook_loop, kit_mapping(rendered), tmp_path / "audit.jsonl")
+    runbook_loop.run(lambda: dispatcher.handle(fired, {}), timeout=120)
     records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     acted = {r["rule"] for r in records if r.get("decision") == "acted"}
     assert acted == rules, records
@@ -301,7 +294,7 @@ def test_the_kit_receiver_acts_on_each_mapped_alert_kind(
     else:
         assert weights["qwen3-32b-inferwatch"] == 0
     sidecar.served.stop()
-    loop.run(dispatcher.aclose)
+    runbook_loop.run(dispatcher.aclose)
 
 
 def state_store(documents: tuple[dict[str, Any], ...]) -> tuple[str, str, list[str]]:
@@ -325,24 +318,26 @@ def state_store(documents: tuple[dict[str, Any], ...]) -> tuple[str, str, list[s
 
 
 def test_the_kits_two_receivers_elect_one_leader_and_act_once_on_one_alert(
-    rendered: tuple[dict[str, Any], ...], fake: FakeKube, kubeconfig: str, loop: Loop,
+    rendered: tuple[dict[str, Any], ...], fake: FakeKube, kubeconfig: str, runbook_loop: Loop,
     tmp_path: Path,
 ) -> None:  # fmt: skip
     namespace, name, args = state_store(rendered)
     assert namespace == "inference" and not any(a.startswith("--state-dir") for a in args)
-    sidecar = Replica(loop)
+    sidecar = Replica(runbook_loop)
     config = kit_mapping(rendered)
     receivers, served = [], []
     for replica in ("a", "b"):
         api = connect()
         identity = f"inferwatch-receiver-5f7d8c-{replica}"
         dispatcher = receiver(
-            loop, config, tmp_path / f"audit-{replica}.jsonl",
+            runbook_loop, config, tmp_path / f"audit-{replica}.jsonl",
             store=ConfigMapStore(api, namespace, name),
             leader=LeaseElector(api, namespace, name, identity),
         )  # fmt: skip
         receivers.append(dispatcher)
-        served.append(Served(loop, Receiver(dispatcher, RECEIVER_TOKEN, MAX_BODY_BYTES).app()))
+        served.append(
+            Served(runbook_loop, Receiver(dispatcher, RECEIVER_TOKEN, MAX_BODY_BYTES).app())
+        )
     leaders = wait_for(
         lambda: [d for d in receivers if d.leading()], "a receiver holding the Lease", 30
     )
@@ -381,7 +376,7 @@ def test_the_kits_two_receivers_elect_one_leader_and_act_once_on_one_alert(
     )  # fmt: skip
     assert acted
     # the standby had the alert too (a delivery before a failover): the shared state says done
-    loop.run(lambda: standby.handle(fired, {}), timeout=60)
+    runbook_loop.run(lambda: standby.handle(fired, {}), timeout=60)
     assert {r["outcome"] for r in audit(standby) if "rule" in r} == {"duplicate"}, audit(standby)
     lease = fake.get("leases", namespace, name)
     assert lease is not None and lease["spec"]["holderIdentity"].endswith(
@@ -429,15 +424,15 @@ def test_a_site_names_the_gpu_nodes_the_receiver_may_act_on(tmp_path: Path) -> N
 
 
 def test_the_kit_receiver_refuses_targets_its_inventory_does_not_list(
-    rendered: tuple[dict[str, Any], ...], fake: FakeKube, kubeconfig: str, loop: Loop,
+    rendered: tuple[dict[str, Any], ...], fake: FakeKube, kubeconfig: str, runbook_loop: Loop,
     tmp_path: Path,
 ) -> None:  # fmt: skip
     """The canary's pod and a control-plane node are in the cluster, not in the inventory."""
     canary = {"pod": "llama-8b-canary-5c4b-z9x8w", "instance": "10.0.1.8:9400",
               "node": "control-plane-1"}  # fmt: skip
     fired = alert("InferwatchGPUEccUncorrectable", **{**REPLICA, **canary}, severity="critical")
-    dispatcher = receiver(loop, kit_mapping(rendered), tmp_path / "audit.jsonl")
-    loop.run(lambda: dispatcher.handle(fired, {}), timeout=60)
+    dispatcher = receiver(runbook_loop, kit_mapping(rendered), tmp_path / "audit.jsonl")
+    runbook_loop.run(lambda: dispatcher.handle(fired, {}), timeout=60)
     records = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert {(r["rule"], r["outcome"]) for r in records} == {
         ("isolate-replica-on-uncorrectable-ecc", "inventory"),
@@ -445,4 +440,4 @@ def test_the_kit_receiver_refuses_targets_its_inventory_does_not_list(
     }, records
     node = fake.get("nodes", "", "control-plane-1")
     assert node is not None and "unschedulable" not in node["spec"]
-    loop.run(dispatcher.aclose)
+    runbook_loop.run(dispatcher.aclose)

@@ -100,13 +100,6 @@ def fake(nvml: FakeNvml) -> FakeKube:
     return served
 
 
-@pytest.fixture
-def loop() -> Iterator[Loop]:
-    running = Loop()
-    yield running
-    running.close()
-
-
 class Given:
     """The sidecars each GPU was given (the agent learns them from the kubelet)."""
 
@@ -118,8 +111,8 @@ class Given:
 
 
 @pytest.fixture
-def stack(fake: FakeKube, nvml: FakeNvml, loop: Loop) -> Iterator[dict[str, Any]]:
-    sidecar = SidecarUnderTest(loop, "http://127.0.0.1:9", model="llama")
+def stack(fake: FakeKube, nvml: FakeNvml, runbook_loop: Loop) -> Iterator[dict[str, Any]]:
+    sidecar = SidecarUnderTest(runbook_loop, "http://127.0.0.1:9", model="llama")
     with fake.serve() as url, connect(url) as api:
         yield {"api": api, "sidecar": sidecar,
                "given": Given({uuid(nvml): [sidecar.url + "/admin/isolation"]})}  # fmt: skip
@@ -144,7 +137,7 @@ def metadata(fake: FakeKube) -> dict[str, Any]:
 
 
 def test_an_idle_gpu_is_drained_reset_verified_and_its_request_cleared(
-    fake: FakeKube, nvml: FakeNvml, loop: Loop, stack: dict[str, Any], nvidia_smi: Path,
+    fake: FakeKube, nvml: FakeNvml, runbook_loop: Loop, stack: dict[str, Any], nvidia_smi: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     isolations: list[bool] = []
@@ -157,7 +150,7 @@ def test_an_idle_gpu_is_drained_reset_verified_and_its_request_cleared(
     reset = agent(stack, nvml)
     with pytest.MonkeyPatch.context() as patch, caplog.at_level(logging.INFO):
         patch.setattr(NvmlGpus, "holders", holders)
-        (attempt,) = once(loop, reset)
+        (attempt,) = once(runbook_loop, reset)
     assert attempt.decision == "reset", attempt
     assert isolations == [True], "the replica is isolated before the GPU is checked"
     assert calls(nvidia_smi) == [f"--gpu-reset -i {uuid(nvml)}"]
@@ -167,44 +160,47 @@ def test_an_idle_gpu_is_drained_reset_verified_and_its_request_cleared(
     (line,) = [r for r in caplog.records if r.getMessage() == "gpu reset"]
     fields = line.__dict__["inferwatch_fields"]
     assert (fields["decision"], fields["gpu_uuid"], fields["fingerprint"], fields["node"]) == (
-        "reset", uuid(nvml), "f1", NODE
+        "reset",
+        uuid(nvml),
+        "f1",
+        NODE,
     )
 
 
 def test_a_gpu_a_process_still_holds_is_drained_and_left_pending(
-    fake: FakeKube, nvml: FakeNvml, loop: Loop, stack: dict[str, Any], nvidia_smi: Path
+    fake: FakeKube, nvml: FakeNvml, runbook_loop: Loop, stack: dict[str, Any], nvidia_smi: Path
 ) -> None:
     nvml.seek(BUSY_T)
-    (attempt,) = once(loop, agent(stack, nvml))
+    (attempt,) = once(runbook_loop, agent(stack, nvml))
     assert attempt.decision == "waiting" and "418" in attempt.detail, attempt
     assert calls(nvidia_smi) == []
     assert PREFIX + uuid(nvml) in metadata(fake)["annotations"]
     assert stack["sidecar"].state()["isolated"] is True, "drained while it waits"
     nvml.seek(IDLE_T)  # the engine let go of the GPU: the next pass resets it
-    (attempt,) = once(loop, agent(stack, nvml))
+    (attempt,) = once(runbook_loop, agent(stack, nvml))
     assert attempt.decision == "reset" and len(calls(nvidia_smi)) == 1
 
 
 def test_a_failed_reset_keeps_the_request_and_the_isolation_and_is_not_retried_in_cooldown(
-    fake: FakeKube, nvml: FakeNvml, loop: Loop, stack: dict[str, Any], nvidia_smi: Path,
+    fake: FakeKube, nvml: FakeNvml, runbook_loop: Loop, stack: dict[str, Any], nvidia_smi: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     monkeypatch.setenv("NVIDIA_SMI_EXIT", "3")
     reset = agent(stack, nvml)
-    (attempt,) = once(loop, reset)
+    (attempt,) = once(runbook_loop, reset)
     assert attempt.decision == "failed" and "exited 3" in attempt.detail, attempt
     assert PREFIX + uuid(nvml) in metadata(fake)["annotations"]
     assert stack["sidecar"].state()["isolated"] is True
-    (again,) = once(loop, reset)
+    (again,) = once(runbook_loop, reset)
     assert again.decision == "cooldown", again
     assert len(calls(nvidia_smi)) == 1
 
 
 def test_a_gpu_that_does_not_come_back_healthy_keeps_its_request(
-    fake: FakeKube, nvml: FakeNvml, loop: Loop, stack: dict[str, Any], nvidia_smi: Path
+    fake: FakeKube, nvml: FakeNvml, runbook_loop: Loop, stack: dict[str, Any], nvidia_smi: Path
 ) -> None:
     nvml.inject("nvmlDeviceGetRemappedRows", pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST))
-    (attempt,) = once(loop, agent(stack, nvml))
+    (attempt,) = once(runbook_loop, agent(stack, nvml))
     assert attempt.decision == "failed" and "not readable after the reset" in attempt.detail
     assert len(calls(nvidia_smi)) == 1
     assert PREFIX + uuid(nvml) in metadata(fake)["annotations"]
@@ -212,9 +208,9 @@ def test_a_gpu_that_does_not_come_back_healthy_keeps_its_request(
 
 
 def test_dry_run_drains_nothing_and_resets_nothing(
-    fake: FakeKube, nvml: FakeNvml, loop: Loop, stack: dict[str, Any], nvidia_smi: Path
+    fake: FakeKube, nvml: FakeNvml, runbook_loop: Loop, stack: dict[str, Any], nvidia_smi: Path
 ) -> None:
-    (attempt,) = once(loop, agent(stack, nvml, dry_run=True))
+    (attempt,) = once(runbook_loop, agent(stack, nvml, dry_run=True))
     assert attempt.decision == "dry_run", attempt
     assert calls(nvidia_smi) == []
     assert stack["sidecar"].state()["isolated"] is False
@@ -222,7 +218,7 @@ def test_dry_run_drains_nothing_and_resets_nothing(
 
 
 def test_one_reset_at_a_time_oldest_request_first(
-    fake: FakeKube, nvml: FakeNvml, loop: Loop, stack: dict[str, Any], nvidia_smi: Path
+    fake: FakeKube, nvml: FakeNvml, runbook_loop: Loop, stack: dict[str, Any], nvidia_smi: Path
 ) -> None:
     first, second = uuid(nvml, 0), uuid(nvml, 1)
     fake.add_node(
@@ -232,14 +228,14 @@ def test_one_reset_at_a_time_oldest_request_first(
                      PREFIX + first: request("f1", "2026-12-01T08:00:00Z")},
     )  # fmt: skip
     reset = agent(stack, nvml)
-    (attempt,) = once(loop, reset)
+    (attempt,) = once(runbook_loop, reset)
     assert attempt.gpu_uuid == first and calls(nvidia_smi) == [f"--gpu-reset -i {first}"]
     assert metadata(fake)["labels"].get(REQUESTED) == "true", "another request is pending"
 
     async def two_passes_at_once() -> list[list[Attempt]]:
         return list(await asyncio.gather(reset.run_once(), reset.run_once()))
 
-    passes: list[list[Attempt]] = loop.run(two_passes_at_once, timeout=60)
+    passes: list[list[Attempt]] = runbook_loop.run(two_passes_at_once, timeout=60)
     assert sorted(len(p) for p in passes) == [0, 1], "a pass while one runs does nothing"
     assert calls(nvidia_smi) == [f"--gpu-reset -i {first}", f"--gpu-reset -i {second}"]
     assert REQUESTED not in metadata(fake)["labels"]

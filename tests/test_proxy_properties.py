@@ -15,7 +15,7 @@ import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -153,16 +153,6 @@ class Event:
     bad: bool = False
 
 
-def usage(prompt: int, completion: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": prompt // 2},
-        "completion_tokens_details": {"reasoning_tokens": completion // 4},
-    }
-
-
 def sse(payload: dict[str, Any]) -> bytes:
     # raw UTF-8 like vLLM's pydantic serialiser, so pieces can split a character
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
@@ -176,7 +166,7 @@ def stream_events(chat: bool, texts: list[str], mode: str, prompt: int) -> list[
     def frame(choice: dict[str, Any], completion: int) -> Event:
         payload: dict[str, Any] = {"id": "r", "object": kind, "choices": [choice]}
         if mode == "cumulative":
-            payload["usage"] = usage(prompt, completion)
+            payload["usage"] = se.usage(prompt, completion)
         elif mode == "final":
             payload["usage"] = None
         has_text = bool(choice.get("text") or choice.get("delta", {}).get("content"))
@@ -189,7 +179,7 @@ def stream_events(chat: bool, texts: list[str], mode: str, prompt: int) -> list[
         choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
         events.append(frame(choice, index + 1))
     if mode != "none":
-        final = {"id": "r", "object": kind, "choices": [], "usage": usage(prompt, len(texts))}
+        final = {"id": "r", "object": kind, "choices": [], "usage": se.usage(prompt, len(texts))}
         events.append(Event(sse(final), completion=len(texts), usage_only=True))
     events.append(Event(b"data: [DONE]\n\n"))
     return events
@@ -206,12 +196,45 @@ def reply_body(chat: bool, texts: list[str], mode: str, prompt: int) -> bytes:
     body: dict[str, Any] = {"id": "r", "object": "chat.completion", "model": "m"}
     body["choices"] = [choice]
     if mode != "none":
-        body["usage"] = usage(prompt, len(texts))
+        body["usage"] = se.usage(prompt, len(texts))
     return json.dumps(body, ensure_ascii=False).encode()
 
 
 # ---------------------------------------------------------------- what must be charged
 Tokens = dict[str, int]
+
+
+class Counted(NamedTuple):
+    """What the proxy counted between two scrapes: requests by (tenant, outcome), accounted
+    requests by (tenant, usage_source, accounting), tokens by (tenant, usage_source,
+    token_type), upstream errors by reason, and the tokens charged by type."""
+
+    outcomes: dict[tuple[str, ...], float]
+    accounted: dict[tuple[str, ...], float]
+    tokens: dict[tuple[str, ...], float]
+    errors: dict[tuple[str, ...], float]
+    charged: Tokens
+
+
+def counted(before: Samples, after: Samples) -> Counted:
+    """The counters the stream and the reply properties both judge a request by."""
+    tokens = deltas(
+        before, after, "inferwatch_tenancy_tokens_total", "tenant", "usage_source", "token_type"
+    )
+    return Counted(
+        deltas(before, after, "inferwatch_tenancy_requests_total", "tenant", "outcome"),
+        deltas(
+            before,
+            after,
+            "inferwatch_tenancy_accounted_requests_total",
+            "tenant",
+            "usage_source",
+            "accounting",
+        ),
+        tokens,
+        deltas(before, after, "inferwatch_tenancy_upstream_errors_total", "reason"),
+        {token_type: int(value) for (_, _, token_type), value in tokens.items()},
+    )
 
 
 def reported_tokens(prompt: int, completion: int) -> Tokens:
@@ -388,28 +411,15 @@ def check_stream(stack: Stack, case: Case, before: Samples) -> None:
     forwarded = stack.engine.requests[0]
     assert forwarded["stream_options"]["include_usage"] is True  # forced on, whatever was asked
 
-    outcomes = deltas(before, after, "inferwatch_tenancy_requests_total", "tenant", "outcome")
+    outcomes, accounted, tokens, errors, charged = counted(before, after)
     assert len(outcomes) == 1 and set(outcomes.values()) == {1}, outcomes
     ((tenant, outcome),) = outcomes
     assert tenant == case.tenant
     note_case(f"stream, {case.ending}, {'client left' if leave_after is not None else 'read all'}")
     note_case(f"stream outcome: {outcome}")
-    accounted = deltas(
-        before,
-        after,
-        "inferwatch_tenancy_accounted_requests_total",
-        "tenant",
-        "usage_source",
-        "accounting",
-    )
     assert len(accounted) == 1 and set(accounted.values()) == {1}, accounted
     ((_, source, accounting),) = accounted
-    tokens = deltas(
-        before, after, "inferwatch_tenancy_tokens_total", "tenant", "usage_source", "token_type"
-    )
     assert {(t, s) for t, s, _ in tokens} <= {(case.tenant, source)}, tokens
-    charged = {token_type: int(value) for (_, _, token_type), value in tokens.items()}
-    errors = deltas(before, after, "inferwatch_tenancy_upstream_errors_total", "reason")
     estimate = estimate_prompt_tokens(case.request())
     client_left = leave_after is not None
     # a stream that ends cleanly but inside an event was cut short: malformed
@@ -510,20 +520,7 @@ def check_reply(stack: Stack, case: Case, before: Samples) -> None:
         assert leaves
     after = settled(stack.metrics, before)
 
-    outcomes = deltas(before, after, "inferwatch_tenancy_requests_total", "tenant", "outcome")
-    accounted = deltas(
-        before,
-        after,
-        "inferwatch_tenancy_accounted_requests_total",
-        "tenant",
-        "usage_source",
-        "accounting",
-    )
-    tokens = deltas(
-        before, after, "inferwatch_tenancy_tokens_total", "tenant", "usage_source", "token_type"
-    )
-    errors = deltas(before, after, "inferwatch_tenancy_upstream_errors_total", "reason")
-    charged = {token_type: int(value) for (_, _, token_type), value in tokens.items()}
+    outcomes, accounted, tokens, errors, charged = counted(before, after)
     sources = {source for _, source, _ in tokens}
     note_case(f"reply, {case.ending}, {'client left' if leaves else 'read all'}")
     estimate = estimate_prompt_tokens(case.request())

@@ -52,8 +52,12 @@ def kit_rules() -> list[dict[str, Any]]:
 
 def demo_rules() -> list[dict[str, Any]]:
     """The demo's rules, and the drill's (with a Kubernetes API) besides."""
-    plain = automation.document(Path("token"), True, Path("haproxy.sock"))["rules"]
-    drill = automation.document(Path("token"), True, Path("haproxy.sock"), kube_host="http://k")
+    plain = automation.document(Path("token"), automation.Settings(True, Path("haproxy.sock")))[
+        "rules"
+    ]
+    drill = automation.document(
+        Path("token"), automation.Settings(True, Path("haproxy.sock"), kube_host="http://k")
+    )
     return [*plain, *(r for r in drill["rules"] if r not in plain)]
 
 

@@ -11,36 +11,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support.ports import announced_url
+from support.ports import ON_PORT_0, announced_url
 
 pytestmark = pytest.mark.proc
 
 INFERWATCH = str(Path(sys.executable).parent / "inferwatch")
-ENGINE = "http://127.0.0.1:9"  # nothing listens there: the servers start anyway
-
-SERVERS = {
-    "sidecar": (["sidecar", "--listen", "127.0.0.1:0", "--engine-url", ENGINE], "/metrics"),
-    "proxy": (
-        [
-            "proxy",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--upstream",
-            ENGINE,
-        ],
-        "/healthz",
-    ),
-    "probe": (["probe", "--listen", "127.0.0.1:0", "--target", ENGINE], "/healthz"),
-    "runbooks serve": (["runbooks", "serve", "--listen", "127.0.0.1:0"], "/healthz"),
-    "sim": (["sim", "--port", "0"], "/metrics"),
-}
 
 
-@pytest.mark.parametrize("name", sorted(SERVERS))
+@pytest.mark.parametrize("name", sorted(ON_PORT_0))
 def test_a_server_on_port_0_logs_the_port_it_bound(name: str, tmp_path: Path) -> None:
-    args, path = SERVERS[name]
+    args, path = ON_PORT_0[name]
     log = tmp_path / "server.log"
     env = {
         **os.environ,

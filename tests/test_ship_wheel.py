@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support.ports import announced_url
+from support.ports import ON_PORT_0, announced_url
 from support.shared import REPO
 
 pytestmark = pytest.mark.proc
@@ -192,41 +192,18 @@ def test_the_deployment_commands_work_from_the_wheel_in_an_empty_folder(
     assert defaulted.returncode == 0, defaulted.stderr
     assert (install.work / "generated" / "alerts" / "recording.yaml").is_file()
 
-    sidecar = start(
-        install,
-        server,
-        tmp_path / "sidecar.log",
-        "sidecar",
-        "--listen",
-        "127.0.0.1:0",
-        "--engine-url",
-        "http://127.0.0.1:9",
-    )
+    sidecar = start(install, server, tmp_path / "sidecar.log", *ON_PORT_0["sidecar"][0])
     assert not sidecar.endswith(":0")
     assert "inferwatch_engine_up" in httpx.get(sidecar + "/metrics", timeout=10).text
 
-    proxy = start(
-        install,
-        server,
-        tmp_path / "proxy.log",
-        "proxy",
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-listen",
-        "127.0.0.1:0",
-        "--upstream",
-        "http://127.0.0.1:9",
-    )
+    proxy = start(install, server, tmp_path / "proxy.log", *ON_PORT_0["proxy"][0])
     assert httpx.get(proxy + "/healthz", timeout=10).status_code == 200
 
     receiver = start(
         install,
         server,
         tmp_path / "receiver.log",
-        "runbooks",
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
+        *ON_PORT_0["runbooks serve"][0],
         "--audit-log",
         str(tmp_path / "audit.jsonl"),
     )

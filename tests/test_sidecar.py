@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.exporters import gpu
 from inferwatch.exporters.engine_collector import EngineCollector
@@ -20,6 +19,7 @@ from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.logs import JsonFormatter
 from inferwatch.serving.page_fetch import EngineScraper
 from inferwatch.serving.readiness import Condition
+from support.exposition import samples, value
 from support.shared import shared_path
 
 pytestmark = pytest.mark.unit
@@ -49,25 +49,6 @@ async def _get(sidecar: Sidecar, path: str, **headers: str) -> httpx.Response:
 
 def get(sidecar: Sidecar, path: str, **headers: str) -> httpx.Response:
     return asyncio.run(_get(sidecar, path, **headers))
-
-
-def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(text: str, name: str, **labels: str) -> float | None:
-    """The one sample called ``name`` whose labels include ``labels``."""
-    found = [
-        v
-        for (sample_name, sample_labels), v in samples(text).items()
-        if sample_name == name and set(labels.items()) <= sample_labels
-    ]
-    assert len(found) <= 1, f"{name}{labels} is ambiguous"
-    return found[0] if found else None
 
 
 def test_healthy_vllm_page_becomes_canonical_metrics(page_server: Any) -> None:

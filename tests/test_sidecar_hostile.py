@@ -27,7 +27,6 @@ import pytest
 import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.exporters.engine_checks import Limits
 from inferwatch.exporters.engine_collector import EngineCollector
@@ -38,6 +37,7 @@ from inferwatch.serving.page_fetch import (
     Inflater,
     ScrapeFailure,
 )
+from support.exposition import samples, value
 from support.wait import wait_for
 
 pytestmark = pytest.mark.unit
@@ -61,8 +61,8 @@ class _Handler(BaseHTTPRequestHandler):
         time.sleep(self.server.delay)
         status, headers, body = self.server.answer
         self.send_response(status)
-        for name, value in {"Content-Type": "text/plain; version=0.0.4", **headers}.items():
-            self.send_header(name, value)
+        for name, header_value in {"Content-Type": "text/plain; version=0.0.4", **headers}.items():
+            self.send_header(name, header_value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         with contextlib.suppress(OSError):
@@ -93,20 +93,6 @@ def engine() -> Iterator[_Engine]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(text: str, name: str, **labels: str) -> float | None:
-    found = [v for (n, ls), v in samples(text).items() if n == name and set(labels.items()) <= ls]
-    assert len(found) <= 1, f"{name}{labels} is ambiguous"
-    return found[0] if found else None
 
 
 async def get(sidecar: Sidecar, path: str) -> httpx.Response:

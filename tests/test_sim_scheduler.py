@@ -113,26 +113,11 @@ def test_prefix_cache_hit_never_covers_the_whole_prompt() -> None:
     assert again.cached_tokens == 12  # the last token is always computed
 
 
-def test_static_batching_blocks_the_queue_until_the_batch_ends() -> None:
+def admission_steps(static: bool) -> dict[str, int]:
+    """The step each of three requests is admitted at, two slots, r0 long and r1, r2 short:
+    the batching tests differ only in whether batching is static."""
     pool = BlockPool(100, BLOCK)
-    scheduler = Scheduler(pool, max_num_seqs=2, max_num_batched_tokens=256, static=True)
-    long_one, short_one, late = make_request(0, 4, 30), make_request(1, 4, 2), make_request(2, 4, 2)
-    for request in (long_one, short_one, late):
-        scheduler.add(request)
-    admitted_at: dict[str, int] = {}
-    for step in range(40):
-        plan = scheduler.schedule()
-        for request, _ in plan.admitted:
-            admitted_at[request.id] = step
-        scheduler.complete(plan)
-    assert admitted_at["r0"] == admitted_at["r1"] == 0
-    # r1 finished at step 2, but r2 waits for r0's 30 tokens
-    assert admitted_at["r2"] >= 30
-
-
-def test_continuous_batching_admits_as_soon_as_a_slot_frees() -> None:
-    pool = BlockPool(100, BLOCK)
-    scheduler = Scheduler(pool, max_num_seqs=2, max_num_batched_tokens=256)
+    scheduler = Scheduler(pool, max_num_seqs=2, max_num_batched_tokens=256, static=static)
     for request in (make_request(0, 4, 30), make_request(1, 4, 2), make_request(2, 4, 2)):
         scheduler.add(request)
     admitted_at: dict[str, int] = {}
@@ -141,7 +126,18 @@ def test_continuous_batching_admits_as_soon_as_a_slot_frees() -> None:
         for request, _ in plan.admitted:
             admitted_at[request.id] = step
         scheduler.complete(plan)
-    assert admitted_at["r2"] <= 3
+    return admitted_at
+
+
+def test_static_batching_blocks_the_queue_until_the_batch_ends() -> None:
+    admitted_at = admission_steps(static=True)
+    assert admitted_at["r0"] == admitted_at["r1"] == 0
+    # r1 finished at step 2, but r2 waits for r0's 30 tokens
+    assert admitted_at["r2"] >= 30
+
+
+def test_continuous_batching_admits_as_soon_as_a_slot_frees() -> None:
+    assert admission_steps(static=False)["r2"] <= 3
 
 
 def test_withheld_blocks_stop_admission() -> None:

@@ -495,85 +495,63 @@ def suggest(model: ModelSpec, gpu: GPUSpec, serving: ServingSpec) -> list[Sugges
 # --- presets ------------------------------------------------------------------------------------
 # Model presets are the relevant keys of each model's published config.json, so that a preset and
 # a user's config.json go through the same parser.
+
+
+def _config(
+    model_type: str,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int | None,
+    intermediate: int,
+    vocab: int,
+    max_positions: int,
+    experts: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """One checkpoint's config.json keys, written as a table row like the GPU presets.
+
+    head_dim is None where the checkpoint's config.json leaves it out (it is then derived from
+    hidden_size and num_attention_heads); experts is (num_local_experts, num_experts_per_tok)
+    for a mixture of experts. Every preset unties its embeddings and ships bf16 weights.
+    """
+    config: dict[str, Any] = {
+        "model_type": model_type,
+        "num_hidden_layers": layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": intermediate,
+        "vocab_size": vocab,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "max_position_embeddings": max_positions,
+    }
+    if head_dim is not None:
+        config["head_dim"] = head_dim
+    if experts is not None:
+        config["num_local_experts"], config["num_experts_per_tok"] = experts
+    return config
+
+
+# Columns: model_type, layers, hidden, heads, KV heads, head_dim, intermediate, vocab,
+# max_position_embeddings[, (experts, experts per token)]. Checkpoints of one shape (Llama 3.1 8B
+# and Mistral 7B v0.3) are still two rows: each is its own published config.
 MODEL_CONFIGS: dict[str, dict[str, Any]] = {
-    "meta-llama/Llama-3.1-8B-Instruct": {
-        "model_type": "llama",
-        "num_hidden_layers": 32,
-        "hidden_size": 4096,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "intermediate_size": 14336,
-        "vocab_size": 128256,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "max_position_embeddings": 131072,
-    },
-    "meta-llama/Llama-3.1-70B-Instruct": {
-        "model_type": "llama",
-        "num_hidden_layers": 80,
-        "hidden_size": 8192,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "intermediate_size": 28672,
-        "vocab_size": 128256,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "max_position_embeddings": 131072,
-    },
-    "Qwen/Qwen2.5-7B-Instruct": {
-        "model_type": "qwen2",
-        "num_hidden_layers": 28,
-        "hidden_size": 3584,
-        "num_attention_heads": 28,
-        "num_key_value_heads": 4,
-        "intermediate_size": 18944,
-        "vocab_size": 152064,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "max_position_embeddings": 32768,
-    },
-    "Qwen/Qwen3-32B": {
-        "model_type": "qwen3",
-        "num_hidden_layers": 64,
-        "hidden_size": 5120,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "intermediate_size": 25600,
-        "vocab_size": 151936,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "max_position_embeddings": 40960,
-    },
-    "mistralai/Mistral-7B-Instruct-v0.3": {
-        "model_type": "mistral",
-        "num_hidden_layers": 32,
-        "hidden_size": 4096,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "intermediate_size": 14336,
-        "vocab_size": 32768,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "max_position_embeddings": 32768,
-    },
-    "mistralai/Mixtral-8x7B-Instruct-v0.1": {
-        "model_type": "mixtral",
-        "num_hidden_layers": 32,
-        "hidden_size": 4096,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "intermediate_size": 14336,
-        "vocab_size": 32000,
-        "tie_word_embeddings": False,
-        "num_local_experts": 8,
-        "num_experts_per_tok": 2,
-        "torch_dtype": "bfloat16",
-        "max_position_embeddings": 32768,
-    },
+    "meta-llama/Llama-3.1-8B-Instruct": _config(
+        "llama", 32, 4096, 32, 8, 128, 14336, 128256, 131072
+    ),
+    "meta-llama/Llama-3.1-70B-Instruct": _config(
+        "llama", 80, 8192, 64, 8, 128, 28672, 128256, 131072
+    ),
+    "Qwen/Qwen2.5-7B-Instruct": _config("qwen2", 28, 3584, 28, 4, None, 18944, 152064, 32768),
+    "Qwen/Qwen3-32B": _config("qwen3", 64, 5120, 64, 8, 128, 25600, 151936, 40960),
+    "mistralai/Mistral-7B-Instruct-v0.3": _config(
+        "mistral", 32, 4096, 32, 8, 128, 14336, 32768, 32768
+    ),
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": _config(
+        "mixtral", 32, 4096, 32, 8, None, 14336, 32000, 32768, experts=(8, 2)
+    ),
 }
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -60,21 +61,30 @@ def shipped() -> dict[str, Any]:
     return document
 
 
-def document(
-    sidecar_token: Path,
-    execute: bool,
-    runtime: Path,
-    replicas: Sequence[Replica] = topology.REPLICAS,
-    *,
-    sidecars: Mapping[str, int] | None = None,
-    kube_host: str | None = None,
-    cooldown: str = "30m",
-) -> dict[str, Any]:
-    """The demo's mapping config (see the module docstring); ``runtime`` is HAProxy's socket,
-    ``sidecars`` each replica's sidecar port (a replica without one yet is not listed)."""
+@dataclass(frozen=True)
+class Settings:
+    """What the demo's receiver is set up with: the mapping config (:func:`document`) and the
+    receiver that is started on it (:func:`component`) take these same settings."""
+
+    #: whether the receiver acts, or only says what it would do
+    execute: bool
+    #: HAProxy's Runtime API socket
+    runtime: Path
+    #: the fleet (a spare the scenario starts included)
+    replicas: Sequence[Replica] = topology.REPLICAS
+    #: each replica's sidecar port (a replica without one yet is not listed)
+    sidecars: Mapping[str, int] | None = None
+    #: a Kubernetes API (the drill's fake one): reset-class XIDs become GPU reset requests
+    kube_host: str | None = None
+    #: every rule's cooldown
+    cooldown: str = "30m"
+
+
+def document(sidecar_token: Path, settings: Settings) -> dict[str, Any]:
+    """The demo's mapping config (see the module docstring and :class:`Settings`)."""
     base = shipped()
     models: dict[str, list[str]] = {}
-    for replica in replicas:
+    for replica in settings.replicas:
         models.setdefault(replica.model, []).append(replica.name)
     # (rule, the label that names the replica on its alert): GPU alerts carry the target's
     # ``replica``; the stalled-engine alert, summed per pod, carries ``pod`` (the replica's name)
@@ -96,7 +106,7 @@ def document(
                     "name": f"{rule['name']}-{_slug(model)}",
                     "matchers": [*rule.get("matchers", []), on_model],
                     "params": rule.get("params", {}),
-                    "cooldown": cooldown,
+                    "cooldown": settings.cooldown,
                 }
             )
     rules.append(
@@ -105,28 +115,28 @@ def document(
             "alertname": "InferwatchDegenerateOutputRising",
             "action": SHIFT,
             "params": {"scope": "version", "steps": [0.5, 1.0], "step_interval": 1},
-            "cooldown": cooldown,
+            "cooldown": settings.cooldown,
             "rollback_after": ROLLBACK_AFTER,
         }
     )
-    settings: dict[str, Any] = {
+    actions: dict[str, Any] = {
         ACTION: {
             **(base.get("actions") or {}).get(ACTION, {}),
             "token_file": str(sidecar_token),
         },
-        SHIFT: {"runtime": str(runtime)},
+        SHIFT: {"runtime": str(settings.runtime)},
     }
     listed = [
         {"instance": f"127.0.0.1:{port}", "replica": r.name, "pod": r.name, "model": r.model,
          "namespace": topology.NAMESPACE}
-        for r in replicas
-        if (port := (sidecars or {}).get(r.name))
+        for r in settings.replicas
+        if (port := (settings.sidecars or {}).get(r.name))
     ]  # fmt: skip
     inventory: dict[str, Any] = {
         "replicas": {"static": listed},
-        "gateway": {"haproxy": {"runtime": str(runtime)}},
+        "gateway": {"haproxy": {"runtime": str(settings.runtime)}},
     }
-    if kube_host is not None:
+    if settings.kube_host is not None:
         rules.append(
             {
                 "name": "gpu-reset-request-on-reset-class-xid",
@@ -134,18 +144,18 @@ def document(
                 "matchers": ['severity="critical"', 'action="reset_gpu"'],
                 "action": XID,
                 "params": {},
-                "cooldown": cooldown,
+                "cooldown": settings.cooldown,
             }
         )
-        settings[XID] = {"host": kube_host}
+        actions[XID] = {"host": settings.kube_host}
         # one GPU per simulated replica, each on its own node
-        inventory["nodes"] = {"static": [{"node": r.node, "pool": GPUS} for r in replicas]}
+        inventory["nodes"] = {"static": [{"node": r.node, "pool": GPUS} for r in settings.replicas]}
     return {
-        "execute": execute,
+        "execute": settings.execute,
         "namespaces": [topology.NAMESPACE, mapping.NO_NAMESPACE],
         "breaker": {**base["breaker"], "max_fraction": MAX_FRACTION},
         "inventory": inventory,
-        "actions": settings,
+        "actions": actions,
         "rules": rules,
     }
 
@@ -163,34 +173,15 @@ def write_tokens(workdir: Path) -> None:
         path.write_text(secrets.token_urlsafe(24) + "\n", encoding="utf-8")
 
 
-def component(
-    workdir: Path,
-    port: int,
-    execute: bool,
-    runtime: Path,
-    *,
-    replicas: Sequence[Replica] = topology.REPLICAS,
-    sidecars: Mapping[str, int] | None = None,
-    kube_host: str | None = None,
-    cooldown: str = "30m",
-) -> Component:
-    """``inferwatch runbooks serve`` on loopback, with a config written into ``workdir``
-    for ``replicas`` (the fleet, a spare the scenario starts included)."""
+def component(workdir: Path, port: int, settings: Settings) -> Component:
+    """``inferwatch runbooks serve`` on loopback, with a config written into ``workdir``."""
     config = workdir / CONFIG
-    chosen = document(
-        workdir / SIDECAR_TOKEN,
-        execute,
-        runtime,
-        replicas,
-        sidecars=sidecars,
-        kube_host=kube_host,
-        cooldown=cooldown,
-    )
+    chosen = document(workdir / SIDECAR_TOKEN, settings)
     mapping.parse(chosen, "the demo's runbook mapping")  # a bug here is caught before start
     config.write_text(yaml.safe_dump(chosen, sort_keys=False), encoding="utf-8")
     argv = [
         *INFERWATCH, "runbooks", "serve", "--config", str(config),
-        "--listen", f"127.0.0.1:{port}", "--execute" if execute else "--dry-run",
+        "--listen", f"127.0.0.1:{port}", "--execute" if settings.execute else "--dry-run",
         "--token-file", str(workdir / TOKEN), "--audit-log", str(workdir / AUDIT_LOG),
     ]  # fmt: skip
     return Component("runbooks", "", topology.url(port), "/readyz", argv)

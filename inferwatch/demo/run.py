@@ -437,14 +437,13 @@ class Demo:
         component.argv, component.url = fresh.argv, fresh.url
 
     def _runbooks(self, workdir: Path) -> Component:
-        return automation.component(
-            workdir,
-            self.ports.runbooks,
+        settings = automation.Settings(
             self.options.execute_runbooks,
             workdir / routing.RUNTIME,
             replicas=self.fleet,
             sidecars=self.ports.sidecar,
         )
+        return automation.component(workdir, self.ports.runbooks, settings)
 
     def _prometheus(self, workdir: Path, port: int) -> Component:
         assert self.options.prometheus

@@ -203,15 +203,14 @@ class Drill(Demo):
 
     def _runbooks(self, workdir: Path) -> Component:
         self.workdir = workdir
-        return automation.component(
-            workdir,
-            self.ports.runbooks,
+        settings = automation.Settings(
             True,
             workdir / routing.RUNTIME,
             sidecars=self.ports.sidecar,
             kube_host=self.kube_url,
             cooldown="5s",
         )
+        return automation.component(workdir, self.ports.runbooks, settings)
 
     # --- the drill ------------------------------------------------------------------------------
     async def session(
@@ -324,9 +323,7 @@ class Drill(Demo):
         deadline = time.monotonic() + DEADLINE
         while time.monotonic() < deadline:
             states = await routing.backends(self.gateway)
-            if all(
-                s.weight == s.initial_weight for servers in states.values() for s in servers
-            ):
+            if all(s.weight == s.initial_weight for servers in states.values() for s in servers):
                 return True
             await asyncio.sleep(0.5)
         for model, servers in states.items():

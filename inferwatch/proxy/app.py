@@ -62,7 +62,7 @@ from inferwatch.proxy.reconcile import (
     Reconciler,
     engine_token_counters,
 )
-from inferwatch.proxy.relays import JSON, PLAIN, Relays, respond
+from inferwatch.proxy.relays import JSON, PLAIN, Forward, Relays, respond
 from inferwatch.proxy.routes import STREAMABLE, Route, Router
 from inferwatch.proxy.routing import Routing
 from inferwatch.proxy.sampling import TranscribingMeter, prompt_text
@@ -535,9 +535,8 @@ class ProxyApp:
                 return await self.relays.refuse(exchange, send, refusal)
             if tracing is not None:
                 tracing.admitted(exchange)
-            await self.relays.forward_metered(
-                exchange, route, scope, receive, send, body, raw, changed
-            )
+            forward = Forward(exchange, route, scope, receive, send)
+            await self.relays.forward_metered(forward, body, raw, changed)
         finally:
             if exchange.slot == "gated":
                 self.gate.release(exchange.tenant)
@@ -567,7 +566,7 @@ class ProxyApp:
         if isinstance(raw, Refusal):
             return await self.relays.refuse(exchange, send, raw)
         try:
-            await self.relays.passthrough(exchange, route, scope, receive, send, raw)
+            await self.relays.passthrough(Forward(exchange, route, scope, receive, send), raw)
         finally:
             self._served(exchange)
 

@@ -15,6 +15,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from inferwatch.proxy import jsoncodec
@@ -50,6 +51,19 @@ async def respond(send: Send, status: int, body: bytes, headers: list[tuple[byte
     await send({"type": "http.response.body", "body": body})
 
 
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """One request as a relay forwards it: what is known of it (the exchange), where it goes
+    (the route) and the ASGI connection it came on; the metered and the allow-listed relay
+    both need all five."""
+
+    exchange: Exchange
+    route: Route
+    scope: Scope
+    receive: Receive
+    send: Send
+
+
 class Relays:
     def __init__(
         self,
@@ -72,16 +86,9 @@ class Relays:
         return [(name, value) for name, value in headers if name not in stripped]
 
     async def forward_metered(
-        self,
-        exchange: Exchange,
-        route: Route,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        body: dict[str, Any],
-        raw: bytes,
-        changed: bool,
+        self, forward: Forward, body: dict[str, Any], raw: bytes, changed: bool
     ) -> None:
+        exchange, route, send = forward.exchange, forward.route, forward.send
         stream = route.path in STREAMABLE and body.get("stream") is True
         exchange.stream = stream
         client_wants_usage = False
@@ -103,11 +110,11 @@ class Relays:
                 return await self.refuse(
                     exchange, send, Refusal(400, "rejected_bad_request", str(exc))
                 )
-        exchange.watcher = watcher = DisconnectWatcher(receive)
+        exchange.watcher = watcher = DisconnectWatcher(forward.receive)
         try:
             try:
                 response = await self.pool.request(
-                    "POST", route.target, self.forward_headers(scope["headers"]), raw
+                    "POST", route.target, self.forward_headers(forward.scope["headers"]), raw
                 )
             except UpstreamError as exc:
                 return await self.upstream_failed(exchange, send, exc, sent=exc.reason != "connect")
@@ -289,21 +296,14 @@ class Relays:
             exchange.watcher.stop()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def passthrough(
-        self,
-        exchange: Exchange,
-        route: Route,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        raw: bytes,
-    ) -> None:
+    async def passthrough(self, forward: Forward, raw: bytes) -> None:
         """An allow-listed route's request (already authenticated), relayed as is, not metered."""
-        exchange.watcher = watcher = DisconnectWatcher(receive)
+        exchange, route, send = forward.exchange, forward.route, forward.send
+        exchange.watcher = watcher = DisconnectWatcher(forward.receive)
         try:
             try:
                 response = await self.pool.request(
-                    route.method, route.target, self.forward_headers(scope["headers"]), raw
+                    route.method, route.target, self.forward_headers(forward.scope["headers"]), raw
                 )
             except UpstreamError as exc:
                 return await self.upstream_failed(exchange, send, exc, sent=False)

@@ -21,14 +21,7 @@ from typing import Any, ClassVar
 import kubernetes  # noqa: F401  the kubernetes extra: without it this module does not import
 
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
-from inferwatch.runbooks.actions.kubernetes_api import (
-    KubernetesAction,
-    Obj,
-    alert_reason,
-    annotations_of,
-    check_params,
-    object_name,
-)
+from inferwatch.runbooks.actions.kubernetes_api import NodeAction, Obj, annotations_of
 
 PREFIX = "gpu-reset.inferwatch.io/"
 REQUESTED = "inferwatch.io/gpu-reset-requested"
@@ -78,29 +71,23 @@ def _withdraw(desired: Mapping[str, Any]) -> Any:
     return change
 
 
-class GpuResetRequest(KubernetesAction):
+class GpuResetRequest(NodeAction):
     """Request a reset of the alert's GPU (labels ``node``, ``gpu_uuid``; ``xid`` if known)."""
 
     name: ClassVar[str] = "kubernetes_request_gpu_reset"
     PARAMS: ClassVar[frozenset[str]] = frozenset()
 
     def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:
-        check_params(params, self.PARAMS, self.name)
-        node = object_name(alert.labels.get("node"), "alert label node")
+        node = self._node_of(alert, params)
         gpu = alert.labels.get("gpu_uuid", "")
         if not _UUID.match(gpu):
             raise ActionError(f"alert label gpu_uuid must be an NVML GPU UUID, got {gpu!r}")
-        reason = alert_reason(alert)
-        desired = {
-            "node": node,
+        fields = {
             "gpu_uuid": gpu,
             "xid": alert.labels.get("xid", ""),
-            "reason": reason,
-            "fingerprint": alert.fingerprint,
             "requested_at": alert.starts_at,
         }
-        group = "gpus"  # the receiver counts the inventory entry's population
-        return [Step(self.name, f"gpu {gpu} on node {node}", "gpu", group, desired, reason)]
+        return [self._step(alert, node, f"gpu {gpu} on node {node}", "gpu", "gpus", fields)]
 
     async def apply(self, step: Step) -> Outcome:
         def describe(changed: bool, node: Obj) -> str:

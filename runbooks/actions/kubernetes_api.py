@@ -19,12 +19,12 @@ import json
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from kubernetes import client, config
 from urllib3.exceptions import HTTPError
 
-from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
+from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step, Unit
 
 # the one implementation of {label} templates, shared with the replica isolation action
 
@@ -97,6 +97,39 @@ class KubernetesAction:
         """Settings: ``host`` or ``kubeconfig`` (else in-cluster), ``retries`` on 409."""
         self._api = client_for(api, host, kubeconfig)
         self._retries = retries
+
+
+class NodeAction(KubernetesAction):
+    """An action on the node an alert names (its ``node`` label): node isolation and GPU reset
+    requests plan their one step from that label and change or read the node the same way, so
+    what they share is written here once.
+
+    The step's ``desired`` carries the node, the alert's fingerprint (revert undoes only what
+    this alert asked for) and its reason (what the node's annotations say).
+    """
+
+    name: ClassVar[str]
+    PARAMS: ClassVar[frozenset[str]]
+
+    def _node_of(self, alert: Alert, params: Mapping[str, Any]) -> str:
+        """The alert's node, once the parameters are known ones (:class:`ActionError` if not)."""
+        check_params(params, self.PARAMS, self.name)
+        return object_name(alert.labels.get("node"), "alert label node")
+
+    def _step(
+        self,
+        alert: Alert,
+        node: str,
+        target: str,
+        unit: Unit,
+        group: str,
+        fields: Mapping[str, Any],
+    ) -> Step:
+        """The one step on ``node``: its ``desired`` is ``fields`` with the node, fingerprint and
+        reason; ``group`` is the inventory population the receiver counts it against."""
+        reason = alert_reason(alert)
+        desired = {"node": node, **fields, "fingerprint": alert.fingerprint, "reason": reason}
+        return Step(self.name, target, unit, group, desired, reason)
 
     async def _change_node(
         self,

@@ -18,14 +18,7 @@ from typing import Any, ClassVar
 import kubernetes  # noqa: F401  the kubernetes extra: without it this module does not import
 
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
-from inferwatch.runbooks.actions.kubernetes_api import (
-    KubernetesAction,
-    Obj,
-    alert_reason,
-    annotations_of,
-    check_params,
-    object_name,
-)
+from inferwatch.runbooks.actions.kubernetes_api import NodeAction, Obj, annotations_of
 
 TAINT_KEY = "inferwatch.io/gpu-fault"
 ISOLATION = "inferwatch.io/isolation"
@@ -128,7 +121,7 @@ def _release(fingerprint: str) -> Any:
     return change
 
 
-class NodeIsolation(KubernetesAction):
+class NodeIsolation(NodeAction):
     """Cordon a node, taint it ``NoSchedule`` (and ``NoExecute`` if asked), annotate why.
 
     Parameters: ``cordon`` (default true), ``no_execute`` (default false: evicting running
@@ -143,8 +136,7 @@ class NodeIsolation(KubernetesAction):
     )
 
     def plan(self, alert: Alert, params: Mapping[str, Any]) -> Sequence[Step]:
-        check_params(params, self.PARAMS, self.name)
-        node = object_name(alert.labels.get("node"), "alert label node")
+        node = self._node_of(alert, params)
         key = params.get("taint_key", TAINT_KEY)
         value = params.get("taint_value", "true")
         if not isinstance(key, str) or not _LABEL_KEY.match(key):
@@ -152,16 +144,11 @@ class NodeIsolation(KubernetesAction):
         if not isinstance(value, str) or not _LABEL_VALUE.match(value):
             raise ActionError(f"parameter taint_value must be a label value, got {value!r}")
         effects = ["NoSchedule"] + (["NoExecute"] if _flag(params, "no_execute", False) else [])
-        reason = alert_reason(alert)
-        desired = {
-            "node": node,
+        fields = {
             "cordon": _flag(params, "cordon", True),
             "taints": [{"key": key, "value": value, "effect": effect} for effect in effects],
-            "fingerprint": alert.fingerprint,
-            "reason": reason,
         }
-        group = "nodes"  # the receiver counts the inventory entry's population
-        return [Step(self.name, f"node {node}", "node", group, desired, reason)]
+        return [self._step(alert, node, f"node {node}", "node", "nodes", fields)]
 
     async def apply(self, step: Step) -> Outcome:
         def describe(changed: bool, node: Obj) -> str:

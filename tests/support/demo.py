@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -20,6 +21,21 @@ from support.output import Output
 
 DEMO = [sys.executable, "-P", "-m", "inferwatch", "demo", "--probe-cycle", "3", "--refresh", "5"]
 REPLICAS = [r.name for r in topology.REPLICAS]
+
+
+def pids(output: str) -> list[int]:
+    """The processes a demo or drill run announced (``pid N``), for the tests that check it
+    leaves none of them running."""
+    return [int(pid) for pid in re.findall(r"\bpid (\d+)", output)]
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still exists (signal 0 asks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 class Demo:

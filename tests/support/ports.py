@@ -107,6 +107,30 @@ def running(
         process.wait(10)
 
 
+#: an engine URL nothing listens on: our servers start without their engine
+NO_ENGINE = "http://127.0.0.1:9"
+#: each of our servers asked for port 0 with no engine behind it (``inferwatch`` ARGS), and a
+#: path it answers 200 on: the listen tests start them from the checkout and from the wheel
+ON_PORT_0: dict[str, tuple[list[str], str]] = {
+    "sidecar": (["sidecar", "--listen", "127.0.0.1:0", "--engine-url", NO_ENGINE], "/metrics"),
+    "proxy": (
+        [
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--upstream",
+            NO_ENGINE,
+        ],
+        "/healthz",
+    ),
+    "probe": (["probe", "--listen", "127.0.0.1:0", "--target", NO_ENGINE], "/healthz"),
+    "runbooks serve": (["runbooks", "serve", "--listen", "127.0.0.1:0"], "/healthz"),
+    "sim": (["sim", "--port", "0"], "/metrics"),
+}
+
+
 def announced_url(process: subprocess.Popen[bytes], log: Path, what: str) -> str:
     """The ``listen`` URL an inferwatch server logs once it has bound (``--listen HOST:0``
     gets a port from the OS); fails with the log's last line if the server exits first."""

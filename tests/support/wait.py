@@ -7,9 +7,10 @@ between them so that the event loop it shares with what it waits for keeps turni
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import httpx
@@ -23,12 +24,21 @@ What = str | Callable[[], str]
 
 
 class _Deadline:
-    """When a wait gives up, and the one failure it gives up with."""
+    """When a wait gives up, and the one failure it gives up with; both waits check through
+    :meth:`attempt`, so they count errors as "not yet" the same way."""
 
-    def __init__(self, what: What, timeout: float) -> None:
-        self.what, self.timeout = what, timeout
+    def __init__(self, what: What, timeout: float, ignore: tuple[type[Exception], ...]) -> None:
+        self.what, self.timeout, self.ignore = what, timeout, ignore
         self.at = time.monotonic() + timeout
         self.last_error: Exception | None = None
+
+    @contextlib.contextmanager
+    def attempt(self) -> Iterator[None]:
+        """One check: an error in ``ignore`` means "not yet", and is kept for the failure."""
+        try:
+            yield
+        except self.ignore as exc:
+            self.last_error = exc
 
     def fail_if_passed(self) -> None:
         if time.monotonic() < self.at:
@@ -52,13 +62,10 @@ def wait_for(
     Every wait has a deadline so that a broken test fails instead of hanging; errors in
     ``ignore`` (by default an HTTP call to a server still starting) count as "not yet".
     """
-    deadline = _Deadline(what, timeout)
+    deadline = _Deadline(what, timeout, ignore)
     while True:
-        try:
+        with deadline.attempt():
             result = check()
-        except ignore as exc:
-            deadline.last_error = exc
-        else:
             if result:
                 return result
         deadline.fail_if_passed()
@@ -75,14 +82,11 @@ async def wait_until(
 ) -> T:
     """``wait_for`` inside a coroutine: ``check`` may be a coroutine function too, and the
     pause between checks is an ``asyncio.sleep``, never a blocking one."""
-    deadline = _Deadline(what, timeout)
+    deadline = _Deadline(what, timeout, ignore)
     while True:
-        try:
+        with deadline.attempt():
             outcome = check()
             result = await outcome if inspect.isawaitable(outcome) else outcome
-        except ignore as exc:
-            deadline.last_error = exc
-        else:
             if result:
                 return result
         deadline.fail_if_passed()
