@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from inferwatch.demo import topology
-from inferwatch.drill.run import SCENARIOS
+from inferwatch.drill.run import LONG_GENERATION, SCENARIOS
+from inferwatch.probes import golden
 from support.demo import alive, pids
 
 pytestmark = [
@@ -35,6 +36,16 @@ def test_the_mass_gpu_fault_kills_the_primary_and_leaves_the_fallback_model_to_s
     nodes = {r.node for r in topology.REPLICAS if r.name in faulted}
     assert all(r.node not in nodes for r in topology.REPLICAS if r.role == "fallback")
     assert {name for step in mass.repair for name in step.replicas} == primary
+
+
+def test_the_degenerate_version_spares_every_golden_probe_and_not_the_long_live_answers() -> None:
+    """Only the live screening can see it: the quality gate does not race the alert."""
+    (degenerate,) = [s for s in SCENARIOS if s.name == "degenerate-version"]
+    (step,) = degenerate.fault
+    least = step.faults["degenerate"]["min_tokens"]
+    assert least == LONG_GENERATION > max(g.max_tokens for g in golden.load().probes)
+    primary = [t for t in topology.TENANTS if t.role == "primary" and t.share > 0]
+    assert any(t.max_tokens[1] >= least for t in primary)
 
 
 @pytest.mark.timeout(900)

@@ -77,6 +77,7 @@ def test_admin_endpoint_needs_the_bearer_token(sim: SimHandle) -> None:
         ({"explode": True}, "unknown fault 'explode'"),
         ({"error_rate": 2}, "error_rate must be between 0 and 1"),
         ({"degenerate": "shouting"}, "degenerate must be one of"),
+        ({"degenerate": {"mode": "empty", "min_tokens": 1.5}}, "min_tokens must be a whole"),
         ({"gpu": [{"index": 9, "xid": 79}]}, "index must be between 0 and 0"),
     ],
 )
@@ -146,6 +147,17 @@ def test_degenerate_output(sim: SimHandle, mode: str, check: Any) -> None:
         value(after, "vllm:request_success_total", finished_reason=reason)
         == value(before, "vllm:request_success_total", finished_reason=reason) + 1
     )
+
+
+def test_a_degenerate_fault_with_min_tokens_spares_shorter_requests(sim: SimHandle) -> None:
+    """A loop that only long generations fall into: short golden probes still pass."""
+    question = "What is 17 + 25? Reply with the number only."
+    inject(sim, {"degenerate": {"mode": "repetition", "min_tokens": 96}})
+    short = chat(sim.url, question, max_tokens=95).json()["choices"][0]["message"]["content"]
+    long = chat(sim.url, question, max_tokens=96).json()
+    assert short == "42"
+    assert long["usage"]["completion_tokens"] == 96, long
+    assert len(set(long["choices"][0]["message"]["content"].split())) == 1, long
 
 
 def test_xid_kills_the_engine_until_reset(sim: SimHandle) -> None:

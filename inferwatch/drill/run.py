@@ -41,6 +41,9 @@ CONTROL = 20.0
 DEADLINE = 90.0
 #: a replica counts as out of (back in) rotation once this long passes without (with) it
 QUIET = 3.0
+#: max_tokens from which the degenerate-version fault strikes: above every golden probe's
+LONG_GENERATION = 96
+DEGENERATE_ON_LONG = {"mode": "repetition", "rate": 0.9, "min_tokens": LONG_GENERATION}
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,12 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     Scenario(
         "degenerate-version",
-        "model version v2-fp8 (primary-v2) answers with repetitions",
-        [_inject(["primary-v2"], {"degenerate": {"mode": "repetition", "rate": 0.9}})],
+        "model version v2-fp8 (primary-v2) falls into repetitions on long generations",
+        # long ones only (the golden probes ask for at most 64 tokens): the probes keep
+        # passing, so only the proxies' screening of live answers sees it, and the alert
+        # and its traffic shift are what take the version out, not the quality gate racing
+        # them (which, on a busy machine, took it out before any live answer was screened)
+        [_inject(["primary-v2"], {"degenerate": DEGENERATE_ON_LONG})],
         [_clear(["primary-v2"]), _repair(["primary-v2"])],
         "InferwatchDegenerateOutputRising",
         "shift_traffic",

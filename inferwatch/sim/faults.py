@@ -7,6 +7,8 @@ value changes nothing)::
     slow_factor: 4          # every engine step takes 4x as long
     error_rate: 0.2         # this share of requests is answered with HTTP 500
     degenerate: repetition  # or {mode: repetition|empty|wrong_script|wrong_answer, rate: 0.5}
+                            # min_tokens: N, only completions allowed N tokens or more (their
+                            # max_tokens): a loop long generations fall into, short probes miss
     hang: true              # the engines stop stepping; /health answers 503
     kv_exhaustion: 0.95     # this share of KV blocks becomes unusable (preemption, queueing)
     gpu:                    # hardware events on GPU `index` (0-based over all ranks' GPUs)
@@ -44,6 +46,8 @@ class Faults:
     error_rate: float = 0.0
     degenerate: str | None = None
     degenerate_rate: float = 1.0
+    #: only requests whose max_tokens is at least this many degenerate
+    degenerate_min_tokens: int = 0
     hang: bool = False
     kv_exhaustion: float = 0.0
 
@@ -53,7 +57,11 @@ class Faults:
             "error_rate": self.error_rate,
             "degenerate": None
             if self.degenerate is None
-            else {"mode": self.degenerate, "rate": self.degenerate_rate},
+            else {
+                "mode": self.degenerate,
+                "rate": self.degenerate_rate,
+                "min_tokens": self.degenerate_min_tokens,
+            },
             "hang": self.hang,
             "kv_exhaustion": self.kv_exhaustion,
         }
@@ -149,18 +157,23 @@ def parse(data: Any, current: Faults, gpu_count: int) -> tuple[Faults, list[GpuE
     if "degenerate" in data:
         spec = data["degenerate"]
         if isinstance(spec, Mapping):
-            unknown = sorted(set(spec) - {"mode", "rate"})
+            unknown = sorted(set(spec) - {"mode", "rate", "min_tokens"})
             if unknown:
-                raise FaultError(f"unknown degenerate field {unknown[0]!r}; known: mode, rate")
-        mode, rate = (
-            (spec.get("mode"), spec.get("rate", 1.0)) if isinstance(spec, Mapping) else (spec, 1.0)
+                raise FaultError(
+                    f"unknown degenerate field {unknown[0]!r}; known: mode, rate, min_tokens"
+                )
+        mode, rate, min_tokens = (
+            (spec.get("mode"), spec.get("rate", 1.0), spec.get("min_tokens", 0))
+            if isinstance(spec, Mapping)
+            else (spec, 1.0, 0)
         )
         if mode is not None and (not isinstance(mode, str) or mode not in DEGENERATE_MODES):
             raise FaultError(
                 f"degenerate must be one of {', '.join(DEGENERATE_MODES)} or null, not {mode!r}"
             )
         rate = _number({"degenerate.rate": rate}, "degenerate.rate", 0, 1)
-        faults = replace(faults, degenerate=mode, degenerate_rate=rate)
+        least = _whole({"degenerate.min_tokens": min_tokens}, "degenerate.min_tokens", 0, 1 << 20)
+        faults = replace(faults, degenerate=mode, degenerate_rate=rate, degenerate_min_tokens=least)
     raw_events = data.get("gpu", [])
     if not isinstance(raw_events, list):
         raise FaultError("gpu must be a list of {index, xid | ecc_* | remap*} entries")

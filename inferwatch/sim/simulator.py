@@ -332,7 +332,11 @@ class Simulator:
                 "in the completion). Please reduce the length of the messages or completion.",
             )
         degenerate = None
-        if self.faults.degenerate and self._rng.random() < self.faults.degenerate_rate:
+        if (
+            self.faults.degenerate
+            and max_tokens >= self.faults.degenerate_min_tokens
+            and self._rng.random() < self.faults.degenerate_rate
+        ):
             degenerate = self.faults.degenerate
         tools = body.get("tools")
         tools_offered = chat and bool(tools) and body.get("tool_choice") != "none"
