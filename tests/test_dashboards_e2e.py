@@ -13,12 +13,9 @@ checked against the same stack.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +33,7 @@ from inferwatch.dashboards import queries, writer
 from inferwatch.dashboards.snapshot import DRAWN_OVER_TIME
 from inferwatch.demo import topology
 from inferwatch.mixin import config as alert_config
+from support.ports import fixed_run
 from support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -68,24 +66,6 @@ EMPTY_BY_DESIGN = {
 SCRAPE_S = 2.0
 DATA_DEADLINE_S = 75.0
 DEMO_START_S = 180.0
-
-
-def free_base() -> int:
-    """A --base-port whose every demo port (and the test's Prometheus port) is free now."""
-    for base in range(21000 + os.getpid() % 2000 * 10, 60000, 97):
-        ports = topology.Ports.assign(base)
-        wanted = [ports.prometheus, ports.gateway, ports.gateway_metrics]  # the demo runs HAProxy
-        for field in dataclasses.fields(ports):
-            value = getattr(ports, field.name)
-            wanted += value.values() if isinstance(value, Mapping) else []
-        with ExitStack() as stack:
-            try:
-                for port in wanted:
-                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return base
-    raise RuntimeError("no run of free ports")
 
 
 def prometheus_config(ports: topology.Ports) -> str:
@@ -153,7 +133,7 @@ def wait_ready(url: str, timeout: float) -> None:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("dashboards-e2e")
-    base = free_base()
+    base = fixed_run(topology.Ports.count(topology.REPLICAS))
     ports = topology.Ports.assign(base)
     (work / "scenario.yaml").write_text(SCENARIO)
     (work / "prometheus.yml").write_text(prometheus_config(ports))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 from collections.abc import Callable, Iterator, Sequence
@@ -41,6 +42,34 @@ def pick_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+#: Linux's ip_local_port_range: where the kernel picks a port for a bind to port 0
+LOCAL_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def fixed_run(count: int) -> int:
+    """The first of ``count`` consecutive loopback ports, all free now, for a program that
+    takes fixed ports (the demo's ``--base-port``, with a Prometheus configured for them).
+
+    The run lies below the ports the kernel hands to binds on port 0, which is how every other
+    server a test starts binds, so no test on the other worker can take one of them between
+    now and the program's own binds (a run inside that range lost such races)."""
+    try:
+        floor = int(LOCAL_PORT_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        floor = 32768
+    bases = list(range(10000, floor - count, count))
+    start = os.getpid() % len(bases)  # concurrent runs of the suite start apart
+    for base in bases[start:] + bases[:start]:
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + count):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports below {floor}")
 
 
 def start_on_free_port(
