@@ -31,7 +31,7 @@ import pytest
 TIERS: dict[str, float | None] = {
     "unit": 3,
     "proc": 8,
-    "e2e": 8,
+    "e2e": 6,
     "realengine": 8,
     "gpu": None,
 }
@@ -194,15 +194,25 @@ class TierClock:
         return total
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        """Per tier: the time it took and its CI budget; over budget is flagged, never failed."""
+        """Per tier: the time it took, its CI budget (over budget is flagged, never failed)
+        and when in the run its first test started and its last one ended."""
         if not self.phases:
             return
+        began = min(start for phases in self.phases.values() for start, _ in phases)
         terminalreporter.section("time per tier")
-        terminalreporter.write_line(f"{'tier':<11} {'spent':>8} {'budget':>8}")
+        terminalreporter.write_line(f"{'tier':<11} {'spent':>8} {'budget':>8}   from    to")
         for tier, budget in TIERS.items():
             if tier not in self.phases:
                 continue
             minutes = self.seconds(tier) / 60
             shown = f"{budget:g} min" if budget is not None else "-"
+            first = min(start for start, _ in self.phases[tier]) - began
+            last = max(stop for _, stop in self.phases[tier]) - began
             over = "  OVER BUDGET" if budget is not None and minutes > budget else ""
-            terminalreporter.write_line(f"{tier:<11} {minutes:>4.1f} min {shown:>8}{over}")
+            terminalreporter.write_line(
+                f"{tier:<11} {minutes:>4.1f} min {shown:>8}  {_clock(first)} {_clock(last)}{over}"
+            )
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds // 60):>2}:{int(seconds % 60):02d}"
