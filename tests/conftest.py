@@ -7,6 +7,7 @@ exist at once; the guard below fails the run when that happens.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import threading
@@ -38,6 +39,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if leaked:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         print(f"\nimport-mapping guard: bare top-level modules were imported: {leaked}")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under scripts/faketime-pytest, skip a test marked ``real_clock(reason)``: one that
+    compares Python's clock with a process that cannot see the faked one."""
+    marker = item.get_closest_marker("real_clock")
+    if marker is not None and "libfaketime" in os.environ.get("LD_PRELOAD", ""):
+        pytest.skip(f"under faketime: {marker.args[0]}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
