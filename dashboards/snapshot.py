@@ -15,7 +15,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -245,7 +245,7 @@ def fetch(
             if len(drawn) < MAX_SERIES:
                 drawn.append(Series(
                     legend(target.get("legendFormat", ""), series.labels),
-                    [datetime.fromtimestamp(t) for t, _ in points], [v for _, v in points],
+                    [datetime.fromtimestamp(t, UTC) for t, _ in points], [v for _, v in points],
                 ))  # fmt: skip
     return drawn, total - len(drawn)
 
@@ -326,7 +326,7 @@ def _draw(
         ax.set_yticks([0, 1])
     _thresholds(ax, panel, series, unit)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: format_value(v, unit)))
-    ax.set_xlim(datetime.fromtimestamp(window.start), datetime.fromtimestamp(window.end))
+    ax.set_xlim(datetime.fromtimestamp(window.start, UTC), datetime.fromtimestamp(window.end, UTC))
     ticks = time_ticks(window.start, window.end)
     ax.set_xticks(ticks, [tick.strftime(window.clock) for tick in ticks])
     ax.grid(True, linewidth=0.3, alpha=0.6)
@@ -338,11 +338,13 @@ def _draw(
 
 
 def time_ticks(start: float, end: float, most: int = 6) -> list[datetime]:
-    """Ticks at the first round interval that gives at most ``most`` of them in the window."""
+    """Ticks at the first round interval that gives at most ``most`` of them in the window,
+    in UTC: round there whatever the local zone's offset (India's +5:30 would put an hourly
+    tick at :30), and the time Prometheus and Alertmanager show."""
     step = next((s for s in TICK_STEPS if (end - start) / s <= most), TICK_STEPS[-1])
     first = math.ceil(start / step) * step
     count = int((end - first) // step) + 1
-    return [datetime.fromtimestamp(first + i * step) for i in range(count)]
+    return [datetime.fromtimestamp(first + i * step, UTC) for i in range(count)]
 
 
 def _thresholds(ax: Any, panel: Mapping[str, Any], series: Sequence[Series], unit: str) -> None:
@@ -499,8 +501,9 @@ def snapshot(dashboard: str, prometheus: str, since: str, out: Path | None, var:
         mismatch = rules_mismatch(board, config, prom.recording_rules())
         if mismatch is not None:
             click.echo(mismatch, err=True)
-        subtitle = f"last {since} to {datetime.now():%Y-%m-%d %H:%M} · {shown}"
         window = Window.last(back.seconds)
+        until = datetime.fromtimestamp(window.end, UTC)
+        subtitle = f"last {since} to {until:%Y-%m-%d %H:%M} UTC · {shown}"
         grafana = window.grafana(values, interval.seconds)
         total, with_data = render(board, prom, grafana, window, target, subtitle)
     if with_data == 0:

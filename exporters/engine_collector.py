@@ -156,10 +156,11 @@ class EngineCollector:
             self._record_failure(scrape, internal)
             raise internal from exc
         self._maybe_discover_version(self.engine or "")
-        self.up = True
-        self.last_error = ""
-        self.own_fault = ""
-        self.last_outcome_at = time.monotonic()
+        if scrape is not self._counted:  # else a waiter's deadline passed first: a timeout
+            self.up = True
+            self.last_error = ""
+            self.own_fault = ""
+            self.last_outcome_at = time.monotonic()
         return families
 
     def _map(self, page: FetchedPage) -> list[Metric]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from collections.abc import Callable, Iterator
@@ -28,6 +29,14 @@ pytest_plugins = [
     "support.llamacpp",
     "pytester",
 ]
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under scripts/faketime-pytest, skip a test marked ``real_clock(reason)``: one that
+    compares Python's clock with a process that cannot see the faked one."""
+    marker = item.get_closest_marker("real_clock")
+    if marker is not None and "libfaketime" in os.environ.get("LD_PRELOAD", ""):
+        pytest.skip(f"under faketime: {marker.args[0]}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

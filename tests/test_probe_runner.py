@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -227,12 +227,28 @@ def served() -> AsyncIterator[tuple[TestClient, dict[str, FakeEngine], ProbeRunn
         yield test_client, engines, runner
 
 
+_T = TypeVar("_T")
+
+
+def on_the_servers_loop(test_client: TestClient, read: Callable[[], _T]) -> _T:
+    """Read the runner's state where it changes, on the server's loop: from the test's own
+    thread a window (a deque) can change while a verdict iterates it."""
+    assert test_client.portal is not None
+    return test_client.portal.call(read)
+
+
 def test_server_metrics_readyz_and_quality_failure(
     served: tuple[TestClient, dict[str, FakeEngine], ProbeRunner],
 ) -> None:
     test_client, engines, runner = served
     assert test_client.get("/healthz").text == "ok\n"
-    wait_for(lambda: sum(runner.metrics.runs.values()) >= 8 * len(GOLDENS), "four probe rounds")
+    wait_for(
+        lambda: (
+            on_the_servers_loop(test_client, lambda: sum(runner.metrics.runs.values()))
+            >= 8 * len(GOLDENS)
+        ),
+        "four probe rounds",
+    )
     ready = test_client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["ready"] is True
     samples = _samples(test_client.get("/metrics").text)
@@ -250,7 +266,13 @@ def test_server_metrics_readyz_and_quality_failure(
     )
     assert any(name == "inferwatch_probe_duration_seconds_count" for name, _ in samples)
     engines["b"].fault = "empty"
-    wait_for(lambda: runner.verdict_for(runner.targets[1])[1] == "fail", "b's verdict to fail")
+    wait_for(
+        lambda: (
+            on_the_servers_loop(test_client, lambda: runner.verdict_for(runner.targets[1]))[1]
+            == "fail"
+        ),
+        "b's verdict to fail",
+    )
     ready = test_client.get("/readyz")
     assert ready.status_code == 503
     quality = next(c for c in ready.json()["conditions"] if c["name"] == "quality")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,32 @@ def test_time_ticks_fall_on_round_times(window: int, step: int) -> None:
     ticks = time_ticks(end - window, end)
     assert 2 <= len(ticks) <= 6
     assert all(t.timestamp() % step == 0 for t in ticks)
-    assert ticks[0] >= datetime.fromtimestamp(end - window)
+    assert ticks[0] >= datetime.fromtimestamp(end - window, UTC)
+
+
+@pytest.fixture
+def local_zone(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Set the process's local time zone (TZ and tzset), restored afterwards."""
+
+    def use(zone: str) -> None:
+        monkeypatch.setenv("TZ", zone)
+        time.tzset()
+
+    yield use
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_time_ticks_are_round_utc_times_in_a_half_hour_zone(
+    local_zone: Callable[[str], None],
+) -> None:
+    local_zone("America/St_Johns")  # UTC-3:30: local round hours are UTC's :30
+    end = 1_800_000_000.0  # 2027-01-15 08:00 UTC
+    ticks = time_ticks(end - 86400, end)
+    assert all(t.utcoffset() == timedelta(0) for t in ticks)
+    assert [t.strftime("%m-%d %H:%M") for t in ticks] == [
+        "01-14 12:00", "01-14 18:00", "01-15 00:00", "01-15 06:00",
+    ]  # fmt: skip
 
 
 def prometheus_answering(handler: Callable[[httpx.Request], httpx.Response]) -> Prometheus:
