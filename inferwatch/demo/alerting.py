@@ -13,14 +13,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
 from inferwatch.alerts import alertmanager, writer
-from inferwatch.mixin import config
+from inferwatch.mixin import config, recording
 from inferwatch.mixin import files as generated
-
-#: the generated file of recording rules
-RECORDING = "recording.yaml"
+from inferwatch.mixin.model import Group, Recording
 
 
 def demo_config(path: Path | None = None) -> config.Config:
@@ -42,23 +38,26 @@ def write_rules(folder: Path, chosen: config.Config) -> list[Path]:
     the boards a user imports into Grafana draw against the demo as well as its own."""
     files = writer.render(chosen)
     rules = {name: text for name, text in files.items() if "/" not in name}  # not the CR, AM
-    boards = _recording_rules_besides(writer.render(config.load())[RECORDING], rules[RECORDING])
+    default = config.load()
+    boards = _recording_besides(recording.groups(default), recording.groups(chosen))
     if boards:
-        rules[BOARDS_RECORDING] = boards
+        document = {"groups": [writer.group_dict(g, default) for g in boards]}
+        rules[BOARDS_RECORDING] = writer.MARKER + generated.dump(document)
     generated.write(folder, rules, writer.KINDS)
     return sorted(folder / name for name in rules)
 
 
-def _recording_rules_besides(rule_file: str, other: str) -> str | None:
-    """``rule_file`` less the rules whose series ``other`` records; None when none is left."""
-    recorded = {rule.get("record") for group in yaml.safe_load(other)["groups"]
-                for rule in group["rules"]}  # fmt: skip
-    groups = []
-    for group in yaml.safe_load(rule_file)["groups"]:
-        kept = [rule for rule in group["rules"] if rule["record"] not in recorded]
-        if kept:
-            groups.append({**group, "name": f"boards-{group['name']}", "rules": kept})
-    return yaml.safe_dump({"groups": groups}, sort_keys=False) if groups else None
+def _recording_besides(groups: list[Group], other: list[Group]) -> list[Group]:
+    """``groups`` less the rules whose series ``other`` records, renamed apart from it."""
+    recorded = {rule.record for group in other for rule in group.rules
+                if isinstance(rule, Recording)}  # fmt: skip
+    kept = []
+    for group in groups:
+        rules = tuple(r for r in group.rules
+                      if isinstance(r, Recording) and r.record not in recorded)  # fmt: skip
+        if rules:
+            kept.append(replace(group, name=f"boards-{group.name}", rules=rules))
+    return kept
 
 
 def alertmanager_config(
