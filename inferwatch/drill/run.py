@@ -18,7 +18,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -113,12 +113,14 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     Scenario(
         "redis-dies",
-        "the proxies' Redis is killed mid-flood of tenant initech, then restarted",
+        "the proxies' Redis is killed mid-flood of tenant hooli, then restarted",
         [],
         [],
         "InferwatchSharedStateDown",
         None,  # the failure policy is the response: fail_open, budget / N on each proxy
-        flood="initech",
+        # hooli sends nothing else: its budget window has room from the start, where
+        # initech's share of the load and the flood before spend it
+        flood="hooli",
         kills_redis=True,
     ),
     Scenario(
@@ -249,8 +251,6 @@ class Drill(Demo):
     ) -> Timeline:
         line = Timeline(scenario.name, scenario.about)
         self.progress(f"{scenario.name}: {scenario.about}")
-        if scenario.kills_redis and scenario.flood is not None:
-            await self._fresh_window(scenario.flood)
         start_audit = len(self._audit())
         line.fault = self._now()
         flood = None
@@ -258,8 +258,9 @@ class Drill(Demo):
             await self._apply(step, http, load)
         if scenario.flood is not None:
             tenant = next(t for t in topology.TENANTS if t.name == scenario.flood)
+            alone = replace(tenant, share=1.0)  # every request of the flood is the tenant's
             flood = LoadGenerator(http, topology.url(self.ports.gateway),
-                                  {tenant.role: topology.replica("fallback").model}, [tenant], 25.0,
+                                  {tenant.role: topology.replica("fallback").model}, [alone], 25.0,
                                   seed=7)  # fmt: skip
             flood_task = asyncio.create_task(flood.run())
         redis = self.supervisor.find("redis", "") if scenario.kills_redis else None
@@ -339,15 +340,6 @@ class Drill(Demo):
                     gateway.backend_name(model), server.name, server.initial_weight
                 )
         return False
-
-    async def _fresh_window(self, tenant_name: str) -> None:
-        """Wait until the tenant's budget window (aligned to the clock, as the proxies' books
-        are) has just begun, so that it has room when Redis dies: an earlier flood may have
-        spent the last window, and then the local bound would admit nothing to measure."""
-        tenant = next(t for t in topology.TENANTS if t.name == tenant_name)
-        window = Duration.parse(tenant.budget_window).seconds
-        await asyncio.sleep(window - time.time() % window)
-        self.progress(f"  {tenant_name}'s budget window begins")
 
     def _proxy_metrics(self) -> list[str]:
         return [topology.url(port) for port in self.ports.proxy_metrics.values() if port]
