@@ -103,11 +103,16 @@ def test_the_scaling_signals_cross_their_targets_before_the_ttft_slo_burns(
             return up + after - time.monotonic()
 
         slo = f"{burn} > {promql.number(budget)}"
-        wait_for(lambda: _query(url, slo), burning, left(last_step + BURN_DEADLINE), interval=1)
+        wait_for(lambda: demo.running() and _query(url, slo), burning,
+                 left(last_step + BURN_DEADLINE), interval=1)  # fmt: skip
         # the scale-out's replica serves (after the burn: its cold start is the longer)
         joined = f"sum(inferwatch_tenancy_requests_total{{{new}}}) > 0"
         wait_for(
-            lambda: _query(url, joined) and _query(url, _selector(STARTUP, (new, SERVING))),
+            lambda: (
+                demo.running()
+                and _query(url, joined)
+                and _query(url, _selector(STARTUP, (new, SERVING)))
+            ),
             lambda: f"{NEW.name} to take a client request\n{demo.output}",
             left(scale_out + JOIN_DEADLINE),
             interval=1,

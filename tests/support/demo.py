@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from inferwatch.alerts import build
 from inferwatch.demo import alerting, automation, topology
@@ -53,6 +54,14 @@ class Demo:
     @property
     def output(self) -> str:
         return self.out.text
+
+    def running(self) -> bool:
+        """True while the demo runs; once it has stopped (a component died, say), fails at
+        once with what it printed, rather than letting a wait on its servers run out."""
+        if self.process.poll() is not None:
+            self.out.ended.wait(10)
+            pytest.fail(f"the demo stopped (exit {self.process.returncode}):\n{self.output}")
+        return True
 
     @property
     def up_at(self) -> float:

@@ -43,7 +43,10 @@ class _Deadline:
     def fail_if_passed(self) -> None:
         if time.monotonic() < self.at:
             return
-        what = self.what if isinstance(self.what, str) else self.what()
+        try:
+            what = self.what if isinstance(self.what, str) else self.what()
+        except Exception as exc:  # the description reads a server that may be gone too
+            what = f"what it waited for (describing it failed: {exc!r})"
         detail = f" (last error: {self.last_error!r})" if self.last_error else ""
         pytest.fail(f"timed out after {self.timeout:g} s waiting for {what}{detail}")
 
