@@ -989,3 +989,78 @@ def test_an_answer_from_a_replicas_second_proxy_counts_for_the_replica() -> None
             return load.history[-1].replica
 
     assert asyncio.run(one()) == "primary-v1"
+
+
+def _arrivals(rate: float, seconds: float, late: Callable[[float], float]) -> list[float]:
+    """The schedule ``next_arrival`` keeps for a client that wakes ``late(due)`` after each
+    arrival is due (its event loop busy with other work)."""
+    import random
+
+    from inferwatch.demo.loadgen import next_arrival
+
+    rng, due, sent = random.Random(7), 0.0, []
+    while due < seconds:
+        due = next_arrival(due, due + late(due), rate, rng) if sent else rng.expovariate(rate)
+        sent.append(due)
+    return sent[:-1]
+
+
+@pytest.mark.unit
+def test_a_client_that_wakes_late_still_sends_the_rate_asked_for() -> None:
+    """Gaps are drawn from the schedule, not from each late wake-up: a client 50 ms late on
+    every arrival at 20 req/s sent half the rate when each gap started at its wake-up."""
+    on_time = _arrivals(20, 100, lambda due: 0.0)
+    late = _arrivals(20, 100, lambda due: 0.05)
+    assert abs(len(on_time) - 2000) < 100, len(on_time)
+    assert len(late) == len(on_time)
+
+
+@pytest.mark.unit
+def test_a_stalled_client_catches_up_on_at_most_a_second_of_arrivals() -> None:
+    """A 10 s stall at t=5 s sends a burst of about one second's requests, not ten seconds'."""
+    from inferwatch.demo.loadgen import MAX_BACKLOG_S
+
+    sent = _arrivals(20, 30, lambda due: 10.0 if 5.0 <= due < 5.06 else 0.0)
+    burst = [t for t in sent if 5.0 <= t < 15.0]
+    assert 0 < len(burst) <= 20 * MAX_BACKLOG_S * 2, len(burst)
+    assert abs(len(sent) - 20 * (30 - 10 + MAX_BACKLOG_S)) < 60, len(sent)
+
+
+@pytest.mark.unit
+def test_a_scale_out_that_is_slow_to_start_holds_back_no_later_step() -> None:
+    """A spare's cold start takes seconds (more on a busy machine): the load-ramp's rate steps
+    after its ``start`` step were applied only once the spare's processes were up."""
+    import io
+
+    from inferwatch.demo import run
+    from inferwatch.demo.loadgen import LoadGenerator
+    from inferwatch.demo.scenario import Scenario, Step
+
+    spare = topology.SPARES[0]
+    starting = asyncio.Event()
+
+    async def cold_start(replica: topology.Replica, step: Step, http: httpx.AsyncClient) -> None:
+        starting.set()
+        await asyncio.Event().wait()  # still coming up
+
+    scenario = Scenario(
+        "scale-out", "", (Step(0, "start", (spare.name,)), Step(0.01, "rate", rate=9))
+    )
+
+    async def play() -> float:
+        options = run.Options(
+            None, scenario, 1.0, 1.0, None, None, None, alerting.demo_config(), 1.0, 1.0, "", ""
+        )
+        demo = run.Demo(options, io.StringIO(), live=False)
+        demo.t0 = time.monotonic()
+        demo._start_spare = cold_start  # type: ignore[method-assign]
+        async with httpx.AsyncClient() as http:
+            load = LoadGenerator(http, "http://gw", {"primary": "m"}, topology.TENANTS[:1], 1.0)
+            async with asyncio.timeout(10):
+                await demo._play(scenario, http, load)
+            assert starting.is_set()
+            for task in demo.joining:
+                task.cancel()
+            return load.rate
+
+    assert asyncio.run(play()) == 9

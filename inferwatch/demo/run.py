@@ -35,7 +35,7 @@ from rich.live import Live
 
 from inferwatch.demo import alerting, automation, routing, sharedstate, topology
 from inferwatch.demo import engines as external
-from inferwatch.demo.loadgen import LoadGenerator
+from inferwatch.demo.loadgen import MAX_IN_FLIGHT, LoadGenerator
 from inferwatch.demo.observer import Observer
 from inferwatch.demo.processes import (
     INFERWATCH,
@@ -53,6 +53,9 @@ from inferwatch.mixin.config import Config
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError
 
 START_TIMEOUT = 30.0
+#: the demo's client connections: two load generators at their cap (the drill floods beside
+#: the load) and the demo's own calls (scrapes, Prometheus, the scenario's steps)
+CONNECTIONS = 2 * MAX_IN_FLIGHT + 64
 #: the work directory's folder of Prometheus discovery files (the spares' targets)
 DISCOVERY = "discovered"
 
@@ -137,7 +140,7 @@ class Demo:
         supervisor = self.supervisor = Supervisor(workdir)
         self.gateway = routing.runtime(workdir)
         try:
-            async with httpx.AsyncClient(limits=httpx.Limits(max_connections=200)) as http:
+            async with httpx.AsyncClient(limits=httpx.Limits(max_connections=CONNECTIONS)) as http:
                 return await self._serve(workdir, http)
         except PortInUse:
             raise  # the caller's exit status says so (PORT_TAKEN)
@@ -284,7 +287,12 @@ class Demo:
     async def _apply(self, step: Step, http: httpx.AsyncClient, load: LoadGenerator) -> None:
         if step.action == "rate":
             load.rate = step.rate
-            return
+        elif step.action == "start":  # a cold start takes seconds: later steps keep their times
+            self.joining.append(asyncio.create_task(self._apply_each(step, http)))
+        else:
+            await self._apply_each(step, http)
+
+    async def _apply_each(self, step: Step, http: httpx.AsyncClient) -> None:
         for name in step.replicas:
             try:
                 await self._apply_to(step, name, http)
