@@ -50,6 +50,10 @@ try:
     from redis.utils import HIREDIS_AVAILABLE
 except ImportError:  # the redis extra is not installed: only a shared_state config needs it
     aioredis = None  # type: ignore[assignment]
+    HIREDIS_AVAILABLE = False
+
+#: whether redis-py (the ``redis`` extra) is installed: the CLI refuses ``shared_state`` without
+AVAILABLE = aioredis is not None
 
 logger = logging.getLogger("inferwatch.proxy")
 #: connections to Redis per proxy: each script takes well under a millisecond, so a few
