@@ -8,8 +8,9 @@ A restarted proxy starts with nothing of its own: the window lives in Redis.
 
 While Redis is unreachable or slower than ``timeout`` a tenant's ``failure_policy`` decides:
 ``fail_closed`` refuses its budgeted requests (503), ``fail_open`` admits them against a
-local bound, this proxy's 1/N share of the room Redis last reported, N being the live
-proxies Redis last counted through their heartbeats (or ``expected_replicas`` when more).
+local bound, this proxy's 1/N share of the room Redis last reported and at most 1/N² of the
+budget, N being the live proxies Redis last counted through their heartbeats (or
+``expected_replicas`` when more): N proxies then spend at most the budget times (1 + 1/N).
 What is charged meanwhile is journaled (:mod:`journal`) and replayed once Redis answers
 again, before it is used again, so the books lose no token.
 """
@@ -346,9 +347,14 @@ class SharedLedger:
         return max(self.replicas, self.shared.expected_replicas, 1)
 
     def local_bound(self, tenant: str, budget: Budget) -> Budget:
-        """This proxy's share while Redis is down: 1/N of the room Redis last reported."""
+        """This proxy's share while Redis is down: 1/N of the room Redis last reported, and
+        at most 1/N² of the budget. The room it last saw may be long stale (all of it, if it
+        never saw the tenant this window) while the others spent it; with each of N proxies
+        held to 1/N² the fleet spends at most 1/N of the budget beyond it, whatever each saw."""
+        replicas = self.live_replicas()
         room = max(self.room(tenant, budget), 0)
-        return Budget(room // self.live_replicas(), budget.window_seconds)
+        limit = budget.tokens + budget.tolerance
+        return Budget(min(room // replicas, limit // replicas**2), budget.window_seconds)
 
     # ------------------------------------------------------------------ settling
     def settle(self, reservation: Reservation, budget: Budget | None, tokens: int) -> None:
