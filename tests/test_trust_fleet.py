@@ -185,10 +185,13 @@ def test_a_planted_journal_credits_nothing_and_writes_no_unknown_tenant(
             line(id="f" * 32, spent_in_ms=hour + 5 * HOUR_MS),  # a window to come
             line(id="9" * 32, spent_in_ms=hour + 7),  # no window starts there
             line(id="8" * 32, hold="someone-else's hold"),
-            line(id="x" * 5000),  # an id no proxy writes
+            line(id="x" * 5000),  # an id no proxy writes (and a line over the bound)
         ]
+        nested = "[" * 4000  # deeper than the JSON parser recurses
         journal = fleet.proxies[0].directory / "journal" / "journal-planted.jsonl"
-        journal.write_text("".join(json.dumps(e) + "\n" for e in [*planted, line()]))
+        lines = [*(json.dumps(e) for e in planted), nested, json.dumps(line())]
+        planted.append(nested)
+        journal.write_text("".join(text + "\n" for text in lines))
         wait_for(lambda: not journal.exists(), "the planted journal to be replayed")
         assert used(redis_server, "acme") == start + 40
         assert command(redis_server, "KEYS", "inferwatch:{mallory}*") == []

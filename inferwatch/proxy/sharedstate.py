@@ -34,6 +34,7 @@ from inferwatch import catalog
 from inferwatch.logs import log_event
 from inferwatch.proxy.admission import BudgetLedger, Refusal, Reservation, budget_refusal
 from inferwatch.proxy.config import Budget, ProxyConfig
+from inferwatch.proxy import journal
 from inferwatch.proxy.journal import Entry, Journal
 from inferwatch.proxy.ratelimit import Bucket, Levels, need, take
 from inferwatch.proxy.sharedbooks import Books, Reserved, Window, damaged
@@ -169,7 +170,11 @@ class SharedLedger:
         #: longest a whole call may take, waiting for a connection included
         self.call_bound_s = shared.timeout_s * CALL_BOUND
         self.local = BudgetLedger()
-        self.journal = Journal(shared.journal_dir, self.proxy)
+        self.journal = Journal(
+            shared.journal_dir,
+            self.proxy,
+            lambda entry: journal.fault(entry, self.tenants, round(time.time() * 1000)),
+        )
         #: whether the last call reached Redis (and the journal has been replayed since)
         self.up = True
         #: live proxies Redis counted at the last heartbeat
@@ -579,7 +584,12 @@ class SharedLedger:
                 flight.add_metric([name], seen.in_flight)
         out.append(flight)
         errors = cat.family("tenancy_shared_state_errors")
-        for reason, count in sorted(self.errors.items()):
+        counted = (
+            {**self.errors, "journal": self.journal.skipped}
+            if self.journal.skipped
+            else self.errors
+        )
+        for reason, count in sorted(counted.items()):
             errors.add_metric([reason], count)
         out.append(errors)
         return out
