@@ -215,7 +215,10 @@ class ProxyApp:
         limits = {n: t.rate_limits for n, t in config.tenants.items() if t.rate_limits}
         self.rates = RateLimiter(limits, self.shared) if limits else None
         self.gate = ConcurrencyGate(
-            config.max_concurrency, config.queue_timeout_s, config.max_queue
+            config.max_concurrency,
+            config.queue_timeout_s,
+            config.max_queue,
+            config.min_class_share,
         )
         self.reconciler = Reconciler()
         self.engine = EngineInfo(self.pool)
