@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from inferwatch.proxy.admission import ConcurrencyGate, Refusal
 from inferwatch.proxy import config as proxy_config
+from inferwatch.proxy.admission import ConcurrencyGate, Refusal
 from inferwatch.proxy.config import PRIORITIES
 from inferwatch.proxy.tenants import hash_key
 from support.proxy_stack import CHAT, KEYS, Stack, auth, samples
@@ -169,5 +169,5 @@ def test_the_minimum_share_is_a_limit_of_the_config() -> None:
     parsed = proxy_config.parse({"limits": {"min_class_share": 0.2}})
     assert parsed.min_class_share == 0.2
     for bad in (-0.1, 0.5, "lots"):
-        with pytest.raises(proxy_config.ConfigError, match="limits.min_class_share"):
+        with pytest.raises(proxy_config.ConfigError, match=r"limits\.min_class_share"):
             proxy_config.parse({"limits": {"min_class_share": bad}}, "p.yaml")

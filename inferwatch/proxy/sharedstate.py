@@ -32,9 +32,9 @@ from prometheus_client.core import Metric
 
 from inferwatch import catalog
 from inferwatch.logs import log_event
+from inferwatch.proxy import journal
 from inferwatch.proxy.admission import BudgetLedger, Refusal, Reservation, budget_refusal
 from inferwatch.proxy.config import Budget, ProxyConfig
-from inferwatch.proxy import journal
 from inferwatch.proxy.journal import Entry, Journal
 from inferwatch.proxy.ratelimit import Bucket, Levels, need, take
 from inferwatch.proxy.sharedbooks import Books, Reserved, Window, damaged
