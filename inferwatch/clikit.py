@@ -38,6 +38,7 @@ __all__ = [
     "check_option",
     "listen_error",
     "listen_option",
+    "missing_extra",
     "missing_extras",
     "option_group",
     "parse_listen",
