@@ -38,6 +38,7 @@ __all__ = [
     "check_option",
     "listen_error",
     "listen_option",
+    "missing_extra",
     "missing_extras",
     "option_group",
     "parse_listen",
@@ -112,10 +113,15 @@ def require_extra(command: str) -> None:
     """Fail with one line naming the extra ``command`` lacks, before it starts anything."""
     missing = ",".join(missing_extras(command))
     if missing:
-        raise MissingExtra(
-            f"inferwatch {command} needs inferwatch[{missing}], which is not installed: "
-            f"pip install 'inferwatch[{missing}]'"
-        )
+        raise missing_extra(f"inferwatch {command}", missing)
+
+
+def missing_extra(what: str, extras: str) -> MissingExtra:
+    """The one line for ``what`` (a command, or a setting of one) lacking ``extras``."""
+    return MissingExtra(
+        f"{what} needs inferwatch[{extras}], which is not installed: "
+        f"pip install 'inferwatch[{extras}]'"
+    )
 
 
 class FiniteFloat(click.FloatRange):

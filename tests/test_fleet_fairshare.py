@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.admission import ConcurrencyGate, Refusal
 from inferwatch.proxy.config import PRIORITIES
 from inferwatch.proxy.tenants import hash_key
@@ -124,3 +125,49 @@ def test_sheds_and_queue_time_are_metrics_per_tenant(stack: MakeStack) -> None:
     assert samples(page, "inferwatch_tenancy_queue_time_seconds_count", tenant="globex") == 2
     waited = samples(page, "inferwatch_tenancy_queue_time_seconds_sum", tenant="globex")
     assert waited > 0  # the high one queued until the holder finished
+
+
+async def shares_under_contention(gate: ConcurrencyGate, grants: int) -> dict[int, float]:
+    """Three tenants, one per class, each keeping four requests queued behind one slot:
+    the share of ``grants`` slot handovers each class got (counted, no clock)."""
+    served: list[int] = []
+    holder = await gate.acquire("holder", 0, HIGH)
+    assert holder is None
+
+    async def keep_asking(tenant: str, priority: int) -> None:
+        while len(served) < grants:
+            if await gate.acquire(tenant, 0, priority) is None:
+                served.append(priority)
+                await asyncio.sleep(0)  # every other waiter is queued again meanwhile
+                gate.release(tenant)
+
+    classes = {"paying": HIGH, "std": NORMAL, "bulk": LOW}
+    tasks = [asyncio.ensure_future(keep_asking(t, p)) for t, p in classes.items() for _ in range(4)]
+    await asyncio.sleep(0)
+    gate.release("holder")
+    await asyncio.gather(*tasks)
+    return {priority: served[:grants].count(priority) / grants for priority in classes.values()}
+
+
+@pytest.mark.parametrize("share", [0.1, 0.25])
+def test_lower_classes_get_their_minimum_share_of_a_saturated_engine(share: float) -> None:
+    """Strict priority gave the normal class 1-2 % of the slots under a high-priority flood
+    and the low class nothing; each waiting lower class now gets at least its share."""
+    shares = asyncio.run(shares_under_contention(ConcurrencyGate(1, 60, min_class_share=share),
+                                                 2000))  # fmt: skip
+    assert shares[NORMAL] >= share - 0.01 and shares[LOW] >= share - 0.01, shares
+    assert shares[HIGH] >= 1 - 2 * share - 0.01, shares  # the rest stays the higher class's
+
+
+def test_a_share_of_zero_is_strict_priority() -> None:
+    shares = asyncio.run(shares_under_contention(ConcurrencyGate(1, 60, min_class_share=0), 500))
+    assert shares[HIGH] == 1.0, shares
+
+
+def test_the_minimum_share_is_a_limit_of_the_config() -> None:
+    assert proxy_config.parse({}).min_class_share == 0.1
+    parsed = proxy_config.parse({"limits": {"min_class_share": 0.2}})
+    assert parsed.min_class_share == 0.2
+    for bad in (-0.1, 0.5, "lots"):
+        with pytest.raises(proxy_config.ConfigError, match=r"limits\.min_class_share"):
+            proxy_config.parse({"limits": {"min_class_share": bad}}, "p.yaml")

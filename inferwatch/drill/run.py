@@ -117,7 +117,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         [],
         [],
         "InferwatchSharedStateDown",
-        None,  # the failure policy is the response: fail_open, budget / N on each proxy
+        None,  # the failure policy is the response: fail_open, at most budget / N² per proxy
         # hooli sends nothing else: its budget window has room from the start, where
         # initech's share of the load and the flood before spend it
         flood="hooli",

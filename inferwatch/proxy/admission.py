@@ -15,7 +15,9 @@ requests in flight *and* those waiting for a slot, so handing queued requests th
 can never put a tenant over its cap; a tenant at its cap is refused at once (it is the noisy
 one). When the global cap is reached, waiters are admitted by priority class, then by
 weight (weighted fair queuing across the tenants of a class), so low-priority floods queue
-behind everyone else; a full queue (``max_queue``) sheds its lowest class first.
+behind everyone else; a full queue (``max_queue``) sheds its lowest class first. Strict
+priority would starve a lower class under a steady flood of a higher one, so each lower
+class that waits is owed a minimum share of the slots handed over (``min_class_share``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from inferwatch.proxy.config import Budget
+from inferwatch.proxy.config import MIN_CLASS_SHARE, Budget
 
 
 @dataclass(frozen=True)
@@ -162,23 +164,41 @@ class ConcurrencyGate:
     """Slots to the engine: a global cap with a fair priority queue, and per-tenant caps.
 
     Waiters are served by priority class, then by weight: each request of a tenant is
-    tagged one ``1/weight`` step after the tenant's previous one (or after the request last
-    served, if the tenant has been idle), and the lowest tag goes first, so tenants with
-    weights 3 and 1 that both keep the queue full get three slots to one. When the queue
-    holds ``max_queue`` waiters, a newcomer of a better class sheds the worst waiter (the
-    lowest class, latest tag); one that is no better is refused.
+    tagged one ``1/weight`` step after the tenant's previous one (or after the request of
+    its class last served, if the tenant has been idle), and the lowest tag goes first, so
+    tenants with weights 3 and 1 that both keep the queue full get three slots to one.
+
+    Classes are not strict: each time a slot is handed to a waiter, every waiting class
+    but the best one earns ``min_class_share`` of a slot, and a class that has earned a
+    whole one is served first (the better class first when several have); a class whose
+    queue empties is owed nothing. So under contention each lower class gets at least that
+    share of the slots, counted in handovers, and the best class the rest.
+
+    When the queue holds ``max_queue`` waiters, a newcomer of a better class sheds the worst
+    waiter (the lowest class, latest tag); one that is no better is refused.
     """
 
-    def __init__(self, capacity: int, queue_timeout_s: float, max_queue: int = 0) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        queue_timeout_s: float,
+        max_queue: int = 0,
+        min_class_share: float = MIN_CLASS_SHARE,
+    ) -> None:
         self.capacity = capacity  # 0: unlimited
         self.queue_timeout_s = queue_timeout_s
         self.max_queue = max_queue  # 0: unbounded
+        self.min_class_share = min_class_share
         self._in_flight = 0
         self.per_tenant: dict[str, int] = {}
-        self._waiters: list[_Waiter] = []
+        #: priority class -> its waiters, a heap by fair order
+        self._queues: dict[int, list[_Waiter]] = {}
+        #: priority class -> the slots it has earned while a better class was served
+        self._owed: dict[int, float] = {}
         self._sequence = itertools.count()
         self._last_tag: dict[str, float] = {}
-        self._virtual = 0.0
+        #: priority class -> the tag of its waiter last served
+        self._virtual: dict[int, float] = {}
 
     @property
     def in_flight(self) -> int:
@@ -187,7 +207,10 @@ class ConcurrencyGate:
 
     @property
     def waiting(self) -> int:
-        return sum(1 for waiter in self._waiters if not waiter.future.done())
+        return sum(1 for waiter in self._live())
+
+    def _live(self) -> list[_Waiter]:
+        return [w for queue in self._queues.values() for w in queue if not w.future.done()]
 
     def enter_ungated(self) -> None:
         """Count a request in flight that needs no slot (no cap applies to it)."""
@@ -219,7 +242,7 @@ class ConcurrencyGate:
 
     def _make_room(self, priority: int) -> bool:
         """Whether the queue has room for a waiter of ``priority``, shedding one if need be."""
-        live = [waiter for waiter in self._waiters if not waiter.future.done()]
+        live = self._live()
         if not self.max_queue or len(live) < self.max_queue:
             return True
         worst = max(live, key=lambda waiter: (waiter.priority, waiter.tag))
@@ -238,11 +261,13 @@ class ConcurrencyGate:
                     "the same or a higher priority are queued",
                     1,
                 )
-            tag = max(self._virtual, self._last_tag.get(tenant, 0.0)) + 1.0 / weight
+            virtual = self._virtual.get(priority, 0.0)
+            tag = max(virtual, self._last_tag.get(tenant, 0.0)) + 1.0 / weight
             self._last_tag[tenant] = tag
             future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             heapq.heappush(
-                self._waiters, _Waiter(priority, tag, next(self._sequence), tenant, future)
+                self._queues.setdefault(priority, []),
+                _Waiter(priority, tag, next(self._sequence), tenant, future),
             )
             try:
                 async with asyncio.timeout(self.queue_timeout_s):
@@ -283,12 +308,36 @@ class ConcurrencyGate:
         self._release_slot()
 
     def _release_slot(self) -> None:
-        while self._waiters:
-            waiter = heapq.heappop(self._waiters)
-            if not waiter.future.done():
-                waiter.future.set_result(True)  # the slot passes on; in_flight unchanged
-                self._virtual = waiter.tag
-                return
+        waiter = self._next()
+        if waiter is not None:
+            waiter.future.set_result(True)  # the slot passes on; in_flight unchanged
+            self._virtual[waiter.priority] = waiter.tag
+            return
         self._in_flight -= 1
         self._last_tag.clear()  # nobody waits: fair order starts afresh
-        self._virtual = 0.0
+        self._virtual.clear()
+
+    def _next(self) -> _Waiter | None:
+        """The waiter the slot goes to: of the best class owed a whole slot, else of the
+        best class waiting; the others waiting earn their share of this one."""
+        for priority in list(self._queues):
+            queue = self._queues[priority]
+            while queue and queue[0].future.done():
+                heapq.heappop(queue)  # timed out, cancelled or shed
+            if not queue:
+                del self._queues[priority]
+                self._owed.pop(priority, None)  # an emptied class is owed no backlog
+        if not self._queues:
+            return None
+        best, *lower = sorted(self._queues)
+        for priority in lower:
+            self._owed[priority] = self._owed.get(priority, 0.0) + self.min_class_share
+        owed = [priority for priority in lower if self._owed[priority] >= 1.0 - 1e-9]
+        chosen = owed[0] if owed else best
+        if owed:
+            self._owed[chosen] -= 1.0
+        waiter = heapq.heappop(self._queues[chosen])
+        if not self._queues[chosen]:
+            del self._queues[chosen]
+            self._owed.pop(chosen, None)
+        return waiter

@@ -215,7 +215,10 @@ class ProxyApp:
         limits = {n: t.rate_limits for n, t in config.tenants.items() if t.rate_limits}
         self.rates = RateLimiter(limits, self.shared) if limits else None
         self.gate = ConcurrencyGate(
-            config.max_concurrency, config.queue_timeout_s, config.max_queue
+            config.max_concurrency,
+            config.queue_timeout_s,
+            config.max_queue,
+            config.min_class_share,
         )
         self.reconciler = Reconciler()
         self.engine = EngineInfo(self.pool)
@@ -365,11 +368,6 @@ class ProxyApp:
         config = self.config
         tenant = config.tenants.get(exchange.tenant)
         budget = tenant.budget if tenant is not None else None
-        if self.rates is not None and self.rates.limited(exchange.tenant):
-            limited, headers = await self.rates.admit(exchange.tenant, exchange.model)
-            exchange.rate_headers = tuple(headers)
-            if limited is not None:
-                return limited, False
         try:
             asked = _completion_cap(body)  # the counts reach the engine as normalised here
             prompt = Prompt(self.counter.count_text is not byte_bound)
@@ -412,6 +410,15 @@ class ProxyApp:
             if prompt.tokens + cap * choices > self.budgets.room(exchange.tenant, budget):
                 await self._recount(exchange, body, prompt)  # a bound must not refuse or clamp
                 cap, engine_applies = await self._reserved_cap(exchange, body, requested, prompt)
+        if self.rates is not None and self.rates.limited(exchange.tenant):
+            # what it may spend is taken from its tokens buckets with the check itself
+            limited, headers, exchange.rate_taken = await self.rates.admit(
+                exchange.tenant, exchange.model, prompt.tokens + cap * choices
+            )
+            exchange.rate_headers = tuple(headers)
+            if limited is not None:
+                exchange.meter = None
+                return limited, False
         if tenant is not None and (budget is not None or fleet_cap):
             clamp = config.over_budget == "clamp"
             if self.shared is not None:
@@ -544,8 +551,9 @@ class ProxyApp:
                 self.gate.leave_ungated()
             self._served(exchange)
             self.accounting.charge(exchange)
-            if self.rates is not None and exchange.rate_headers and exchange.usage is not None:
-                self.rates.charge(exchange.tenant, exchange.model, exchange.usage.total)
+            if self.rates is not None and exchange.rate_taken is not None:
+                used = exchange.usage.total if exchange.usage is not None else 0
+                self.rates.settle(exchange.tenant, exchange.model, exchange.rate_taken, used)
             if isinstance(exchange.meter, TranscribingMeter):
                 self.accounting.screen(exchange, exchange.meter)
 

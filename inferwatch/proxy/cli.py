@@ -12,7 +12,7 @@ from collections.abc import Callable
 import click
 
 from inferwatch import tracing
-from inferwatch.clikit import BadInput, FiniteFloat, bind, parse_listen
+from inferwatch.clikit import BadInput, FiniteFloat, bind, missing_extra, parse_listen
 from inferwatch.logs import log_event
 from inferwatch.proxy.config import HTTP_URL, ConfigError, ProxyConfig, Serving, load
 
@@ -107,6 +107,11 @@ def proxy(
             if bad:
                 raise ConfigError(f"--probe-metrics: {bad[0]!r} is not an http(s) URL")
             config = dataclasses.replace(config, probe_metrics_urls=probe_metrics)
+        if config.shared_state is not None:
+            from inferwatch.proxy import sharedstate
+
+            if not sharedstate.AVAILABLE:
+                raise missing_extra("inferwatch proxy with shared_state", "redis")
         provider = tracing.provider(
             "inferwatch-proxy", tracing.TraceOptions(otlp_endpoint, otlp_sampling_ratio)
         )

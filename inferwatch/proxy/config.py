@@ -42,6 +42,10 @@ RESERVED_TENANTS = ("unknown", "other")
 #: names a client may never claim through the tenant header (the probe tenant needs a key)
 HEADER_RESERVED_TENANTS = frozenset({*RESERVED_TENANTS, PROBE_TENANT})
 OverBudget = Literal["clamp", "reject"]
+#: the share of queued slots each waiting lower priority class is owed by default, and the
+#: most it may be set to (two lower classes: 0.6 at most, the rest the best class's)
+MIN_CLASS_SHARE = 0.1
+MAX_CLASS_SHARE = 0.3
 
 
 class ConfigError(layer.ConfigError):
@@ -172,6 +176,8 @@ class ProxyConfig:
     queue_timeout_s: float = 10.0
     #: requests waiting for a slot at most; past it the lowest priority is shed (0: no bound)
     max_queue: int = 0
+    #: share of queued slots each waiting lower priority class is owed (0: strict priority)
+    min_class_share: float = MIN_CLASS_SHARE
     #: share of chat/completion responses screened for degenerate output (0: none)
     quality_sample_rate: float = 0.01
     #: the fleet's Redis, where budgets are kept for every proxy replica (None: in this process)
@@ -402,6 +408,7 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             "max_concurrency",
             "queue_timeout",
             "max_queue",
+            "min_class_share",
             "tokenizer",
             "default_max_tokens",
             "over_budget",
@@ -468,6 +475,10 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
         max_concurrency=limits.integer("max_concurrency", _DEFAULT.max_concurrency),
         queue_timeout_s=_seconds(limits, "queue_timeout", _DEFAULT.queue_timeout_s),
         max_queue=limits.integer("max_queue", _DEFAULT.max_queue),
+        # two lower classes each owed a third would leave the best class nothing for itself
+        min_class_share=limits.number(
+            "min_class_share", _DEFAULT.min_class_share, minimum=0.0, maximum=MAX_CLASS_SHARE
+        ),
         tokenizer=limits.text("tokenizer", _DEFAULT.tokenizer),
         default_max_tokens=limits.integer(
             "default_max_tokens", _DEFAULT.default_max_tokens, minimum=1

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from inferwatch.identity import UNKNOWN as UNKNOWN_VALUE
 from inferwatch.proxy.admission import Refusal, Reservation
 from inferwatch.proxy.metrics import Identity
+from inferwatch.proxy.ratelimit import Taken
 from inferwatch.proxy.tenants import UNKNOWN
 from inferwatch.proxy.usage import Usage, UsageMeter
 
@@ -61,6 +62,8 @@ class Exchange:
     trace_id: str = ""
     #: the tenant's x-ratelimit-* headers, added to whatever the response is
     rate_headers: tuple[tuple[bytes, bytes], ...] = ()
+    #: what the request took from its tenant's tokens buckets at admission (None: nothing)
+    rate_taken: Taken | None = None
 
 
 async def read_body(receive: Receive, limit: int, timeout_s: float) -> bytes | Refusal:

@@ -2,8 +2,11 @@
 
 Each limit is a bucket as large as its per-minute figure that refills continuously at that
 figure per minute. A request takes one from each of its requests buckets and needs every
-tokens bucket above zero; its actual usage is taken from the tokens buckets when it ends, so
-one large request may leave a bucket in debt, refused until it has refilled. A refused
+tokens bucket above zero; it takes what it may spend (its prompt count plus its completion
+cap) from the tokens buckets at admission, in the same step as the check, so a burst of
+concurrent requests cannot all see the same full bucket; when it ends, what it did not use
+is given back (or what it used beyond is taken). One large request may leave a bucket in
+debt, refused until it has refilled. A refused
 request gets 429 with ``Retry-After``; every answer to a limited tenant carries the headers
 OpenAI's API sends (``x-ratelimit-limit-requests``, ``x-ratelimit-remaining-requests``,
 ``x-ratelimit-reset-requests`` and the ``-tokens`` twins) for the tightest bucket of each kind.
@@ -64,6 +67,19 @@ def need(bucket: Bucket) -> float:
     return 1.0 if bucket.kind == "requests" else 1e-9
 
 
+def take(bucket: Bucket, tokens: int) -> float:
+    """What a request admitted takes from a bucket: one request, or the tokens it may spend."""
+    return 1.0 if bucket.kind == "requests" else float(tokens)
+
+
+@dataclass(frozen=True)
+class Taken:
+    """The tokens a request took from its tokens buckets at admission, and where."""
+
+    tokens: int
+    shared: bool  # from the fleet's buckets (else this process's)
+
+
 class LocalBuckets:
     """Buckets in this process (the same rule as the shared script, on the local clock)."""
 
@@ -74,7 +90,8 @@ class LocalBuckets:
         level, at = self._state.get((tenant, bucket.key()), (bucket.capacity, now))
         return min(bucket.capacity, level + (now - at) * bucket.capacity / 60.0)
 
-    def take(self, tenant: str, found: list[Bucket]) -> Levels:
+    def take(self, tenant: str, found: list[Bucket], tokens: int = 0) -> Levels:
+        """Let a request that may spend ``tokens`` in, taking them with its check."""
         now = time.monotonic()
         levels = [self._level(tenant, bucket, now) for bucket in found]
         waits = [
@@ -86,16 +103,17 @@ class LocalBuckets:
             return Levels(False, tuple(levels), max(waits))
         after = []
         for bucket, level in zip(found, levels, strict=True):
-            level -= 1.0 if bucket.kind == "requests" else 0.0
+            level -= take(bucket, tokens)
             self._state[(tenant, bucket.key())] = (level, now)
             after.append(level)
         return Levels(True, tuple(after))
 
     def charge(self, tenant: str, found: list[Bucket], tokens: int) -> None:
+        """Take ``tokens`` more from the tokens buckets (fewer than 0: give them back)."""
         now = time.monotonic()
         for bucket in found:
             if bucket.kind == "tokens":
-                level = self._level(tenant, bucket, now) - tokens
+                level = min(self._level(tenant, bucket, now) - tokens, bucket.capacity)
                 self._state[(tenant, bucket.key())] = (level, now)
 
 
@@ -137,9 +155,12 @@ def refusal(levels: Levels) -> Refusal:
 
 
 class SharedBuckets(Protocol):
-    """Buckets in the fleet's shared state: None when it cannot answer now."""
+    """Buckets in the fleet's shared state: None when it cannot answer now (a Refusal when
+    the tenant's own keys are damaged)."""
 
-    async def take_rate(self, tenant: str, found: list[Bucket]) -> Levels | None: ...
+    async def take_rate(
+        self, tenant: str, found: list[Bucket], tokens: int
+    ) -> Levels | Refusal | None: ...
 
     def charge_rate(self, tenant: str, found: list[Bucket], tokens: int) -> bool: ...
 
@@ -158,22 +179,35 @@ class RateLimiter:
         return tenant in self.limits
 
     async def admit(
-        self, tenant: str, model: str
-    ) -> tuple[Refusal | None, list[tuple[bytes, bytes]]]:
+        self, tenant: str, model: str, tokens: int
+    ) -> tuple[Refusal | None, list[tuple[bytes, bytes]], Taken | None]:
+        """Let in a request that may spend ``tokens``: the refusal (None: admitted), the
+        headers, and what it took (to :meth:`settle` when it ends)."""
         found = buckets(self.limits[tenant], model)
         if not found:
-            return None, []
-        levels = await self.shared.take_rate(tenant, found) if self.shared else None
+            return None, [], None
+        levels = await self.shared.take_rate(tenant, found, tokens) if self.shared else None
+        if isinstance(levels, Refusal):
+            return levels, [], None
+        shared = levels is not None
         if levels is None:
             divide = self.shared.live_replicas() if self.shared else 1
             found = buckets(self.limits[tenant], model, divide)
-            levels = self.local.take(tenant, found)
-        return (None if levels.admitted else refusal(levels)), headers(found, levels)
+            levels = self.local.take(tenant, found, tokens)
+        if not levels.admitted:
+            return refusal(levels), headers(found, levels), None
+        return None, headers(found, levels), Taken(tokens, shared)
 
-    def charge(self, tenant: str, model: str, tokens: int) -> None:
+    def settle(self, tenant: str, model: str, taken: Taken, tokens: int) -> None:
+        """A request that took ``taken`` at admission ended having used ``tokens``: give the
+        difference back to (or take it from) the buckets it took from."""
         found = buckets(self.limits[tenant], model)
-        if not any(bucket.kind == "tokens" for bucket in found) or not tokens:
+        difference = tokens - taken.tokens
+        if not any(bucket.kind == "tokens" for bucket in found) or not difference:
             return
-        if self.shared is None or not self.shared.charge_rate(tenant, found, tokens):
-            divide = self.shared.live_replicas() if self.shared else 1
-            self.local.charge(tenant, buckets(self.limits[tenant], model, divide), tokens)
+        if taken.shared:  # Redis down meanwhile: its buckets keep the reservation, then refill
+            assert self.shared is not None
+            self.shared.charge_rate(tenant, found, difference)
+            return
+        divide = self.shared.live_replicas() if self.shared else 1
+        self.local.charge(tenant, buckets(self.limits[tenant], model, divide), difference)

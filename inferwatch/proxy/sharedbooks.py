@@ -25,11 +25,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
 with contextlib.suppress(ImportError):  # without the redis extra no Books is ever made
     from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+#: a script's error that one tenant's keys caused (a key of the wrong type, a field that is no
+#: number), as Redis 7 and 6.2 word it; any other error is Redis's own (READONLY, OOM, ...)
+_DAMAGED = re.compile(r"WRONGTYPE|user_script:\d+: attempt to")
+
+
+def damaged(exc: BaseException) -> bool:
+    """Whether ``exc`` is a script failing on one tenant's damaged keys: that tenant's fault,
+    not Redis being down for everyone."""
+    return isinstance(exc, ResponseError) and _DAMAGED.search(str(exc)) is not None
+
 
 #: a replayed journal entry, and the id of a hold whose lease expired, are remembered this
 #: long, so that a replay cut short is not charged twice and a late settlement still charges
@@ -172,32 +184,32 @@ return redis.call('ZCARD', KEYS[1])
 """
 
 #: KEYS: one hash per bucket. ARGV: mode ("take": let a request in if every bucket holds what
-#: it needs; "charge": take tokens whatever they hold), then per bucket its capacity, what it
-#: must hold (take) or give (charge). Levels refill at capacity per minute; a bucket left
-#: alone for a minute is full, so it expires then. Returns {admitted, wait ms, level * 1000...}.
+#: it needs, and take what it takes in the same step; "charge": take what it takes whatever
+#: they hold, below 0 giving back), then per bucket its capacity, what it must hold, what it
+#: takes. Levels refill at capacity per minute, never above it; a bucket left alone for a
+#: minute is full, so it expires then. Returns {admitted, wait ms, level * 1000...}.
 RATE = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local levels, wait = {}, 0
 for i, key in ipairs(KEYS) do
-  local capacity, amount = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local capacity, needed = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
   local state = redis.call('HMGET', key, 'level', 'at')
   local level = tonumber(state[1]) or capacity
   local at = tonumber(state[2]) or now
   level = math.min(capacity, level + (now - at) * capacity / 60000)
   levels[i] = level
-  if ARGV[1] == 'take' and level < amount then
-    wait = math.max(wait, (amount - level) * 60000 / capacity)
+  if ARGV[1] == 'take' and level < needed then
+    wait = math.max(wait, (needed - level) * 60000 / capacity)
   end
 end
 local admitted = wait == 0 and 1 or 0
 local reply = {admitted, math.ceil(wait)}
 for i, key in ipairs(KEYS) do
-  local capacity, amount = tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  local capacity, taken = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i + 1])
   local level = levels[i]
   if admitted == 1 then
-    if ARGV[1] == 'charge' then level = level - amount
-    elseif amount >= 1 then level = level - 1 end
+    level = math.min(capacity, level - taken)
     redis.call('HSET', key, 'level', level, 'at', now)
     redis.call('PEXPIRE', key, math.ceil((capacity - level) * 60000 / capacity) + 1000)
   end
@@ -385,14 +397,14 @@ class Books:
         return Window(*await self._call(self._peek, self.keys(tenant), ["", window_ms]))
 
     async def rate(
-        self, tenant: str, buckets: list[tuple[str, int, float]], charge: bool
+        self, tenant: str, buckets: list[tuple[str, int, float, float]], charge: bool
     ) -> tuple[bool, int, list[float]]:
-        """Take from (or, with ``charge``, charge) ``(name, capacity, amount)`` buckets:
-        (admitted, ms to wait, levels after)."""
-        keys = [f"{self.prefix}:{{{tenant}}}:rl:{name}" for name, _, _ in buckets]
+        """Let in against (or, with ``charge``, take from) ``(name, capacity, need, take)``
+        buckets: (admitted, ms to wait, levels after)."""
+        keys = [f"{self.prefix}:{{{tenant}}}:rl:{name}" for name, _, _, _ in buckets]
         args: list[str | int | float] = ["charge" if charge else "take"]
-        for _, capacity, amount in buckets:
-            args += [capacity, amount]
+        for _, capacity, needed, taken in buckets:
+            args += [capacity, needed, taken]
         admitted, wait, *levels = await self._call(self._rate, keys, args)
         return admitted == 1, int(wait), [level / 1000 for level in levels]
 

@@ -8,8 +8,9 @@ A restarted proxy starts with nothing of its own: the window lives in Redis.
 
 While Redis is unreachable or slower than ``timeout`` a tenant's ``failure_policy`` decides:
 ``fail_closed`` refuses its budgeted requests (503), ``fail_open`` admits them against a
-local bound, this proxy's 1/N share of the room Redis last reported, N being the live
-proxies Redis last counted through their heartbeats (or ``expected_replicas`` when more).
+local bound, this proxy's 1/N share of the room Redis last reported and at most 1/N² of the
+budget, N being the live proxies Redis last counted through their heartbeats (or
+``expected_replicas`` when more): N proxies then spend at most the budget times (1 + 1/N).
 What is charged meanwhile is journaled (:mod:`journal`) and replayed once Redis answers
 again, before it is used again, so the books lose no token.
 """
@@ -31,11 +32,12 @@ from prometheus_client.core import Metric
 
 from inferwatch import catalog
 from inferwatch.logs import log_event
+from inferwatch.proxy import journal
 from inferwatch.proxy.admission import BudgetLedger, Refusal, Reservation, budget_refusal
 from inferwatch.proxy.config import Budget, ProxyConfig
 from inferwatch.proxy.journal import Entry, Journal
-from inferwatch.proxy.ratelimit import Bucket, Levels, need
-from inferwatch.proxy.sharedbooks import Books, Reserved, Window
+from inferwatch.proxy.ratelimit import Bucket, Levels, need, take
+from inferwatch.proxy.sharedbooks import Books, Reserved, Window, damaged
 from inferwatch.proxy.sharedconfig import FailurePolicy, SharedState
 from inferwatch.serving.readiness import Condition
 
@@ -50,6 +52,10 @@ try:
     from redis.utils import HIREDIS_AVAILABLE
 except ImportError:  # the redis extra is not installed: only a shared_state config needs it
     aioredis = None  # type: ignore[assignment]
+    HIREDIS_AVAILABLE = False
+
+#: whether redis-py (the ``redis`` extra) is installed: the CLI refuses ``shared_state`` without
+AVAILABLE = aioredis is not None
 
 logger = logging.getLogger("inferwatch.proxy")
 #: connections to Redis per proxy: each script takes well under a millisecond, so a few
@@ -136,6 +142,10 @@ class _HiredisPacking:
         return packed
 
 
+#: a damaged tenant's refusal says when to look again: an operator must repair its keys first
+DAMAGED_RETRY_S = 30
+
+
 def _reason(exc: BaseException) -> str:
     name = type(exc).__name__
     return "timeout" if "Timeout" in name else "connection" if "Connection" in name else "error"
@@ -160,12 +170,18 @@ class SharedLedger:
         #: longest a whole call may take, waiting for a connection included
         self.call_bound_s = shared.timeout_s * CALL_BOUND
         self.local = BudgetLedger()
-        self.journal = Journal(shared.journal_dir, self.proxy)
+        self.journal = Journal(
+            shared.journal_dir,
+            self.proxy,
+            lambda entry: journal.fault(entry, self.tenants, round(time.time() * 1000)),
+        )
         #: whether the last call reached Redis (and the journal has been replayed since)
         self.up = True
         #: live proxies Redis counted at the last heartbeat
         self.replicas = 0
         self.errors: dict[str, int] = {}
+        #: tenants whose keys a script failed on, logged once until a script succeeds again
+        self._broken: set[str] = set()
         self._seen: dict[str, Window] = {}
         #: this proxy's holds in Redis per tenant, each with when it was taken (monotonic)
         self._holds: dict[str, dict[str, float]] = {}
@@ -239,13 +255,16 @@ class SharedLedger:
             call.add_done_callback(lambda done: self._give_back(done, tenant, hold, window_ms))
             raise
         except (RedisError, OSError, TimeoutError) as exc:
-            self._down(exc)
             call.add_done_callback(lambda done: self._give_back(done, tenant, hold, window_ms))
+            if damaged(exc):
+                return self._damaged(tenant, exc)
+            self._down(exc)
             if budget is None:
                 return SharedReservation(tenant, 0.0, 0)
             return self._reserve_down(tenant, budget, prompt, completion_cap, choices, clamp)
         window = reserved.window
         self._seen[tenant] = window
+        self._broken.discard(tenant)
         if reserved.at_cap:
             return Refusal(
                 429,
@@ -275,6 +294,29 @@ class SharedLedger:
             fleet_slot=most > 0,
             hold=hold,
             window_ms=window_ms,
+        )
+
+    def _damaged(self, tenant: str, exc: BaseException) -> Refusal:
+        """Count (and log, once until it heals) a tenant whose keys a script cannot use: its
+        fault alone, so Redis stays up for every other tenant; its request is refused."""
+        self.errors["books"] = self.errors.get("books", 0) + 1
+        if tenant not in self._broken:
+            self._broken.add(tenant)
+            log_event(
+                logger,
+                logging.ERROR,
+                "a tenant's books in the shared state are damaged: its requests are refused "
+                "until an operator repairs its keys",
+                tenant=tenant,
+                keys=f"{self.shared.key_prefix}:{{{tenant}}}:*",
+                error=str(exc),
+            )
+        return Refusal(
+            503,
+            "rejected_shared_state",
+            "the tenant's books in the fleet's shared state are damaged (a key of the wrong "
+            "type or a field that is no number); an operator must repair them",
+            DAMAGED_RETRY_S,
         )
 
     def _reserve_down(
@@ -310,9 +352,14 @@ class SharedLedger:
         return max(self.replicas, self.shared.expected_replicas, 1)
 
     def local_bound(self, tenant: str, budget: Budget) -> Budget:
-        """This proxy's share while Redis is down: 1/N of the room Redis last reported."""
+        """This proxy's share while Redis is down: 1/N of the room Redis last reported, and
+        at most 1/N² of the budget. The room it last saw may be long stale (all of it, if it
+        never saw the tenant this window) while the others spent it; with each of N proxies
+        held to 1/N² the fleet spends at most 1/N of the budget beyond it, whatever each saw."""
+        replicas = self.live_replicas()
         room = max(self.room(tenant, budget), 0)
-        return Budget(room // self.live_replicas(), budget.window_seconds)
+        limit = budget.tokens + budget.tolerance
+        return Budget(min(room // replicas, limit // replicas**2), budget.window_seconds)
 
     # ------------------------------------------------------------------ settling
     def settle(self, reservation: Reservation, budget: Budget | None, tokens: int) -> None:
@@ -352,6 +399,9 @@ class SharedLedger:
                     entry.tenant, entry.hold, entry.window_ms, entry.tokens
                 )
         except (RedisError, OSError, TimeoutError) as exc:
+            if damaged(exc):  # kept nowhere: its replay would fail on the same keys
+                self._damaged(entry.tenant, exc)
+                return
             self._down(exc)
             self.journal.write(entry)
             return
@@ -378,15 +428,20 @@ class SharedLedger:
             pass
 
     async def _replay(self, entry: Entry) -> None:
-        async with asyncio.timeout(self.call_bound_s):
-            await self.books.settle(
-                entry.tenant,
-                entry.hold,
-                entry.window_ms,
-                entry.tokens,
-                entry.spent_in_ms,
-                entry.id,
-            )
+        try:
+            async with asyncio.timeout(self.call_bound_s):
+                await self.books.settle(
+                    entry.tenant,
+                    entry.hold,
+                    entry.window_ms,
+                    entry.tokens,
+                    entry.spent_in_ms,
+                    entry.id,
+                )
+        except RedisError as exc:
+            if not damaged(exc):
+                raise  # Redis itself: the entry stays for the next replay
+            self._damaged(entry.tenant, exc)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)
@@ -394,31 +449,39 @@ class SharedLedger:
         task.add_done_callback(self._writes.discard)
 
     # ------------------------------------------------------------------ rate limits
-    async def take_rate(self, tenant: str, found: list[Bucket]) -> Levels | None:
-        """Let a request in against the shared buckets; None while Redis cannot answer."""
+    async def take_rate(
+        self, tenant: str, found: list[Bucket], tokens: int
+    ) -> Levels | Refusal | None:
+        """Let a request that may spend ``tokens`` in against the shared buckets, taking
+        them in the same script; None while Redis cannot answer."""
         if not self.up:
             return None
+        asked = [(b.key(), b.capacity, need(b), take(b, tokens)) for b in found]
         try:
             async with asyncio.timeout(self.call_bound_s):
-                admitted, wait_ms, levels = await self.books.rate(
-                    tenant, [(b.key(), b.capacity, need(b)) for b in found], charge=False
-                )
+                admitted, wait_ms, levels = await self.books.rate(tenant, asked, charge=False)
         except (RedisError, OSError, TimeoutError) as exc:
+            if damaged(exc):
+                return self._damaged(tenant, exc)
             self._down(exc)
             return None
         return Levels(admitted, tuple(levels), wait_ms / 1000)
 
     def charge_rate(self, tenant: str, found: list[Bucket], tokens: int) -> bool:
-        """Take a finished request's tokens from the shared buckets; False while down."""
+        """Take ``tokens`` more (below 0: give back) from the shared tokens buckets; False
+        while down."""
         if not self.up:
             return False
-        charged = [(b.key(), b.capacity, float(tokens)) for b in found if b.kind == "tokens"]
+        charged = [(b.key(), b.capacity, 0.0, float(tokens)) for b in found if b.kind == "tokens"]
 
         async def charge() -> None:
             try:
                 async with asyncio.timeout(self.call_bound_s):
                     await self.books.rate(tenant, charged, charge=True)
             except (RedisError, OSError, TimeoutError) as exc:
+                if damaged(exc):
+                    self._damaged(tenant, exc)
+                    return
                 self._down(exc)
 
         self._spawn(charge())
@@ -468,10 +531,18 @@ class SharedLedger:
             for tenant, holds in list(self._holds.items()):
                 old = sorted(hold for hold, taken in holds.items() if taken <= young)
                 if old:
-                    async with asyncio.timeout(self.call_bound_s):
-                        await self.books.renew(tenant, old, self.lease_ms)
+                    await self._renew(tenant, old)
         except (RedisError, OSError, TimeoutError) as exc:
             self._down(exc)
+
+    async def _renew(self, tenant: str, holds: list[str]) -> None:
+        try:
+            async with asyncio.timeout(self.call_bound_s):
+                await self.books.renew(tenant, holds, self.lease_ms)
+        except RedisError as exc:
+            if not damaged(exc):
+                raise
+            self._damaged(tenant, exc)
 
     async def aclose(self) -> None:
         """Finish the writes in flight (each bounded by the timeout), then close the client."""
@@ -513,7 +584,12 @@ class SharedLedger:
                 flight.add_metric([name], seen.in_flight)
         out.append(flight)
         errors = cat.family("tenancy_shared_state_errors")
-        for reason, count in sorted(self.errors.items()):
+        counted = (
+            {**self.errors, "journal": self.journal.skipped}
+            if self.journal.skipped
+            else self.errors
+        )
+        for reason, count in sorted(counted.items()):
             errors.add_metric([reason], count)
         out.append(errors)
         return out

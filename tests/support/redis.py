@@ -149,3 +149,15 @@ def pick_cluster_port() -> int:
             except OSError:
                 continue
         return port
+
+
+def command(server: RedisServer, *args: str | int) -> object:
+    """Run one Redis command on ``server`` (what an operator or an attacker types into
+    ``redis-cli``) and return its reply."""
+    import redis
+
+    client = redis.Redis.from_url(server.url)
+    try:
+        return client.execute_command(*args)
+    finally:
+        client.close()
