@@ -33,14 +33,7 @@ def engine() -> Iterator[Engine]:
 def fleet_of(policy: str, server: RedisServer, engine: Engine, tmp_path: Path) -> Fleet:
     tenants = {"acme": {"budget": {"tokens": BUDGET}, "failure_policy": policy}}
     fleet = Fleet(server, engine.url, tmp_path, tenants, {"lease": "3s", "timeout": "250ms"})
-    proxies = fleet.add(PROXIES)
-    wait_for(
-        lambda: all(
-            samples(p.metrics(), "inferwatch_tenancy_shared_state_replicas") == PROXIES
-            for p in proxies
-        ),
-        "each proxy to have seen the other's heartbeat",
-    )
+    fleet.add_counted(PROXIES)
     return fleet
 
 

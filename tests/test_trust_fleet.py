@@ -92,14 +92,7 @@ def test_fail_open_holds_its_bound_with_proxies_that_never_saw_the_tenant(
     tenants = {"acme": {"budget": {"tokens": budget}, "failure_policy": "fail_open"}}
     fleet = Fleet(redis_server, engine.url, tmp_path, tenants, {"lease": "3s", "timeout": "250ms"})
     try:
-        proxies = fleet.add(count)
-        wait_for(
-            lambda: all(
-                samples(p.metrics(), "inferwatch_tenancy_shared_state_replicas") == count
-                for p in proxies
-            ),
-            "each proxy to count the fleet",
-        )
+        proxies = fleet.add_counted(count)
         before = engine_tokens(engine)
         for _ in range(9):
             assert ok(flood([proxies[0].url], "acme", per_proxy=1, max_tokens=300, delay_ms=0))

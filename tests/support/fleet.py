@@ -21,7 +21,7 @@ import httpx
 
 from inferwatch.proxy.tenants import hash_key
 from support.ports import announced_url
-from support.proxy_stack import KEYS
+from support.proxy_stack import KEYS, samples
 from support.redis import RedisServer
 from support.restartable import Restartable
 from support.wait import wait_for
@@ -115,6 +115,20 @@ class Fleet:
             proxy.start()
             self.proxies.append(proxy)
             added.append(proxy)
+        return added
+
+    def add_counted(self, count: int) -> list[Proxy]:
+        """``count`` more proxies, once each of the fleet counts them all (their heartbeats
+        seen in Redis): a test of shared books starts from a fleet that knows its size."""
+        added = self.add(count)
+        size = len(self.proxies)
+        wait_for(
+            lambda: all(
+                samples(p.metrics(), "inferwatch_tenancy_shared_state_replicas") == size
+                for p in self.proxies
+            ),
+            "each proxy to count the fleet",
+        )
         return added
 
     def close(self) -> None:
