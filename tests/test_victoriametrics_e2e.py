@@ -8,7 +8,8 @@ ports; the vmagents read the scrape config ``inferwatch generate vmagent`` write
 ports. The main stack's vmagents replicate (every target scraped by both, VictoriaMetrics
 deduplicating); a second, sharded pair (replication 1, each labelling what it writes with
 its member number) shows the targets split between them. A scenario gives primary-v1's GPU
-a contained XID and the fallback replica a failing half of its requests (an availability
+a contained XID (with the dashboards test's other faults, so that every panel has a
+series to draw) and the fallback replica a failing half of its requests (an availability
 SLO burn), after one vmagent was killed.
 """
 
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import pytest
 import yaml
 
 from inferwatch.demo import alerting, topology
+from support import panels
 from support.ports import fixed_run
 from support.shared import tool
 from support.victoria import INTERVAL_S, Server, query, victoria_metrics, vmagent, vmalert
@@ -44,7 +46,7 @@ name: victoriametrics-e2e
 steps:
   - at: 1s
     replica: primary-v1
-    inject: {gpu: [{index: 0, xid: 94}]}
+    inject: {gpu: [{index: 0, xid: 94, ecc_sbe: 2}], degenerate: {mode: repetition, rate: 0.1}}
   - at: 1s
     replica: fallback
     inject: {error_rate: 0.5}
@@ -142,19 +144,6 @@ def instances_up(stack: Stack, storage: str, by: str = "") -> dict[str, set[str]
     for series in query(stack.http, storage, "up == 1"):
         found.setdefault(series["metric"].get(by, ""), set()).add(series["metric"]["instance"])
     return found
-
-
-def test_the_scrape_config_is_generated_from_the_prometheus_jobs() -> None:
-    """One list of targets: vmagent's jobs are the demo Prometheus's, with the cluster as
-    an external label and on every target."""
-    ports = topology.Ports.assign(18000)
-    prometheus = yaml.safe_load(topology.prometheus_config(ports))
-    agent = yaml.safe_load(topology.vmagent_config(ports, CLUSTER))
-    assert agent["global"]["external_labels"] == {"cluster": CLUSTER}
-    for job in prometheus["scrape_configs"]:
-        for group in job["static_configs"]:
-            group["labels"]["cluster"] = CLUSTER
-    assert agent["scrape_configs"] == prometheus["scrape_configs"]
 
 
 def test_two_vmagents_shard_the_targets_between_them(stack: Stack) -> None:
@@ -271,3 +260,22 @@ def test_snapshot_reads_victoriametrics(stack: Stack, tmp_path: Path) -> None:
     assert result[0].returncode == 0
     assert "Warning" not in result[0].stderr, result[0].stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_panel_returns_data_from_victoriametrics(stack: Stack) -> None:
+    """The no-dead-panel check of the dashboards test, against VictoriaMetrics: every panel
+    of every board has data, recording rules evaluated by vmalert included."""
+    from inferwatch.dashboards import writer
+    from inferwatch.mixin import config as alert_config
+
+    boards = writer.dashboards(alert_config.load())
+    source = panels.Source(stack.storage.url, stack.http)
+    dead: list[str] = []
+
+    def all_alive() -> bool:
+        dead[:] = panels.dead_panels(source, boards)
+        return not dead
+
+    with suppress(pytest.fail.Exception):  # the assertion names the panels still dead
+        wait_for(all_alive, "data on every panel", DATA_DEADLINE_S, interval=3)
+    assert dead == [], "dead panels: " + "; ".join(dead)
