@@ -279,3 +279,27 @@ def test_every_panel_returns_data_from_victoriametrics(stack: Stack) -> None:
     with suppress(pytest.fail.Exception):  # the assertion names the panels still dead
         wait_for(all_alive, "data on every panel", DATA_DEADLINE_S, interval=3)
     assert dead == [], "dead panels: " + "; ".join(dead)
+
+
+def test_canary_reads_victoriametrics_and_rolls_back_a_failing_candidate(stack: Stack) -> None:
+    """``inferwatch canary`` on VictoriaMetrics's query API: the fallback model (its one
+    replica failing half its requests) rolls back against the healthy primary-v2 (exit 1)."""
+    result: list[subprocess.CompletedProcess[str]] = []
+
+    def decided() -> bool:
+        result[:] = [subprocess.run(
+            [*INFERWATCH, "canary", "--prometheus", stack.storage.url,
+             '--baseline=model_version="v2-fp8"',
+             f'--candidate=model="{topology.FALLBACK_MODEL}",model_version="v1"',
+             "--window", "1m", "--min-requests", "20", "--min-probes", "1",
+             "--min-screened", "1", "--min-tokens", "1"],
+            capture_output=True, text=True, timeout=120,
+        )]  # fmt: skip
+        return result[0].returncode == 1
+
+    try:
+        wait_for(decided, "the canary to roll the candidate back", DATA_DEADLINE_S, interval=5)
+    except pytest.fail.Exception:
+        pytest.fail(f"exit {result[0].returncode}: {result[0].stdout} {result[0].stderr}")
+    row = next(line for line in result[0].stdout.splitlines() if "error ratio" in line)
+    assert "fail" in row.split(), result[0].stdout
