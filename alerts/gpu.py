@@ -308,7 +308,8 @@ def _waste(config: Config) -> list[Alert]:
             expr=(
                 f"avg_over_time({utilization}[{window}]) < "
                 f"{promql.number(idle.number('utilization'))}\n"
-                f"and on (instance) max by (instance) (max_over_time({queue}[{window}])) == 0"
+                f"and {promql.on(config, ['instance'])} max {promql.by(config, ['instance'])} "
+                f"(max_over_time({queue}[{window}])) == 0"
             ),
             for_=idle.for_,
             summary="A serving GPU sits nearly idle.",

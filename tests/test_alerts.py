@@ -588,3 +588,22 @@ def test_recording_rules_keep_a_known_number_of_series_per_replica(
         "tenant:inferwatch_tenancy_cost:rate5m",
         "model_version:inferwatch_tenancy_cost_per_1k_tokens:ratio_rate5m",
     }
+
+
+#: a grouping that names the labels it keeps (``without`` and ``ignoring`` keep the rest)
+KEPT_LABELS = re.compile(r"\b(by|on)\s*\(([^)]*)\)")
+
+
+@pytest.mark.parametrize("cluster_label", ["cluster", "k8s_cluster"])
+def test_every_grouping_keeps_the_cluster_label(tmp_path: Path, cluster_label: str) -> None:
+    """One cluster's fault must not hide in a fleet sum: every ``by (...)`` and ``on (...)``
+    of every generated rule, alerting and recording, keeps the configured cluster label."""
+    chosen = tmp_path / "alerts.yaml"
+    chosen.write_text(f"cluster_label: {cluster_label}\n")
+    groupings = [
+        (rule.get("alert") or rule["record"], match[0])
+        for rule in rules(writer.render(config.load(chosen)))
+        for match in KEPT_LABELS.finditer(rule["expr"])
+        if cluster_label not in [label.strip() for label in match[2].split(",")]
+    ]
+    assert groupings == []

@@ -13,12 +13,10 @@ checked against the same stack.
 
 from __future__ import annotations
 
-import math
 import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass
@@ -33,6 +31,7 @@ from inferwatch.dashboards import queries, writer
 from inferwatch.dashboards.snapshot import DRAWN_OVER_TIME
 from inferwatch.demo import topology
 from inferwatch.mixin import config as alert_config
+from support import panels
 from support.ports import fixed_run
 from support.wait import wait_for
 
@@ -43,8 +42,6 @@ INFERWATCH = [sys.executable, "-P", "-m", "inferwatch"]
 CLUSTER = "e2e"
 #: the values the chain prefers where present: the replica the scenario faults, and on the
 #: cost board the tenant with a budget (which sends to the fallback model)
-PREFER = {"model": topology.PRIMARY_MODEL, "model_version": "v1", "replica": "primary-v1"}
-PREFER_ON = {"cost": {"model": topology.FALLBACK_MODEL, "tenant": "initech"}}
 SCENARIO = """
 name: dashboards-e2e
 steps:
@@ -63,7 +60,7 @@ EMPTY_BY_DESIGN = {
     ("cost", 3, "A"): "Only the admitted line until a proxy refuses",
     ("latency", 19, "B"): "No shared line without a connector",
 }
-SCRAPE_S = 2.0
+SCRAPE_S = panels.SCRAPE_S
 DATA_DEADLINE_S = 75.0
 DEMO_START_S = 180.0
 
@@ -79,11 +76,15 @@ def prometheus_config(ports: topology.Ports) -> str:
 
 
 @dataclass
-class Stack:
-    prometheus: str
-    http: httpx.Client
+class Stack(panels.Source):
+    """The demo and the test's Prometheus (``url``), whose panels are read."""
+
     demo: subprocess.Popen[str]
     demo_log: Path
+
+    @property
+    def prometheus(self) -> str:
+        return self.url
 
     def check_demo(self) -> None:
         """Fail at once, with the demo's last line, when the demo has stopped."""
@@ -103,27 +104,9 @@ class Stack:
 
     def targets_down(self) -> list[str]:
         """The scrape targets Prometheus last failed to scrape, with why."""
-        response = self.http.get(f"{self.prometheus}/api/v1/targets", params={"state": "active"})
+        response = self.http.get(f"{self.url}/api/v1/targets", params={"state": "active"})
         targets = response.json()["data"]["activeTargets"]
         return [f"{t['scrapeUrl']}: {t['lastError']}" for t in targets if t["health"] != "up"]
-
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        now = time.time()
-        response = self.http.get(
-            f"{self.prometheus}/api/v1/query_range",
-            params={"query": expr, "start": now - 120, "end": now, "step": 5},
-        )
-        assert response.status_code == 200, (expr, response.text)
-        result: list[dict[str, Any]] = response.json()["data"]["result"]
-        return result
-
-    def label_values(self, label: str, selector: str) -> list[str]:
-        response = self.http.get(
-            f"{self.prometheus}/api/v1/label/{label}/values", params={"match[]": selector}
-        )
-        assert response.status_code == 200, (selector, response.text)
-        values: list[str] = response.json()["data"]
-        return values
 
 
 def wait_ready(url: str, timeout: float) -> None:
@@ -170,62 +153,16 @@ def _stop(process: subprocess.Popen[Any]) -> None:
         process.wait()
 
 
-def choose_values(
-    stack: Stack, dashboard: Mapping[str, Any], prefer: Mapping[str, str] = PREFER
-) -> dict[str, str] | None:
-    """Each variable set to a real value, listed by its own query with the ones before it
-    substituted (the chain a user walks)."""
-    values: dict[str, str] = {}
-    for variable in dashboard["templating"]["list"][1:]:
-        match = re.fullmatch(r"label_values\((.*), (\w+)\)", variable["query"])
-        assert match, variable["query"]
-        found = stack.label_values(match[2], queries.substitute(match[1], values))
-        if not found:
-            return None
-        name = variable["name"]
-        chosen = prefer[name] if prefer.get(name) in found else found[0]
-        values[name] = queries.regex_value([chosen])
-    return values
-
-
-def grafana_values(variables: Mapping[str, str]) -> dict[str, str]:
-    return {**variables, "__rate_interval": queries.duration(4 * SCRAPE_S + 5),
-            "__interval": "5s", "__range": "2m"}  # fmt: skip
-
-
-def has_data(result: list[dict[str, Any]]) -> bool:
-    return any(math.isfinite(float(value)) for series in result for _, value in series["values"])
-
-
-def dead_panels(stack: Stack, boards: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    dead = []
-    for name, dashboard in boards.items():
-        chosen = choose_values(stack, dashboard, {**PREFER, **PREFER_ON.get(name, {})})
-        if chosen is None:
-            dead.append(f"{name}: a variable has no value yet")
-            continue
-        values = grafana_values(chosen)
-        alive: dict[int, bool] = {}
-        titles = {}
-        for target in queries.targets(dashboard):
-            titles[target.panel_id] = target.panel_title
-            if not alive.get(target.panel_id):
-                expr = queries.substitute(target.expr, values)
-                alive[target.panel_id] = has_data(stack.query(expr))
-        dead += [f"{name} {pid} {titles[pid]!r}" for pid, ok in alive.items() if not ok]
-    return dead
-
-
 def empty_queries(stack: Stack, boards: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Every query (not only one per panel) that returns no finite sample, as
     ``board panel refId``, with each board's variables chosen as for the panels."""
     empty = []
     for name, dashboard in boards.items():
-        chosen = choose_values(stack, dashboard, {**PREFER, **PREFER_ON.get(name, {})})
+        chosen = panels.choose_values(stack, dashboard, panels.preferred(name))
         assert chosen is not None, f"{name}: a variable has no value"
-        values = grafana_values(chosen)
+        values = panels.grafana_values(chosen)
         for target in queries.targets(dashboard):
-            if not has_data(stack.query(queries.substitute(target.expr, values))):
+            if not panels.has_data(stack.query(queries.substitute(target.expr, values))):
                 empty.append((name, target.panel_id, target.ref_id))
     return [f"{board} {pid} {ref}" for board, pid, ref in empty
             if (board, pid, ref) not in EMPTY_BY_DESIGN]  # fmt: skip
@@ -239,7 +176,7 @@ def dead_after_waiting(stack: Stack) -> list[str]:
 
     def all_alive() -> bool:
         stack.check_demo()
-        dead[:] = dead_panels(stack, boards)
+        dead[:] = panels.dead_panels(stack, boards)
         return not dead
 
     with suppress(pytest.fail.Exception):  # the test names the panels still dead
@@ -283,7 +220,7 @@ def test_a_dead_panel_is_named(stack: Stack) -> None:
         "panels": [{"id": 7, "title": "Nothing here", "targets": [
             {"refId": "A", "expr": "inferwatch_gpu_xid_errors_total{xid=\"999\"}"}]}],
     }  # fmt: skip
-    assert dead_panels(stack, {"x": board}) == ["x 7 'Nothing here'"]
+    assert panels.dead_panels(stack, {"x": board}) == ["x 7 'Nothing here'"]
 
 
 # --- inferwatch snapshot against the same Prometheus -----------------------------------------

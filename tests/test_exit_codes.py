@@ -100,6 +100,9 @@ CASES: dict[str, Case] = {
     "generate slo": Case(_alert_config(), cannot_run=lambda tmp: ["--out", _blocked(tmp)]),
     "generate canary": Case(_alert_config(), cannot_run=lambda tmp: ["--out", _blocked(tmp)]),
     "generate dashboards": Case(_alert_config(), cannot_run=lambda tmp: ["--out", _blocked(tmp)]),
+    "generate vmagent": Case(
+        lambda tmp: ["--cluster", ""], cannot_run=lambda tmp: ["--out", _blocked(tmp)]
+    ),
     "generate gateway": Case(
         lambda tmp: ["--topology", _file(tmp, "topology.yaml", "models: 3\n")],
         cannot_run=lambda tmp: ["--out", _blocked(tmp)],

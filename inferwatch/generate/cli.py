@@ -184,9 +184,6 @@ def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
     """Write the HAProxy gateway config (routes, health checks, weights, fallbacks)."""
     from inferwatch.demo import routing
     from inferwatch.gateway import haproxy as gw
-    from inferwatch.mixin.files import write
-
-    kinds = {"*": validate.HAPROXY}  # one HAProxy config, whatever --out names it
 
     try:
         if topology_path is None:
@@ -195,19 +192,74 @@ def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
             text = gw.render(gw.load(topology_path))
     except gw.TopologyError as exc:
         raise BadInput(str(exc)) from None
+    _one_file("haproxy.cfg", text, out, check, validate.HAPROXY, "gateway")
+
+
+def _one_file(
+    name: str, text: str, out: Path | None, check: bool, kind: validate.Kind, command: str
+) -> None:
+    """One generated file (``name`` when it has no path), checked: on standard output without
+    ``--out``; written to ``out`` when it changed, or with ``--check`` failing when stale."""
+    from inferwatch.mixin.files import write
+
+    kinds = {"*": kind}  # one file, whatever --out names it
     if out is None:
         if check:
             raise click.UsageError("--check needs --out")
-        _validated(lambda: Written([], validate.check({"haproxy.cfg": text}, kinds)))
+        _validated(lambda: Written([], validate.check({name: text}, kinds)))
         click.echo(text, nl=False)
         return
     current = out.read_text(encoding="utf-8") if out.is_file() else None
     if check:
         if current != text:
-            raise Failed(f"{out} is stale: run inferwatch generate gateway")
+            raise Failed(f"{out} is stale: run inferwatch generate {command}")
         return
     _validated(lambda: write(out.parent, {out.name: text}, kinds))
     click.echo(f"{out}: {'already current' if current == text else 'updated'}")
+
+
+@generate.command()
+@click.option(
+    "--base-port",
+    type=click.IntRange(1024, 65535),
+    default=18000,
+    show_default=True,
+    show_envvar=True,
+    help="The demo fleet's first port (as inferwatch demo --base-port): its sidecars, proxies "
+    "and gateway are the targets.",
+)
+@click.option(
+    "--cluster",
+    default="demo",
+    show_default=True,
+    show_envvar=True,
+    help="The external cluster label of everything the vmagents remote-write.",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    show_envvar=True,
+    help="Where to write the scrape config [default: standard output].",
+)
+@check_option("--out")
+def vmagent(base_port: int, cluster: str, out: Path | None, check: bool) -> None:
+    """Write vmagent's -promscrape.config: the scrape jobs the demo's Prometheus runs, with
+    an external cluster label (shard it with -promscrape.cluster.* flags; docs/scaling.md)."""
+    from inferwatch.demo import topology
+
+    if not 0 < len(cluster) <= MAX_CLUSTER or not cluster.isprintable():
+        raise BadInput(f"--cluster {cluster!r}: a printable label value of 1 to "
+                       f"{MAX_CLUSTER} characters")  # fmt: skip
+    last = base_port + topology.Ports.count() - 1
+    if last > 65535:
+        raise BadInput(f"--base-port {base_port}: the fleet's ports would run to {last}")
+    text = topology.vmagent_config(topology.Ports.assign(base_port), cluster)
+    _one_file("vmagent.yml", text, out, check, validate.SCRAPE_CONFIG, "vmagent")
+
+
+#: the longest ``--cluster`` value: a label on every series, kept short
+MAX_CLUSTER = 128
 
 
 @generate.command()

@@ -39,6 +39,7 @@ __all__ = [
     "HAPROXY",
     "PROMETHEUS_RULE",
     "RULES",
+    "SCRAPE_CONFIG",
     "TEXT",
     "YAML",
     "Invalid",
@@ -306,6 +307,20 @@ def _haproxy(text: str) -> None:
 #: an HAProxy config (haproxy -c -f; host names become 127.0.0.1 in its copy, since
 #: they resolve where HAProxy runs, not where the config is written)
 HAPROXY = Kind(_haproxy, Tool(("haproxy", "-c", "-f"), haproxycfg.resolvable))
+
+
+def _scrape_config(text: str) -> None:
+    _yaml(text)
+    documents = _documents(text)
+    first = documents[0] if len(documents) == 1 else None
+    jobs = first.get("scrape_configs") if isinstance(first, dict) else None
+    if not isinstance(jobs, list) or not jobs:
+        raise _Problem("scrape_configs", "a list of scrape jobs is required")
+
+
+#: a Prometheus-format scrape config as vmagent reads it (``vmagent -dryRun``: it parses and
+#: checks the file, then exits)
+SCRAPE_CONFIG = Kind(_scrape_config, Tool(("vmagent", "-dryRun", "-promscrape.config")))
 
 
 def kind_of(name: str, kinds: Mapping[str, Kind]) -> Kind:
