@@ -48,7 +48,7 @@ from inferwatch.demo.processes import (
 )
 from inferwatch.demo.scenario import Scenario, Step
 from inferwatch.demo.topology import Ports, Replica, Role
-from inferwatch.demo.view import Context, render, stamp, summary_line
+from inferwatch.demo.view import Context, render, stamp, summary
 from inferwatch.mixin.config import Config
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError
 
@@ -244,7 +244,7 @@ class Demo:
                 if live is not None:
                     live.update(render(state, self.context), refresh=True)
                 elif tick - printed >= self.options.refresh or printed == 0:
-                    self.say(summary_line(state))
+                    self.say("\n".join(summary(state)))
                     printed = tick
                 if duration is not None and tick - self.t0 >= duration:
                     self.stop_reason = f"{duration:g}s elapsed"
