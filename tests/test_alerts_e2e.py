@@ -283,5 +283,10 @@ def test_a_healthy_run_as_long_as_the_fault_runs_fires_no_alert(healthy: Watched
     # projected to run out, may be on its way: its `for:` outlasts any demo)
     alerts = httpx.get(demo.url("prometheus") + "/api/v1/alerts", timeout=5).json()["data"]
     assert [a for a in alerts["alerts"] if a["state"] == "firing"] == []
+    # the receiver is scraped like every other component (its dry-run mode is a series)
+    execute = f'inferwatch_runbooks_execute{{job="{topology.RUNBOOKS_JOB}"}}'
+    scraped = httpx.get(demo.url("prometheus") + "/api/v1/query", params={"query": execute},
+                        timeout=5).json()["data"]["result"]  # fmt: skip
+    assert [s["value"][1] for s in scraped] == ["0"], scraped
     lasted = time.monotonic() - demo.up_at
     print(f"\nhealthy: {lasted:.0f}s without an alert ({intervals(demo.url('prometheus'))})")

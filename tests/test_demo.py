@@ -284,6 +284,19 @@ def test_a_spare_is_in_maintenance_at_the_gateway_and_no_scrape_target_until_it_
 
 
 @pytest.mark.unit
+def test_with_alerting_prometheus_scrapes_the_runbook_receiver_it_feeds() -> None:
+    ports = topology.Ports.assign(18000)
+    jobs = yaml.safe_load(topology.prometheus_config(ports, (), True))["scrape_configs"]
+    (receiver,) = [job for job in jobs if job["job_name"] == topology.RUNBOOKS_JOB]
+    assert receiver["static_configs"] == [
+        {"targets": [f"127.0.0.1:{ports.runbooks}"], "labels": {"cluster": topology.CLUSTER}}
+    ]
+    # without Alertmanager no receiver runs: no target that would only ever be down
+    jobs = yaml.safe_load(topology.prometheus_config(ports, (), False))["scrape_configs"]
+    assert topology.RUNBOOKS_JOB not in [job["job_name"] for job in jobs]
+
+
+@pytest.mark.unit
 def test_a_started_replica_reports_each_cold_start_phase_once_in_order() -> None:
     spare = topology.replica("primary-v1b")
     observer = Observer(cast(httpx.AsyncClient, None), [], [], {}, {}, None)  # no reads
@@ -521,9 +534,12 @@ def printed_urls(output: str) -> dict[str, str]:
     proxy = re.search(r"^  proxy +primary-v1 .*\(base URL (\S+)\)", output, re.M)
     curl = re.search(r"try: curl -s (\S+) -H 'Authorization: Bearer (\S+)' .* -d '(.*)'$",
                      output, re.M)  # fmt: skip
-    assert sim and proxy and curl, output
+    gateway = re.search(r"^  haproxy +(\S+) .*OpenAI API at (\S+), .*its /metrics at (\S+)$",
+                        output, re.M)  # fmt: skip
+    assert sim and proxy and curl and gateway, output
     return {"engine": sim[1], "dcgm": sim[2], "openai": proxy[1], "curl": curl[1],
-            "key": curl[2], "body": curl[3]}  # fmt: skip
+            "key": curl[2], "body": curl[3], "gateway": gateway[1], "gateway_api": gateway[2],
+            "gateway_metrics": gateway[3]}  # fmt: skip
 
 
 @pytest.mark.e2e
@@ -542,10 +558,15 @@ def test_the_default_run_announces_its_scenario_and_its_urls_work_as_printed(
     reply = httpx.post(urls["curl"], content=urls["body"],
                        headers={"Authorization": f"Bearer {urls['key']}",
                                 "Content-Type": "application/json"}, timeout=30)  # fmt: skip
+    metrics = httpx.get(urls["gateway_metrics"], timeout=10)
     code, errors = demo.stop(signum)
     output = demo.output
     assert code == 0, output + errors
     assert f"stopping ({signum.name})" in output
+    # the gateway's row gives the URL clients call (the curl's), its /metrics as detail
+    assert urls["gateway_api"] == urls["gateway"] + "/v1", output
+    assert urls["curl"] == urls["gateway_api"] + "/chat/completions", output
+    assert metrics.status_code == 200 and "haproxy_process_" in metrics.text
     assert_clean(output, expected_processes=12)
     assert scraped.exit_code == 0 and scraped.output.startswith("engine: vllm"), scraped.output
     up = [s.value for f in families for s in f.samples if s.name == "inferwatch_gpu_backend_up"]

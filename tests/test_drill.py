@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from inferwatch.demo import scenario, topology
+from inferwatch.demo import scenario as timelines
+from inferwatch.demo import topology
 from inferwatch.drill.run import LONG_GENERATION, SCENARIOS
 from inferwatch.probes import golden
 from support.demo import alive, pids
@@ -43,7 +44,7 @@ def _degenerate_faults() -> dict[str, dict[str, Any]]:
     """The degenerate fault of the drill's degenerate-version and of the demo's bad-rollout."""
     (degenerate,) = [s for s in SCENARIOS if s.name == "degenerate-version"]
     (drill,) = degenerate.fault
-    demo = scenario.load("bad-rollout", [r.name for r in topology.REPLICAS]).steps[0]
+    demo = timelines.load("bad-rollout", [r.name for r in topology.REPLICAS]).steps[0]
     return {"drill": drill.faults["degenerate"], "demo": demo.faults["degenerate"]}
 
 

@@ -582,14 +582,16 @@ class Demo:
             "redis": "the proxies' shared budgets (shared_state url)",
             "prometheus": "web UI and API, /alerts",
             "alertmanager": "web UI, /api/v2/alerts",
-            "haproxy": "the gateway clients call: OpenAI API at {gateway}/v1, routed by model, "
-            "checks on each sidecar's /readyz; this URL is its /metrics",
+            "haproxy": "the gateway clients call: OpenAI API at {url}/v1, routed by model, "
+            "checks on each sidecar's /readyz; its /metrics at {metrics}",
             "runbooks": f"/webhook (Alertmanager's automation receiver) /metrics; audit log "
             f"{workdir / automation.AUDIT_LOG}",
         }
         for c in supervisor.components:
-            about = what[c.kind].format(url=c.url, gateway=topology.url(self.ports.gateway))
-            self.say(f"  {c.kind:<12} {c.name:<12} {c.url:<24} pid {c.pid:<7} {about}")
+            # the gateway's row gives the URL clients call, where a person looks for it
+            url = topology.url(self.ports.gateway) if c.kind == "haproxy" else c.url
+            about = what[c.kind].format(url=url, metrics=f"{c.url}/metrics")
+            self.say(f"  {c.kind:<12} {c.name:<12} {url:<24} pid {c.pid:<7} {about}")
         if options.engines:
             for replica, served in zip(self.replicas, options.engines, strict=True):
                 context = f", max_model_len {served.max_model_len}" if served.max_model_len else ""

@@ -274,7 +274,8 @@ def prometheus_config(
     """Prometheus scraping every sidecar and proxy, each target labelled with its replica and
     the cluster, and HAProxy's built-in exporter (the gateway board's series, labelled with
     the cluster only: it serves every replica); with ``alertmanager``, alerts go to the demo's
-    Alertmanager.
+    Alertmanager and the runbook receiver it feeds is scraped too (its webhooks, actions and
+    breakers).
 
     A spare's targets are not listed: with ``discovery`` (a folder), each job also reads its
     targets from a file there (file-based service discovery), which :func:`write_discovered`
@@ -296,6 +297,9 @@ def prometheus_config(
         jobs.append(config)
     gateway = {"targets": [f"127.0.0.1:{ports.gateway_metrics}"], "labels": {"cluster": CLUSTER}}
     jobs.append({"job_name": GATEWAY_JOB, "static_configs": [gateway]})
+    if alertmanager:
+        receiver = {"targets": [f"127.0.0.1:{ports.runbooks}"], "labels": {"cluster": CLUSTER}}
+        jobs.append({"job_name": RUNBOOKS_JOB, "static_configs": [receiver]})
     document: dict[str, Any] = {
         "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
         "scrape_configs": jobs,
@@ -313,6 +317,7 @@ def prometheus_config(
 
 SIDECAR_JOB = "inferwatch-sidecar"
 GATEWAY_JOB = "haproxy"
+RUNBOOKS_JOB = "inferwatch-runbooks"
 
 
 def scrape_jobs(ports: Ports) -> dict[str, Mapping[str, int]]:

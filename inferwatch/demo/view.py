@@ -282,10 +282,12 @@ def summary(state: FleetState) -> list[str]:
             f"err {number(r.errors_per_s)}/s gpu {gpu(r)[0]} probes {probes(r)[0]}"
         )
     for t in state.tenants:
+        left = ""
+        if t.tenant.budget_tokens:
+            left = f" budget left {budget(t)} over {t.proxies} proxies"
         lines.append(
             f"tenant {t.tenant.name} {number(t.tokens, 0)} tok {money(t.cost)} "
-            f"ok {t.ok:.0f} rejected {t.rejected:.0f} errors {t.errors:.0f}"
-            + (f" budget left {budget(t)} over {t.proxies} proxies" if t.tenant.budget_tokens else "")
+            f"ok {t.ok:.0f} rejected {t.rejected:.0f} errors {t.errors:.0f}{left}"
         )
     if state.prometheus is not None:
         lines.append(f"prometheus {state.prometheus[0]}/{state.prometheus[1]} targets up")
