@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from inferwatch import catalog
 from inferwatch.cli import main
+from inferwatch.drill.run import SCENARIOS
 from inferwatch.generate import docs
 from support.shared import REPO
 
@@ -130,3 +131,16 @@ def test_the_documented_proxy_config_is_valid(tmp_path: Path) -> None:
     loaded = config.load(path)
     assert loaded.max_input_tokens == 8192
     assert loaded.tenants["acme"].budget is not None
+
+
+def test_the_readme_the_drill_page_and_drill_help_list_the_drills_scenarios() -> None:
+    """Each lists exactly the drill's scenarios, in the order it plays them."""
+    names = [s.name for s in SCENARIOS]
+    bullet = re.search(r"^- `inferwatch drill` .*?(?=^- |\Z)", README.read_text(), re.M | re.S)
+    assert bullet, "no `inferwatch drill` bullet in the README"
+    assert re.findall(r"`([a-z]+(?:-[a-z]+)+)`", bullet[0]) == names, bullet[0]
+    page = (DOCS / "drill.md").read_text()
+    assert re.findall(r"^\| `([a-z-]+)` \|", page, re.M) == names
+    shown = CliRunner().invoke(main, ["drill", "--help"], terminal_width=200).output
+    listed = shown.split("Scenarios, in order:")[1].split("\n\n")[0]
+    assert re.findall(r"^ +([a-z-]+): ", listed, re.M) == names, shown
