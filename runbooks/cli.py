@@ -254,4 +254,7 @@ def reset_breaker(url: str, token_file: Path | None) -> None:
         closed = [(str(u), str(g)) for u, g in json.loads(body)["closed"]]
     except (ValueError, RecursionError, KeyError, TypeError):
         raise CannotRun(f"{url} answered 200 but not as a runbook receiver does") from None
+    if not closed:
+        click.echo("closed 0 breakers (none was open)")
+        return
     click.echo(f"closed {len(closed)} breaker(s): " + ", ".join(f"{u}/{g}" for u, g in closed))
