@@ -3,6 +3,7 @@ and porting pages kept fresh from the catalogue."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 from pathlib import Path
@@ -144,3 +145,38 @@ def test_the_readme_the_drill_page_and_drill_help_list_the_drills_scenarios() ->
     shown = CliRunner().invoke(main, ["drill", "--help"], terminal_width=200).output
     listed = shown.split("Scenarios, in order:")[1].split("\n\n")[0]
     assert re.findall(r"^ +([a-z-]+): ", listed, re.M) == names, shown
+
+
+def test_the_local_tenancy_variant_is_a_valid_proxy_against_the_demos_fixed_ports(
+    tmp_path: Path,
+) -> None:
+    """docs/tenancy.md's local lines: the proxy config loads, and the ports, key and model it
+    names are the demo's at ``--base-port 18000`` and the curl's."""
+    from inferwatch.demo import topology
+    from inferwatch.proxy import config
+
+    text = (DOCS / "tenancy.md").read_text(encoding="utf-8")
+    lines = text.split("### On your machine, against the demo's Redis", 1)[1].split("```sh\n")[1]
+    lines = lines.split("```", 1)[0]
+    document = lines.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+    local = "/tmp/inferwatch-local"
+    assert f"mkdir -p {local}/journal" in lines
+    path = tmp_path / "proxy.yaml"
+    path.write_text(document.replace(local, str(tmp_path)), encoding="utf-8")
+    (tmp_path / "journal").mkdir()
+    loaded = config.load(path)
+    ports = topology.Ports.assign(18000)
+    assert "--base-port 18000 " in lines
+    assert loaded.upstream_url == f"http://127.0.0.1:{ports.sim['primary-v1']}"
+    assert loaded.shared_state is not None
+    assert loaded.shared_state.url == f"redis://127.0.0.1:{ports.redis}/0"
+    assert f"redis-cli -p {ports.redis} --scan --pattern 'local:*'" in lines
+    assert loaded.shared_state.key_prefix == "local"  # apart from the demo's own books
+    key = re.search(r"Bearer (sk-\S+)'", lines)
+    assert key, lines
+    assert loaded.key_index[hashlib.sha256(key[1].encode()).hexdigest()] == "acme"
+    assert f'"model": "{topology.PRIMARY_MODEL}"' in lines
+    # the client port and the tenant metrics port are two, and the metrics are read from the
+    # second
+    assert "--listen 127.0.0.1:8080 --metrics-listen 127.0.0.1:9402" in lines
+    assert "curl -s http://127.0.0.1:9402/metrics" in lines
