@@ -27,7 +27,7 @@ from inferwatch.clikit import (
 )
 from inferwatch.logs import log_event
 from inferwatch.runbooks import config as mapping
-from inferwatch.runbooks import inventory, lint, pages, registry
+from inferwatch.runbooks import inventory, lint, local, pages, registry
 from inferwatch.runbooks.actions.base import Action
 from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.dispatch import Dispatcher, Leader
@@ -220,6 +220,36 @@ def check_config(path: str) -> None:
         click.echo(f"{path}: warning: {warning}", err=True)
     if found:
         raise Failed(f"{path}: {len(found)} warning(s): a rule that can never act")
+
+
+@runbooks.command("local-config")
+@click.option(
+    "--sidecar",
+    "sidecars",
+    multiple=True,
+    default=("127.0.0.1:9400",),
+    show_default=True,
+    show_envvar=True,
+    help="HOST:PORT of a sidecar, as Prometheus scrapes it (the alerts' instance label). "
+    "Repeatable: one per replica.",
+)
+@click.option(
+    "--model",
+    default="unknown",
+    show_default=True,
+    show_envvar=True,
+    help="The model the sidecars' replicas serve (the breaker's population).",
+)
+def local_config(sidecars: tuple[str, ...], model: str) -> None:
+    """Print a mapping config for a receiver outside Kubernetes: the shipped rules with a
+    static inventory of these sidecars. It passes check-config, where the shipped
+    actions.yaml, which lists no inventory, warns that no rule has a target:
+    inferwatch runbooks local-config --sidecar 127.0.0.1:9400 > actions.yaml"""
+    for address in sidecars:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in address:
+            raise BadInput(f"--sidecar {address[:200]!r}: expected HOST:PORT")
+    click.echo(local.document(sidecars, model), nl=False)
 
 
 @runbooks.command("reset-breaker")
