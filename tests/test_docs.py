@@ -7,6 +7,7 @@ import hashlib
 import re
 import shutil
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from click.testing import CliRunner
@@ -180,3 +181,21 @@ def test_the_local_tenancy_variant_is_a_valid_proxy_against_the_demos_fixed_port
     # second
     assert "--listen 127.0.0.1:8080 --metrics-listen 127.0.0.1:9402" in lines
     assert "curl -s http://127.0.0.1:9402/metrics" in lines
+
+
+def test_every_documented_engine_url_is_the_base_url_the_sidecar_appends_metrics_to() -> None:
+    """The pages agree on one form of ``--engine-url`` (a base URL), and the sidecar scrapes
+    its /metrics, as docs/sidecar.md says (a /metrics URL is scraped as it is)."""
+    from inferwatch.exporters.sources.engine import metrics_url
+
+    pages = [README, *sorted(DOCS.glob("*.md"))]
+    found = {
+        (page.name, url)
+        for page in pages
+        for url in re.findall(r"--engine-url[ =](https?://[^\s`)]+)", page.read_text())
+    }
+    assert {name for name, _ in found} >= {"sidecar.md", "tracing.md"}, found
+    assert [f for f in found if urlsplit(f[1]).path not in ("", "/")] == []
+    for _, url in found:
+        assert metrics_url(url) == url.rstrip("/") + "/metrics"
+        assert metrics_url(url.rstrip("/") + "/metrics") == url.rstrip("/") + "/metrics"
