@@ -49,6 +49,8 @@ watched() {
     shift 2
     "$@" >>"$log" 2>&1 &
     pid=$!
+    # stopped (timeout, kill), the install stops its step too rather than leave it running
+    trap 'kill "$pid" 2>/dev/null || true; exit 143' TERM INT
     last=$(date +%s)
     while kill -0 "$pid" 2>/dev/null; do
         sleep "${PROGRESS_TICK:-1}"
@@ -60,6 +62,7 @@ watched() {
         fi
     done
     wait "$pid" || status=$?
+    trap - TERM INT
     now=$("$summary" "$log")
     [ "$now" = "$said" ] || echo "$PROGRESS_NAME:   $now" >&2
     return "$status"
