@@ -225,7 +225,6 @@ def check_config(path: str) -> None:
 @runbooks.command("local-config")
 @click.option(
     "--sidecar",
-    "sidecars",
     multiple=True,
     default=("127.0.0.1:9400",),
     show_default=True,
@@ -240,16 +239,16 @@ def check_config(path: str) -> None:
     show_envvar=True,
     help="The model the sidecars' replicas serve (the breaker's population).",
 )
-def local_config(sidecars: tuple[str, ...], model: str) -> None:
+def local_config(sidecar: tuple[str, ...], model: str) -> None:
     """Print a mapping config for a receiver outside Kubernetes: the shipped rules with a
     static inventory of these sidecars. It passes check-config, where the shipped
     actions.yaml, which lists no inventory, warns that no rule has a target:
     inferwatch runbooks local-config --sidecar 127.0.0.1:9400 > actions.yaml"""
-    for address in sidecars:
+    for address in sidecar:
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in address:
             raise BadInput(f"--sidecar {address[:200]!r}: expected HOST:PORT")
-    click.echo(local.document(sidecars, model), nl=False)
+    click.echo(local.document(sidecar, model), nl=False)
 
 
 @runbooks.command("reset-breaker")
