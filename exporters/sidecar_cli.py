@@ -41,7 +41,12 @@ logger = logging.getLogger("inferwatch.sidecar")
 
 
 @click.command()
-@listen_option(":9400")
+@listen_option(
+    ":9400",
+    "Every interface by default, unlike the runbook receiver (127.0.0.1): Prometheus scrapes "
+    "a sidecar and the gateway checks its /readyz from other pods and nodes. Its admin "
+    "endpoints need a token; give 127.0.0.1:9400 where only local scrapers call it.",
+)
 @click.option("--model", default="", show_envvar=True, help="Model label when the engine has none.")
 @click.option(
     "--model-version",

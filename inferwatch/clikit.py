@@ -173,10 +173,14 @@ def parse_listen(value: str, flag: str = "--listen") -> tuple[str, int]:
     return host or "0.0.0.0", int(port)
 
 
-def listen_option(default: str) -> Callable[[F], F]:
-    """``--listen``: the ``HOST:PORT`` a server binds (see :func:`parse_listen`)."""
+def listen_option(default: str, why: str = "") -> Callable[[F], F]:
+    """``--listen``: the ``HOST:PORT`` a server binds (see :func:`parse_listen`); ``why``:
+    the reason for its default, said in the help."""
     return click.option(
-        "--listen", default=default, show_envvar=True, help="HOST:PORT to serve on."
+        "--listen",
+        default=default,
+        show_envvar=True,
+        help="HOST:PORT to serve on." + (f" {why}" if why else ""),
     )
 
 

@@ -27,7 +27,7 @@ from inferwatch.clikit import (
 )
 from inferwatch.logs import log_event
 from inferwatch.runbooks import config as mapping
-from inferwatch.runbooks import inventory, lint, pages, registry
+from inferwatch.runbooks import inventory, lint, local, pages, registry
 from inferwatch.runbooks.actions.base import Action
 from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.dispatch import Dispatcher, Leader
@@ -222,6 +222,35 @@ def check_config(path: str) -> None:
         raise Failed(f"{path}: {len(found)} warning(s): a rule that can never act")
 
 
+@runbooks.command("local-config")
+@click.option(
+    "--sidecar",
+    multiple=True,
+    default=("127.0.0.1:9400",),
+    show_default=True,
+    show_envvar=True,
+    help="HOST:PORT of a sidecar, as Prometheus scrapes it (the alerts' instance label). "
+    "Repeatable: one per replica.",
+)
+@click.option(
+    "--model",
+    default="unknown",
+    show_default=True,
+    show_envvar=True,
+    help="The model the sidecars' replicas serve (the breaker's population).",
+)
+def local_config(sidecar: tuple[str, ...], model: str) -> None:
+    """Print a mapping config for a receiver outside Kubernetes: the shipped rules with a
+    static inventory of these sidecars. It passes check-config, where the shipped
+    actions.yaml, which lists no inventory, warns that no rule has a target:
+    inferwatch runbooks local-config --sidecar 127.0.0.1:9400 > actions.yaml"""
+    for address in sidecar:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in address:
+            raise BadInput(f"--sidecar {address[:200]!r}: expected HOST:PORT")
+    click.echo(local.document(sidecar, model), nl=False)
+
+
 @runbooks.command("reset-breaker")
 @click.option("--url", default="http://127.0.0.1:9405", show_envvar=True, help="The receiver.")
 @token_file_option("--token-file", f"File holding the receiver's bearer token (else ${TOKEN_ENV}).")
@@ -254,4 +283,7 @@ def reset_breaker(url: str, token_file: Path | None) -> None:
         closed = [(str(u), str(g)) for u, g in json.loads(body)["closed"]]
     except (ValueError, RecursionError, KeyError, TypeError):
         raise CannotRun(f"{url} answered 200 but not as a runbook receiver does") from None
+    if not closed:
+        click.echo("closed 0 breakers (none was open)")
+        return
     click.echo(f"closed {len(closed)} breaker(s): " + ", ".join(f"{u}/{g}" for u, g in closed))

@@ -192,8 +192,7 @@ def _rule_warnings(
     )  # fmt: skip
     if lost:
         reasons.append(
-            f"needs label(s) {', '.join(lost)}, which {rule.alertname}'s expression "
-            "aggregates away"
+            f"needs label(s) {', '.join(lost)}, which {rule.alertname}'s expression aggregates away"
         )
     if kind is not None:
         identifying = inventory.RULES[kind][0]

@@ -356,7 +356,7 @@ def test_the_demo_observer_reports_alerts_firing_inhibited_and_resolved(
             async def poll_until(done: Callable[[observer.FleetState], bool], what: str) -> None:
                 async def polled() -> bool:
                     state = await watch.poll(0.0, LoadStats(), 0.0)
-                    seen.append((state, view.summary_line(state)))
+                    seen.append((state, "\n".join(view.summary(state))))
                     return done(state)
 
                 def failed() -> str:
@@ -380,7 +380,7 @@ def test_the_demo_observer_reports_alerts_firing_inhibited_and_resolved(
     events = [event for state, _ in seen for event in state.events]
     assert "ALERT firing: InferwatchGPUUnhealthy critical primary-v1 -> page" in events, events
     assert any(e.startswith("ALERT resolved: InferwatchReplicaNotReady warning") for e in events)
-    # while both fired, the plain line counted the symptom as inhibited by the GPU fault
+    # while both fired, the plain summary counted the symptom as inhibited by the GPU fault
     assert any("alerts 1 firing, 1 inhibited: InferwatchGPUUnhealthy critical primary-v1" in line
                for _, line in seen), [line for _, line in seen]  # fmt: skip
     firing = next(state for state, _ in seen if len(observer_alerts(state)) == 2)

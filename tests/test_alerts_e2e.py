@@ -10,7 +10,11 @@ moved earlier so that their first step runs :data:`FIRST_STEP` seconds after the
 Every wait polls Alertmanager's ``/api/v2/alerts`` against a deadline; the time from the fault
 to each alert reaching Alertmanager is printed (``pytest -s``) with the intervals and
 ``for:`` durations. The demo's runbook receiver (dry-run) must audit a plan to isolate the
-replica whose GPU failed and change nothing; in the healthy demo it decides nothing.
+replica whose GPU failed and change nothing; in the healthy demo it decides nothing. A fault
+one signal owns must not raise the others: the bad rollout degenerates long generations only,
+which the live screening sees and the golden probes never ask for, so it must reach
+Alertmanager as ``InferwatchDegenerateOutputRising`` (and a dry-run traffic shift) and never as
+a failing probe or an unready replica.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class Expect:
     fault_step: int = 0
     #: alerts that must arrive inhibited (by a worse alert about the same replica)
     inhibited: frozenset[str] = frozenset()
+    #: alerts that must not reach Alertmanager: another signal owns the fault
+    absent: frozenset[str] = frozenset()
 
     def met_by(self, alert: Mapping[str, Any]) -> frozenset[str] | None:
         """The group this alert satisfies, if any."""
@@ -71,9 +77,11 @@ def _about(name: str) -> dict[str, str]:
 
 
 EXPECTED = {
+    # the live screening owns it (long generations only): the probes keep passing
     "bad-rollout": Expect(
-        [frozenset({"InferwatchProbeFailing", "InferwatchDegenerateOutputRising"})],
+        [frozenset({"InferwatchDegenerateOutputRising"})],
         _about("primary-v2"),
+        absent=frozenset({"InferwatchProbeFailing", "InferwatchReplicaNotReady"}),
     ),
     "gpu-failure": Expect(
         [frozenset({"InferwatchGPUXidErrors"}), frozenset({"InferwatchGPUUnhealthy"}),
@@ -177,6 +185,7 @@ def test_a_fault_scenario_makes_its_alerts_reach_alertmanager(
 
         def all_reached() -> bool:
             for alert in demo.alerts():
+                assert alert["labels"]["alertname"] not in expect.absent, alert
                 group = expect.met_by(alert)
                 if group is not None and group not in done:
                     done.add(group)
@@ -205,6 +214,8 @@ def test_a_fault_scenario_makes_its_alerts_reach_alertmanager(
         )
         if name == "gpu-failure":
             assert_dry_run_isolation(demo, "primary-v1", fault_at)
+        if name == "bad-rollout":
+            assert_dry_run_shift(demo, "primary-v2", fault_at)
 
 
 def assert_dry_run_isolation(demo: Demo, replica: str, fault_at: float) -> None:
@@ -234,6 +245,28 @@ def assert_dry_run_isolation(demo: Demo, replica: str, fault_at: float) -> None:
     demo.wait_line(rf"runbooks dry-run: isolate_replica {replica} \(InferwatchGPUXidErrors\)", 10)
 
 
+def assert_dry_run_shift(demo: Demo, replica: str, fault_at: float) -> None:
+    """The receiver audited one dry-run plan to shift the degenerate version's traffic and
+    nothing else; the replica stayed ready throughout (its probes never failed)."""
+    version = topology.replica(replica).version
+    records: list[dict[str, Any]] = []
+
+    def planned() -> list[dict[str, Any]]:
+        records[:] = demo.audit()
+        return [
+            r for r in records
+            if (r.get("decision"), r.get("action"), r.get("alertname"))
+            == ("dry_run", automation.SHIFT, "InferwatchDegenerateOutputRising")
+            and r["labels"].get("model_version") == version
+        ]  # fmt: skip
+
+    left = fault_at + ALERT_DEADLINE - time.monotonic()
+    (plan,) = wait_for(planned, f"one dry-run traffic shift off {version}", left, interval=0.2)
+    assert plan["execute"] is False, plan
+    assert {r.get("action") for r in records if r.get("action")} == {automation.SHIFT}, records
+    assert not [line for _, line in demo.out.lines if f"{replica}: /readyz ready -> NOT" in line]
+
+
 def test_a_healthy_run_as_long_as_the_fault_runs_fires_no_alert(healthy: Watched) -> None:
     demo = healthy.demo
     assert rules_loaded(demo.url("prometheus"))
@@ -250,5 +283,10 @@ def test_a_healthy_run_as_long_as_the_fault_runs_fires_no_alert(healthy: Watched
     # projected to run out, may be on its way: its `for:` outlasts any demo)
     alerts = httpx.get(demo.url("prometheus") + "/api/v1/alerts", timeout=5).json()["data"]
     assert [a for a in alerts["alerts"] if a["state"] == "firing"] == []
+    # the receiver is scraped like every other component (its dry-run mode is a series)
+    execute = f'inferwatch_runbooks_execute{{job="{topology.RUNBOOKS_JOB}"}}'
+    scraped = httpx.get(demo.url("prometheus") + "/api/v1/query", params={"query": execute},
+                        timeout=5).json()["data"]["result"]  # fmt: skip
+    assert [s["value"][1] for s in scraped] == ["0"], scraped
     lasted = time.monotonic() - demo.up_at
     print(f"\nhealthy: {lasted:.0f}s without an alert ({intervals(demo.url('prometheus'))})")

@@ -1,7 +1,7 @@
 """``inferwatch demo``: the whole stack starts, shows its signals, plays faults and stops cleanly.
 
 The end-to-end tests run the real command as a subprocess with stdout on a pipe (the plain
-summary-line face) and check what a user relies on: exit code 0, replicas and tenants with
+plain summary) and check what a user relies on: exit code 0, replicas and tenants with
 traffic, a scripted fault visible as a readiness flip, URLs that work as printed, and no child
 process or work directory left behind (checked by the pids and the directory the demo prints
 at start). They wait for the lines they need, each with a deadline, never for a fixed time.
@@ -43,9 +43,17 @@ from inferwatch.demo import (
     topology,
 )
 from inferwatch.demo import engines as external
-from inferwatch.demo.observer import AuditTail, Observer, ReplicaState
+from inferwatch.demo.loadgen import LoadStats
+from inferwatch.demo.observer import (
+    AlertState,
+    AuditTail,
+    FleetState,
+    Observer,
+    ReplicaState,
+    TenantState,
+)
 from inferwatch.demo.signals import History, Scrape, quantiles, rate
-from inferwatch.demo.view import decisions_summary
+from inferwatch.demo.view import decisions_summary, summary
 from inferwatch.exitcodes import ExitCode
 from inferwatch.exporters import gpu
 from inferwatch.proxy.usage import estimate_prompt_tokens
@@ -276,6 +284,19 @@ def test_a_spare_is_in_maintenance_at_the_gateway_and_no_scrape_target_until_it_
 
 
 @pytest.mark.unit
+def test_with_alerting_prometheus_scrapes_the_runbook_receiver_it_feeds() -> None:
+    ports = topology.Ports.assign(18000)
+    jobs = yaml.safe_load(topology.prometheus_config(ports, (), True))["scrape_configs"]
+    (receiver,) = [job for job in jobs if job["job_name"] == topology.RUNBOOKS_JOB]
+    assert receiver["static_configs"] == [
+        {"targets": [f"127.0.0.1:{ports.runbooks}"], "labels": {"cluster": topology.CLUSTER}}
+    ]
+    # without Alertmanager no receiver runs: no target that would only ever be down
+    jobs = yaml.safe_load(topology.prometheus_config(ports, (), False))["scrape_configs"]
+    assert topology.RUNBOOKS_JOB not in [job["job_name"] for job in jobs]
+
+
+@pytest.mark.unit
 def test_a_started_replica_reports_each_cold_start_phase_once_in_order() -> None:
     spare = topology.replica("primary-v1b")
     observer = Observer(cast(httpx.AsyncClient, None), [], [], {}, {}, None)  # no reads
@@ -419,14 +440,14 @@ def reaper() -> Iterator[list[int]]:
             os.kill(pid, signal.SIGKILL)
 
 
-def replica_throughput(line: str, name: str) -> str:
-    match = re.search(rf"\| {name} .*? (\S+) tok/s", line)
+def replica_throughput(line: str) -> str:
+    match = re.search(r" (\S+) tok/s ", line)
     assert match, line
     return match[1]
 
 
-def tenant_tokens(line: str, name: str) -> str:
-    match = re.search(rf"(?:tenants|,) {name} (\S+) tok ", line)
+def tenant_tokens(line: str) -> str:
+    match = re.search(r"\] tenant \S+ (\S+) tok ", line)
     assert match, line
     return match[1]
 
@@ -470,23 +491,19 @@ def seen(pattern: str) -> Callable[[str], bool]:
     return lambda output: re.search(pattern, output) is not None
 
 
-def summaries(output: str) -> list[str]:
-    return [line for line in output.splitlines() if " | primary-v1 " in line]
+def summaries(output: str, kind: str, name: str) -> list[str]:
+    """The plain summary's lines about one replica or tenant (``kind``), oldest first."""
+    return re.findall(rf"^\[ *[\d.]+s\] {kind} {name} .*$", output, re.M)
 
 
 def busy(output: str) -> bool:
     """Every replica has shown throughput and every tenant of the demo's load has been charged
     tokens."""
-    lines = summaries(output)
-    return (
-        bool(lines)
-        and all(
-            {replica_throughput(line, name) for line in lines} - {"-", "0"} for name in REPLICAS
-        )
-        and all(
-            tenant_tokens(lines[-1], t.name) not in ("0", "-") for t in topology.TENANTS if t.share
-        )
-    )
+    replicas = [summaries(output, "replica", name) for name in REPLICAS]
+    tenants = [summaries(output, "tenant", t.name) for t in topology.TENANTS if t.share]
+    return all(
+        {replica_throughput(line) for line in lines} - {"-", "0"} for lines in replicas
+    ) and all(lines and tenant_tokens(lines[-1]) not in ("0", "-") for lines in tenants)
 
 
 @pytest.mark.e2e
@@ -507,7 +524,7 @@ def test_demo_runs_a_scenario_and_stops_cleanly(tmp_path: Path, reaper: list[int
         assert (
             len(re.findall(rf"^  {kind} .* (http|redis)://127\.0\.0\.1:\d+", output, re.M)) == count
         )
-    assert re.search(r"\| primary-v1 .* req/s \(\S+ probes\) ", output), output
+    assert re.search(r"\] replica primary-v1 .* req/s \(\S+ probes\) ", output), output
     assert_clean(output, expected_processes=14)  # 12, the restarted engine and sidecar
 
 
@@ -517,9 +534,12 @@ def printed_urls(output: str) -> dict[str, str]:
     proxy = re.search(r"^  proxy +primary-v1 .*\(base URL (\S+)\)", output, re.M)
     curl = re.search(r"try: curl -s (\S+) -H 'Authorization: Bearer (\S+)' .* -d '(.*)'$",
                      output, re.M)  # fmt: skip
-    assert sim and proxy and curl, output
+    gateway = re.search(r"^  haproxy +(\S+) .*OpenAI API at (\S+), .*its /metrics at (\S+)$",
+                        output, re.M)  # fmt: skip
+    assert sim and proxy and curl and gateway, output
     return {"engine": sim[1], "dcgm": sim[2], "openai": proxy[1], "curl": curl[1],
-            "key": curl[2], "body": curl[3]}  # fmt: skip
+            "key": curl[2], "body": curl[3], "gateway": gateway[1], "gateway_api": gateway[2],
+            "gateway_metrics": gateway[3]}  # fmt: skip
 
 
 @pytest.mark.e2e
@@ -528,7 +548,7 @@ def test_the_default_run_announces_its_scenario_and_its_urls_work_as_printed(
     tmp_path: Path, reaper: list[int], signum: signal.Signals
 ) -> None:
     demo = Demo(["--speed", "50", "--no-prometheus", "--refresh", "1"], tmp_path, reaper)
-    demo.out.wait_text(lambda out: " | primary-v1 " in out, "a summary line", 60)
+    demo.out.wait_text(lambda out: summaries(out, "replica", "primary-v1"), "a summary", 60)
     urls = printed_urls(demo.output)
     scraped = CliRunner().invoke(main, ["scrape", urls["engine"]])
     backend = gpu.open_backend(f"dcgm={urls['dcgm']}")
@@ -538,10 +558,15 @@ def test_the_default_run_announces_its_scenario_and_its_urls_work_as_printed(
     reply = httpx.post(urls["curl"], content=urls["body"],
                        headers={"Authorization": f"Bearer {urls['key']}",
                                 "Content-Type": "application/json"}, timeout=30)  # fmt: skip
+    metrics = httpx.get(urls["gateway_metrics"], timeout=10)
     code, errors = demo.stop(signum)
     output = demo.output
     assert code == 0, output + errors
     assert f"stopping ({signum.name})" in output
+    # the gateway's row gives the URL clients call (the curl's), its /metrics as detail
+    assert urls["gateway_api"] == urls["gateway"] + "/v1", output
+    assert urls["curl"] == urls["gateway_api"] + "/chat/completions", output
+    assert metrics.status_code == 200 and "haproxy_process_" in metrics.text
     assert_clean(output, expected_processes=12)
     assert scraped.exit_code == 0 and scraped.output.startswith("engine: vllm"), scraped.output
     up = [s.value for f in families for s in f.samples if s.name == "inferwatch_gpu_backend_up"]
@@ -553,10 +578,10 @@ def test_the_default_run_announces_its_scenario_and_its_urls_work_as_printed(
     assert re.search(rf"\] scenario {scenario.DEFAULT}: ", output), output
 
 
-def tenant_budget(line: str, name: str) -> tuple[float, int, int]:
+def tenant_budget(line: str) -> tuple[float, int, int]:
     """(tokens charged, requests rejected, proxies that charged it) of a budgeted tenant."""
-    match = re.search(rf"(?:tenants|,) {name} (\S+) tok \S+ ok \d+ rejected (\d+) errors \d+ "
-                      rf"budget left \S+ over (\d+) proxies", line)  # fmt: skip
+    match = re.search(r"\] tenant \S+ (\S+) tok \S+ ok \d+ rejected (\d+) errors \d+ "
+                      r"budget left \S+ over (\d+) proxies$", line)  # fmt: skip
     assert match, line
     return tokens(match[1]), int(match[2]), int(match[3])
 
@@ -600,7 +625,7 @@ def test_scenario_none_is_a_quiet_run_and_a_budget_holds_across_the_proxies(
     assert hooli.share == 0 and hooli.budget_tokens and hooli.budget_window == "1m"
     demo = Demo(["--speed", "50", "--no-prometheus", "--refresh", "1", "--scenario", "none"],
                 tmp_path, reaper)  # fmt: skip
-    demo.out.wait_text(lambda out: len(summaries(out)) >= 2, "two summary lines", 60)
+    demo.out.wait_text(lambda out: len(summaries(out, "tenant", "hooli")) >= 2, "two summaries", 60)
     model = topology.replica("primary-v1").model
     body: dict[str, object] = {
         "model": model,
@@ -613,15 +638,15 @@ def test_scenario_none_is_a_quiet_run_and_a_budget_holds_across_the_proxies(
     counted, sent = flood(printed_urls(demo.output)["curl"], hooli.key, body)
     ended = time.time()
     demo.out.wait_text(
-        lambda out: tenant_budget(summaries(out)[-1], "hooli")[1] > 0,
+        lambda out: tenant_budget(summaries(out, "tenant", "hooli")[-1])[1] > 0,
         "hooli refused over its budget in the view",
         30,
     )
-    line = summaries(demo.output)[-1]
+    line = summaries(demo.output, "tenant", "hooli")[-1]
     code, errors = demo.stop()
     assert code == 0, demo.output + errors
     assert "scenario" not in demo.output
-    spent, _, proxies = tenant_budget(line, "hooli")
+    spent, _, proxies = tenant_budget(line)
     assert proxies == 4, line
     # each budget window (aligned to the minute) the flood touched allows the budget; on top,
     # at most one reservation: the prompt (as estimated or as the engine counted it) and its cap
@@ -696,6 +721,49 @@ def demo_mapping(workdir: Path, execute: bool = False) -> Config:
 
 #: the sidecar ports the demo's receiver is configured with in these tests
 SIDECARS = {"primary-v1": 9401, "primary-v2": 9402, "fallback": 9403}
+
+
+def _busy_fleet(dropped: int, alerts: int) -> FleetState:
+    """The demo's fleet with every signal known (the longest cells) and ``alerts`` firing."""
+    replicas = [
+        ReplicaState(r, reachable=True, ready=False, failing=(("gpu", "XID 79"), ("quality", "")),
+                     engine_up=True, gpu_healthy=True, gpu_utilization=0.93,
+                     gpu_temperature=71.0, requests_per_s=123.4, probe_requests_per_s=0.3,
+                     tokens_per_s=45678.0, errors_per_s=1.5, ttft=(0.41, 2.1), tpot=(0.009, 0.038),
+                     running=64.0, waiting=128.0, kv_usage=0.97, probe_pass=0.5,
+                     probe_verdict="fail")
+        for r in topology.REPLICAS
+    ]  # fmt: skip
+    tenants = [TenantState(t, ok=123456, rejected=2345, errors=12, tokens=1.2e9, cost=12345.6,
+                           budget_left=0.42, proxies=4) for t in topology.TENANTS]  # fmt: skip
+    firing = tuple(
+        AlertState(str(i), f"InferwatchSomethingVeryLongNamed{i}", "critical", "primary-v2",
+                   False, ("page",), None)
+        for i in range(alerts)
+    )  # fmt: skip
+    load = LoadStats(sent=1234567, ok=1234000, rejected=500, failed=67, dropped=dropped)
+    return FleetState(1234.5, replicas, tenants, load, 22.0, (17, 17), firing, ())
+
+
+@pytest.mark.unit
+def test_the_plain_summary_is_short_stamped_lines_one_per_replica_and_tenant() -> None:
+    lines = summary(_busy_fleet(dropped=0, alerts=12))
+    assert all(line.startswith("[1234.5s] ") for line in lines), lines
+    assert max(map(len, lines)) <= SHORT, max(lines, key=len)
+    for replica in topology.REPLICAS:
+        (line,) = [line for line in lines if line.startswith(f"[1234.5s] replica {replica.name} ")]
+        assert " 45.7k tok/s " in line and "probes fail 50%" in line, line
+    for tenant in topology.TENANTS:
+        (line,) = [line for line in lines if line.startswith(f"[1234.5s] tenant {tenant.name} ")]
+        assert " 1.2G tok " in line, line
+    assert "[1234.5s] alerts 12 firing, 0 inhibited: " in lines[-2] and "and 10 more" in lines[-2]
+    assert "dropped" not in lines[0], lines[0]
+    # the client dropping arrivals (too many in flight) is said once there are some
+    assert summary(_busy_fleet(dropped=42, alerts=0))[0].endswith(" failed 67 dropped 42")
+
+
+#: the longest plain summary line: what a log viewer or CI page shows unwrapped
+SHORT = 200
 
 
 @pytest.mark.unit

@@ -3,15 +3,18 @@ and porting pages kept fresh from the catalogue."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from click.testing import CliRunner
 
 from inferwatch import catalog
 from inferwatch.cli import main
+from inferwatch.drill.run import SCENARIOS
 from inferwatch.generate import docs
 from support.shared import REPO
 
@@ -130,3 +133,69 @@ def test_the_documented_proxy_config_is_valid(tmp_path: Path) -> None:
     loaded = config.load(path)
     assert loaded.max_input_tokens == 8192
     assert loaded.tenants["acme"].budget is not None
+
+
+def test_the_readme_the_drill_page_and_drill_help_list_the_drills_scenarios() -> None:
+    """Each lists exactly the drill's scenarios, in the order it plays them."""
+    names = [s.name for s in SCENARIOS]
+    bullet = re.search(r"^- `inferwatch drill` .*?(?=^- |\Z)", README.read_text(), re.M | re.S)
+    assert bullet, "no `inferwatch drill` bullet in the README"
+    assert re.findall(r"`([a-z]+(?:-[a-z]+)+)`", bullet[0]) == names, bullet[0]
+    page = (DOCS / "drill.md").read_text()
+    assert re.findall(r"^\| `([a-z-]+)` \|", page, re.M) == names
+    shown = CliRunner().invoke(main, ["drill", "--help"], terminal_width=200).output
+    listed = shown.split("Scenarios, in order:")[1].split("\n\n")[0]
+    assert re.findall(r"^ +([a-z-]+): ", listed, re.M) == names, shown
+
+
+def test_the_local_tenancy_variant_is_a_valid_proxy_against_the_demos_fixed_ports(
+    tmp_path: Path,
+) -> None:
+    """docs/tenancy.md's local lines: the proxy config loads, and the ports, key and model it
+    names are the demo's at ``--base-port 18000`` and the curl's."""
+    from inferwatch.demo import topology
+    from inferwatch.proxy import config
+
+    text = (DOCS / "tenancy.md").read_text(encoding="utf-8")
+    lines = text.split("### On your machine, against the demo's Redis", 1)[1].split("```sh\n")[1]
+    lines = lines.split("```", 1)[0]
+    document = lines.split("<<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+    local = "/tmp/inferwatch-local"
+    assert f"mkdir -p {local}/journal" in lines
+    path = tmp_path / "proxy.yaml"
+    path.write_text(document.replace(local, str(tmp_path)), encoding="utf-8")
+    (tmp_path / "journal").mkdir()
+    loaded = config.load(path)
+    ports = topology.Ports.assign(18000)
+    assert "--base-port 18000 " in lines
+    assert loaded.upstream_url == f"http://127.0.0.1:{ports.sim['primary-v1']}"
+    assert loaded.shared_state is not None
+    assert loaded.shared_state.url == f"redis://127.0.0.1:{ports.redis}/0"
+    assert f"redis-cli -p {ports.redis} --scan --pattern 'local:*'" in lines
+    assert loaded.shared_state.key_prefix == "local"  # apart from the demo's own books
+    key = re.search(r"Bearer (sk-\S+)'", lines)
+    assert key, lines
+    assert loaded.key_index[hashlib.sha256(key[1].encode()).hexdigest()] == "acme"
+    assert f'"model": "{topology.PRIMARY_MODEL}"' in lines
+    # the client port and the tenant metrics port are two, and the metrics are read from the
+    # second
+    assert "--listen 127.0.0.1:8080 --metrics-listen 127.0.0.1:9402" in lines
+    assert "curl -s http://127.0.0.1:9402/metrics" in lines
+
+
+def test_every_documented_engine_url_is_the_base_url_the_sidecar_appends_metrics_to() -> None:
+    """The pages agree on one form of ``--engine-url`` (a base URL), and the sidecar scrapes
+    its /metrics, as docs/sidecar.md says (a /metrics URL is scraped as it is)."""
+    from inferwatch.exporters.sources.engine import metrics_url
+
+    pages = [README, *sorted(DOCS.glob("*.md"))]
+    found = {
+        (page.name, url)
+        for page in pages
+        for url in re.findall(r"--engine-url[ =](https?://[^\s`)]+)", page.read_text())
+    }
+    assert {name for name, _ in found} >= {"sidecar.md", "tracing.md"}, found
+    assert [f for f in found if urlsplit(f[1]).path not in ("", "/")] == []
+    for _, url in found:
+        assert metrics_url(url) == url.rstrip("/") + "/metrics"
+        assert metrics_url(url.rstrip("/") + "/metrics") == url.rstrip("/") + "/metrics"

@@ -8,9 +8,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from inferwatch.demo import scenario as timelines
 from inferwatch.demo import topology
 from inferwatch.drill.run import LONG_GENERATION, SCENARIOS
 from inferwatch.probes import golden
@@ -38,11 +40,20 @@ def test_the_mass_gpu_fault_kills_the_primary_and_leaves_the_fallback_model_to_s
     assert {name for step in mass.repair for name in step.replicas} == primary
 
 
-def test_the_degenerate_version_spares_every_golden_probe_and_not_the_long_live_answers() -> None:
-    """Only the live screening can see it: the quality gate does not race the alert."""
+def _degenerate_faults() -> dict[str, dict[str, Any]]:
+    """The degenerate fault of the drill's degenerate-version and of the demo's bad-rollout."""
     (degenerate,) = [s for s in SCENARIOS if s.name == "degenerate-version"]
-    (step,) = degenerate.fault
-    least = step.faults["degenerate"]["min_tokens"]
+    (drill,) = degenerate.fault
+    demo = timelines.load("bad-rollout", [r.name for r in topology.REPLICAS]).steps[0]
+    return {"drill": drill.faults["degenerate"], "demo": demo.faults["degenerate"]}
+
+
+@pytest.mark.parametrize("where", ["drill", "demo"])
+def test_the_degenerate_version_spares_every_golden_probe_and_not_the_long_live_answers(
+    where: str,
+) -> None:
+    """Only the live screening can see it: the quality gate does not race the alert."""
+    least = _degenerate_faults()[where]["min_tokens"]
     assert least == LONG_GENERATION > max(g.max_tokens for g in golden.load().probes)
     primary = [t for t in topology.TENANTS if t.role == "primary" and t.share > 0]
     assert any(t.max_tokens[1] >= least for t in primary)

@@ -126,6 +126,7 @@ CASES: dict[str, Case] = {
         ],
     ),
     "runbooks check-config": Case(lambda tmp: [_file(tmp, "actions.yaml", UNCLOSED_YAML)]),
+    "runbooks local-config": Case(lambda tmp: ["--sidecar", "no-port"]),
     "runbooks reset-breaker": Case(
         lambda tmp: [],  # no token
         cannot_run=lambda tmp: [

@@ -275,12 +275,13 @@ def test_breaker_opens_at_the_fraction_and_stays_open_until_reset(
     rx.drain()
     assert rx.outcomes()[-1] == "breaker"
 
-    result = CliRunner().invoke(
-        main, ["runbooks", "reset-breaker", "--url", rx.url, "--token-file", str(token_file)]
-    )
+    reset = ["runbooks", "reset-breaker", "--url", rx.url, "--token-file", str(token_file)]
+    result = CliRunner().invoke(main, reset)
     assert result.exit_code == 0, result.output
-    assert "closed 1 breaker(s): replica/llama" in result.output
+    assert result.output == "closed 1 breaker(s): replica/llama\n"
     assert metric(rx.url, "inferwatch_runbooks_breaker_open", **group) == 0
+    again = CliRunner().invoke(main, reset)  # nothing open: a whole sentence, no empty list
+    assert (again.exit_code, again.output) == (0, "closed 0 breakers (none was open)\n")
     rx.post(h.payload(alerts[1]))
     rx.drain()
     assert rx.outcomes()[-1] == "applied"

@@ -16,6 +16,7 @@ import yaml
 from inferwatch.alerts import writer
 from inferwatch.demo import automation
 from inferwatch.mixin import config
+from inferwatch.runbooks import local
 from support.shared import REPO
 
 pytestmark = pytest.mark.unit
@@ -46,7 +47,7 @@ def severities() -> dict[str, set[str]]:
 
 
 def kit_rules() -> list[dict[str, Any]]:
-    rules: list[dict[str, Any]] = automation.shipped()["rules"]
+    rules: list[dict[str, Any]] = local.shipped()["rules"]
     return rules
 
 

@@ -209,3 +209,39 @@ def test_check_config_passes_a_mapping_that_can_act_in_silence(tmp_path: Path) -
     result = CliRunner().invoke(main, ["runbooks", "check-config", str(path)])
     assert result.exit_code == 0, result.output
     assert result.stderr == ""
+
+
+@pytest.mark.parametrize("sidecars", [[], ["127.0.0.1:9400", "127.0.0.1:9410"], ["h:1"] * 2 +
+                                      ["h:2", "h:3"]])  # fmt: skip
+def test_local_config_writes_a_mapping_that_check_config_passes_without_a_warning(
+    tmp_path: Path, sidecars: list[str]
+) -> None:
+    """Outside Kubernetes: the shipped rules with a static inventory of the sidecars given
+    (the default one on 127.0.0.1:9400 without any), each rule able to act."""
+    argv = [arg for address in sidecars for arg in ("--sidecar", address)]
+    written = CliRunner().invoke(main, ["runbooks", "local-config", *argv, "--model", "llama"])
+    assert written.exit_code == 0, written.output
+    path = tmp_path / "actions.yaml"
+    path.write_text(written.stdout)
+    checked = CliRunner().invoke(main, ["runbooks", "check-config", str(path)])
+    assert (checked.exit_code, checked.stderr) == (0, ""), checked.output
+    loaded = mapping.load(path)
+    shipped = mapping.load(REPO / "runbooks" / "actions.yaml")
+    assert [r.name for r in loaded.rules] == [r.name for r in shipped.rules]
+    listed = yaml.safe_load(written.stdout)["inventory"]["replicas"]["static"]
+    expected = list(dict.fromkeys(sidecars)) or ["127.0.0.1:9400"]
+    assert listed == [{"instance": address, "model": "llama"} for address in expected]
+    # the breaker is the shipped one where that lets a replica out, else says what it changed
+    fraction = yaml.safe_load(written.stdout)["breaker"]["max_fraction"]
+    assert fraction == max(shipped.breaker.max_fraction, 1 / len(expected))
+    assert ("# breaker.max_fraction" in written.stdout) == (len(expected) < 3)
+
+
+@pytest.mark.parametrize("bad", ["9400", "127.0.0.1:", "127.0.0.1:http", "127.0.0.1:0",
+                                 "http://h:9400/metrics", "h:70000"])  # fmt: skip
+def test_local_config_refuses_a_sidecar_that_is_not_host_port(bad: str) -> None:
+    result = CliRunner().invoke(main, ["runbooks", "local-config", "--sidecar", bad])
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines() == [f"Error: --sidecar {bad!r}: expected HOST:PORT"], (
+        result.output
+    )

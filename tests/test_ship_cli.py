@@ -6,6 +6,7 @@ build."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,25 @@ def test_a_command_whose_extra_is_missing_fails_with_one_line(args: list[str]) -
         "Error: inferwatch snapshot needs inferwatch[snapshot], which is not installed: "
         "pip install 'inferwatch[snapshot]'"
     ]
+
+
+def test_the_install_page_shows_the_error_a_core_install_prints(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its sample names the extras the command really needs (it once left one out)."""
+    page = " ".join((REPO / "docs" / "install.md").read_text(encoding="utf-8").split())
+    sample = re.search(r"`(Error: inferwatch (\S+) needs [^`]+)`", page)
+    assert sample, "no sample error in docs/install.md"
+    extras = {module for modules in clikit.EXTRAS.values() for module in modules}
+    real = importlib.util.find_spec
+
+    def core_install(name: str, package: str | None = None) -> object:
+        return None if name in extras else real(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", core_install)
+    result = CliRunner().invoke(main, [sample[2]])
+    assert result.exit_code == ExitCode.CANNOT_RUN
+    assert result.output.splitlines() == [sample[1]]
 
 
 @pytest.mark.usefixtures("without_matplotlib")

@@ -62,6 +62,17 @@ def test_every_registration_has_its_switch_and_env_twin() -> None:
         assert f"INFERWATCH_SIDECAR_COLLECTOR_{registration.name.upper()}" in help_text
 
 
+def test_the_sidecar_binds_every_interface_by_default_and_its_help_says_why() -> None:
+    """Scraped and checked from other pods, unlike the receiver, which binds loopback."""
+    from inferwatch.clikit import parse_listen
+
+    listen = next(p for p in sidecar.params if p.name == "listen")
+    assert parse_listen(str(listen.default), "--listen")[0] in ("", "0.0.0.0")
+    shown = " ".join(CliRunner().invoke(main, ["sidecar", "--help"]).output.split())
+    assert "Every interface by default, unlike the runbook receiver (127.0.0.1)" in shown
+    assert "from other pods and nodes" in shown
+
+
 #: what each source adds, and only it: a series, a readiness condition
 MARKS = {
     "engine": ("inferwatch_engine_up", "engine"),

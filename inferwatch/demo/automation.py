@@ -25,17 +25,16 @@ import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from inferwatch import config as layer
 from inferwatch.demo import topology
 from inferwatch.demo.processes import INFERWATCH, Component
 from inferwatch.demo.topology import Replica
 from inferwatch.runbooks import config as mapping
+from inferwatch.runbooks import local
 
 #: file names in the work directory
 CONFIG = "runbooks.yaml"
@@ -52,13 +51,6 @@ GPUS = "gpus"
 ROLLBACK_AFTER = "10s"
 #: the share of a model's replicas the receiver may isolate within the breaker's window
 MAX_FRACTION = 0.5
-
-
-def shipped() -> dict[str, Any]:
-    """The shipped mapping config as data."""
-    text = resources.files("inferwatch.runbooks").joinpath("actions.yaml").read_text("utf-8")
-    document: dict[str, Any] = layer.parse(text, "inferwatch/runbooks/actions.yaml")
-    return document
 
 
 @dataclass(frozen=True)
@@ -82,7 +74,7 @@ class Settings:
 
 def document(sidecar_token: Path, settings: Settings) -> dict[str, Any]:
     """The demo's mapping config (see the module docstring and :class:`Settings`)."""
-    base = shipped()
+    base = local.shipped()
     models: dict[str, list[str]] = {}
     for replica in settings.replicas:
         models.setdefault(replica.model, []).append(replica.name)

@@ -105,9 +105,11 @@ from inferwatch.mixin.config import ConfigError
 @click.option(
     "--refresh",
     type=FiniteFloat(min=0.5),
-    default=2.0,
+    default=10.0,
     show_envvar=True,
-    help="Seconds between summary lines when stdout is not a terminal.",
+    help="Seconds between plain summaries when stdout is not a terminal (one short line "
+    "each for the load, every replica, every tenant and the alerts; events are printed as "
+    "they happen). A terminal's live view refreshes every second.",
 )
 def demo(
     engine_url: tuple[str, ...],

@@ -26,6 +26,8 @@ CONFIG = "haproxy.cfg"
 #: sets them); a server in maintenance is neither checked nor sent traffic
 UNBOUND = 1
 RUNTIME = "haproxy.sock"
+
+
 def binary() -> str:
     """The haproxy binary; a one-line error when it is not installed."""
     return processes.installed("haproxy", "the gateway the load goes through", "haproxy")

@@ -48,7 +48,7 @@ from inferwatch.demo.processes import (
 )
 from inferwatch.demo.scenario import Scenario, Step
 from inferwatch.demo.topology import Ports, Replica, Role
-from inferwatch.demo.view import Context, render, stamp, summary_line
+from inferwatch.demo.view import Context, render, stamp, summary
 from inferwatch.mixin.config import Config
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError
 
@@ -247,7 +247,7 @@ class Demo:
                 if live is not None:
                     live.update(render(state, self.context), refresh=True)
                 elif tick - printed >= self.options.refresh or printed == 0:
-                    self.say(summary_line(state))
+                    self.say("\n".join(summary(state)))
                     printed = tick
                 if duration is not None and tick - self.t0 >= duration:
                     self.stop_reason = f"{duration:g}s elapsed"
@@ -590,14 +590,16 @@ class Demo:
             "redis": "the proxies' shared budgets (shared_state url)",
             "prometheus": "web UI and API, /alerts",
             "alertmanager": "web UI, /api/v2/alerts",
-            "haproxy": "the gateway clients call: OpenAI API at {gateway}/v1, routed by model, "
-            "checks on each sidecar's /readyz; this URL is its /metrics",
+            "haproxy": "the gateway clients call: OpenAI API at {url}/v1, routed by model, "
+            "checks on each sidecar's /readyz; its /metrics at {metrics}",
             "runbooks": f"/webhook (Alertmanager's automation receiver) /metrics; audit log "
             f"{workdir / automation.AUDIT_LOG}",
         }
         for c in supervisor.components:
-            about = what[c.kind].format(url=c.url, gateway=topology.url(self.ports.gateway))
-            self.say(f"  {c.kind:<12} {c.name:<12} {c.url:<24} pid {c.pid:<7} {about}")
+            # the gateway's row gives the URL clients call, where a person looks for it
+            url = topology.url(self.ports.gateway) if c.kind == "haproxy" else c.url
+            about = what[c.kind].format(url=url, metrics=f"{c.url}/metrics")
+            self.say(f"  {c.kind:<12} {c.name:<12} {url:<24} pid {c.pid:<7} {about}")
         if options.engines:
             for replica, served in zip(self.replicas, options.engines, strict=True):
                 context = f", max_model_len {served.max_model_len}" if served.max_model_len else ""

@@ -272,10 +272,15 @@ def prometheus_config(
     discovery: Path | None = None,
 ) -> str:
     """Prometheus scraping the fleet (:func:`scrape_configs`); with ``alertmanager``, alerts
-    go to the demo's Alertmanager."""
+    go to the demo's Alertmanager and the runbook receiver it feeds is scraped too (its
+    webhooks, actions and breakers)."""
+    jobs = scrape_configs(ports, replicas, discovery)
+    if alertmanager:
+        receiver = {"targets": [f"127.0.0.1:{ports.runbooks}"], "labels": {"cluster": CLUSTER}}
+        jobs.append({"job_name": RUNBOOKS_JOB, "static_configs": [receiver]})
     document: dict[str, Any] = {
         "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
-        "scrape_configs": scrape_configs(ports, replicas, discovery),
+        "scrape_configs": jobs,
     }
     if rule_files:
         document["rule_files"] = [str(path) for path in rule_files]
@@ -340,6 +345,7 @@ def scrape_configs(
 
 SIDECAR_JOB = "inferwatch-sidecar"
 GATEWAY_JOB = "haproxy"
+RUNBOOKS_JOB = "inferwatch-runbooks"
 
 
 def scrape_jobs(ports: Ports) -> dict[str, Mapping[str, int]]:

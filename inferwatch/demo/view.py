@@ -1,7 +1,8 @@
-"""The demo's two faces: a live table on a terminal, one summary line per refresh otherwise.
+"""The demo's two faces: a live table on a terminal, a plain summary every refresh otherwise.
 
-Both show the same :class:`~inferwatch.demo.observer.FleetState`; the plain line has no escape
-codes so that it reads well in a log file or CI output.
+Both show the same :class:`~inferwatch.demo.observer.FleetState`; the plain summary is short
+lines without escape codes (one per replica, per tenant, for the alerts), so that it reads well
+in a log file or CI output, where the events also appear as they happen.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ EVENTS_SHOWN = 8
 REPLICA_COLUMNS = ("replica", "version GPU", "/readyz", "engine", "GPU", "req/s (probes)", "tok/s",
                    "TTFT p50/99", "TPOT p50/99", "run/wait", "KV", "err/s", "probes")  # fmt: skip
 ALERTS_SHOWN = 10
+#: firing alerts the plain summary names on its one line (the live view's table shows more)
+ALERTS_NAMED = 2
 ALERT_COLUMNS = ("alert", "severity", "about", "state", "since", "receivers")
 _SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
 TENANT_COLUMNS = ("tenant", "model", "req/s", "ok / rejected / errors", "tokens/s", "tokens",
@@ -241,48 +244,55 @@ def _decisions(decisions: Sequence[RunbookDecision], mode: str) -> RenderableTyp
 
 
 def decisions_summary(decisions: Sequence[RunbookDecision]) -> str:
-    """``runbooks last dry-run: isolate_replica primary-v1 (...)`` for the plain line."""
+    """``runbooks last dry-run: isolate_replica primary-v1 (...)`` for the plain summary."""
     if not decisions:
         return "runbooks no decision yet"
     return f"runbooks last {decisions[-1].describe()}"
 
 
 def alerts_summary(alerts: Sequence[AlertState]) -> str:
-    """``alerts 2 firing, 1 inhibited: NameA critical replica, ...`` for the plain line."""
+    """``alerts 2 firing, 1 inhibited: NameA critical replica, ...`` for the plain summary."""
     firing = [a for a in alerts if not a.inhibited]
-    shown = ", ".join(f"{a.name} {a.severity} {a.where}".strip() for a in firing)
+    shown = ", ".join(f"{a.name} {a.severity} {a.where}".strip() for a in firing[:ALERTS_NAMED])
+    if len(firing) > ALERTS_NAMED:
+        shown += f" and {len(firing) - ALERTS_NAMED} more"
     head = f"alerts {len(firing)} firing, {len(alerts) - len(firing)} inhibited"
     return f"{head}: {shown}" if shown else head
 
 
-# --- the plain line --------------------------------------------------------------------------
-def summary_line(state: FleetState) -> str:
-    """One line with the key signals of every replica and tenant."""
+# --- the plain summary -----------------------------------------------------------------------
+def summary(state: FleetState) -> list[str]:
+    """Short lines with the key signals, each stamped: the load, one per replica, one per
+    tenant, then Prometheus, alerts and runbooks where they run. A log reader greps
+    ``] replica primary-v1 `` or ``] tenant acme `` for one series."""
     load = state.load
-    parts = [
-        f"{stamp(state.t)} load {state.rate:g}/s sent {load.sent} ok {load.ok} "
-        f"rejected {load.rejected} failed {load.failed}"
-    ]
+    head = (
+        f"load {state.rate:g}/s sent {load.sent} ok {load.ok} rejected {load.rejected} "
+        f"failed {load.failed}"
+    )
+    # requests the client did not send (too many in flight) matter only once there are some
+    lines = [head + (f" dropped {load.dropped}" if load.dropped else "")]
     for r in state.replicas:
-        parts.append(
-            f"{r.replica.name} {readiness(r)[0]} engine {engine(r)[0]} "
+        lines.append(
+            f"replica {r.replica.name} {readiness(r)[0]} engine {engine(r)[0]} "
             f"{number(r.requests_per_s)} req/s ({number(r.probe_requests_per_s)} probes) "
             f"{number(r.tokens_per_s, 0)} tok/s "
             f"ttft {pair(r.ttft)} tpot {pair(r.tpot)} "
             f"run {number(r.running, 0)} wait {number(r.waiting, 0)} kv {percent(r.kv_usage)} "
             f"err {number(r.errors_per_s)}/s gpu {gpu(r)[0]} probes {probes(r)[0]}"
         )
-    tenants = ", ".join(
-        f"{t.tenant.name} {number(t.tokens, 0)} tok {money(t.cost)} "
-        f"ok {t.ok:.0f} rejected {t.rejected:.0f} errors {t.errors:.0f}"
-        + (f" budget left {budget(t)} over {t.proxies} proxies" if t.tenant.budget_tokens else "")
-        for t in state.tenants
-    )
-    parts.append(f"tenants {tenants}")
+    for t in state.tenants:
+        left = ""
+        if t.tenant.budget_tokens:
+            left = f" budget left {budget(t)} over {t.proxies} proxies"
+        lines.append(
+            f"tenant {t.tenant.name} {number(t.tokens, 0)} tok {money(t.cost)} "
+            f"ok {t.ok:.0f} rejected {t.rejected:.0f} errors {t.errors:.0f}{left}"
+        )
     if state.prometheus is not None:
-        parts.append(f"prometheus {state.prometheus[0]}/{state.prometheus[1]} targets up")
+        lines.append(f"prometheus {state.prometheus[0]}/{state.prometheus[1]} targets up")
     if state.alerts is not None:
-        parts.append(alerts_summary(state.alerts))
+        lines.append(alerts_summary(state.alerts))
     if state.decisions is not None:
-        parts.append(decisions_summary(state.decisions))
-    return " | ".join(parts)
+        lines.append(decisions_summary(state.decisions))
+    return [f"{stamp(state.t)} {line}" for line in lines]

@@ -17,11 +17,24 @@ from inferwatch.clikit import BadInput, CannotRun, Failed, FiniteFloat, PortTake
 from inferwatch.demo import alerting, routing, sharedstate
 from inferwatch.demo.processes import PortInUse
 from inferwatch.demo.run import Options
-from inferwatch.drill.run import Drill, Timeline
+from inferwatch.drill.run import SCENARIOS, Drill, Timeline
 from inferwatch.mixin.config import ConfigError
 
+#: ``inferwatch drill --help``, its scenarios listed from :data:`SCENARIOS` (the README and
+#: docs/drill.md list the same ones, tests/test_docs.py checks)
+HELP = (
+    "Start the whole stack on loopback with the runbook receiver acting, inject faults one "
+    "after another and time fault -> alert -> action -> traffic moved -> recovery.\n\n"
+    "\b\nScenarios, in order:\n"  # \b: click keeps this paragraph's lines as they are
+    + "".join(f"  {s.name}: {s.about}\n" for s in SCENARIOS)
+    + "\n"
+    "Exits non-zero when a check fails (an alert that did not fire, an action not taken "
+    "exactly once, the breaker not stopping a mass fault, client requests lost, anything "
+    "firing or acting in the healthy control period)."
+)
 
-@click.command()
+
+@click.command(help=HELP)
 @click.option(
     "--report",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -50,15 +63,7 @@ from inferwatch.mixin.config import ConfigError
     "[default: alerts/demo.yaml, short windows and for: durations]",
 )
 def drill(report: Path | None, speed: float, rate: float, alert_config: Path | None) -> None:
-    """Start the whole stack on loopback with the runbook receiver acting, inject faults one
-    after another and time fault -> alert -> action -> traffic moved -> recovery.
-
-    Scenarios: a reset-class XID on one replica's GPU, degenerate output on one model
-    version, a tenant flood, a hung engine, and faults on every GPU at once. Exits non-zero
-    when a check fails (an alert that did not fire, an action not taken exactly once, the
-    breaker not stopping the mass fault, client requests lost, anything firing or acting in
-    the healthy control period).
-    """
+    # the help is HELP, whose list of scenarios is made from the drill's own
     try:
         alerts = alerting.demo_config(alert_config)
     except ConfigError as exc:
