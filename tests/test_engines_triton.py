@@ -5,10 +5,13 @@ the families of vLLM served as a Triton backend."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from prometheus_client.core import Metric
 
+from inferwatch.cli import main
 from inferwatch.exporters import engines
 from inferwatch.serving import textformat
 
@@ -154,10 +157,55 @@ def test_vllm_hosted_in_triton_takes_its_identity_from_tritons_labels() -> None:
 
 
 def test_hosted_page_read_with_the_engines_filter_keeps_its_host() -> None:
-    """Once the engine is known the sidecar parses only what the adapter reads: the host's
-    marker family must still be on the page so that the next scrape is read the same way."""
+    """Once the engine is known the sidecar parses only what the adapter reads, which leaves
+    Triton's own families out: the next scrape must still be read Triton's way."""
     exposition = textformat.parse(HOSTED_VLLM.encode(), wanted=engines.wanted("vllm"))
+    assert not any(name.startswith("nv_") for name in exposition.families)
     assert engines.hosted_in(exposition, "vllm") == "triton"
+
+
+#: the vLLM backend's documented page: ``vllm:`` families in Triton's labels and no ``nv_*``
+#: family (Triton's own metrics scraped elsewhere, or turned off); no num_requests_running
+BACKEND_ONLY = "\n".join(
+    line
+    for line in HOSTED_VLLM.splitlines()
+    if "nv_inference" not in line and "num_requests_running" not in line
+) + "\n"
+
+
+def test_vllm_backend_page_without_tritons_families_takes_the_model_from_its_labels() -> None:
+    exposition = textformat.parse(BACKEND_ONLY.encode())
+    assert engines.detect(exposition) == "vllm"
+    assert engines.hosted_in(exposition, "vllm") == "triton"
+    families = engines.normalize(exposition, "vllm", {"model": "unknown"})
+    identities = {
+        (s.labels["model"], s.labels["model_version"]) for f in families for s in f.samples
+    }
+    assert identities == {("vllm_model", "1")}
+    assert {f.name for f in families} >= {
+        "inferwatch_engine_prompt_tokens",
+        "inferwatch_engine_time_to_first_token_seconds",
+    }
+
+
+def test_scrape_names_the_model_of_a_vllm_backend_page(page_server: Any) -> None:
+    page_server.page = BACKEND_ONLY.encode()
+    result = CliRunner().invoke(main, ["scrape", f"{page_server.url}/page/metrics"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0].split() == ["engine:", "vllm", "model:", "vllm_model"]
+
+
+def test_a_vllm_page_beside_tritons_families_keeps_its_own_labels() -> None:
+    """vLLM's own server scraped on a page that also has ``nv_*`` families (two exporters
+    merged behind one URL): its ``model_name`` still names the model."""
+    page = HOSTED_VLLM.replace('vllm:prompt_tokens_total{model="vllm_model",version="1"}',
+                               'vllm:prompt_tokens_total{model_name="tiny"}')  # fmt: skip
+    page = "\n".join(line for line in page.splitlines() if "vllm_model" not in line
+                     or line.startswith("nv_")) + "\n"  # fmt: skip
+    exposition = textformat.parse(page.encode())
+    assert engines.hosted_in(exposition, "vllm") is None
+    families = engines.normalize(exposition, "vllm", {"model": "unknown"})
+    assert {s.labels["model"] for f in families for s in f.samples} == {"tiny"}
 
 
 def test_vllm_served_by_itself_keeps_model_name() -> None:
