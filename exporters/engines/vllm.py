@@ -30,7 +30,5 @@ ADAPTER = Adapter(
         "engine_kv_cache_blocks": LabelValue("vllm:cache_config_info", "num_gpu_blocks"),
     },
     version_endpoints=(VersionEndpoint("/version", {"engine_version": ("version",)}),),
-    hosts=(
-        Host("triton", identity_labels={"model": "model", "model_version": "version"}),
-    ),
+    hosts=(Host("triton", identity_labels={"model": "model", "model_version": "version"}),),
 )
