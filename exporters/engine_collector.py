@@ -290,13 +290,13 @@ class EngineCollector:
 
     async def _first_identification(self) -> None:
         """On the engine's first answer, ask its version endpoint before the page is mapped
-        and wait for it, at most half the scrape timeout, unless the model is given: where the
-        page names no model (llama.cpp, TGI) the first engine_up and engine series would
-        otherwise say model="unknown" and the next ones the model, new series that reset
-        every alert's ``for:`` timer."""
+        and wait for it, at most half the scrape timeout, unless the flags gave what it tells:
+        the first engine_up and engine series would otherwise say engine_version="unknown"
+        (and, where the page names no model, llama.cpp's or TGI's, model="unknown") and the
+        next ones the values, new series that reset every alert's ``for:`` timer."""
         self._identified = True
         self._maybe_discover_version(self.engine or "")
-        if self._given.get("model") or self._version_task is None:
+        if self._version_task is None or self._version_task.done():
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.scraper.timeout_s / 2):

@@ -99,23 +99,25 @@ def test_the_sidecar_names_the_model_llamacpp_serves(server: Engine) -> None:
 
 def test_the_first_scrape_already_names_the_model_on_engine_up(server: Engine) -> None:
     """The page names no model: were /props read after the first page, its engine_up and
-    engine series would say model="unknown" and every later one the model."""
+    engine series would say model="unknown" (and engine_version too) and every later one
+    the model."""
     served = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    build = httpx.get(server.url + "/props", timeout=10).json()["build_info"]
 
-    async def scenario() -> tuple[set[str], set[str]]:
+    async def scenario() -> tuple[set[tuple[str, str]], set[str]]:
         collector = EngineCollector(EngineScraper(server.url + "/metrics", timeout_s=10), {})
         try:
             families = await collector.collect()
             status = collector.status_families()
         finally:
             await collector.aclose()
-        up = {s.labels["model"] for f in status if f.name == "inferwatch_engine_up"
-              for s in f.samples}  # fmt: skip
+        up = {(s.labels["model"], s.labels["engine_version"]) for f in status
+              if f.name == "inferwatch_engine_up" for s in f.samples}  # fmt: skip
         mapped = {s.labels["model"] for f in families for s in f.samples}
         return up, mapped
 
     up, mapped = asyncio.run(scenario())
-    assert up == {served}
+    assert up == {(served, build)}
     assert mapped == {served}
 
 
