@@ -327,10 +327,9 @@ class EngineCollector:
         for reason, count in sorted(self.errors.items()):
             errors.add_metric([reason], count)
         malformed = cat.family("engine_scrape_parse_errors")
-        malformed.add_metric([""], self.malformed_lines + self.checks.misnamed[""])
+        malformed.add_metric([""], self.malformed_lines)
         for family, count in sorted(self.checks.misnamed.items()):
-            if family:
-                malformed.add_metric([family], count)
+            malformed.add_metric([family], count)
         dropped = cat.family("engine_scrape_dropped_series")
         for reason, count in sorted(self.checks.dropped.items()):
             dropped.add_metric([reason], count)
