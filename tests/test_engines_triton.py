@@ -16,6 +16,7 @@ from prometheus_client.core import Metric
 
 from inferwatch.cli import main
 from inferwatch.exporters import engines
+from inferwatch.exporters.engine_checks import PageChecks
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.logs import JsonFormatter
 from inferwatch.serving import textformat
@@ -287,3 +288,16 @@ def test_scrape_shows_a_misnamed_histogram_and_its_model(page_server: Any) -> No
     assert lines[0].split() == ["engine:", "triton", "model:", "my_model"]
     (row,) = [line for line in lines if "time_to_first_token" in line]
     assert "count=20 mean=0.25" in row
+
+
+def test_a_rebuilt_histogram_passes_the_same_checks_as_any_other() -> None:
+    """Rebuilt under its samples' name, a histogram whose buckets fall is dropped whole as
+    malformed, as a well-named one would be, and still counted as misnamed."""
+    page = MISNAMED_PAGE.replace('le="500"} 15', 'le="500"} 2')
+    assert 'le="500"} 2' in page
+    exposition = textformat.parse(page.encode())
+    checks = PageChecks()
+    checks.apply(exposition, engines.wanted("triton"))
+    assert checks.misnamed == {MISNAMED: 1}
+    assert checks.dropped == {"malformed": 1}
+    assert engines.normalize(exposition, "triton", {}) == []
