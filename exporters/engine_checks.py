@@ -9,6 +9,14 @@ output: series with a label value over the length cap are dropped, and so are se
 the per-family cap (a histogram's buckets, ``_count`` and ``_sum`` count as one series), the
 first ones on the page kept. Every drop is counted by reason and logged the first time it
 happens to a family, not on every scrape.
+
+Before that, a histogram whose samples do not use the name its ``# TYPE`` line declares
+(Triton's documentation shows ``# TYPE nv_first_response_histogram_ms histogram`` over
+samples ``nv_inference_first_response_histogram_ms{le=...}``, ``..._count`` and ``..._sum``)
+is put back together under the samples' name, its bare-named buckets read as buckets. The
+parser can only file such samples as untyped strays, which no reader takes for a histogram:
+left alone the page would read as nothing, silently. Each is counted by family (a parse
+problem, every scrape it is seen) and logged once.
 """
 
 from __future__ import annotations
@@ -28,7 +36,10 @@ logger = logging.getLogger("inferwatch.engine")
 
 #: ``reason`` label values of ``inferwatch_engine_scrape_dropped_series_total``
 MALFORMED, LABEL_TOO_LONG, SERIES_LIMIT = "malformed", "label_too_long", "series_limit"
+#: the log-once reason of a histogram read under its samples' name
+MISNAMED = "misnamed"
 _LOGGED_LIMIT = 10_000  # (reason, family) pairs remembered for log-once
+_UNTYPED = frozenset({"untyped", "unknown", ""})
 
 SeriesKey = tuple[tuple[str, str], ...]
 
@@ -47,6 +58,8 @@ class PageChecks:
     def __init__(self, limits: Limits | None = None):
         self.limits = limits or Limits()
         self.dropped: Counter[str] = Counter()
+        #: families whose samples do not use their declared name, by the samples' name
+        self.misnamed: Counter[str] = Counter()
         self._logged: set[tuple[str, str]] = set()
 
     def apply(
@@ -54,6 +67,14 @@ class PageChecks:
     ) -> dict[str, dict[SeriesKey, list[PageSample]]]:
         """Drop, in place, what the families named by ``wanted`` must not pass on; returns the
         series of each family kept, as ``series_of`` groups them (for the next stage)."""
+        for name in recover_misnamed_histograms(exposition, wanted):
+            self.misnamed[name] += 1  # a family the adapter reads: the catalogue bounds them
+            self._log_once(
+                MISNAMED,
+                name,
+                "engine histogram's samples do not use the name its TYPE line declares; "
+                "read under the samples' name (logged once per family)",
+            )
         kept = {}
         for name, family in list(exposition.families.items()):
             if not wanted(name):
@@ -80,18 +101,49 @@ class PageChecks:
 
     def _drop(self, reason: str, family: Family, series: int, detail: str) -> None:
         self.dropped[reason] += series
-        if (reason, family.name) in self._logged or len(self._logged) >= _LOGGED_LIMIT:
-            return
-        self._logged.add((reason, family.name))
-        log_event(
-            logger,
-            logging.WARNING,
+        self._log_once(
+            reason,
+            family.name,
             "engine series dropped (logged once per family and reason)",
-            reason=reason,
-            family=family.name,
             series=series,
             detail=detail,
         )
+
+    def _log_once(self, reason: str, family: str, message: str, **fields: object) -> None:
+        if (reason, family) in self._logged or len(self._logged) >= _LOGGED_LIMIT:
+            return
+        self._logged.add((reason, family))
+        log_event(logger, logging.WARNING, message, reason=reason, family=family, **fields)
+
+
+def recover_misnamed_histograms(exposition: Exposition, wanted: Callable[[str], bool]) -> list[str]:
+    """Rebuild, in place, each histogram of the families named by ``wanted`` whose buckets
+    are untyped samples of a bare name carrying ``le`` (their ``# TYPE`` declared another
+    name); returns the names rebuilt. The ``_count`` and ``_sum`` strays of the same name
+    join them, and the buckets take the ``_bucket`` suffix every reader expects."""
+    families = exposition.families
+    found = [
+        name
+        for name, family in families.items()
+        if family.type in _UNTYPED
+        and not name.endswith(("_bucket", "_count", "_sum"))
+        and wanted(name)
+        and any("le" in labels for _, labels, _, _ in family.samples)
+    ]
+    for name in found:
+        family = families[name]
+        bucket = name + "_bucket"
+        samples = [
+            sample._replace(name=bucket) if "le" in sample.labels else sample
+            for sample in family.samples
+        ]
+        for part in ("_count", "_sum"):
+            stray = families.get(name + part)
+            if stray is not None and stray.type in _UNTYPED:
+                samples += stray.samples
+                del families[name + part]
+        families[name] = Family(name, "histogram", family.help, family.unit, samples)
+    return found
 
 
 class Series(NamedTuple):

@@ -71,6 +71,7 @@ class EngineCollector:
         self._discovered: dict[str, str] = {}
         self._version_task: asyncio.Task[None] | None = None
         self._version_checked_at = -VERSION_RETRY_SECONDS
+        self._identified = False  # the first answer waited for the version endpoint
         self.engine: str | None = engine
         self.up = False
         #: the engine's sleep state when it is not awake (vLLM's sleep mode), else ""
@@ -146,7 +147,12 @@ class EngineCollector:
         scrape = asyncio.current_task()
         try:
             page = await self.scraper.fetch()
-            families = await asyncio.to_thread(self._map, page)
+            if self._identified:
+                families = await asyncio.to_thread(self._map, page)
+            else:
+                exposition = await asyncio.to_thread(self._parse, page)
+                await self._first_identification()
+                families = await asyncio.to_thread(self._normalize, exposition)
         except ScrapeFailure as failure:
             self._record_failure(scrape, failure)
             raise
@@ -165,6 +171,10 @@ class EngineCollector:
 
     def _map(self, page: FetchedPage) -> list[Metric]:
         """Parse, check and map one page (in a worker thread; one at a time)."""
+        return self._normalize(self._parse(page))
+
+    def _parse(self, page: FetchedPage) -> textformat.Exposition:
+        """Parse the page and name its engine (``self.engine``)."""
         self.page_size = len(page.body)
         exposition, engine = self._read(page.body)
         if engine != self.engine:  # another engine answers: nothing of the last one carries over
@@ -172,6 +182,11 @@ class EngineCollector:
             if self.engine is not None:
                 self._discovered.clear()
         self.engine = engine
+        return exposition
+
+    def _normalize(self, exposition: textformat.Exposition) -> list[Metric]:
+        """Check and map a parsed page of ``self.engine``."""
+        engine = self.engine or ""
         wanted = engines.wanted(engine)
         self.resets.apply(exposition, self.checks.apply(exposition, wanted))
         families = engines.normalize(exposition, engine, self.identity)
@@ -273,6 +288,20 @@ class EngineCollector:
         self._version_checked_at = now
         self._version_task = asyncio.create_task(self._discover_version(engine))
 
+    async def _first_identification(self) -> None:
+        """On the engine's first answer, ask its version endpoint before the page is mapped
+        and wait for it, at most half the scrape timeout, unless the flags gave what it tells:
+        the first engine_up and engine series would otherwise say engine_version="unknown"
+        (and, where the page names no model, llama.cpp's or TGI's, model="unknown") and the
+        next ones the values, new series that reset every alert's ``for:`` timer."""
+        self._identified = True
+        self._maybe_discover_version(self.engine or "")
+        if self._version_task is None or self._version_task.done():
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.scraper.timeout_s / 2):
+                await asyncio.shield(self._version_task)
+
     async def identify(self) -> None:
         """Wait for the version endpoints a scrape asked: where the page names no model
         (llama.cpp, TGI), only they tell it. Best effort, as the read in the background."""
@@ -298,7 +327,9 @@ class EngineCollector:
         for reason, count in sorted(self.errors.items()):
             errors.add_metric([reason], count)
         malformed = cat.family("engine_scrape_parse_errors")
-        malformed.add_metric([], self.malformed_lines)
+        malformed.add_metric([""], self.malformed_lines)
+        for family, count in sorted(self.checks.misnamed.items()):
+            malformed.add_metric([family], count)
         dropped = cat.family("engine_scrape_dropped_series")
         for reason, count in sorted(self.checks.dropped.items()):
             dropped.add_metric([reason], count)

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
 
 import support.scripted_engine as harness
 from inferwatch import identity
@@ -40,8 +41,17 @@ from support.wait import wait_for
 
 pytestmark = pytest.mark.realengine
 
-KEYS = {"acme": "sk-acme-1", "globex": "sk-globex-1"}
+KEYS = {
+    "acme": "sk-acme-1",
+    "globex": "sk-globex-1",
+    "initech": "sk-initech-1",
+    "umbrella": "sk-umbrella-1",
+}
 BUDGET = 100_000
+#: room for one request that fills the context, far from the 4,096 an unknown engine gets
+TIGHT_BUDGET = tinymodel.MAX_MODEL_LEN + 200
+#: a prompt whose byte bound (a token a byte) leaves no room for the context after it
+NEAR_THE_BOUND = " ".join(["the proxy asks llama.cpp to count"] * 10)
 MESSAGES = [{"role": "user", "content": "what does the sidecar read?"}]
 
 
@@ -85,6 +95,30 @@ def test_the_sidecar_names_the_model_llamacpp_serves(server: Engine) -> None:
     assert labels["model"] == served
     assert labels["engine_version"] == build
     assert models == {served}
+
+
+def test_the_first_scrape_already_names_the_model_on_engine_up(server: Engine) -> None:
+    """The page names no model: were /props read after the first page, its engine_up and
+    engine series would say model="unknown" (and engine_version too) and every later one
+    the model."""
+    served = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    build = httpx.get(server.url + "/props", timeout=10).json()["build_info"]
+
+    async def scenario() -> tuple[set[tuple[str, str]], set[str]]:
+        collector = EngineCollector(EngineScraper(server.url + "/metrics", timeout_s=10), {})
+        try:
+            families = await collector.collect()
+            status = collector.status_families()
+        finally:
+            await collector.aclose()
+        up = {(s.labels["model"], s.labels["engine_version"]) for f in status
+              if f.name == "inferwatch_engine_up" for s in f.samples}  # fmt: skip
+        mapped = {s.labels["model"] for f in families for s in f.samples}
+        return up, mapped
+
+    up, mapped = asyncio.run(scenario())
+    assert up == {(served, build)}
+    assert mapped == {served}
 
 
 def test_scrape_prints_the_model_llamacpp_serves(server: Engine) -> None:
@@ -132,20 +166,34 @@ class Proxy:
                     "key_sha256": [hash_key(KEYS["globex"])],
                     "budget": {"tokens": BUDGET, "window": "1h"},
                 },
+                **{
+                    name: {
+                        "key_sha256": [hash_key(KEYS[name])],
+                        "budget": {"tokens": TIGHT_BUDGET, "window": "1h"},
+                    }
+                    for name in ("initech", "umbrella")
+                },
             },
+            "limits": {"over_budget": "reject"},
         }
         self.loop = harness.LoopThread()
-        self.server = harness.ProxyServer(
-            self.loop, ProxyApp(proxy_config.parse(document, "test.yaml"), access_log=False)
-        )
+        self.app = ProxyApp(proxy_config.parse(document, "test.yaml"), access_log=False)
+        self.server = harness.ProxyServer(self.loop, self.app)
         self.client = httpx.Client(base_url=self.server.url, timeout=60)
 
     def post(self, tenant: str, path: str, body: dict[str, Any]) -> httpx.Response:
         headers = {"authorization": f"Bearer {KEYS[tenant]}"}
         return self.client.post(path, json={"model": MODEL, **body}, headers=headers)
 
+    def page(self) -> str:
+        return httpx.get(self.server.metrics_url + "/metrics", timeout=10).text
+
+    def reconcile(self) -> dict[str, float]:
+        self.loop.run(self.app.reconcile_once, timeout=30)
+        return dict(self.app.metrics.drift)
+
     def charged(self, tenant: str) -> dict[str, float]:
-        page = httpx.get(self.server.metrics_url + "/metrics", timeout=10).text
+        page = self.page()
         return {
             token_type: samples(
                 page, "inferwatch_tenancy_tokens_total", tenant=tenant, token_type=token_type
@@ -255,6 +303,70 @@ def test_a_budgeted_request_without_max_tokens_runs_to_the_context_and_is_charge
     else:
         assert counted["prompt"] + counted["completion"] < tinymodel.MAX_MODEL_LEN
     assert {t: charged[t] - charged_before[t] for t in charged} == counted
+
+
+@pytest.mark.parametrize(
+    "tenant, path, body",
+    [
+        ("initech", "/v1/completions", {"prompt": NEAR_THE_BOUND}),
+        ("umbrella", "/v1/chat/completions",
+         {"messages": [{"role": "user", "content": NEAR_THE_BOUND}]}),
+    ],
+    ids=["completions", "chat"],
+)  # fmt: skip
+def test_a_request_without_max_tokens_reserves_the_rest_of_the_context(
+    server: Engine, proxy: Proxy, tenant: str, path: str, body: dict[str, Any]
+) -> None:
+    """The tenant's budget holds one context (n_ctx from /props) but not 4,096 tokens, nor the
+    prompt's byte bound plus the context: admitted only if the proxy reserves n_ctx less the
+    prompt as llama.cpp's /tokenize counts it, and charged what llama.cpp counted. Its series
+    carry the build /props names as the engine version."""
+    props = httpx.get(server.url + "/props", timeout=10).json()
+    n_ctx = props["default_generation_settings"]["n_ctx"]
+    assert len(NEAR_THE_BOUND.encode()) + n_ctx > TIGHT_BUDGET > n_ctx
+    before, charged_before = engine_tokens(server.url), proxy.charged(tenant)
+    reply = proxy.post(tenant, path, body)
+    assert reply.status_code == 200, reply.text
+    usage = reply.json()["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] <= n_ctx
+    counted = {"prompt": usage["prompt_tokens"], "completion": usage["completion_tokens"]}
+
+    def books() -> tuple[dict[str, float], dict[str, float]]:
+        after, charged = engine_tokens(server.url), proxy.charged(tenant)
+        return (
+            {t: after[t] - before[t] for t in after},
+            {t: charged[t] - charged_before[t] for t in charged},
+        )
+
+    with suppress(pytest.fail.Exception):  # the assertion below shows what differs
+        wait_for(lambda: books() == (counted, counted), "the books to settle", 30)
+    assert books() == (counted, counted)
+    versions = {
+        sample.labels["engine_version"]
+        for family in text_string_to_metric_families(proxy.page())
+        for sample in family.samples
+        if sample.name == "inferwatch_tenancy_tokens_total" and sample.labels["tenant"] == tenant
+    }
+    assert versions == {props["build_info"]}
+
+
+def test_the_proxy_reconciles_with_llamacpps_counters(server: Engine, proxy: Proxy) -> None:
+    """Drift against ``llamacpp:`` counters, as against vLLM's: 0 over plain, streamed and
+    cached requests (llama.cpp's prompt counter leaves out what came from its cache)."""
+    assert proxy.reconcile() == {"prompt": 0.0, "completion": 0.0}  # the baseline
+    before = engine_tokens(server.url)
+    for stream in (False, True, False):
+        extra: dict[str, Any] = {"stream": stream}
+        if stream:
+            extra["stream_options"] = {"include_usage": True}
+        body = {"prompt": "the drift stays at zero", "max_tokens": 5} | extra
+        assert proxy.post("acme", "/v1/completions", body).status_code == 200
+    # llama.cpp counts a request once its slot is released, maybe after the reply went out
+    generated = lambda: engine_tokens(server.url)["completion"] - before["completion"]  # noqa: E731
+    wait_for(lambda: generated() == 15, "llama.cpp to count the 15 tokens", 30)
+    with suppress(pytest.fail.Exception):  # the proxy settles after the last byte too
+        wait_for(lambda: not any(proxy.reconcile().values()), "the drift to settle", 30)
+    assert proxy.reconcile() == {"prompt": 0.0, "completion": 0.0}
 
 
 def test_an_over_long_prompt_is_refused_by_llamacpp_and_charged_nothing(

@@ -67,17 +67,32 @@ def normalize(exposition: Exposition, engine: str, identity: Mapping[str, str]) 
     ``model_version``) applies only to samples without a model label of their own, and on a
     vLLM or SGLang page that names exactly one model, those samples take that model. An
     engine hosted in another server (vLLM as a Triton backend) has its identity read from
-    that server's labels.
+    that server's labels, when the engine's samples carry them.
     """
     return _plan(engine, hosted_in(exposition, engine)).run(exposition, identity)
 
 
 def hosted_in(exposition: Exposition, engine: str) -> str | None:
-    """The server this engine's page was served by when it is not the engine's own (the
-    page carries that server's own families), else None."""
-    for host in _adapter(engine).hosts:
-        if host.family in exposition.families:
-            return host.name
+    """The server this engine's page was served by when it is not the engine's own, else None.
+
+    Told by the labels of the engine's own samples: the first family the adapter reads whose
+    samples carry identity labels names the labelling, the engine's (``model_name``) or a
+    host's (Triton's ``model`` and ``version``).
+    """
+    adapter = _adapter(engine)
+    if not adapter.hosts:
+        return None
+    own = frozenset(adapter.identity_labels.values())
+    reads = wanted(engine)
+    for name, family in exposition.families.items():
+        if not family.samples or not reads(name):
+            continue
+        labels = family.samples[0].labels
+        if not own.isdisjoint(labels):
+            return None
+        for host in adapter.hosts:
+            if all(label in labels for label in host.identity_labels.values()):
+                return host.name
     return None
 
 

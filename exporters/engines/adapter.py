@@ -61,12 +61,12 @@ class Host:
     """A server the engine runs inside, which labels the engine's families its own way
     (vLLM as a Triton backend: Triton's ``model`` and ``version``, not ``model_name``).
 
-    A page is the host's when it carries ``family``, one of the host's own families that is
-    on every page it serves.
+    A page is the host's when the engine's own samples carry the host's identity labels
+    instead of the engine's: what else the page holds (the host's own families may be
+    filtered out of the scrape) says nothing of how those samples are labelled.
     """
 
     name: str
-    family: str
     #: our identity label -> the host's label carrying it, replacing the adapter's own
     identity_labels: Mapping[str, str]
 

@@ -616,8 +616,6 @@ class Plan:
     steps: tuple[Step, ...]
     served_model: tuple[str, str] | None  # (folded family, model label)
     empty_families: Mapping[str, Metric]  # by catalogue key, copied for each page
-    #: families read for what they say about the page, not mapped (a host's own family)
-    markers: frozenset[str] = frozenset()
 
     def run(self, exposition: Exposition, identity: Mapping[str, str]) -> list[Metric]:
         """Catalogue families for the page, in catalogue order; signals it lacks are absent."""
@@ -651,7 +649,7 @@ class Plan:
                 names.add(how.name)
         if self.served_model is not None:
             names.add(self.served_model[0])
-        folded = frozenset(names) | {fold(name) for name in self.markers}
+        folded = frozenset(names)
         answers: dict[str, bool] = {}  # the same names come back on every scrape
 
         def wanted(name: str) -> bool:
@@ -715,5 +713,4 @@ def plan(catalog: Catalog, adapter: Adapter, host: Host | None = None) -> Plan:
     if adapter.served_model_family is not None and "model" in ids:
         served_model = (fold(adapter.served_model_family), ids["model"])
     empty_families = {step.spec.key: step.spec.new_family() for step in steps}
-    markers = frozenset(h.family for h in adapter.hosts)
-    return Plan(tuple(steps), served_model, empty_families, markers)
+    return Plan(tuple(steps), served_model, empty_families)

@@ -12,8 +12,9 @@ same on every rank, GPU blocks add up across ranks, and the model is the one the
 other series name.
 
 As a Triton backend (Triton's vLLM backend), vLLM's families are served on Triton's page
-next to Triton's own and labelled Triton's way: ``model`` and ``version`` (the Triton model
-and its version) instead of ``model_name``; they become our ``model`` and ``model_version``.
+labelled Triton's way: ``model`` and ``version`` (the Triton model and its version) instead
+of ``model_name``; they become our ``model`` and ``model_version``. The labels of the
+``vllm:`` samples tell which: Triton's own ``nv_*`` families may or may not be on the page.
 """
 
 from __future__ import annotations
@@ -29,11 +30,5 @@ ADAPTER = Adapter(
         "engine_kv_cache_blocks": LabelValue("vllm:cache_config_info", "num_gpu_blocks"),
     },
     version_endpoints=(VersionEndpoint("/version", {"engine_version": ("version",)}),),
-    hosts=(
-        Host(
-            "triton",
-            family="nv_inference_request_success",
-            identity_labels={"model": "model", "model_version": "version"},
-        ),
-    ),
+    hosts=(Host("triton", identity_labels={"model": "model", "model_version": "version"}),),
 )

@@ -90,6 +90,8 @@ _COUNT_IN_THREAD_BYTES = 256 << 10
 VALUE_LABELS = IDENTITY_LABELS[1:-1]  # split has a fixed handful of values
 #: what the OpenAI completions API generates when a request sets no ``max_tokens``
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+#: how long a dropped stream's prompt may wait for the engine's count before it is estimated
+DROPPED_COUNT_TIMEOUT_S = 5.0
 
 logger = logging.getLogger("inferwatch.proxy")
 
@@ -386,6 +388,7 @@ class ProxyApp:
             exchange.meter = TranscribingMeter(prompt_estimate, prompt_text(body))
         else:
             exchange.meter = UsageMeter(prompt_estimate)
+        exchange.meter.prompt_counted = prompt.exact
         if config.max_input_tokens and prompt.tokens > config.max_input_tokens:
             await self._recount(exchange, body, prompt)
         if config.max_input_tokens and prompt.tokens > config.max_input_tokens:
@@ -472,6 +475,26 @@ class ProxyApp:
             prompt.tokens, prompt.exact = counted, True
             if exchange.meter is not None:
                 exchange.meter.prompt_estimate = counted
+                exchange.meter.prompt_counted = True
+
+    async def _count_dropped(self, exchange: Exchange, body: dict[str, Any]) -> None:
+        """A stream the client dropped ends without usage, and its prompt would be charged at
+        4 characters a token: the engine, which has counted that prompt, counts it again
+        (bounded by :data:`DROPPED_COUNT_TIMEOUT_S`, the client being gone)."""
+        meter = exchange.meter
+        if (
+            exchange.outcome != "client_cancelled"
+            or meter is None
+            or meter.reported is not None
+            or meter.prompt_counted
+            or not body
+        ):
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(DROPPED_COUNT_TIMEOUT_S):
+                counted = await self.engine.count(exchange.path, body)
+                if counted is not None:
+                    meter.prompt_estimate, meter.prompt_counted = counted, True
 
     async def _reserved_cap(
         self, exchange: Exchange, body: dict[str, Any], requested: int | None, prompt: Prompt
@@ -480,10 +503,11 @@ class ProxyApp:
 
         A cap the client set is the engine's too. Without one, an engine that lists its
         context length (vLLM) gives completions the API's default (16) and chat the rest of the
-        context after the prompt (an upper bound of the prompt leaves the whole context). An
-        engine that does not say may default otherwise (llama.cpp's completions run to the end
-        of the context), so there the configured default stands in and is sent: the
-        reservation is then what the engine may generate, which also bounds the charge.
+        context after the prompt (an upper bound of the prompt leaves the whole context).
+        llama.cpp runs completions to the end of its slot's context as well, and that cap is
+        sent too, where a budget holds it (a server with context shift generates past it). An
+        engine that says neither gets the configured default, sent: the reservation is then
+        what the engine may generate, which also bounds the charge.
         """
         if exchange.path not in STREAMABLE:
             return 0, True  # embeddings generate nothing
@@ -492,9 +516,12 @@ class ProxyApp:
         context = await self.engine.context(str(body.get("model", "")))
         if context is None:
             return self.config.default_max_tokens, False
+        rest = max(context - (prompt.tokens if prompt.exact else 0), 0)
+        if self.engine.completes_to_context:
+            return rest, False
         if exchange.path == "/v1/completions":
             return COMPLETIONS_DEFAULT_MAX_TOKENS, True
-        return max(context - (prompt.tokens if prompt.exact else 0), 0), True
+        return rest, True
 
     async def _read_request(
         self, exchange: Exchange, scope: Scope, receive: Receive
@@ -534,6 +561,7 @@ class ProxyApp:
         tracing = self.tracing
         if tracing is not None:
             tracing.start(exchange, scope)
+        body: dict[str, Any] = {}
         try:
             refusal, body, raw, changed = await self._read_request(exchange, scope, receive)
             if exchange.rate_headers:
@@ -550,12 +578,15 @@ class ProxyApp:
             elif exchange.slot == "counted":
                 self.gate.leave_ungated()
             self._served(exchange)
-            self.accounting.charge(exchange)
-            if self.rates is not None and exchange.rate_taken is not None:
-                used = exchange.usage.total if exchange.usage is not None else 0
-                self.rates.settle(exchange.tenant, exchange.model, exchange.rate_taken, used)
-            if isinstance(exchange.meter, TranscribingMeter):
-                self.accounting.screen(exchange, exchange.meter)
+            try:
+                await self._count_dropped(exchange, body)
+            finally:  # charged and settled even if a shutdown cancels the count
+                self.accounting.charge(exchange)
+                if self.rates is not None and exchange.rate_taken is not None:
+                    used = exchange.usage.total if exchange.usage is not None else 0
+                    self.rates.settle(exchange.tenant, exchange.model, exchange.rate_taken, used)
+                if isinstance(exchange.meter, TranscribingMeter):
+                    self.accounting.screen(exchange, exchange.meter)
 
     def _finish(self, exchange: Exchange) -> None:
         self.accounting.finish(exchange)

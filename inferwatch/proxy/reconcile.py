@@ -2,14 +2,16 @@
 
 The engine counts every prompt and generated token it processes (vLLM
 ``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total``, SGLang the same names under
-``sglang:``). From the first successful read, the growth of those counters is compared with
-the growth of what the proxy charged plus the known traffic that reaches the engine around
-the proxy: quality probes sent straight to the engine (the sidecar's ``--probes``, or
-``inferwatch probe --target``), read from their runner's ``inferwatch_probe_tokens_total``
-with ``route="direct"``, and the sidecar's warm-up requests
-(``inferwatch_warmup_tokens_total``). The difference is published as a drift gauge. It
-settles at zero when accounting is exact; unknown traffic that bypasses the proxy, lost
-charges or double counting all show up as drift.
+``sglang:``, llama.cpp ``llamacpp:tokens_predicted_total`` and its prompt tokens as
+``llamacpp:prompt_tokens_total``, computed, plus ``llamacpp:prompt_tokens_cached_total``, taken
+from its cache: together what its usage reports). From the first successful read, the growth of
+those counters is compared with the growth of what the proxy charged plus the known traffic
+that reaches the engine around the proxy: quality probes sent straight to the engine (the
+sidecar's ``--probes``, or ``inferwatch probe --target``), read from their runner's
+``inferwatch_probe_tokens_total`` with ``route="direct"``, and the sidecar's warm-up requests
+(``inferwatch_warmup_tokens_total``). The difference is published as a drift gauge. It settles
+at zero when accounting is exact; unknown traffic that bypasses the proxy, lost charges or
+double counting all show up as drift.
 """
 
 from __future__ import annotations
@@ -24,8 +26,17 @@ from inferwatch.serving import textformat
 
 # sample names with ':' read as '_' and without '_total'
 ENGINE_COUNTERS = {
-    "prompt": ("vllm_prompt_tokens", "sglang_prompt_tokens"),
-    "completion": ("vllm_generation_tokens", "sglang_generation_tokens"),
+    "prompt": (
+        "vllm_prompt_tokens",
+        "sglang_prompt_tokens",
+        "llamacpp_prompt_tokens",
+        "llamacpp_prompt_tokens_cached",
+    ),
+    "completion": (
+        "vllm_generation_tokens",
+        "sglang_generation_tokens",
+        "llamacpp_tokens_predicted",
+    ),
 }
 _WANTED = {name for names in ENGINE_COUNTERS.values() for name in names}
 

@@ -164,6 +164,8 @@ class UsageMeter:
 
     def __init__(self, prompt_estimate: int) -> None:
         self.prompt_estimate = prompt_estimate
+        #: the estimate is a count (the tokenizer's or the engine's), not 4 characters a token
+        self.prompt_counted = False
         self.reported: Usage | None = None
         #: the usage said how many prompt tokens were cached (vLLM only sends it with
         #: ``--enable-prompt-tokens-details``; without it no cached token can be priced apart)
