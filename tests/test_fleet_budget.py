@@ -94,7 +94,7 @@ def test_a_killed_proxys_reservations_return_within_the_lease(fleet: Fleet, engi
     # the lease is 2 s; a hold is dropped by the first script that looks after it expired
     wait_for(lambda: books(fleet.redis)[1] == 0, "the dead proxy's holds to expire", 2 + 3)
     admitted = flood([survivor.url], "acme", per_proxy=1, max_tokens=700, delay_ms=0)[0]
-    assert admitted.status_code == 200
+    assert admitted.status_code == 200, admitted.text
 
 
 def test_a_restarted_proxy_does_not_refill_the_window(fleet: Fleet, engine: Engine) -> None:
