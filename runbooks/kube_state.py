@@ -26,7 +26,7 @@ from urllib3.exceptions import HTTPError
 
 from inferwatch.logs import log_event
 from inferwatch.runbooks.actions.kubernetes_api import DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, body
-from inferwatch.runbooks.state import MAX_STATE_BYTES, State, StateError
+from inferwatch.runbooks.state import MAX_STATE_BYTES, State, StateError, report_skipped
 
 logger = logging.getLogger("inferwatch.runbooks")
 
@@ -60,6 +60,7 @@ class ConfigMapStore:
         self._core = client.CoreV1Api(api)
         self.namespace, self.name, self.retries = namespace, name, retries
         self.where = f"configmap {namespace}/{name}"
+        self.skipped_episodes = 0
 
     async def transact(self, change: Callable[[State], T]) -> T:
         return await asyncio.to_thread(self._transact, change)
@@ -67,22 +68,34 @@ class ConfigMapStore:
     def _transact(self, change: Callable[[State], T]) -> T:
         for _ in range(self.retries + 1):
             current = self._read()
-            data = ((current or {}).get("data") or {}).get(KEY, "").encode()
+            data = self._stored(current)
             state = State.from_bytes(data, self.where)
             result = change(state)
             after = state.to_bytes()
-            if after == data:
-                return result
-            try:
-                self._write(current, after.decode())
-            except client.ApiException as exc:
-                if exc.status != 409:  # 409: another replica wrote first; again, fresh
+            if after != data:
+                try:
+                    self._write(current, after.decode())
+                except client.ApiException as exc:
+                    if exc.status != 409:  # 409: another replica wrote first; again, fresh
+                        raise _api_error(exc, self.where) from None
+                    continue
+                except (HTTPError, ValueError) as exc:
                     raise _api_error(exc, self.where) from None
-                continue
-            except (HTTPError, ValueError) as exc:
-                raise _api_error(exc, self.where) from None
+            self.skipped_episodes += report_skipped(state, self.where)
             return result
         raise StateError(f"{self.where}: gave up after {self.retries + 1} conflicting writes")
+
+    def _stored(self, current: dict[str, Any] | None) -> bytes:
+        """The state's text in the ConfigMap read; anything but an object of strings there is
+        a corrupt state, said in one line."""
+        data = (current or {}).get("data") or {}
+        text = data.get(KEY, "") if isinstance(data, dict) else None
+        if not isinstance(text, str):
+            raise StateError(
+                f"{self.where}: corrupt receiver state (data.{KEY} is not a string); "
+                "move it aside to start from an empty state"
+            )
+        return text.encode()
 
     def _read(self) -> dict[str, Any] | None:
         try:

@@ -258,7 +258,7 @@ def test_a_lease_duration_out_of_bounds_is_refused_in_one_line(
         assert elector.try_once()
     refused = [r for r in caplog.records if r.getMessage() == "lease duration out of bounds"]
     assert len(refused) == 1, caplog.text  # once for the record, not once per attempt
-    assert getattr(refused[0], "inferwatch_fields")["holder"] == "receiver-x"
+    assert refused[0].__dict__["inferwatch_fields"]["holder"] == "receiver-x"
 
 
 def test_a_standby_replica_refuses_webhooks_and_fails_readiness(
