@@ -14,6 +14,11 @@ node agent carries it out, one GPU at a time:
    volatile ECC error, no failed row remap);
 5. clear the request (the label too when it was the last), and lift the isolation it made.
 
+Only a request that names a GPU of this node (a UUID its GPU backend lists) is carried out:
+any other key under the prefix (``/0``, ``/all``, another node's GPU) is ignored, counted and
+said in one line, once while it stays, and the node's real requests are handled in the same
+pass; no such key ever reaches ``nvidia-smi -i``.
+
 Guards: one reset at a time per node; a cooldown per GPU after each attempt, so a GPU whose
 reset fails is not reset in a loop; dry-run (drain nothing, reset nothing: each decision is
 only logged). Every decision is one audit line (``gpu reset``, JSON when not on a terminal).
@@ -61,6 +66,8 @@ DEFAULT_COOLDOWN_S = 600.0
 RESET_TIMEOUT_S = 120.0
 #: how much of nvidia-smi's output an audit line keeps
 OUTPUT_LIMIT = 2000
+#: how much of an ignored request's key a log line keeps
+KEY_LIMIT = 100
 
 
 class NodeRequests(Protocol):
@@ -75,6 +82,10 @@ class NodeRequests(Protocol):
 
 class Gpus(Protocol):
     """What the agent asks the GPU backend."""
+
+    def uuids(self) -> set[str]:
+        """The UUIDs of this node's GPUs: the only ones a request may name."""
+        ...
 
     def holders(self, gpu_uuid: str) -> list[int]:
         """PIDs of the processes using the GPU."""
@@ -186,6 +197,11 @@ class NvmlGpus:
     def _handle(self, gpu_uuid: str) -> Any:
         return self._nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
 
+    def uuids(self) -> set[str]:
+        nvml = self._nvml
+        handles = (nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount()))
+        return {str(nvml.nvmlDeviceGetUUID(handle)) for handle in handles}
+
     def holders(self, gpu_uuid: str) -> list[int]:
         processes = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle(gpu_uuid))
         return sorted(int(p.pid) for p in processes)
@@ -243,6 +259,9 @@ class ResetAgent:
         self._token = sidecar_token
         self._last: dict[str, float] = {}  # GPU UUID -> when a reset was last tried
         self._busy = asyncio.Lock()
+        self._ignoring: set[str] = set()  # keys naming no GPU here, said once while they stay
+        #: requests ignored since start, each once while it stays (a metric)
+        self.ignored_total = 0
 
     async def run_once(self) -> list[Attempt]:
         """One pass over the pending requests, oldest first; at most one reset runs."""
@@ -250,6 +269,9 @@ class ResetAgent:
             return []
         async with self._busy:
             pending = await asyncio.to_thread(self.requests.pending)
+            ours = await asyncio.to_thread(self.gpus.uuids)
+            self._ignore({key for key in pending if key not in ours})
+            pending = {key: request for key, request in pending.items() if key in ours}
             order = sorted(pending, key=lambda u: (str(pending[u].get("requested_at", "")), u))
             attempts = []
             for gpu_uuid in order:
@@ -259,6 +281,16 @@ class ResetAgent:
                 if attempt.decision in ("reset", "failed"):
                     break  # one reset per pass: the next waits for the next pass
             return attempts
+
+    def _ignore(self, foreign: set[str]) -> None:
+        """Count and say each request for no GPU of this node, once while it stays."""
+        for key in sorted(foreign - self._ignoring):
+            self.ignored_total += 1
+            log_event(
+                logger, logging.WARNING, "gpu reset request ignored", node=self.node,
+                gpu_uuid=key[:KEY_LIMIT], reason="not a GPU of this node",
+            )  # fmt: skip
+        self._ignoring = foreign
 
     async def _one(self, gpu_uuid: str, request: Mapping[str, Any]) -> Attempt:
         last = self._last.get(gpu_uuid)

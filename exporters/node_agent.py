@@ -112,10 +112,16 @@ def app(
         return endpoints.readiness_response([Condition("kubelet_socket", ok, reason)])
 
     async def metrics(request: Request) -> Response:
-        family = catalog.load().family("node_agent_lookups")
+        cat = catalog.load()
+        family = cat.family("node_agent_lookups")
         for outcome, count in sorted(lookups.items()):
             family.add_metric([outcome], count)
-        return endpoints.metrics_response(request, [family])
+        families = [family]
+        if reset is not None:
+            ignored = cat.family("node_agent_gpu_reset_ignored")
+            ignored.add_metric([], reset.ignored_total)
+            families.append(ignored)
+        return endpoints.metrics_response(request, families)
 
     return Starlette(
         routes=[

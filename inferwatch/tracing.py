@@ -4,7 +4,12 @@ tenancy proxy, the probe runner): the options they share and the tracer provider
 Tracing is optional (the ``otel`` extra) and off unless ``--otlp-endpoint`` is given: without
 it no OpenTelemetry module is imported and the request path only tests for ``None``. Spans go
 over OTLP/HTTP (protobuf) in batches from a background thread, sampled by trace id at the
-configured ratio unless the caller's ``traceparent`` already decided. The resource names the
+configured ratio. A caller's ``traceparent`` decides for its own trace, as OpenTelemetry's
+``ParentBased`` sampler does: one that says sampled on every request is recorded on every
+request, whatever the ratio, unless the caller sampling is ``ratio`` (the ratio then judges
+those too; a caller's "not sampled" still stands). Shutdown exports what is still batched
+within ``shutdown_s``: a collector that accepts and never answers would otherwise hold it
+for the exporter's own timeout (10 s) and its retries. The resource names the
 service and, from the downward API's environment (``POD_NAME``, ``POD_NAMESPACE``,
 ``NODE_NAME``, as the Kubernetes kit sets them), the pod; ``OTEL_SERVICE_NAME`` and
 ``OTEL_RESOURCE_ATTRIBUTES`` are read as in every OpenTelemetry SDK.
@@ -12,14 +17,17 @@ service and, from the downward API's environment (``POD_NAME``, ``POD_NAMESPACE`
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
 from inferwatch.clikit import BadInput, F, FiniteFloat, option_group
+from inferwatch.logs import log_event
 
 if TYPE_CHECKING:  # the SDK is imported only when tracing is on
     from opentelemetry.sdk.trace import TracerProvider
@@ -27,6 +35,7 @@ if TYPE_CHECKING:  # the SDK is imported only when tracing is on
 __all__ = [
     "DOWNWARD_API",
     "TraceOptions",
+    "caller_sampling_option",
     "options",
     "provider",
     "resource_attributes",
@@ -41,6 +50,13 @@ DOWNWARD_API = {
 }
 #: where an OTLP/HTTP collector takes traces, under its base URL (as OTEL_EXPORTER_OTLP_ENDPOINT)
 TRACES_PATH = "/v1/traces"
+#: seconds a shutdown waits for the spans still batched, where the command names no grace
+DEFAULT_SHUTDOWN_S = 5.0
+#: whose decision a caller's sampled traceparent is: its own (OpenTelemetry's default), or
+#: the ratio's, so that a caller cannot have every request recorded
+CallerSampling = Literal["follow", "ratio"]
+
+logger = logging.getLogger("inferwatch.tracing")
 
 
 @dataclass(frozen=True)
@@ -49,6 +65,9 @@ class TraceOptions:
 
     endpoint: str = ""
     ratio: float = 1.0
+    caller_sampling: CallerSampling = "follow"
+    #: the longest a shutdown waits to export what is still batched
+    shutdown_s: float = DEFAULT_SHUTDOWN_S
 
 
 def options(command: F) -> F:
@@ -71,6 +90,20 @@ def options(command: F) -> F:
             help="Share of traces started here that are recorded (a caller's traceparent "
             "decides for its own trace).",
         ),
+    )(command)
+
+
+def caller_sampling_option(command: F) -> F:
+    """``--otlp-caller-sampling``, for a command that takes requests with a traceparent."""
+    return click.option(
+        "--otlp-caller-sampling",
+        type=click.Choice(["follow", "ratio"]),
+        default="follow",
+        show_default=True,
+        show_envvar=True,
+        help="Whose decision a caller's sampled traceparent is: follow records every trace "
+        "the caller sampled (OpenTelemetry's ParentBased), ratio holds those to "
+        "--otlp-sampling-ratio too, so that no caller can have every request recorded.",
     )(command)
 
 
@@ -114,12 +147,40 @@ def provider(
         raise BadInput(
             f"--otlp-endpoint needs the otel extra (pip install 'inferwatch[otel]'): {exc}"
         ) from None
-    made = TracerProvider(
+
+    class BoundedProvider(TracerProvider):
+        """Its shutdown (the command's, or the SDK's at exit) waits ``shutdown_s`` at most."""
+
+        def shutdown(self) -> None:
+            _within(super().shutdown, trace.shutdown_s)
+
+    ratio = TraceIdRatioBased(trace.ratio)
+    capped = trace.caller_sampling == "ratio"
+    made = BoundedProvider(
         resource=Resource.create(resource_attributes(service)),
-        sampler=ParentBased(TraceIdRatioBased(trace.ratio)),
+        sampler=ParentBased(ratio, remote_parent_sampled=ratio) if capped else ParentBased(ratio),
     )
     url = traces_url(trace.endpoint)
     made.add_span_processor(
         BatchSpanProcessor(exporter(url) if exporter else OTLPSpanExporter(endpoint=url))
     )
     return made
+
+
+def _within(shutdown: Callable[[], object], seconds: float) -> None:
+    """Run ``shutdown`` on a daemon thread and wait for it at most ``seconds``: past that,
+    what is still batched is given up (one line), and the thread holds no exit."""
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            shutdown()
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="inferwatch-trace-shutdown", daemon=True).start()
+    if not done.wait(max(seconds, 0.0)):
+        log_event(
+            logger, logging.WARNING, "trace export cut short", waited_s=seconds,
+            reason="the collector did not take the last spans in time",
+        )  # fmt: skip

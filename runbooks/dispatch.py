@@ -42,6 +42,7 @@ from inferwatch.runbooks.state import (
     Episode,
     MemoryStore,
     State,
+    StateError,
     StateStore,
     episode_id,
 )
@@ -65,6 +66,15 @@ class Leader(Protocol):
 IDLE_S = 60.0
 #: notification bytes read or queued at once, at most (then 429 with Retry-After)
 MAX_BACKLOG_BYTES = 8 * 1024 * 1024
+
+
+def _failed(what: str, exc: Exception) -> None:
+    """A store that cannot be read or written says where and why in its one line; anything
+    else is a bug, logged with its traceback."""
+    if isinstance(exc, StateError):
+        log_event(logger, logging.ERROR, what, reason=str(exc)[:500])
+    else:
+        logger.exception(what)
 
 
 def key(fingerprint: str, starts_at: str, action: str) -> str:
@@ -136,8 +146,8 @@ class Dispatcher:
             background.append(asyncio.create_task(self.leader.run()))
         try:
             await self._resume()
-        except Exception:  # the ticker still runs the pending rollbacks
-            logger.exception("cannot read the pending rollbacks")
+        except Exception as exc:  # the ticker still runs the pending rollbacks
+            _failed("cannot read the pending rollbacks", exc)
         try:
             while True:
                 notification, meta, size = await self.queue.get()
@@ -170,7 +180,7 @@ class Dispatcher:
         try:
             await self.handle(item, meta)
         except Exception as exc:  # a bug or a lost store costs this alert, never the others
-            logger.exception("alert handling failed")
+            _failed("alert handling failed", exc)
             self.metrics.actions[("", "error")] += 1
             reason = f"{type(exc).__name__}: {exc}"[:300]
             line = {**meta, **_alert_fields(item), "decision": "failed", "outcome": "error"}
@@ -435,8 +445,8 @@ class Dispatcher:
         while True:
             try:
                 wait = await self.tick()
-            except Exception:  # a lost store: said, and tried again, never the end of it
-                logger.exception("rollbacks and read-backs failed")
+            except Exception as exc:  # a lost store: said, and tried again, never the end of it
+                _failed("rollbacks and read-backs failed", exc)
                 wait = self.config.reassert_every or IDLE_S
             self._wake.clear()
             with contextlib.suppress(TimeoutError):

@@ -25,7 +25,9 @@ class RunbookMetrics:
         histogram = self.alert_to_action.setdefault(action, Histogram(ALERT_TO_ACTION_BUCKETS))
         histogram.observe(max(seconds, 0.0))
 
-    def families(self, breaker_open: Iterable[tuple[str, str]], execute: bool) -> list[Metric]:
+    def families(
+        self, breaker_open: Iterable[tuple[str, str]], execute: bool, skipped_episodes: int
+    ) -> list[Metric]:
         cat = catalog.load()
         webhooks = cat.family("runbooks_webhooks")
         for outcome, count in sorted(self.webhooks.items()):
@@ -35,6 +37,8 @@ class RunbookMetrics:
             actions.add_metric([action, outcome], count)
         unmapped = cat.family("runbooks_unmapped_alerts")
         unmapped.add_metric([], self.unmapped)
+        skipped = cat.family("runbooks_state_episodes_skipped")
+        skipped.add_metric([], skipped_episodes)
         breaker = cat.family("runbooks_breaker_open")
         for unit, group in sorted(breaker_open):
             breaker.add_metric([unit, group], 1)
@@ -43,4 +47,4 @@ class RunbookMetrics:
         latency = cat.family("runbooks_alert_to_action")
         for action, histogram in sorted(self.alert_to_action.items()):
             latency.add_metric([action], histogram.buckets(), histogram.total)
-        return [webhooks, actions, unmapped, breaker, mode, latency]
+        return [webhooks, actions, unmapped, skipped, breaker, mode, latency]

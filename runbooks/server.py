@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,11 +29,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from inferwatch.auth import bearer_ok
+from inferwatch.logs import log_event
 from inferwatch.runbooks import payload
 from inferwatch.runbooks.breaker import parts
 from inferwatch.runbooks.dispatch import Dispatcher
+from inferwatch.runbooks.state import StateError
 from inferwatch.serving.endpoints import healthz, metrics_response, readiness_response
 from inferwatch.serving.readiness import Condition
+
+logger = logging.getLogger("inferwatch.runbooks")
 
 MAX_BODY_BYTES = 1024 * 1024
 #: what a 429 or 503 asks Alertmanager to wait before it retries
@@ -142,7 +147,9 @@ class Receiver:
 
     async def metrics(self, request: Request) -> Response:
         opened = [parts(key) for key in await self.dispatcher.open_breakers()]
-        families = self.dispatcher.metrics.families(opened, self.dispatcher.execute)
+        families = self.dispatcher.metrics.families(
+            opened, self.dispatcher.execute, self.dispatcher.store.skipped_episodes
+        )
         return metrics_response(request, families)
 
     async def readyz(self, request: Request) -> Response:
@@ -156,6 +163,14 @@ class Receiver:
                 Condition("leader", leading, "" if leading else "another receiver leads"),
             ]
         )
+
+    async def state_unavailable(self, request: Request, exc: Exception) -> Response:
+        """A route that needs the state while the store cannot give it: 503 and one line,
+        never a 500 with a traceback (the store's message says where and why)."""
+        log_event(logger, logging.ERROR, "state unavailable", path=request.url.path,
+                  reason=str(exc)[:500])  # fmt: skip
+        headers = {"retry-after": str(RETRY_AFTER_S)}
+        return _json(503, {"error": str(exc)[:500]}, headers)
 
     def app(self) -> Starlette:
         @asynccontextmanager
@@ -176,6 +191,7 @@ class Receiver:
                 Route("/readyz", self.readyz),
             ],
             lifespan=lifespan,
+            exception_handlers={StateError: self.state_unavailable},
         )
 
 

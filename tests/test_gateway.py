@@ -80,11 +80,11 @@ def test_demo_and_custom_configs_pass_haproxy_check(haproxy_bin: str, tmp_path: 
     assert "server v1:big-1 127.0.0.1:7001 weight 90 check port 7101 " \
         "observe layer4 error-limit 1 on-error mark-down" in text
     assert "    retry-on conn-failure empty-response\n" in text
-    opened = text.split("\nbackend m_org_big_open\n")[1].split("\n\n")[0]
+    opened = text.split("\nbackend m_org_2fbig_open\n")[1].split("\n\n")[0]
     assert "server open:big-1" in opened and "observe" not in opened, "no check, no mark-down"
-    assert "server fallback:small-1 127.0.0.1:7003 weight 0 track m_org_small/v1:small-1" in text
-    assert "use_backend m_org_small if { var(txn.model) -m str org/big } " \
-        "{ nbsrv(m_org_big) lt 1 }" in text
+    assert "server fallback:small-1 127.0.0.1:7003 weight 0 track m_org_2fsmall/v1:small-1" in text
+    assert "use_backend m_org_2fsmall if { var(txn.model) -m str org/big } " \
+        "{ nbsrv(m_org_2fbig) lt 1 }" in text
     assert "stats socket ipv4@127.0.0.1:9999 mode 600 level admin" in text
 
 

@@ -27,6 +27,7 @@ from inferwatch.gateway import haproxy as gateway
 from inferwatch.runbooks.actions.base import ActionError, Alert, Step
 from inferwatch.runbooks.actions.haproxy import ShiftTraffic, _schedule
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError, valid_name
+from inferwatch.runbooks.inventory import HAProxyBackends, Refused
 from support.gateway_stubs import Stub
 from support.ports import PortTaken, in_use, refused_port, start_on_free_port
 from support.wait import wait_for
@@ -439,6 +440,35 @@ def test_any_label_text_plans_a_safe_backend_or_refuses(model: str, version: str
         return
     (step,) = steps
     assert valid_name(step.desired["backend"]) and step.group == model
+
+
+#: other spellings of org/big that a lossy backend name would send to its backends
+SPELLINGS = ("org_big", "org:big", "org big", "org@big", "org+big", "org/big_open", "org\\big")
+
+
+def test_the_gateway_inventory_takes_only_a_backends_exact_model(start_gateway: Any) -> None:
+    """HAProxy itself lists the backends: an alert's model is in the inventory only when it
+    is exactly the model a backend was written for, however close its spelling."""
+    gw = start_gateway(FLEET)
+    backends = HAProxyBackends(gw.runtime)
+    found = asyncio.run(backends.match({"model": BIG}))
+    assert dict(found.labels) == {"model": BIG, "backend": B_BIG}
+    for spelling in SPELLINGS:
+        with pytest.raises(Refused, match="haproxy lists no backend"):
+            asyncio.run(backends.match({"model": spelling}))
+
+
+@settings(deadline=None)
+@given(st.lists(st.text(max_size=40), min_size=2, max_size=2, unique=True))
+def test_no_two_model_names_share_a_backend_name(models: list[str]) -> None:
+    one, other = models
+    assert gateway.backend_name(one) != gateway.backend_name(other)
+    for model in models:
+        for name in (gateway.backend_name(model), gateway.open_backend_name(model),
+                     gateway.canary_backend_name(model)):  # fmt: skip
+            assert valid_name(name) or len(name) > 200, name  # too long: refused, unsent
+    assert gateway.open_backend_name(one) != gateway.backend_name(other)
+    assert gateway.canary_backend_name(one) != gateway.backend_name(other)
 
 
 @pytest.mark.parametrize("name", ["m_a;shutdown frontend gateway", "m a", "", "x" * 300])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -356,6 +357,37 @@ def with_value(path: tuple[str, ...], value: Any) -> dict[str, Any]:
         node = node[key]
     node[path[-1]] = value
     return document
+
+
+@pytest.mark.parametrize("kind", ["file-outside", "folder-outside", "fifo"])
+def test_a_site_file_from_outside_the_kit_is_refused_without_reading_it(
+    kit: Path, tmp_path: Path, kind: str
+) -> None:
+    """A link out of the kit was followed, and its bad value echoed in the error: a secret
+    of the machine's would end in a CI log."""
+    secret = tmp_path / "secret.yaml"
+    secret.write_text("namespace: hunter2-TOPSECRET\n")
+    planted = kit / "sites" / "planted.yaml"
+    if kind == "file-outside":
+        planted.symlink_to(secret)
+    elif kind == "folder-outside":
+        planted.parent.rename(tmp_path / "sites-elsewhere")
+        (tmp_path / "sites-elsewhere" / "planted.yaml").symlink_to(secret)
+        planted.parent.symlink_to(tmp_path / "sites-elsewhere")
+    else:
+        os.mkfifo(planted)
+    result = generate("--dir", str(kit))
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert "hunter2" not in line and "/sites" in line, line
+    assert "inside the kit" in line and "refused unread" in line, line
+    assert not (kit / "overlays" / "planted").exists()
+
+
+def test_a_site_file_linked_inside_the_kit_is_read(kit: Path) -> None:
+    (kit / "sites" / "twin.yaml").symlink_to(kit / "sites" / "single-cluster.yaml")
+    assert generate("--dir", str(kit)).exit_code == 0
+    assert (kit / "overlays" / "twin" / "kustomization.yaml").is_file()
 
 
 def test_the_full_site_sets_every_value_the_schema_knows_and_loads(tmp_path: Path) -> None:

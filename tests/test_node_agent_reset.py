@@ -241,6 +241,37 @@ def test_one_reset_at_a_time_oldest_request_first(
     assert REQUESTED not in metadata(fake)["labels"]
 
 
+#: annotations under the request prefix that name no GPU of this node
+FOREIGN = ("0", "all", "GPU-00000000-0000-0000-0000-000000000000", "GPU-" + "f" * 40)
+
+
+def test_a_request_for_no_gpu_of_this_node_is_ignored_counted_and_the_real_one_handled(
+    fake: FakeKube, nvml: FakeNvml, runbook_loop: Loop, stack: dict[str, Any], nvidia_smi: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """``/0`` or ``/all`` (a typo, or a hand-written annotation) sorted first and failed every
+    pass before the real request; a backend that took it could reset every GPU."""
+    real = uuid(nvml)
+    planted = {PREFIX + key: request("x", "2026-12-01T07:00:00Z") for key in FOREIGN}
+    ours = {PREFIX + real: request("f1", "2026-12-01T08:00:00Z")}
+    fake.add_node(NODE, labels={REQUESTED: "true"}, annotations={**planted, **ours})
+    reset = agent(stack, nvml)
+    served = node_agent.app(Allocations(), "agent-token", NODE, reset=reset)
+    with caplog.at_level(logging.INFO):
+        (attempt,) = once(runbook_loop, reset)
+        assert (attempt.gpu_uuid, attempt.decision) == (real, "reset"), attempt
+        assert once(runbook_loop, reset) == []  # the foreign ones again: nothing to do
+    assert calls(nvidia_smi) == [f"--gpu-reset -i {real}"]
+    ignored = [r.__dict__["inferwatch_fields"] for r in caplog.records
+               if r.getMessage() == "gpu reset request ignored"]  # fmt: skip
+    assert sorted(f["gpu_uuid"] for f in ignored) == sorted(FOREIGN), "one line each, once"
+    assert all(f["node"] == NODE and "not a GPU of this node" in f["reason"] for f in ignored)
+    assert set(planted) <= set(metadata(fake)["annotations"]), "ignored, not removed"
+    with TestClient(served) as http:
+        text = http.get("/metrics").text
+    assert f"inferwatch_node_agent_gpu_reset_ignored_total {len(FOREIGN)}.0" in text.splitlines()
+
+
 def test_the_replicas_of_a_gpu_are_the_sidecar_pods_on_the_node_the_kubelet_gave_it(
     nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
 ) -> None:

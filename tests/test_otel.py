@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -25,9 +27,10 @@ from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.probes import client, golden
 from inferwatch.probes.runner import ProbeRunner, Target
 from inferwatch.serving.histogram import Histogram
-from support.otlp import Receiver, Span, receiver
+from support.otlp import Receiver, Span, hung_collector, receiver
 from support.proxy_stack import CHAT, KEYS, Engine, Stack, auth
 from support.shared import REPO
+from support.wait import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -326,3 +329,107 @@ def test_the_sidecars_probes_are_spans_when_given_an_endpoint(
     assert probe.attributes["inferwatch.route"] == "direct"
     assert probe.resource["service.name"] == "inferwatch-sidecar"
     assert probe.resource["k8s.pod.name"] == "model-0"
+
+
+TRACE, PARENT = "a" * 32, "b" * 16
+VALID = f"00-{TRACE}-{PARENT}-01"
+#: each way a traceparent breaks the W3C grammar (https://www.w3.org/TR/trace-context/)
+BROKEN_PARENTS = {
+    "10-kb": "00-" + "a" * 10_000,
+    "version-ff": f"ff-{TRACE}-{PARENT}-01",
+    "zero-trace": f"00-{'0' * 32}-{PARENT}-01",
+    "zero-parent": f"00-{TRACE}-{'0' * 16}-01",
+    "upper-case": f"00-{TRACE.upper()}-{PARENT}-01",
+    "version-00-with-more": f"00-{TRACE}-{PARENT}-01-extra",
+    "not-hex": f"00-{'g' * 32}-{PARENT}-01",
+    "short-flags": f"00-{TRACE}-{PARENT}-1",
+    "future-version-too-long": f"01-{TRACE}-{PARENT}-01-" + "x" * 1000,
+}
+
+BROKEN_STATES = ("x=" + "y" * 600, "=novalue", "Upper=1", "a=1,a=2",
+                 ",".join(f"k{i}=v" for i in range(33)))  # fmt: skip
+
+
+def engine_saw(proxy: Stack, headers: list[tuple[str, str]]) -> dict[str, str]:
+    seen = len(proxy.engine.headers_seen)
+    reply = proxy.client.post(CHAT, json=chat(), headers=[*auth("acme").items(), *headers])
+    assert reply.status_code == 200, reply.text
+    (saw,) = proxy.engine.headers_seen[seen:]
+    return {k: v for k, v in saw.items() if k in ("traceparent", "tracestate")}
+
+
+@pytest.mark.parametrize("ratio", [None, 0.0], ids=["tracing-off", "not-sampled"])
+@pytest.mark.parametrize("parent", list(BROKEN_PARENTS.values()), ids=list(BROKEN_PARENTS))
+def test_an_invalid_traceparent_never_reaches_the_engine(
+    otlp: Receiver, stack: Callable[..., Stack], ratio: float | None, parent: str
+) -> None:
+    """Not with tracing off, nor where the proxy's own span is not sampled (the caller's
+    headers would then go on as sent): dropped, and its tracestate with it."""
+    options = tracing.TraceOptions(otlp.url, ratio or 0.0)
+    provider = None if ratio is None else tracing.provider("inferwatch-proxy", options)
+    proxy = stack() if provider is None else stack(tracer_provider=provider)
+    try:
+        assert engine_saw(proxy, [("traceparent", parent), ("tracestate", "vendor=1")]) == {}
+    finally:
+        if provider is not None:
+            provider.shutdown()
+
+
+def test_valid_trace_context_reaches_the_engine_and_a_bad_tracestate_alone_is_dropped(
+    stack: Callable[..., Stack],
+) -> None:
+    proxy = stack()
+    future = f"01-{TRACE}-{PARENT}-01-future"
+    state = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
+    assert engine_saw(proxy, [("traceparent", VALID), ("tracestate", state)]) == {
+        "traceparent": VALID, "tracestate": state}  # fmt: skip
+    assert engine_saw(proxy, [("traceparent", future)]) == {"traceparent": future}
+    for bad_state in BROKEN_STATES:
+        saw = engine_saw(proxy, [("traceparent", VALID), ("tracestate", bad_state)])
+        assert saw == {"traceparent": VALID}, bad_state
+    other = f"00-{'c' * 32}-{PARENT}-01"
+    twice = engine_saw(proxy, [("traceparent", VALID), ("traceparent", other)])
+    assert twice == {}, "two traceparents: the W3C rule says neither is the parent"
+
+
+def test_a_callers_sampled_flag_is_held_to_the_ratio_when_asked(
+    otlp: Receiver, stack: Callable[..., Stack]
+) -> None:
+    """By default a caller that sets sampled on every request records every one (the
+    OpenTelemetry ParentBased sampler); ``caller_sampling="ratio"`` caps it at the ratio."""
+    options = tracing.TraceOptions(otlp.url, 0.0, caller_sampling="ratio")
+    provider = tracing.provider("inferwatch-proxy", options)
+    assert provider is not None
+    proxy = stack(tracer_provider=provider)
+    try:
+        forced = "e" * 32
+        saw = engine_saw(proxy, [("traceparent", f"00-{forced}-{PARENT}-01")])
+        assert saw["traceparent"].split("-")[1] == forced, "the trace still goes on to the engine"
+        assert provider.force_flush()
+        assert otlp.spans == []  # nothing recorded, though the caller said sampled
+    finally:
+        provider.shutdown()
+
+
+def test_caller_sampling_is_an_option_with_an_env_twin() -> None:
+    result = CliRunner().invoke(main, ["proxy", "--help"], terminal_width=200)
+    assert "--otlp-caller-sampling [follow|ratio]" in result.output
+    assert "INFERWATCH_PROXY_OTLP_CALLER_SAMPLING" in result.output
+
+
+def test_a_hung_collector_holds_shutdown_only_as_long_as_its_bound() -> None:
+    """A collector that accepts and never answers held the exporter's own timeout (10 s)
+    and its retries past any drain grace: shutdown now gives up at its bound."""
+    bound = 1.0
+    with hung_collector() as collector:
+        options = tracing.TraceOptions(collector.url, 1.0, shutdown_s=bound)
+        provider = tracing.provider("inferwatch-proxy", options)
+        assert provider is not None
+        provider.get_tracer("t").start_span("request").end()
+        done = threading.Event()
+        started = time.monotonic()
+        threading.Thread(target=lambda: (provider.shutdown(), done.set()), daemon=True).start()
+        assert collector.accepted.wait(10), "the exporter sent the span to the collector"
+        wait_for(done.is_set, "shutdown to give up at its bound", bound + 2)
+        took = time.monotonic() - started
+    print(f"shutdown with a hung collector: {took:.2f} s (bound {bound:g} s)")

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from inferwatch.proxy.tenants import hash_key
+from support.otlp import hung_collector
 from support.ports import announced_url
 from support.proxy_stack import KEYS, Engine, own_engine
 from support.wait import wait_for
@@ -154,3 +155,40 @@ def test_sigterm_drains_then_cuts_short_and_charges_every_token(
     # machine, never charged twice and never more than those in flight
     assert engine.engine.generation_total - sum(line["completion_tokens"] for line in access) <= 5
     assert all(line["prompt_tokens"] > 0 for line in access)
+
+
+def test_a_hung_trace_collector_holds_sigterm_no_longer_than_the_drain_grace(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """The spans still batched wait for a collector that accepts and never answers: with a
+    2 s grace the proxy took 11-17 s to exit (the exporter's 10 s timeout and its retries)."""
+    config = tmp_path / "proxy.yaml"
+    config.write_text(json.dumps({
+        "upstream": {"url": engine.url, "reconcile_interval": 0},
+        "tenants": {"acme": {"key_sha256": [hash_key(KEYS["acme"])]}},
+    }))  # fmt: skip
+    log = tmp_path / "proxy.log"
+    with hung_collector() as collector, log.open("w") as out:
+        process = subprocess.Popen(
+            [str(INFERWATCH), "proxy", "--config", str(config),
+             "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+             "--drain-grace", f"{GRACE:g}", "--otlp-endpoint", collector.url],
+            stdout=subprocess.DEVNULL, stderr=out,
+        )  # fmt: skip
+        try:
+            url = announced_url(process, log, "the proxy")
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            headers = {"authorization": f"Bearer {KEYS['acme']}"}
+            reply = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=10)
+            assert reply.status_code == 200  # its span waits in the batch
+            process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            assert collector.accepted.wait(10), "the proxy sent its last spans to the collector"
+            wait_for(lambda: process.poll() is not None, "the proxy exiting", 2 * GRACE + 3)
+            took = time.monotonic() - signalled
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert "trace export cut short" in log.read_text()
+    print(f"SIGTERM to exit with a hung collector: {took:.2f} s (grace {GRACE:g} s)")

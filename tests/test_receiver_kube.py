@@ -4,7 +4,9 @@ selector, its state in a ConfigMap with conflicts retried, and a Lease so that o
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -186,16 +188,20 @@ def test_configmap_writes_that_conflict_are_retried_and_none_is_lost(
 def test_one_replica_holds_the_lease_and_another_takes_over_only_once_it_lapsed(
     fake: FakeKube, api: client.ApiClient
 ) -> None:
+    """As client-go judges it: a lease lapses once this replica has seen it unchanged for a
+    whole duration on its own clock, whatever the record's times say."""
     now = [1000.0]
     one, two = (LeaseElector(api, "inferwatch", "receiver", name, 15, lambda: now[0])
                 for name in ("receiver-a", "receiver-b"))  # fmt: skip
     assert one.try_once() and one.leading()
     now[0] += 5
-    assert not two.try_once() and not two.leading()
+    assert not two.try_once() and not two.leading()  # first sight of the record
     assert one.try_once()  # renewed
     now[0] += 14
-    assert not two.try_once()  # renewed 14 s ago: still held
-    now[0] += 2  # one stopped renewing 16 s ago
+    assert not two.try_once()  # a renewal seen now: held
+    now[0] += 14
+    assert not two.try_once()  # unchanged for 14 s: still held
+    now[0] += 2  # one stopped renewing 30 s ago, and two has seen nothing new for 16 s
     assert not one.leading()  # it gave up its belief before anyone could take over
     assert two.try_once() and two.leading()
     lease = fake.get("leases", "inferwatch", "receiver")
@@ -203,6 +209,56 @@ def test_one_replica_holds_the_lease_and_another_takes_over_only_once_it_lapsed(
     assert lease["spec"]["holderIdentity"] == "receiver-b"
     assert lease["spec"]["leaseTransitions"] == 1
     assert not one.try_once()
+
+
+def plant_lease(api: client.ApiClient, holder: str, renewed: datetime.datetime,
+                duration: Any = 15) -> None:  # fmt: skip
+    """A Lease as another replica left it: its own clock's renewTime, its own duration."""
+    stamp = renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    spec = {"holderIdentity": holder, "leaseDurationSeconds": duration,
+            "acquireTime": stamp, "renewTime": stamp, "leaseTransitions": 3}  # fmt: skip
+    client.CoordinationV1Api(api).create_namespaced_lease(
+        "inferwatch", {"metadata": {"name": "receiver"}, "spec": spec},  # type: ignore[arg-type]
+        _preload_content=False,
+    )  # fmt: skip
+
+
+def test_a_dead_holder_whose_clock_ran_ahead_loses_the_lease_after_one_duration(
+    fake: FakeKube, api: client.ApiClient
+) -> None:
+    """Its renewTime is a year ahead of ours: a receiver that trusted it would wait a year."""
+    ahead = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=365)
+    plant_lease(api, "receiver-dead", ahead)
+    now = [1000.0]
+    elector = LeaseElector(api, "inferwatch", "receiver", "receiver-a", 15, lambda: now[0])
+    assert not elector.try_once()
+    now[0] += 14
+    assert not elector.try_once()
+    now[0] += 2
+    assert elector.try_once() and elector.leading()
+    lease = fake.get("leases", "inferwatch", "receiver")
+    assert lease is not None
+    assert (lease["spec"]["holderIdentity"], lease["spec"]["leaseTransitions"]) == ("receiver-a", 4)
+
+
+@pytest.mark.parametrize("duration", [10**9, 0, -5, None])
+def test_a_lease_duration_out_of_bounds_is_refused_in_one_line(
+    api: client.ApiClient, duration: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A holder claiming 31 years (or nothing, or less than a second) is held to this receiver's own
+    duration: it neither blocks the election for ever nor loses the lease at first sight."""
+    plant_lease(api, "receiver-x", datetime.datetime.now(datetime.UTC), duration)
+    now = [1000.0]
+    elector = LeaseElector(api, "inferwatch", "receiver", "receiver-a", 15, lambda: now[0])
+    with caplog.at_level(logging.WARNING, "inferwatch.runbooks"):
+        assert not elector.try_once()
+        now[0] += 14
+        assert not elector.try_once()
+        now[0] += 2
+        assert elector.try_once()
+    refused = [r for r in caplog.records if r.getMessage() == "lease duration out of bounds"]
+    assert len(refused) == 1, caplog.text  # once for the record, not once per attempt
+    assert refused[0].__dict__["inferwatch_fields"]["holder"] == "receiver-x"
 
 
 def test_a_standby_replica_refuses_webhooks_and_fails_readiness(

@@ -125,8 +125,22 @@ class Topology:
 
 
 def backend_name(model: str) -> str:
-    """The HAProxy backend of a model (its name with the characters HAProxy refuses replaced)."""
-    return "m_" + re.sub(r"[^A-Za-z0-9._-]", "_", model)
+    """The HAProxy backend of a model: its name with ``_`` doubled and every character outside
+    ``A-Z a-z 0-9 . -`` written as ``_`` and the hex of its bytes (``org/big`` is
+    ``m_org_2fbig``). No two names share a backend, nor a name another's ``_open`` or
+    ``_canary`` backend, so an alert's ``model`` names a backend only when it is exactly the
+    model the backend was written for (``org_big`` or ``org big`` never reach ``org/big``)."""
+    return "m_" + _BACKEND_ESCAPE.sub(_escape, model)
+
+
+_BACKEND_ESCAPE = re.compile(r"[^A-Za-z0-9.-]")
+
+
+def _escape(found: re.Match[str]) -> str:
+    char = found.group()
+    if char == "_":
+        return "__"
+    return "".join(f"_{byte:02x}" for byte in char.encode(errors="surrogatepass"))
 
 
 def canary_backend_name(model: str) -> str:

@@ -773,7 +773,7 @@ def render(kit: Path) -> dict[str, str]:
     """Relative path (under the kit's folder) -> text, for every file this module writes."""
     from inferwatch.alerts import writer
 
-    sites = sorted((kit / "sites").glob("*.yaml"))
+    sites = site_files(kit)
     if not sites:
         raise SiteError(f"{kit / 'sites'}: no site files (*.yaml)")
     from inferwatch.mixin import config as alert_config
@@ -795,6 +795,22 @@ def render(kit: Path) -> dict[str, str]:
     for name, text in render_components(rules, generated_dashboards).items():
         files[f"components/{name}"] = text
     return files
+
+
+def site_files(kit: Path) -> list[Path]:
+    """The kit's site files, each checked before it is read: one that is a link out of the
+    kit (or in a sites folder that is) or no regular file (a FIFO would hang the read) is
+    refused in one line, so that no file of the machine's is read and echoed in an error."""
+    inside, folder = kit.resolve(), kit / "sites"
+    if not folder.exists():
+        return []
+    sites = sorted(folder.glob("*.yaml"))
+    for path, kind in [(folder, Path.is_dir), *((site, Path.is_file) for site in sites)]:
+        real = path.resolve()
+        if not real.is_relative_to(inside) or not kind(real):
+            what = "folder" if path == folder else "regular file"
+            raise SiteError(f"{path}: not a {what} inside the kit ({kit}); refused unread")
+    return sites
 
 
 def _package_dir(name: str) -> Path:

@@ -81,6 +81,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     help="Write one structured line per request.",
 )
 @tracing.options
+@tracing.caller_sampling_option
 def proxy(
     config_path: str | None,
     listen: str,
@@ -91,6 +92,7 @@ def proxy(
     access_log: bool,
     otlp_endpoint: str,
     otlp_sampling_ratio: float,
+    otlp_caller_sampling: tracing.CallerSampling,
 ) -> None:
     """Meter tokens and cost per tenant in front of an OpenAI-compatible engine."""
     from inferwatch.proxy.app import ProxyApp
@@ -112,9 +114,10 @@ def proxy(
 
             if not sharedstate.AVAILABLE:
                 raise missing_extra("inferwatch proxy with shared_state", "redis")
-        provider = tracing.provider(
-            "inferwatch-proxy", tracing.TraceOptions(otlp_endpoint, otlp_sampling_ratio)
-        )
+        trace = tracing.TraceOptions(
+            otlp_endpoint, otlp_sampling_ratio, otlp_caller_sampling, shutdown_s=drain_grace
+        )  # the spans still batched get the drain's grace, no more
+        provider = tracing.provider("inferwatch-proxy", trace)
         app = ProxyApp(config, access_log=access_log, tracer_provider=provider)
     except (ConfigError, ValueError) as exc:
         raise BadInput(str(exc)) from None

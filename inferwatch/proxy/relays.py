@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from inferwatch.proxy import jsoncodec
+from inferwatch.proxy import jsoncodec, tracecontext
 from inferwatch.proxy.admission import Refusal
 from inferwatch.proxy.config import ProxyConfig
 from inferwatch.proxy.exchange import (
@@ -83,7 +83,7 @@ class Relays:
 
     def forward_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         stripped = self._stripped
-        return [(name, value) for name, value in headers if name not in stripped]
+        return tracecontext.checked([(n, v) for n, v in headers if n not in stripped])
 
     async def forward_metered(
         self, forward: Forward, body: dict[str, Any], raw: bytes, changed: bool

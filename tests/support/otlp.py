@@ -4,11 +4,13 @@
 ``Receiver`` serves ``POST /v1/traces`` (protobuf ``ExportTraceServiceRequest``) on a loopback
 port in a thread; ``spans`` holds every span received, flattened with its resource's
 attributes, and ``wait_for_span`` waits (with a deadline) for one that matches.
-``Span.events`` are the names of its events, in order.
+``Span.events`` are the names of its events, in order. ``hung_collector`` accepts
+connections and never answers, as a collector stuck behind a full pipeline does.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -119,6 +121,52 @@ class Receiver:
 @contextmanager
 def receiver() -> Iterator[Receiver]:
     running = Receiver()
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+class HungCollector:
+    """Listens on loopback, accepts every connection and never answers it (the request waits
+    in the socket's buffer); ``accepted`` is set once an exporter has connected."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self.accepted = threading.Event()
+        self._held: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return  # shut down
+            with self._lock:
+                if self._closed:
+                    connection.close()
+                    return
+                self._held.append(connection)
+            self.accepted.set()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for connection in self._held:
+                connection.close()
+        self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        self._listener.close()
+        self._thread.join(5)
+
+
+@contextmanager
+def hung_collector() -> Iterator[HungCollector]:
+    running = HungCollector()
     try:
         yield running
     finally:
