@@ -12,43 +12,16 @@ from click.testing import CliRunner
 
 from inferwatch.advise import plan as planning
 from inferwatch.advise import rules
-from inferwatch.advise.window import Reading, Window, queries
+from inferwatch.advise.window import Window
 from inferwatch.capacity import planner as cap
 from inferwatch.capacity import sizing
 from inferwatch.cli import main
-from inferwatch.config import Duration
 from inferwatch.exitcodes import ExitCode
+from support.advise import H100, MODEL, window
 from support.ports import refused_port
 from support.stub_prometheus import StubPrometheus, stub_prometheus, vector
 
 pytestmark = pytest.mark.unit
-
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-H100 = "NVIDIA H100 80GB HBM3"
-#: a batch-bound replica: 240 requests in 60 s, queueing with a half-empty KV cache
-BUSY: dict[str, float] = {
-    "requests": 240,
-    "replicas": 1,
-    "prompt_tokens": 40,
-    "generation_tokens": 120,
-    "prompt_tokens_p99": 60,
-    "generation_tokens_p99": 140,
-    "queue_p90": 4.0,
-    "ttft_p90": 4.2,
-    "running_max": 2,
-    "kv_usage_max": 0.05,
-    "preemptions": 0,
-    "prefill_share": 0.05,
-}
-
-
-def window(unexported: tuple[str, ...] = (), **values: float | None) -> Window:
-    signals = {**BUSY, **values}
-    readings = {
-        signal: Reading(signals.get(signal), expr, series)
-        for signal, (expr, series, _) in queries(MODEL, Duration.of_seconds(60)).items()
-    }
-    return Window(MODEL, 60.0, "vllm", H100, readings, unexported)
 
 
 @pytest.mark.parametrize(
