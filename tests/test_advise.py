@@ -42,10 +42,10 @@ def test_memory_bound_from_one_preemption_or_a_cache_90_percent_full(
 @pytest.mark.parametrize(
     ("values", "fires"),
     [
-        ({"queue_p90": 0.25}, True),  # 10% of a 2.5 s SLO
-        ({"queue_p90": 0.2499}, False),
-        ({"queue_p90": 4.0, "preemptions": 3}, False),  # memory, not the batch limit
-        ({"queue_p90": None}, False),
+        ({"queue_mean": 0.25}, True),  # 10% of a 2.5 s SLO
+        ({"queue_mean": 0.2499}, False),
+        ({"queue_mean": 4.0, "preemptions": 3}, False),  # memory, not the batch limit
+        ({"queue_mean": None}, False),
     ],
 )
 def test_batch_bound_from_queueing_at_a_tenth_of_the_slo_with_cache_room(
@@ -180,9 +180,9 @@ def test_json_carries_each_proposal_with_its_flag_evidence_and_effect(
         "--max-model-len"]  # fmt: skip
     seqs = proposed["max_num_seqs"]
     assert "batch limit" in seqs["finding"] and "sequences each replica decodes" in seqs["effect"]
-    queue = next(e for e in seqs["evidence"] if e["signal"] == "queue_p90")
+    queue = next(e for e in seqs["evidence"] if e["signal"] == "queue_mean")
     assert queue["value"] == 4.0
-    assert queue["series"] == "inferwatch_engine_request_queue_duration_seconds_bucket"
+    assert queue["series"] == "inferwatch_engine_request_queue_duration_seconds_sum"
     assert advice["replicas"] == advice["gpus"] == 1 and advice["missing"] == []
 
 

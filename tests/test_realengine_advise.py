@@ -40,7 +40,7 @@ print(json.dumps(out, default=str))
 WINDOWS = {
     "batch-bound": window(),
     "memory-bound": window(preemptions=12, kv_usage_max=0.97),
-    "prefill-bound": window(prefill_share=0.8, queue_p90=0.01, prompt_tokens=3000,
+    "prefill-bound": window(prefill_share=0.8, queue_mean=0.01, prompt_tokens=3000,
                             prompt_tokens_p99=6000),
     "many replicas": window(requests=60 * 400),
 }  # fmt: skip

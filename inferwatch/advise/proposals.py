@@ -17,7 +17,7 @@ from inferwatch.capacity import sizing
 
 #: setting -> (the signals shown as its evidence, the rule whose finding is its reason)
 EVIDENCE: dict[str, tuple[tuple[str, ...], str | None]] = {
-    "max_num_seqs": (("queue_p90", "running_max", "running_mean", "waiting_mean"), "batch_bound"),
+    "max_num_seqs": (("queue_mean", "running_max", "running_mean", "waiting_mean"), "batch_bound"),
     "max_num_batched_tokens": (("prefill_share", "prompt_tokens", "ttft_p90"), "prefill_bound"),
     "gpu_memory_utilization": (
         ("kv_usage_max", "preemptions", "gpu_memory_used_ratio"), "memory_bound"

@@ -12,7 +12,9 @@ import math
 
 from inferwatch.advise.window import REQUIRED, Window
 
-#: queue time (p90) at or above this share of the TTFT SLO is waiting worth acting on
+#: mean queue time at or above this share of the TTFT SLO is waiting worth acting on (the
+#: mean, not a quantile: a quantile interpolated inside the histogram's first bucket reads
+#: most of that bucket's bound when nothing waited at all)
 QUEUE_SHARE = 0.1
 #: KV-cache usage at or above which the cache, not the batch limit, is what is full
 KV_FULL = 0.9
@@ -36,15 +38,15 @@ def memory_bound(window: Window) -> str | None:
 
 
 def batch_bound(window: Window, ttft_slo: float) -> str | None:
-    """Requests queue (p90 at least ``QUEUE_SHARE`` of the TTFT SLO) while memory is not
+    """Requests queue (a mean of ``QUEUE_SHARE`` of the TTFT SLO or more) while memory is not
     short: the batch limit (max-num-seqs) is what holds them back."""
-    queue = window.value("queue_p90")
+    queue = window.value("queue_mean")
     if queue is None or queue < QUEUE_SHARE * ttft_slo or memory_bound(window) is not None:
         return None
     running = window.value("running_max")
     peak = "" if running is None else f", at most {running:.0f} running"
     return (
-        f"queue time p90 {queue:.3g} s (>= {QUEUE_SHARE:.0%} of the {ttft_slo:g} s TTFT SLO) "
+        f"mean queue time {queue:.3g} s (>= {QUEUE_SHARE:.0%} of the {ttft_slo:g} s TTFT SLO) "
         f"with KV cache room{peak}: the batch limit holds requests back"
     )
 

@@ -99,7 +99,7 @@ def queries(model: str, window: Duration) -> dict[str, tuple[str, str, str]]:
         "generation_tokens": mean("engine_request_generation_tokens"),
         "prompt_tokens_p99": quantile(0.99, "engine_request_prompt_tokens"),
         "generation_tokens_p99": quantile(0.99, "engine_request_generation_tokens"),
-        "queue_p90": quantile(0.9, "engine_request_queue_duration"),
+        "queue_mean": mean("engine_request_queue_duration"),
         "ttft_p50": quantile(0.5, "engine_time_to_first_token"),
         "ttft_p90": quantile(0.9, "engine_time_to_first_token"),
         "ttft_p99": quantile(0.99, "engine_time_to_first_token"),

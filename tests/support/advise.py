@@ -16,7 +16,7 @@ BUSY: dict[str, float] = {
     "generation_tokens": 120,
     "prompt_tokens_p99": 60,
     "generation_tokens_p99": 140,
-    "queue_p90": 4.0,
+    "queue_mean": 4.0,
     "ttft_p90": 4.2,
     "running_max": 2,
     "kv_usage_max": 0.05,
