@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "node-agent": ("inferwatch.exporters.node_agent", "node_agent"),
     "generate": ("inferwatch.generate.cli", "generate"),
     "capacity": ("inferwatch.capacity.cli", "capacity"),
+    "advise": ("inferwatch.advise.cli", "advise"),
     "canary": ("inferwatch.canary.cli", "canary"),
     "sim": ("inferwatch.sim.cli", "sim"),
     "demo": ("inferwatch.demo", "demo"),

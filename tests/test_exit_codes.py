@@ -65,6 +65,9 @@ def _alert_config(*head: str) -> Args:
 
 
 CASES: dict[str, Case] = {
+    "advise": Case(
+        lambda tmp: ["--prometheus", "http://127.0.0.1:1", "--model", "m", "--window", "10s"]
+    ),
     "canary": Case(
         lambda tmp: [
             "--prometheus",

@@ -7,14 +7,16 @@ The tests differ only in what Prometheus scrapes (``scrape_configs``) and in fea
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from support.ports import launch, running
 
-#: a scrape a second: a test sees a series a few seconds after its target serves it
-GLOBAL = "global: {scrape_interval: 1s, scrape_timeout: 900ms}\n"
+#: a scrape and a rule evaluation a second: a test sees a series (or a recorded one) a few
+#: seconds after its target serves it
+GLOBAL = "global: {scrape_interval: 1s, scrape_timeout: 900ms, evaluation_interval: 1s}\n"
 
 
 def start_prometheus(
@@ -25,10 +27,15 @@ def start_prometheus(
 
 
 def _launch_args(
-    prometheus_bin: str, scrape_configs: str, workdir: Path, flags: tuple[str, ...]
+    prometheus_bin: str,
+    scrape_configs: str,
+    workdir: Path,
+    flags: tuple[str, ...],
+    rule_files: Sequence[Path] = (),
 ) -> tuple[Callable[[int], list[str]], Path, str, str]:
     config = workdir / "prometheus.yml"
-    config.write_text(GLOBAL + "scrape_configs:\n" + scrape_configs)
+    rules = f"rule_files: {json.dumps([str(path) for path in rule_files])}\n"
+    config.write_text(GLOBAL + rules + "scrape_configs:\n" + scrape_configs)
 
     def argv(port: int) -> list[str]:
         return [
@@ -43,7 +50,8 @@ def _launch_args(
 
 
 def running_prometheus(
-    prometheus_bin: str, scrape_configs: str, workdir: Path
+    prometheus_bin: str, scrape_configs: str, workdir: Path, rule_files: Sequence[Path] = ()
 ) -> contextlib.AbstractContextManager[str]:
-    """:func:`start_prometheus` for the length of a ``with``; yields its URL."""
-    return running(*_launch_args(prometheus_bin, scrape_configs, workdir, ()))
+    """:func:`start_prometheus` for the length of a ``with``, evaluating ``rule_files`` (the
+    generated rules, say); yields its URL."""
+    return running(*_launch_args(prometheus_bin, scrape_configs, workdir, (), rule_files))
