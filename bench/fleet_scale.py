@@ -83,19 +83,24 @@ def sidecar_page(engine_url: str, dcgm_url: str) -> str:
         return httpx.get(f"{url}/metrics", timeout=10).text
 
 
-def per_replica() -> tuple[list[tuple[str, int, int, int, int]], str]:
-    """Rows (source, raw series, raw bytes, sidecar series, sidecar bytes) and the sidecar's
-    page of the simulated replica (the fleet's template)."""
-    rows = []
+def capture_page() -> tuple[str, str]:
+    """The shared vLLM 0.33.0 and dcgm-exporter captures (one page), and a real sidecar's
+    page in front of them."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         shutil.copy(ENGINE_CAPTURE, folder / "engine")
         shutil.copy(DCGM_CAPTURE, folder / "dcgm")
-        raw = ENGINE_CAPTURE.read_text() + DCGM_CAPTURE.read_text()
         with static_pages(folder) as base:
             page = sidecar_page(f"{base}/engine", f"{base}/dcgm")
-        rows.append(("captures (vLLM 0.33.0 + dcgm-exporter)", series(raw),
-                     len(raw.encode()), series(page), len(page.encode())))  # fmt: skip
+    return ENGINE_CAPTURE.read_text() + DCGM_CAPTURE.read_text(), page
+
+
+def per_replica() -> tuple[list[tuple[str, int, int, int, int]], str]:
+    """Rows (source, raw series, raw bytes, sidecar series, sidecar bytes) and the sidecar's
+    page of the simulated replica (the fleet's template)."""
+    raw, page = capture_page()
+    rows = [("captures (vLLM 0.33.0 + dcgm-exporter)", series(raw), len(raw.encode()),
+             series(page), len(page.encode()))]  # fmt: skip
     with start_subprocess() as simulator:
         sim = simulator.url
         for i in range(40):
