@@ -23,6 +23,7 @@ def alerts(config: Config) -> list[Alert]:
         *_stalled(config),
         *_scrape_errors(config),
         *_error_ratio(config),
+        *_client_errors(config),
         *_readiness(config),
         *_fail_open(config),
         *_startup(config),
@@ -138,6 +139,43 @@ def _error_ratio(config: Config) -> list[Alert]:
             )
         )
     return result
+
+
+def _client_errors(config: Config) -> list[Alert]:
+    """4xx answers are the client's fault one by one, but a surge of them is an outage for
+    someone: a client or proxy rolled out with prompts over the context, a max_tokens the
+    deployment does not allow, or a model name it no longer serves. The engine refuses those
+    before they become requests, so neither the error ratio nor the availability SLO sees
+    them (they count 5xx only)."""
+    settings = config.alert("InferwatchEngineClientErrorsSurging")
+    window = config.rate_window
+    route = (*MODEL_VERSION, "handler")
+    four = metric(config, "engine_http_requests", 'status="4xx"')
+    refused = f"sum {by(config, route)} (rate({four}[{window}]))"
+    answered = f"sum {by(config, route)} (rate({metric(config, 'engine_http_requests')}[{window}]))"
+    same = on(config, route)
+    share = settings.number("share")
+    return [
+        Alert(
+            name="InferwatchEngineClientErrorsSurging",
+            severity="warning",
+            expr=(
+                f"{refused}\n/ {same} {answered}\n> {promql.number(share)}\n"
+                f"and {same} {refused} > {promql.number(settings.number('min_rate'))}"
+            ),
+            for_=settings.for_,
+            summary="An engine refuses a surge of requests as the client's fault (4xx).",
+            description=(
+                "The engines of {{ $labels.model }} {{ $labels.model_version }} answered "
+                "{{ $value | humanizePercentage }} of the requests on {{ $labels.handler }} "
+                f"with a 4xx over the last {window} (threshold "
+                f"{promql.number(share * 100)}%): clients send what this deployment cannot "
+                "serve (a prompt over the context, max_tokens too large, a model name it does "
+                "not serve)."
+            ),
+            panel=Panel("latency", 9),
+        )
+    ]
 
 
 def _readiness(config: Config) -> list[Alert]:
