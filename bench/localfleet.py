@@ -32,6 +32,8 @@ from typing import Any
 import httpx
 import yaml
 
+from inferwatch.serving import threaded
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
@@ -82,14 +84,8 @@ def prometheus(args: Callable[[int], list[str]], log: Path) -> Iterator[str]:
 @contextlib.contextmanager
 def static_pages(folder: Path) -> Iterator[str]:
     """The files of ``folder`` over HTTP (a file added later is served from then on)."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=str(folder)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with threaded.serving(partial(_QuietHandler, directory=str(folder))) as url:
+        yield url
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):

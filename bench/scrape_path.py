@@ -27,16 +27,15 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferwatch.serving import textformat
+from inferwatch.serving import textformat, threaded
 
 Row = tuple[str, Callable[[str], object] | None]  # None: not available in this checkout
 
@@ -177,13 +176,8 @@ class _PageHandler(BaseHTTPRequestHandler):
 def engine_serving(page: str) -> Iterator[str]:
     """A local HTTP server answering every GET with ``page``; yields its /metrics URL."""
     handler = type("Handler", (_PageHandler,), {"page": page.encode()})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with threaded.serving(handler) as origin:
+        yield origin + "/metrics"
 
 
 @contextlib.contextmanager

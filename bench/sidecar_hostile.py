@@ -26,16 +26,17 @@ import contextlib
 import gzip
 import statistics
 import sys
-import threading
 import time
 import zlib
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
 import httpx
 from scrape_path import VLLM_PAGE, machine_facts, rss_mb, sidecar_serving
+
+from inferwatch.serving import threaded
 
 MiB = 1 << 20
 
@@ -97,13 +98,8 @@ class _Handler(BaseHTTPRequestHandler):
 def engine_serving(pages: dict[str, Page]) -> Iterator[str]:
     """One local server answering ``/<case>/metrics`` with each page; yields its origin."""
     handler = type("Handler", (_Handler,), {"pages": pages})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with threaded.serving(handler) as origin:
+        yield origin
 
 
 def peak_rss_mb(pid: int) -> float:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
@@ -15,6 +14,7 @@ from click.testing import CliRunner
 from inferwatch.cli import main
 from inferwatch.probes import client, golden
 from inferwatch.probes.runner import ProbeRunner, Target
+from inferwatch.serving import threaded
 
 pytestmark = pytest.mark.unit
 
@@ -59,12 +59,8 @@ class Hostile(BaseHTTPRequestHandler):
 @pytest.fixture
 def hostile() -> Iterator[tuple[str, type[Hostile]]]:
     handler = type("H", (Hostile,), {})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    server.shutdown()
-    server.server_close()
+    with threaded.serving(handler) as origin:
+        yield origin, handler
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -46,6 +46,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from inferwatch import config as layer
+from inferwatch.serving import threaded
 
 #: kube-apiserver's limit on a request body
 MAX_BODY = 3 * 1024 * 1024
@@ -662,15 +663,5 @@ class FakeKube:
 
             do_GET = do_PATCH = do_DELETE = do_POST = do_PUT = _answer
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
-        thread = threading.Thread(
-            target=server.serve_forever, args=(0.05,), name="fake-kube", daemon=True
-        )
-        thread.start()
-        try:
-            yield f"http://127.0.0.1:{server.server_address[1]}"
-        finally:
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=10)
+        with threaded.serving(Handler, "fake-kube") as url:
+            yield url
