@@ -40,15 +40,7 @@ pytestmark = pytest.mark.e2e
 DEMO = [sys.executable, "-P", "-m", "inferwatch", "demo"]
 INFERWATCH = [sys.executable, "-P", "-m", "inferwatch"]
 CLUSTER = "e2e"
-#: the values the chain prefers where present: the replica the scenario faults, and on the
-#: cost board the tenant with a budget (which sends to the fallback model)
-SCENARIO = """
-name: dashboards-e2e
-steps:
-  - at: 1s
-    replica: primary-v1
-    inject: {gpu: [{index: 0, xid: 94, ecc_sbe: 2}], degenerate: {mode: repetition, rate: 0.1}}
-"""
+SCENARIO = f"name: dashboards-e2e\nsteps:\n{panels.FAULTS_STEP}"
 #: the queries that may be empty in this stack, each with the words of its panel's description
 #: that say why; any other query without data reads a series the demo does not serve or
 #: scrape (a defect of the demo, the simulator or the query, not of the stack's age)

@@ -41,15 +41,11 @@ pytestmark = pytest.mark.e2e
 
 INFERWATCH = [sys.executable, "-P", "-m", "inferwatch"]
 CLUSTER = "east"
-SCENARIO = """
-name: victoriametrics-e2e
+SCENARIO = f"""name: victoriametrics-e2e
 steps:
-  - at: 1s
-    replica: primary-v1
-    inject: {gpu: [{index: 0, xid: 94, ecc_sbe: 2}], degenerate: {mode: repetition, rate: 0.1}}
-  - at: 1s
+{panels.FAULTS_STEP}  - at: 1s
     replica: fallback
-    inject: {error_rate: 0.5}
+    inject: {{error_rate: 0.5}}
 """
 DEMO_START_S = 180.0
 DATA_DEADLINE_S = 60.0

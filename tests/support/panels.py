@@ -23,6 +23,13 @@ SCRAPE_S = 2.0
 #: cost board the tenant with a budget (which sends to the fallback model)
 PREFER = {"model": topology.PRIMARY_MODEL, "model_version": "v1", "replica": "primary-v1"}
 PREFER_ON = {"cost": {"model": topology.FALLBACK_MODEL, "tenant": "initech"}}
+#: a demo scenario step that makes the fault series exist, so that every panel has one to
+#: draw: a contained (restart-app, non-fatal) XID and ECC errors on the replica the variables
+#: pick, and some degenerate answers
+FAULTS_STEP = """  - at: 1s
+    replica: primary-v1
+    inject: {gpu: [{index: 0, xid: 94, ecc_sbe: 2}], degenerate: {mode: repetition, rate: 0.1}}
+"""
 
 
 @dataclass
