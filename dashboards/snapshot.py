@@ -22,7 +22,7 @@ from typing import Any
 import click
 import httpx
 
-from inferwatch.clikit import BadInput, CannotRun, cannot_write
+from inferwatch.clikit import BadInput, CannotRun, cannot_write, prometheus_option
 from inferwatch.config import Duration
 from inferwatch.dashboards import queries, writer
 from inferwatch.mixin import config as alert_config
@@ -428,12 +428,7 @@ def variable_values(dashboard: Mapping[str, Any], given: Sequence[str]) -> dict[
     show_envvar=True,
     help="Board to render: fleet, latency, replica, gpu, cost, quality, versions, gateway.",
 )
-@click.option(
-    "--prometheus",
-    required=True,
-    show_envvar=True,
-    help="Prometheus base URL, e.g. http://127.0.0.1:9090.",
-)
+@prometheus_option()
 @click.option(
     "--from",
     "since",

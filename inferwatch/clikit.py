@@ -184,6 +184,17 @@ def listen_option(default: str, why: str = "") -> Callable[[F], F]:
     )
 
 
+def prometheus_option() -> Callable[[F], F]:
+    """``--prometheus``: the base URL of the Prometheus query API a command reads (Prometheus,
+    or VictoriaMetrics's compatible API)."""
+    return click.option(
+        "--prometheus",
+        required=True,
+        show_envvar=True,
+        help="Prometheus base URL (http://host:9090), or any server of its query API.",
+    )
+
+
 def token_file_option(flag: str, help: str) -> Callable[[F], F]:
     """A file option holding a bearer token (a mounted Secret): tokens are never flag values,
     which ``ps`` shows (:mod:`inferwatch.auth`)."""

@@ -14,7 +14,7 @@ from inferwatch.advise.proposals import proposals
 from inferwatch.advise.window import Window, read
 from inferwatch.canary.prometheus import Prometheus, PrometheusError
 from inferwatch.capacity import planner as cap
-from inferwatch.clikit import BadInput, CannotRun, Failed, FiniteFloat
+from inferwatch.clikit import BadInput, CannotRun, Failed, FiniteFloat, prometheus_option
 from inferwatch.config import Duration, DurationParam
 from inferwatch.mixin import config as alert_config
 from inferwatch.serving.prometheus_api import timeout_option
@@ -35,9 +35,7 @@ def _gpu(window: Window, name: str | None) -> cap.GPUSpec:
 
 
 @click.command()
-@click.option(
-    "--prometheus", required=True, show_envvar=True, help="Prometheus base URL (http://host:9090)."
-)
+@prometheus_option()
 @click.option(
     "--model", required=True, show_envvar=True, help="The model label of the replicas to advise."
 )

@@ -22,7 +22,7 @@ from rich.table import Table
 from inferwatch.canary import analysis, selector
 from inferwatch.canary.analysis import EXIT_CODES, Analysis, Result, Thresholds
 from inferwatch.canary.prometheus import Prometheus, PrometheusError
-from inferwatch.clikit import CannotRun, FiniteFloat
+from inferwatch.clikit import CannotRun, FiniteFloat, prometheus_option
 from inferwatch.config import Duration, DurationParam
 from inferwatch.exitcodes import ExitCode
 from inferwatch.mixin import config as alert_config
@@ -94,9 +94,7 @@ def _with_thresholds(command: Any) -> Any:
 
 
 @click.command(cls=_Command)
-@click.option(
-    "--prometheus", required=True, show_envvar=True, help="Prometheus base URL (http://host:9090)."
-)
+@prometheus_option()
 @click.option(
     "--baseline",
     required=True,
