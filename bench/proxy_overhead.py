@@ -418,7 +418,9 @@ def start_proxy(
     return process, port
 
 
-def _start_inferwatch(mock_port: int, workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+def _start_inferwatch(
+    mock_port: int, workdir: Path, usage_log: bool
+) -> tuple[subprocess.Popen[bytes], int]:
     import hashlib
 
     config = workdir / "proxy.yaml"
@@ -427,6 +429,7 @@ def _start_inferwatch(mock_port: int, workdir: Path) -> tuple[subprocess.Popen[b
         f"upstream: {{url: 'http://127.0.0.1:{mock_port}', reconcile_interval: 0}}\n"
         f"tenants: {{bench: {{key_sha256: ['{digest}']}}}}\n"
         f"prices: {{default: {{prompt: 0.5, completion: 1.5}}}}\n"
+        + (f"usage_log: {{dir: '{workdir / 'usage'}'}}\n" if usage_log else "")
     )
     return start_proxy(config, TENANT_KEY, workdir / "proxy.log", 30)
 
@@ -502,6 +505,9 @@ def main() -> None:
     parser.add_argument("--litellm-requests", type=int, default=400)
     parser.add_argument("--no-litellm", action="store_true")
     parser.add_argument(
+        "--usage-log", action="store_true", help="run inferwatch with its usage log on"
+    )
+    parser.add_argument(
         "--engine-ms",
         type=float,
         default=0.0,
@@ -528,7 +534,7 @@ def main() -> None:
         finally:
             relay.terminate()
             relay.join(5)
-        process, port = _start_inferwatch(mock_port, workdir)
+        process, port = _start_inferwatch(mock_port, workdir, args.usage_log)
         try:
             _measure(results, "inferwatch", port, TENANT_KEY, args.requests)
         finally:

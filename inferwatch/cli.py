@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("inferwatch.demo", "demo"),
     "drill": ("inferwatch.drill", "drill"),
     "proxy": ("inferwatch.proxy.cli", "proxy"),
+    "report": ("inferwatch.report.cli", "report"),
     "probe": ("inferwatch.probes.cli", "probe"),
     "gate": ("inferwatch.probes.cli", "gate"),
     "runbooks": ("inferwatch.runbooks.cli", "runbooks"),

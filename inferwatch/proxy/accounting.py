@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 
 from inferwatch.logs import log_event
 from inferwatch.probes.client import PROBE_TENANT
@@ -16,6 +17,7 @@ from inferwatch.proxy.config import Price, ProxyConfig, Tenant
 from inferwatch.proxy.exchange import Exchange
 from inferwatch.proxy.metrics import ProxyMetrics
 from inferwatch.proxy.sampling import TranscribingMeter
+from inferwatch.proxy.usagelog import UsageLog
 
 logger = logging.getLogger("inferwatch.proxy")
 
@@ -30,12 +32,14 @@ class Accounting:
         ledger: Ledger,
         sampler: DegeneracySampler,
         access_log: AccessLog,
+        usage_log: UsageLog | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics
         self.ledger = ledger
         self.sampler = sampler
         self.access_log = access_log
+        self.usage_log = usage_log
         self._warned_cached = False
 
     def charge(self, exchange: Exchange) -> None:
@@ -60,12 +64,36 @@ class Accounting:
                 exchange.cost,
                 exchange.choices,
             )
+            if self.usage_log is not None:
+                self._log_usage(exchange)
             for token_type, reason in meter.anomalies:  # charged at a bound, not as reported
                 self.metrics.usage_anomaly(token_type, reason)
         reservation, exchange.reservation = exchange.reservation, None
         tenant: Tenant | None = self.config.tenants.get(exchange.tenant)
         if reservation is not None and tenant is not None:
             self.ledger.settle(reservation, tenant.budget, spent)
+
+    def _log_usage(self, exchange: Exchange) -> None:
+        """One usage-log line, with the prices in force now (a later change bills later)."""
+        assert self.usage_log is not None and exchange.usage is not None
+        usage = exchange.usage
+        price = self.config.price(exchange.model)
+        self.usage_log.write(
+            dict(
+                ts=round(time.time(), 3),
+                tenant=exchange.tenant,
+                model=exchange.model,
+                model_version=exchange.versions[0],
+                prompt_tokens=usage.prompt,
+                cached_prompt_tokens=usage.cached_prompt,
+                completion_tokens=usage.completion,
+                request_id=exchange.trace_id or uuid.uuid4().hex,
+                price_prompt=price.prompt,
+                price_cached_prompt=price.cached_prompt,
+                price_completion=price.completion,
+                busy_s=round(time.perf_counter() - exchange.start, 6),
+            )
+        )
 
     def _no_cached_details(self, model: str, price: Price) -> None:
         """Say once that a cached rate cannot apply: the engine reports no cached tokens."""

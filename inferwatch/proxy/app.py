@@ -74,6 +74,7 @@ from inferwatch.proxy.usage import (
     UsageMeter,
     estimate_prompt_tokens,
 )
+from inferwatch.proxy.usagelog import UsageLog
 from inferwatch.serving import endpoints
 from inferwatch.serving.readiness import Condition
 
@@ -226,8 +227,15 @@ class ProxyApp:
         self.engine = EngineInfo(self.pool)
         self.direct_traffic = DirectTraffic(config.probe_metrics_urls)
         self.sampler = DegeneracySampler(config.quality_sample_rate)
+        self.usage_log = (
+            UsageLog(
+                config.usage_log_dir, config.usage_log_rotate_bytes, config.usage_log_retain_files
+            )
+            if config.usage_log_dir
+            else None
+        )
         self.accounting = Accounting(
-            config, self.metrics, self.budgets, self.sampler, self.access_log
+            config, self.metrics, self.budgets, self.sampler, self.access_log, self.usage_log
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._ready: tuple[float, bool, str] = (0.0, False, "not checked yet")
@@ -298,6 +306,8 @@ class ProxyApp:
         if self.shared is not None:
             await self.shared.aclose()
         self.access_log.flush()
+        if self.usage_log is not None:
+            self.usage_log.flush()
         self.pool.close()
         await self.direct_traffic.aclose()
         if self.tracer_provider is not None:  # export the spans still batched
@@ -669,6 +679,8 @@ class ProxyApp:
         while True:
             await asyncio.sleep(min(0.25, evict_every))
             self.access_log.flush()
+            if self.usage_log is not None:
+                self.usage_log.flush()
             if time.monotonic() - last_evict >= evict_every:
                 last_evict = time.monotonic()
                 self.evict_idle_tenants()

@@ -182,6 +182,10 @@ class ProxyConfig:
     quality_sample_rate: float = 0.01
     #: the fleet's Redis, where budgets are kept for every proxy replica (None: in this process)
     shared_state: SharedState | None = None
+    #: the usage log's directory ("" : no usage log), file size to rotate at, files kept
+    usage_log_dir: str = ""
+    usage_log_rotate_bytes: int = 64 << 20
+    usage_log_retain_files: int = 100
 
     def price(self, model: str) -> Price:
         return self.prices.get(model, self.default_price)
@@ -322,8 +326,11 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
             "routes",
             "quality_sampling",
             "shared_state",
+            "usage_log",
         }
     )
+    usage_log = top.child("usage_log")
+    usage_log.check_keys({"dir", "rotate_bytes", "retain_files"})
 
     upstream = top.child("upstream")
     upstream.check_keys(
@@ -497,6 +504,13 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
         shared_state=sharedconfig.parse(top.child("shared_state"))
         if "shared_state" in top.raw
         else None,
+        usage_log_dir=usage_log.text("dir", _DEFAULT.usage_log_dir),
+        usage_log_rotate_bytes=usage_log.integer(
+            "rotate_bytes", _DEFAULT.usage_log_rotate_bytes, minimum=4096
+        ),
+        usage_log_retain_files=usage_log.integer(
+            "retain_files", _DEFAULT.usage_log_retain_files, minimum=1
+        ),
     )
 
 

@@ -1,0 +1,76 @@
+"""The usage log: one JSON line per settled request, the ledger chargeback is totalled from.
+
+Lines carry the prices in force when the request settled, so a price change mid-window is
+billed at the price of the time. Lines are buffered and appended in small batches (at most
+``max_lines`` late, and on every flush), never one syscall per request on the event loop.
+Each process writes its own files, named by its start time and a sequence, so a restart
+continues the log in a new file and nothing is rewritten; a file past ``rotate_bytes``
+is closed and a new one started, and only the newest ``retain_files`` are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from inferwatch.proxy.jsoncodec import dumps_line
+
+PREFIX = "usage-"
+SUFFIX = ".jsonl"
+
+
+class UsageLog:
+    def __init__(
+        self,
+        directory: str,
+        rotate_bytes: int = 64 << 20,
+        retain_files: int = 100,
+        max_lines: int = 256,
+    ) -> None:
+        self.directory = Path(directory)
+        self.rotate_bytes = rotate_bytes
+        self.retain_files = retain_files
+        self.max_lines = max_lines
+        self._run = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
+        self._sequence = 0
+        self._size = 0
+        self._lines: list[str] = []
+        self._path = self._next_path()
+
+    def _next_path(self) -> Path:
+        self._sequence += 1
+        self._size = 0
+        return self.directory / f"{PREFIX}{self._run}-{self._sequence:06d}{SUFFIX}"
+
+    def write(self, fields: dict[str, Any]) -> None:
+        self._lines.append(dumps_line(fields))
+        if len(self._lines) >= self.max_lines:
+            self.flush()
+
+    def flush(self) -> None:
+        """Append the buffered lines; rotate, then drop files beyond retention."""
+        if not self._lines:
+            return
+        self._lines.append("")
+        data = "\n".join(self._lines).encode()
+        self._lines.clear()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with self._path.open("ab") as out:
+            out.write(data)
+        self._size += len(data)
+        if self._size >= self.rotate_bytes:
+            self._path = self._next_path()
+            self._retain()
+
+    def _retain(self) -> None:
+        files = sorted(self.directory.glob(f"{PREFIX}*{SUFFIX}"))
+        for old in files[: max(len(files) - self.retain_files, 0)]:
+            os.unlink(old)
+
+
+def files(directory: str | Path) -> list[Path]:
+    """The usage-log files of ``directory``, oldest first."""
+    return sorted(Path(directory).glob(f"{PREFIX}*{SUFFIX}"))

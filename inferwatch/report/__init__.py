@@ -1,0 +1,1 @@
+"""Reports totalled from what inferwatch itself recorded."""

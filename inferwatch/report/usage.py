@@ -1,0 +1,87 @@
+"""Chargeback totals from the proxy's usage log: tenant x model x model version x period.
+
+Cost is computed from the prices on each line (those in force when the request settled), so a
+price change mid-window bills each request at its own price; a tenant is kept as logged, so a
+rename or deletion mid-window leaves earlier rows under the old name. A line that is not one
+of ours (bad JSON, a missing or mistyped field, over-long, cut short) is skipped and named.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from inferwatch.proxy.usagelog import files
+
+MAX_LINE_BYTES = 8192
+_TOKENS = ("prompt_tokens", "cached_prompt_tokens", "completion_tokens")
+_PRICES = ("price_prompt", "price_cached_prompt", "price_completion")
+_FORMATS = {"day": "%Y-%m-%d", "hour": "%Y-%m-%dT%H:00Z"}
+
+Key = tuple[str, str, str, str]  # period, tenant, model, model version
+
+
+@dataclass
+class Totals:
+    rows: dict[Key, list[float]] = field(default_factory=dict)  # requests, 3 token kinds, cost
+    skipped: list[str] = field(default_factory=list)  # "file:line: why"
+
+
+def _record(line: bytes) -> tuple[float, str, str, str, list[int], list[float]]:
+    fields = json.loads(line)
+    if not isinstance(fields, dict):
+        raise ValueError("not an object")
+    ts = fields.get("ts")
+    names = [fields.get(k) for k in ("tenant", "model", "model_version")]
+    tokens = [fields.get(k) for k in _TOKENS]
+    prices = [fields.get(k) for k in _PRICES]
+    if not isinstance(ts, int | float) or isinstance(ts, bool):
+        raise ValueError("ts missing or not a number")
+    tenant, model, version = (n if isinstance(n, str) else "" for n in names)
+    if not all(isinstance(n, str) for n in names):
+        raise ValueError("tenant, model or model_version missing or not a string")
+    counts = [t for t in tokens if type(t) is int and t >= 0]
+    if len(counts) != len(_TOKENS):
+        raise ValueError("a token count is not a non-negative integer")
+    rates = [float(p) for p in prices if isinstance(p, int | float) and p >= 0]
+    if len(rates) != len(_PRICES):
+        raise ValueError("a price is not a non-negative number")
+    return float(ts), tenant, model, version, counts, rates
+
+
+def total(paths: Iterable[Path], start: float, end: float, by: str) -> Totals:
+    """Totals of the lines with ``start <= ts < end``, by ``by`` ("day" or "hour", UTC)."""
+    out = Totals()
+    for path in paths:
+        with path.open("rb") as handle:
+            number = 0
+            while line := handle.readline(MAX_LINE_BYTES + 1):
+                number += 1
+                try:
+                    if not line.endswith(b"\n"):
+                        raise ValueError("cut short or over-long")
+                    ts, tenant, model, version, tokens, prices = _record(line)
+                except (ValueError, RecursionError) as exc:
+                    out.skipped.append(f"{path.name}:{number}: {str(exc)[:200]}")
+                    while not line.endswith(b"\n") and (line := handle.readline(MAX_LINE_BYTES)):
+                        pass
+                    continue
+                if not start <= ts < end:
+                    continue
+                period = time.strftime(_FORMATS[by], time.gmtime(ts))
+                prompt, cached, completion = tokens
+                cached = min(cached, prompt)
+                cost = (
+                    (prompt - cached) * prices[0] + cached * prices[1] + completion * prices[2]
+                ) / 1e6
+                row = out.rows.setdefault((period, tenant, model, version), [0, 0, 0, 0, 0.0])
+                for index, value in enumerate((1, prompt, cached, completion, cost)):
+                    row[index] += value
+    return out
+
+
+def report(directory: str, start: float, end: float, by: str) -> Totals:
+    return total(files(directory), start, end, by)
