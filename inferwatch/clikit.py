@@ -42,6 +42,7 @@ __all__ = [
     "missing_extras",
     "option_group",
     "parse_listen",
+    "prometheus_option",
     "require_extra",
     "required_token",
     "token_file_option",

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from inferwatch.proxy import usagelog
 from inferwatch.proxy.config import ConfigError, parse
 from inferwatch.proxy.usagelog import UsageLog, files
 from support.proxy_stack import CHAT, Stack, auth
@@ -59,6 +60,38 @@ def test_a_restart_continues_the_log_in_a_new_file_losing_nothing(tmp_path: Path
     second.flush()
     assert len(files(tmp_path)) == 2
     assert [line["n"] for line in _lines(tmp_path)] == [1, 2]
+
+def test_a_volume_that_refuses_writes_keeps_the_lines_until_it_takes_them(tmp_path: Path) -> None:
+    volume = tmp_path / "usage"
+    volume.write_text("a file where the log's folder should be")  # every append fails
+    log = UsageLog(str(volume), max_lines=1000)
+    for n in range(3):
+        log.write({"n": n})
+    log.flush()
+    log.flush()
+    assert log.errors == {"write": 2}
+    volume.unlink()  # the volume is back
+    log.write({"n": 3})
+    log.flush()
+    assert [line["n"] for line in _lines(volume)] == [0, 1, 2, 3]
+    assert log.errors == {"write": 2}
+
+
+def test_lines_past_the_buffer_bound_are_dropped_oldest_first_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(usagelog, "MAX_BUFFERED", 4)
+    volume = tmp_path / "usage"
+    volume.write_text("")
+    log = UsageLog(str(volume), max_lines=1000)
+    for n in range(6):
+        log.write({"n": n})
+    log.flush()
+    volume.unlink()
+    log.flush()
+    assert [line["n"] for line in _lines(volume)] == [2, 3, 4, 5]
+    assert log.errors == {"write": 1, "dropped": 2}
+
 
 
 @pytest.mark.parametrize(

@@ -229,7 +229,10 @@ class ProxyApp:
         self.sampler = DegeneracySampler(config.quality_sample_rate)
         self.usage_log = (
             UsageLog(
-                config.usage_log_dir, config.usage_log_rotate_bytes, config.usage_log_retain_files
+                config.usage_log_dir,
+                config.usage_log_rotate_bytes,
+                config.usage_log_retain_files,
+                errors=self.metrics.usage_log_errors,
             )
             if config.usage_log_dir
             else None

@@ -65,6 +65,8 @@ class ProxyMetrics:
         #: (token type, reason) -> engine usage charged at a bound instead of as reported
         self.usage_anomalies: dict[tuple[str, str], int] = {}
         self.reconciliation_errors: dict[str, int] = {}
+        #: usage-log appends refused by the volume and lines dropped (:mod:`.usagelog`)
+        self.usage_log_errors: dict[str, int] = {}
         self.drift: dict[str, float] = {}
         #: time gated requests waited for a slot, and the ones shed, by tenant label
         self.queue_time: dict[tuple[tuple[str], ...], Histogram] = {}
@@ -190,6 +192,7 @@ class ProxyMetrics:
         for key, plain in (
             ("tenancy_upstream_errors", self.upstream_errors),
             ("tenancy_reconciliation_errors", self.reconciliation_errors),
+            ("tenancy_usage_log_errors", self.usage_log_errors),
             ("tenancy_reconciliation_drift", self.drift),
             ("tenancy_budget_remaining", budgets),
             ("tenancy_weight", weights),

@@ -6,20 +6,31 @@ billed at the price of the time. Lines are buffered and appended in small batche
 Each process writes its own files, named by its start time and a sequence, so a restart
 continues the log in a new file and nothing is rewritten; a file past ``rotate_bytes``
 is closed and a new one started, and only the newest ``retain_files`` are kept.
+
+A volume that refuses a write (full, read-only, gone) never fails a request or the flush
+loop: the lines stay buffered and the next flush tries again; past ``MAX_BUFFERED`` lines the
+oldest are dropped. Both are counted in ``errors`` (``write``, ``dropped``) and logged once
+per outage.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from inferwatch.logs import log_event
 from inferwatch.proxy.jsoncodec import dumps_line
 
 PREFIX = "usage-"
 SUFFIX = ".jsonl"
+#: lines held while the volume refuses writes (a few MiB), past which the oldest are dropped
+MAX_BUFFERED = 65536
+
+logger = logging.getLogger(__name__)
 
 
 class UsageLog:
@@ -29,6 +40,7 @@ class UsageLog:
         rotate_bytes: int = 64 << 20,
         retain_files: int = 100,
         max_lines: int = 256,
+        errors: dict[str, int] | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.rotate_bytes = rotate_bytes
@@ -39,6 +51,9 @@ class UsageLog:
         self._size = 0
         self._lines: list[str] = []
         self._path = self._next_path()
+        #: reason -> failed writes and lines dropped (the proxy's metrics read it)
+        self.errors = {} if errors is None else errors
+        self._failing = False
 
     def _next_path(self) -> Path:
         self._sequence += 1
@@ -54,21 +69,48 @@ class UsageLog:
         """Append the buffered lines; rotate, then drop files beyond retention."""
         if not self._lines:
             return
-        self._lines.append("")
-        data = "\n".join(self._lines).encode()
+        data = ("\n".join(self._lines) + "\n").encode()
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with self._path.open("ab") as out:
+                out.write(data)
+        except OSError as exc:
+            self._refused(exc)
+            return
+        if self._failing:
+            self._failing = False
+            log_event(logger, logging.INFO, "usage log writable again", path=str(self._path))
         self._lines.clear()
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with self._path.open("ab") as out:
-            out.write(data)
         self._size += len(data)
         if self._size >= self.rotate_bytes:
             self._path = self._next_path()
             self._retain()
 
+    def _refused(self, exc: OSError) -> None:
+        self.errors["write"] = self.errors.get("write", 0) + 1
+        excess = len(self._lines) - MAX_BUFFERED
+        if excess > 0:
+            del self._lines[:excess]
+            self.errors["dropped"] = self.errors.get("dropped", 0) + excess
+        if not self._failing:
+            self._failing = True
+            log_event(
+                logger,
+                logging.ERROR,
+                "cannot append to the usage log; its lines are kept and retried",
+                path=str(self._path),
+                error=str(exc),
+            )
+
     def _retain(self) -> None:
         files = sorted(self.directory.glob(f"{PREFIX}*{SUFFIX}"))
         for old in files[: max(len(files) - self.retain_files, 0)]:
-            os.unlink(old)
+            try:
+                os.unlink(old)
+            except OSError as exc:  # another proxy on the volume removed it first, or cannot
+                self.errors["retention"] = self.errors.get("retention", 0) + 1
+                log_event(logger, logging.WARNING, "cannot remove an old usage log",
+                          path=str(old), error=str(exc))  # fmt: skip
 
 
 def files(directory: str | Path) -> list[Path]:
