@@ -113,6 +113,22 @@ def test_a_corrupt_line_is_skipped_counted_and_named(tmp_path: Path, bad: bytes)
     assert f"skipped {path.name}:2:" in result.stderr
 
 
+def test_a_file_of_garbage_is_counted_whole_but_only_its_first_lines_named(
+    tmp_path: Path,
+) -> None:
+    _log(tmp_path, [_line(DAY + 10, "acme")])
+    (path,) = tmp_path.iterdir()
+    with path.open("ab") as out:
+        out.write(b"not json\n" * 5000)
+    result = _run("--log-dir", str(tmp_path), *WINDOW, "--format", "json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["totals"]["skipped_lines"] == 5000
+    assert len(document["skipped"]) == 100
+    assert result.stderr.count("skipped usage-") == 100
+    assert "skipped 4900 more lines" in result.stderr
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -48,7 +48,7 @@ def report() -> None:
     required=True,
     show_envvar=True,
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="the proxy's usage_log directory",
+    help="The proxy's usage_log directory (every proxy's files, if they share it).",
 )
 @click.option(
     "--from",
@@ -56,10 +56,14 @@ def report() -> None:
     envvar="INFERWATCH_REPORT_USAGE_FROM",
     required=True,
     show_envvar=True,
-    help="start of the window (ISO-8601, with offset)",
+    help="Start of the window, ISO-8601 with its UTC offset (2026-11-01T00:00:00Z).",
 )
 @click.option(
-    "--to", "to", required=True, show_envvar=True, help="end of the window, exclusive (ISO-8601)"
+    "--to",
+    "to",
+    required=True,
+    show_envvar=True,
+    help="End of the window, exclusive, ISO-8601 with its UTC offset.",
 )
 @click.option(
     "--by",
@@ -67,7 +71,7 @@ def report() -> None:
     default="day",
     show_default=True,
     show_envvar=True,
-    help="the period rows are totalled over (UTC)",
+    help="The period each row totals (UTC days or hours).",
 )
 @click.option(
     "--format",
@@ -77,7 +81,7 @@ def report() -> None:
     default="csv",
     show_envvar=True,
     show_default=True,
-    help="output format",
+    help="csv (a totals line starting with # at the end) or json.",
 )
 def usage(log_dir: Path, start: str, to: str, by: str, fmt: str) -> None:
     """Chargeback per tenant x model x model version x day or hour, from the usage log.
@@ -95,11 +99,13 @@ def usage(log_dir: Path, start: str, to: str, by: str, fmt: str) -> None:
     ]
     for where in totals.skipped:
         click.echo(f"skipped {where}", err=True)
+    if totals.skipped_lines > len(totals.skipped):
+        click.echo(f"skipped {totals.skipped_lines - len(totals.skipped)} more lines", err=True)
     sums = [sum(v[index] for _, v in keyed) for index in range(5)]
     footer = {
         **dict(zip(_COLUMNS[4:8], (int(n) for n in sums[:4]), strict=True)),
         "cost": round(sums[4], 9),
-        "skipped_lines": len(totals.skipped),
+        "skipped_lines": totals.skipped_lines,
     }
     if fmt == "json":
         click.echo(json.dumps({"rows": rows, "totals": footer, "skipped": totals.skipped}))

@@ -14,9 +14,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inferwatch.proxy.config import Price
 from inferwatch.proxy.usagelog import files
 
 MAX_LINE_BYTES = 8192
+#: skipped lines named one by one; past it they are only counted
+MAX_NAMED = 100
 _TOKENS = ("prompt_tokens", "cached_prompt_tokens", "completion_tokens")
 _PRICES = ("price_prompt", "price_cached_prompt", "price_completion")
 _FORMATS = {"day": "%Y-%m-%d", "hour": "%Y-%m-%dT%H:00Z"}
@@ -27,7 +30,13 @@ Key = tuple[str, str, str, str]  # period, tenant, model, model version
 @dataclass
 class Totals:
     rows: dict[Key, list[float]] = field(default_factory=dict)  # requests, 3 token kinds, cost
-    skipped: list[str] = field(default_factory=list)  # "file:line: why"
+    skipped: list[str] = field(default_factory=list)  # "file:line: why", the first MAX_NAMED
+    skipped_lines: int = 0
+
+    def skip(self, where: str) -> None:
+        self.skipped_lines += 1
+        if len(self.skipped) < MAX_NAMED:
+            self.skipped.append(where)
 
 
 def _record(line: bytes) -> tuple[float, str, str, str, list[int], list[float]]:
@@ -65,7 +74,7 @@ def total(paths: Iterable[Path], start: float, end: float, by: str) -> Totals:
                         raise ValueError("cut short or over-long")
                     ts, tenant, model, version, tokens, prices = _record(line)
                 except (ValueError, RecursionError) as exc:
-                    out.skipped.append(f"{path.name}:{number}: {str(exc)[:200]}")
+                    out.skip(f"{path.name}:{number}: {str(exc)[:200]}")
                     while not line.endswith(b"\n") and (line := handle.readline(MAX_LINE_BYTES)):
                         pass
                     continue
@@ -73,10 +82,8 @@ def total(paths: Iterable[Path], start: float, end: float, by: str) -> Totals:
                     continue
                 period = time.strftime(_FORMATS[by], time.gmtime(ts))
                 prompt, cached, completion = tokens
+                cost = Price(*prices).cost(prompt, cached, completion)
                 cached = min(cached, prompt)
-                cost = (
-                    (prompt - cached) * prices[0] + cached * prices[1] + completion * prices[2]
-                ) / 1e6
                 row = out.rows.setdefault((period, tenant, model, version), [0, 0, 0, 0, 0.0])
                 for index, value in enumerate((1, prompt, cached, completion, cost)):
                     row[index] += value
