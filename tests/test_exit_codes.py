@@ -128,6 +128,9 @@ CASES: dict[str, Case] = {
             "127.0.0.1:0",
         ],
     ),
+    "report usage": Case(
+        lambda tmp: ["--log-dir", str(tmp), "--from", "yesterday", "--to", "2026-01-01T00:00:00Z"]
+    ),
     "runbooks check-config": Case(lambda tmp: [_file(tmp, "actions.yaml", UNCLOSED_YAML)]),
     "runbooks local-config": Case(lambda tmp: ["--sidecar", "no-port"]),
     "runbooks reset-breaker": Case(
