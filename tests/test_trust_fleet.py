@@ -30,9 +30,10 @@ def engine_tokens(engine: Engine) -> int:
     return engine.engine.prompt_total + engine.engine.generation_total
 
 
-def used(server: RedisServer, tenant: str) -> int:
-    """Tokens the tenant's hour has used, as Redis keeps it (nothing: 0)."""
-    value = command(server, "HGET", f"inferwatch:{{{tenant}}}:w", "used")
+def charged(server: RedisServer, tenant: str) -> int:
+    """Tokens the tenant was ever charged, as Redis keeps them (nothing: 0): unlike the
+    window's ``used``, an hour turning between two reads does not reset it."""
+    value = command(server, "HGET", f"inferwatch:{{{tenant}}}:w", "total")
     return int(value) if isinstance(value, bytes) else 0
 
 
@@ -160,7 +161,7 @@ def test_a_planted_journal_credits_nothing_and_writes_no_unknown_tenant(
     try:
         (proxy,) = fleet.add(1)
         assert ok(flood([proxy.url], "acme", per_proxy=1, max_tokens=50, delay_ms=0))
-        start = used(redis_server, "acme")
+        start = charged(redis_server, "acme")
         assert start > 0
         now_ms = int(time.time() * 1000)
         hour = now_ms - now_ms % HOUR_MS
@@ -187,7 +188,7 @@ def test_a_planted_journal_credits_nothing_and_writes_no_unknown_tenant(
         planted.append(nested)
         journal.write_text("".join(text + "\n" for text in lines))
         wait_for(lambda: not journal.exists(), "the planted journal to be replayed")
-        assert used(redis_server, "acme") == start + 40
+        assert charged(redis_server, "acme") == start + 40
         assert command(redis_server, "KEYS", "inferwatch:{mallory}*") == []
         assert command(redis_server, "KEYS", "inferwatch:{acme}:w}*") == []
         text = proxy.metrics()
