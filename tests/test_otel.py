@@ -417,13 +417,25 @@ def test_caller_sampling_is_an_option_with_an_env_twin() -> None:
     assert "INFERWATCH_PROXY_OTLP_CALLER_SAMPLING" in result.output
 
 
+#: the hung export's own timeout, past the shutdown's bound: the export that shutdown gives up
+#: on ends within the test, not during a later one (each attempt of the exporter draws its
+#: backoff from ``random``, which a property test running meanwhile reports as its own use)
+HUNG_EXPORT_TIMEOUT_S = 3.0
+
+
 def test_a_hung_collector_holds_shutdown_only_as_long_as_its_bound() -> None:
     """A collector that accepts and never answers held the exporter's own timeout (10 s)
     and its retries past any drain grace: shutdown now gives up at its bound."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
     bound = 1.0
+
+    def exporter(url: str) -> OTLPSpanExporter:
+        return OTLPSpanExporter(endpoint=url, timeout=HUNG_EXPORT_TIMEOUT_S)
+
     with hung_collector() as collector:
         options = tracing.TraceOptions(collector.url, 1.0, shutdown_s=bound)
-        provider = tracing.provider("inferwatch-proxy", options)
+        provider = tracing.provider("inferwatch-proxy", options, exporter=exporter)
         assert provider is not None
         provider.get_tracer("t").start_span("request").end()
         done = threading.Event()
@@ -432,4 +444,7 @@ def test_a_hung_collector_holds_shutdown_only_as_long_as_its_bound() -> None:
         assert collector.accepted.wait(10), "the exporter sent the span to the collector"
         wait_for(done.is_set, "shutdown to give up at its bound", bound + 2)
         took = time.monotonic() - started
+    # the export given up on ends with its own timeout, and the shutdown behind it
+    wait_for(lambda: "inferwatch-trace-shutdown" not in {t.name for t in threading.enumerate()},
+             "the given-up export to end", HUNG_EXPORT_TIMEOUT_S + 5)  # fmt: skip
     print(f"shutdown with a hung collector: {took:.2f} s (bound {bound:g} s)")
