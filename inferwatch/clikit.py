@@ -185,14 +185,15 @@ def listen_option(default: str, why: str = "") -> Callable[[F], F]:
     )
 
 
-def prometheus_option() -> Callable[[F], F]:
+def prometheus_option(required: bool = True, why: str = "") -> Callable[[F], F]:
     """``--prometheus``: the base URL of the Prometheus query API a command reads (Prometheus,
-    or VictoriaMetrics's compatible API)."""
+    or VictoriaMetrics's compatible API); ``why`` ends the help of an optional one."""
     return click.option(
         "--prometheus",
-        required=True,
+        required=required,
         show_envvar=True,
-        help="Prometheus base URL (http://host:9090), or any server of its query API.",
+        help="Prometheus base URL (http://host:9090), or any server of its query API"
+        + (f": {why}." if why else "."),
     )
 
 

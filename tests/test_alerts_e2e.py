@@ -10,7 +10,8 @@ moved earlier so that their first step runs :data:`FIRST_STEP` seconds after the
 Every wait polls Alertmanager's ``/api/v2/alerts`` against a deadline; the time from the fault
 to each alert reaching Alertmanager is printed (``pytest -s``) with the intervals and
 ``for:`` durations. The demo's runbook receiver (dry-run) must audit a plan to isolate the
-replica whose GPU failed and change nothing; in the healthy demo it decides nothing. A fault
+replica whose GPU failed and change nothing; in the healthy demo it decides nothing, and the
+chargeback it announces reconciles with its engines' counters. A fault
 one signal owns must not raise the others: the bad rollout degenerates long generations only,
 which the live screening sees and the golden probes never ask for, so it must reach
 Alertmanager as ``InferwatchDegenerateOutputRising`` (and a dry-run traffic shift) and never as
@@ -20,11 +21,15 @@ a failing probe or an unready replica.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -290,3 +295,48 @@ def test_a_healthy_run_as_long_as_the_fault_runs_fires_no_alert(healthy: Watched
     assert [s["value"][1] for s in scraped] == ["0"], scraped
     lasted = time.monotonic() - demo.up_at
     print(f"\nhealthy: {lasted:.0f}s without an alert ({intervals(demo.url('prometheus'))})")
+
+
+#: seconds of healthy traffic the chargeback reconciles: the edges' allowance (a scrape interval
+#: of traffic at each) is a fraction of it
+WINDOW_S = 90
+
+
+def test_the_healthy_demos_chargeback_reconciles_with_its_engines_counters(
+    healthy: Watched,
+) -> None:
+    """``inferwatch report usage --prometheus`` as the demo announces it, over the healthy
+    run (a few scrapes in, to a second ago): every tenant that sends traffic is billed, and
+    the billed tokens equal what the engines counted less the direct probes and warm-up,
+    within a tolerance well under the traffic (so that a lost or doubled charge shows)."""
+    demo = healthy.demo
+    command = demo.wait_line(r"^  chargeback: inferwatch report usage --log-dir (\S+) ", 5)[1]
+    prometheus = demo.url("prometheus")
+    interval = float(topology.INTERVAL.removesuffix("s"))
+    start = time.time() - (time.monotonic() - demo.up_at) + 5 * interval
+    # past its first runs the healthy demo has run that long already (it outlasts them)
+    wait_for(lambda: time.time() > start + WINDOW_S, "the window's traffic", 2 * WINDOW_S)
+    end = time.time() - 1  # the log is flushed within a second
+
+    def scraped_past_end() -> bool:
+        reply = httpx.get(f"{prometheus}/api/v1/query", params={"query": "min(timestamp(up))"},
+                          timeout=5).json()["data"]["result"]  # fmt: skip
+        return bool(reply) and float(reply[0]["value"][1]) > end
+
+    wait_for(scraped_past_end, "every target scraped past the report's end", 10 * interval)
+    iso = [datetime.fromtimestamp(moment, UTC).isoformat() for moment in (start, end)]
+    result = subprocess.run(
+        [sys.executable, "-P", "-m", "inferwatch", "report", "usage", "--log-dir", command[1],
+         "--from", iso[0], "--to", iso[1], "--prometheus", prometheus,
+         "--scrape-interval", topology.INTERVAL, "--format", "json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    document = json.loads(result.stdout)
+    checked = document["reconciliation"]
+    print(f"\nchargeback over {end - start:.0f}s: {checked}")
+    assert checked["reconciled"] is True
+    assert checked["tolerance_tokens"] < checked["logged_tokens"] / 4, checked
+    assert document["totals"]["skipped_lines"] == 0
+    sending = {t.name for t in topology.TENANTS if t.share > 0}
+    assert sending <= {row["tenant"] for row in document["rows"]}

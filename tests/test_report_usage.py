@@ -5,6 +5,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ from click.testing import CliRunner
 
 from inferwatch.cli import main
 from inferwatch.proxy.usagelog import UsageLog
+from support.stub_prometheus import StubPrometheus, stub_prometheus, vector
 
 pytestmark = pytest.mark.unit
 
@@ -137,9 +141,118 @@ def test_a_file_of_garbage_is_counted_whole_but_only_its_first_lines_named(
         ["--from", "2026-01-03T00:00:00Z", "--to", "2026-01-01T00:00:00Z"],
         [*WINDOW, "--by", "week"],
         [*WINDOW, "--format", "xml"],
+        [*WINDOW, "--prometheus", "file:///etc/passwd"],
+        [*WINDOW, "--prometheus", "http://127.0.0.1:9", "--tolerance", "nan"],
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str]) -> None:
     result = _run("--log-dir", str(tmp_path), *args)
     assert result.exit_code == 2
     assert "Error:" in result.stderr
+
+
+# ---------------------------------------------------------------- reconciliation (--prometheus)
+#: two requests of 1000 prompt and 500 completion tokens each: 3000 logged
+LOGGED = 3000
+
+
+@dataclass
+class Engines:
+    """A Prometheus whose engines grew by ``growth``: a counter's catalogue name (with
+    ``{route="direct"}`` for the probes') to its increase over the window asked."""
+
+    prometheus: StubPrometheus
+    growth: dict[str, float] = field(default_factory=dict)
+    rates: dict[str, float] = field(default_factory=dict)  # tokens/s, at both edges
+
+    def answer(self, path: str, query: str) -> tuple[int, bytes]:
+        match = re.fullmatch(r"sum\((increase|rate)\((\w+)\{(.*)\}\[(\d+)s\]\)\)", query)
+        assert match, query
+        kept = self.growth if match[1] == "increase" else self.rates
+        value = kept.get(match[2] + (f"{{{match[3]}}}" if match[3] else ""))
+        return 200, vector(({}, str(value))) if value is not None else vector()
+
+
+@pytest.fixture
+def engines() -> Iterator[Engines]:
+    with stub_prometheus() as stub:
+        engines = Engines(stub)
+        stub.answer = engines.answer
+        yield engines
+
+
+def _reconciled(tmp_path: Path, prometheus: StubPrometheus, *args: str) -> Any:
+    _log(tmp_path, [_line(DAY + 10, "acme"), _line(DAY + 20, "globex")])
+    return _run("--log-dir", str(tmp_path), *WINDOW, "--prometheus", prometheus.url, *args)
+
+
+def test_tokens_the_engines_counted_reconcile_with_the_log(
+    tmp_path: Path, engines: Engines
+) -> None:
+    """The engines grew by the logged tokens plus the direct probes' and the warm-up's, give
+    or take what increase() extrapolates: the footer says so, over the report's window, and
+    allows the drift tolerance plus the engines' token rate at each edge times a scrape."""
+    engines.growth.update({
+        "inferwatch_engine_prompt_tokens_total": 2100.4,
+        "inferwatch_engine_generation_tokens_total": 1150.0,
+        'inferwatch_probe_tokens_total{route="direct"}': 200.0,
+        "inferwatch_warmup_tokens_total": 40.0,
+    })  # fmt: skip
+    engines.rates.update({
+        "inferwatch_engine_prompt_tokens_total": 10.0,
+        "inferwatch_engine_generation_tokens_total": 5.0,
+    })  # fmt: skip
+    result = _reconciled(tmp_path, engines.prometheus, "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["reconciliation"] == {
+        "logged_tokens": LOGGED,
+        "engine_tokens": 3250,
+        "around_proxy_tokens": 240,
+        "gap_tokens": -10,
+        "edge_tokens": 450,  # 15 s x (10 + 5) tokens/s at each of the two edges
+        "tolerance_tokens": 1450.0,  # the alert config's drift tolerance, 1000, and the edges
+        "reconciled": True,
+    }
+    two_days = 2 * 86400
+    grown = [query for query in engines.prometheus.queries if "increase(" in query]
+    assert len(grown) == 4 and all(f"[{two_days}s]" in query for query in grown), grown
+    csv_result = _reconciled(tmp_path / "csv", engines.prometheus, "--scrape-interval", "1m")
+    assert csv_result.stdout.splitlines()[-1] == (
+        "# reconciliation logged_tokens=3000 engine_tokens=3250 around_proxy_tokens=240 "
+        "gap_tokens=-10 edge_tokens=1800 tolerance_tokens=2800.0 reconciled=yes"
+    )
+
+
+@pytest.mark.parametrize("engine_tokens", [1000, 6000], ids=["billed-more", "served-more"])
+def test_a_gap_past_the_tolerance_prints_the_report_and_exits_1(
+    tmp_path: Path, engines: Engines, engine_tokens: int
+) -> None:
+    engines.growth["inferwatch_engine_prompt_tokens_total"] = engine_tokens
+    result = _reconciled(tmp_path, engines.prometheus, "--tolerance", "100")
+    assert result.exit_code == 1, result.output
+    assert "reconciled=no" in result.stdout
+    assert result.stdout.startswith("period,tenant,")  # the report itself is still printed
+    (error,) = result.stderr.splitlines()
+    assert error.startswith("Error: the report does not reconcile")
+    assert f"gap_tokens={LOGGED - engine_tokens}" in error
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        (503, b"overloaded"),
+        (200, b'{"status": "error", "error": "bad_data: parse error"}'),
+        (200, vector(({}, "NaN"))),
+        (200, vector(({"a": "1"}, "1"), ({"a": "2"}, "2"))),
+    ],
+    ids=["unavailable", "refused", "nan", "two-samples"],
+)
+def test_a_prometheus_that_cannot_answer_exits_3_with_one_line(
+    tmp_path: Path, reply: tuple[int, bytes]
+) -> None:
+    with stub_prometheus() as prometheus:
+        prometheus.always(reply[1], reply[0])
+        result = _reconciled(tmp_path, prometheus)
+    assert result.exit_code == 3, result.output
+    (error,) = result.stderr.splitlines()
+    assert error.startswith("Error: ")

@@ -58,6 +58,8 @@ START_TIMEOUT = 30.0
 CONNECTIONS = 2 * MAX_IN_FLIGHT + 64
 #: the work directory's folder of Prometheus discovery files (the spares' targets)
 DISCOVERY = "discovered"
+#: the work directory's folder of the proxies' usage logs (chargeback)
+USAGE_LOG = "usage"
 
 
 @dataclass(frozen=True)
@@ -554,7 +556,13 @@ class Demo:
         shared = sharedstate.proxy_section(self.ports.redis, workdir / f"journal-{name}")
         config.write_text(
             topology.proxy_config(
-                replica, self._engine(replica), sidecar_url, self.tenants, self.fleet, shared
+                replica,
+                self._engine(replica),
+                sidecar_url,
+                self.tenants,
+                self.fleet,
+                shared,
+                str(workdir / USAGE_LOG),
             )
         )
         port = self.ports.proxy[name]
@@ -631,4 +639,12 @@ class Demo:
             f"-H 'Authorization: Bearer {topology.TENANTS[0].key}' "
             f"-H 'Content-Type: application/json' -d '{body}'"
         )
+        # announced before the load starts: the log's first line comes after this second
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time()))
+        chargeback = (
+            f"inferwatch report usage --log-dir {workdir / USAGE_LOG} --from {since} --to <now>"
+        )
+        if options.prometheus:
+            chargeback += f" --prometheus {topology.url(self.ports.prometheus)}"
+        self.say(f"  chargeback: {chargeback}")
         self.say(f"  work dir {workdir} (removed on exit)")

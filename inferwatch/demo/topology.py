@@ -224,9 +224,11 @@ def proxy_config(
     tenants: Sequence[Tenant] = TENANTS,
     replicas: Sequence[Replica] = REPLICAS,
     shared_state: Mapping[str, Any] | None = None,
+    usage_log: str = "",
 ) -> str:
     """The tenancy proxy's YAML for a proxy in front of one replica; ``shared_state``: its
-    section (the fleet's Redis, where every proxy keeps the budgets).
+    section (the fleet's Redis, where every proxy keeps the budgets); ``usage_log``: the
+    directory every proxy appends its settled requests to ("": none).
 
     The replica's sidecar probes the engine directly; the proxy reads its probe token counters
     so that they reconcile with the engine's. A proxy that shares its engine with another
@@ -254,6 +256,8 @@ def proxy_config(
     }
     if shared_state is not None:
         document["shared_state"] = dict(shared_state)
+    if usage_log:
+        document["usage_log"] = {"dir": usage_log}
     return yaml.safe_dump(document, sort_keys=False)
 
 

@@ -10,8 +10,13 @@ from pathlib import Path
 
 import click
 
-from inferwatch.clikit import BadInput
+from inferwatch.canary.prometheus import Prometheus, PrometheusError
+from inferwatch.clikit import BadInput, CannotRun, Failed, FiniteFloat, prometheus_option
+from inferwatch.config import Duration, DurationParam
+from inferwatch.mixin import config as alert_config
 from inferwatch.report import usage as ledger
+from inferwatch.report.reconcile import Reconciliation, reconcile
+from inferwatch.serving import prometheus_api
 
 _COLUMNS = (
     "period",
@@ -83,14 +88,54 @@ def report() -> None:
     show_default=True,
     help="csv (a totals line starting with # at the end) or json.",
 )
-def usage(log_dir: Path, start: str, to: str, by: str, fmt: str) -> None:
+@prometheus_option(
+    required=False,
+    why="reconcile the report's tokens with the engines' own counters over the window "
+    "(a footer; exit 1 when they differ by more than --tolerance)",
+)
+@click.option(
+    "--scrape-interval",
+    type=DurationParam(Duration.of_seconds(1), Duration.of_seconds(3600)),
+    default="15s",
+    show_default=True,
+    show_envvar=True,
+    help="How often Prometheus scrapes the engines: what increase() may miscount at each "
+    "edge of the window is the engines' token rate times this.",
+)
+@click.option(
+    "--tolerance",
+    type=FiniteFloat(min=0),
+    show_envvar=True,
+    help="Tokens the reconciliation may differ by.  [default: the tokens of the alert "
+    "config's InferwatchReconciliationDrift plus the edges' allowance]",
+)
+@prometheus_api.timeout_option("Seconds all queries to Prometheus may take together (exit 3).")
+def usage(
+    log_dir: Path,
+    start: str,
+    to: str,
+    by: str,
+    fmt: str,
+    prometheus: str | None,
+    scrape_interval: Duration,
+    tolerance: float | None,
+    timeout: float,
+) -> None:
     """Chargeback per tenant x model x model version x day or hour, from the usage log.
 
-    Cost uses the prices logged with each request. Skipped lines are named on stderr.
+    Cost uses the prices logged with each request. Skipped lines are named on stderr. With
+    --prometheus, a footer compares the tokens with the engines' counters over the window:
+    exit 1 when they do not reconcile, 3 when Prometheus cannot be read.
     """
     begin, finish = _instant(start, "--from"), _instant(to, "--to")
     if finish <= begin:
         raise BadInput("--to must be after --from")
+    client = None
+    if prometheus is not None:
+        try:
+            client = Prometheus(prometheus, deadline_s=timeout)
+        except PrometheusError as exc:
+            raise BadInput(f"--prometheus: {exc}") from None
     totals = ledger.report(str(log_dir), begin, finish, by)
     keyed = sorted(totals.rows.items())
     rows = [
@@ -107,12 +152,36 @@ def usage(log_dir: Path, start: str, to: str, by: str, fmt: str) -> None:
         "cost": round(sums[4], 9),
         "skipped_lines": totals.skipped_lines,
     }
+    checked = None
+    if client is not None:
+        drift = alert_config.load().alert("InferwatchReconciliationDrift").number("tokens")
+        logged = int(footer["prompt_tokens"] + footer["completion_tokens"])
+        try:
+            checked = reconcile(client, begin, finish, logged, drift_tokens=drift,
+                                scrape_interval_s=scrape_interval.seconds,
+                                tolerance=tolerance)  # fmt: skip
+        except PrometheusError as exc:
+            raise CannotRun(str(exc)) from None
     if fmt == "json":
-        click.echo(json.dumps({"rows": rows, "totals": footer, "skipped": totals.skipped}))
-        return
-    out = io.StringIO()
-    writer = csv.DictWriter(out, _COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    click.echo(out.getvalue(), nl=False)
-    click.echo("# totals " + " ".join(f"{k}={v}" for k, v in footer.items()))
+        document = {"rows": rows, "totals": footer, "skipped": totals.skipped}
+        if checked is not None:
+            document["reconciliation"] = checked.fields()
+        click.echo(json.dumps(document))
+    else:
+        out = io.StringIO()
+        writer = csv.DictWriter(out, _COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        click.echo(out.getvalue(), nl=False)
+        click.echo("# totals " + " ".join(f"{k}={v}" for k, v in footer.items()))
+        if checked is not None:
+            click.echo("# reconciliation " + _shown(checked))
+    if checked is not None and not checked.ok:
+        raise Failed(f"the report does not reconcile with the engines' counters: {_shown(checked)}")
+
+
+def _shown(checked: Reconciliation) -> str:
+    return " ".join(
+        f"{k}={('yes' if v else 'no') if isinstance(v, bool) else v}"
+        for k, v in checked.fields().items()
+    )
