@@ -299,7 +299,7 @@ def test_a_healthy_run_as_long_as_the_fault_runs_fires_no_alert(healthy: Watched
 
 #: seconds of healthy traffic the chargeback reconciles: the edges' allowance (a scrape interval
 #: of traffic at each) is a fraction of it
-WINDOW_S = 90
+WINDOW_S = 60
 
 
 def test_the_healthy_demos_chargeback_reconciles_with_its_engines_counters(
