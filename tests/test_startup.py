@@ -217,12 +217,15 @@ def test_failing_warmup_keeps_the_replica_unready_with_the_reason_then_turns_rea
         try:
             # a round's number is counted when it starts; its failure is in the reason after
             warmup = tracker.warmup
-            await wait_until(
-                lambda: warmup.rounds >= 2 and "failed" in warmup.state.reason,
-                "two failed rounds",
-                30,
-            )
-            status, conditions, page = await readyz(sidecar)
+            await wait_until(lambda: warmup.rounds >= 2, "a second round", 30)
+
+            async def said_why() -> tuple[int, dict[str, dict[str, Any]], str] | None:
+                answer = await readyz(sidecar)
+                return answer if "failed" in answer[1]["warmup"]["reason"] else None
+
+            # /readyz read while a failed round waits for its retry: the next round may start
+            # between any two reads, and a round under way says only "warming up"
+            status, conditions, page = await wait_until(said_why, "/readyz to say why", 30)
             assert status == 503
             assert conditions["engine"]["ok"]  # the engine is up: only warm-up holds it back
             warm = conditions["warmup"]
