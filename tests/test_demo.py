@@ -553,8 +553,8 @@ def test_the_default_run_announces_its_scenario_and_its_urls_work_as_printed(
     scraped = CliRunner().invoke(main, ["scrape", urls["engine"]])
     backend = gpu.open_backend(f"dcgm={urls['dcgm']}")
     families = asyncio.run(backend.collect())
-    tenant = openai.OpenAI(base_url=urls["openai"], api_key=urls["key"], max_retries=0)
-    answer = tenant.chat.completions.create(**json.loads(urls["body"]), max_tokens=8)
+    with openai.OpenAI(base_url=urls["openai"], api_key=urls["key"], max_retries=0) as tenant:
+        answer = tenant.chat.completions.create(**json.loads(urls["body"]), max_tokens=8)
     reply = httpx.post(urls["curl"], content=urls["body"],
                        headers={"Authorization": f"Bearer {urls['key']}",
                                 "Content-Type": "application/json"}, timeout=30)  # fmt: skip

@@ -26,6 +26,7 @@ def limited(**limits: Any) -> dict[str, Any]:
 
 
 def client(stack: Stack) -> openai.OpenAI:
+    """The tenant's OpenAI client: use it in a ``with`` block, which closes its connections."""
     return openai.OpenAI(base_url=stack.url + "/v1", api_key=KEYS["acme"], max_retries=0)
 
 
@@ -37,43 +38,43 @@ def chat(api: openai.OpenAI, model: str = "m", max_tokens: int = 4) -> Any:
 
 def test_the_openai_client_sees_the_429_and_the_ratelimit_headers(stack: MakeStack) -> None:
     proxy = stack(tenants=limited(requests_per_minute=3, tokens_per_minute=100_000))
-    api = client(proxy)
-    first = chat(api)
-    assert first.headers["x-ratelimit-limit-requests"] == "3"
-    assert first.headers["x-ratelimit-remaining-requests"] == "2"
-    assert first.headers["x-ratelimit-limit-tokens"] == "100000"
-    assert first.headers["x-ratelimit-reset-requests"].endswith("s")
-    chat(api), chat(api)
-    with pytest.raises(openai.RateLimitError) as refused:
-        chat(api)
-    response = refused.value.response
-    assert response.status_code == 429
-    assert int(response.headers["retry-after"]) >= 1
-    assert response.headers["x-ratelimit-remaining-requests"] == "0"
-    assert refused.value.code == "rejected_rate_limit"
-    outcome = samples(proxy.metrics(), "inferwatch_tenancy_requests_total", tenant="acme",
-                      outcome="rejected_rate_limit")  # fmt: skip
-    assert outcome == 1
+    with client(proxy) as api:
+        first = chat(api)
+        assert first.headers["x-ratelimit-limit-requests"] == "3"
+        assert first.headers["x-ratelimit-remaining-requests"] == "2"
+        assert first.headers["x-ratelimit-limit-tokens"] == "100000"
+        assert first.headers["x-ratelimit-reset-requests"].endswith("s")
+        chat(api), chat(api)
+        with pytest.raises(openai.RateLimitError) as refused:
+            chat(api)
+        response = refused.value.response
+        assert response.status_code == 429
+        assert int(response.headers["retry-after"]) >= 1
+        assert response.headers["x-ratelimit-remaining-requests"] == "0"
+        assert refused.value.code == "rejected_rate_limit"
+        outcome = samples(proxy.metrics(), "inferwatch_tenancy_requests_total", tenant="acme",
+                          outcome="rejected_rate_limit")  # fmt: skip
+        assert outcome == 1
 
 
 def test_tokens_per_minute_refuse_once_usage_has_drained_the_bucket(stack: MakeStack) -> None:
     proxy = stack(tenants=limited(tokens_per_minute=30))
-    api = client(proxy)
-    chat(api, max_tokens=40)  # lets in a bucket above zero; its usage puts it in debt
-    with pytest.raises(openai.RateLimitError) as refused:
-        chat(api)
-    assert refused.value.response.headers["x-ratelimit-remaining-tokens"] == "0"
+    with client(proxy) as api:
+        chat(api, max_tokens=40)  # lets in a bucket above zero; its usage puts it in debt
+        with pytest.raises(openai.RateLimitError) as refused:
+            chat(api)
+        assert refused.value.response.headers["x-ratelimit-remaining-tokens"] == "0"
 
 
 def test_a_models_own_limit_applies_on_top_of_the_tenants(stack: MakeStack) -> None:
     proxy = stack(
         tenants=limited(requests_per_minute=100, models={"big": {"requests_per_minute": 1}})
     )
-    api = client(proxy)
-    chat(api, model="big")
-    with pytest.raises(openai.RateLimitError):
+    with client(proxy) as api:
         chat(api, model="big")
-    assert chat(api, model="m").headers["x-ratelimit-remaining-requests"] == "98"
+        with pytest.raises(openai.RateLimitError):
+            chat(api, model="big")
+        assert chat(api, model="m").headers["x-ratelimit-remaining-requests"] == "98"
 
 
 def test_a_bucket_refills_at_its_rate_and_never_over_capacity(

@@ -168,14 +168,14 @@ def pod(probe_metrics: bool) -> Iterator[tuple[Any, Any, Any, ProbeRunner]]:
 
 
 def tenant_and_probe_traffic(proxy: Any, loop: Any, runner: ProbeRunner) -> None:
-    tenant = openai.OpenAI(base_url=proxy.url + "/v1", api_key="sk-acme", max_retries=0)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
-    for stream in (False, True):
-        reply = tenant.chat.completions.create(
-            model=MODEL, messages=messages, max_tokens=12, stream=stream
-        )
-        if stream:
-            assert [chunk for chunk in reply]  # type: ignore[union-attr]
+    with openai.OpenAI(base_url=proxy.url + "/v1", api_key="sk-acme", max_retries=0) as tenant:
+        for stream in (False, True):
+            reply = tenant.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=12, stream=stream
+            )
+            if stream:
+                assert [chunk for chunk in reply]  # type: ignore[union-attr]
     for target in runner.targets:
         outcomes = loop.run(lambda: runner.run_cycle(target), timeout=60)  # noqa: B023
         assert outcomes and all(o.reply.ok for o in outcomes)

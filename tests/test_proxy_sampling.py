@@ -72,16 +72,16 @@ class Stack:
 
     def traffic(self, version: str) -> None:
         """A non-streamed and a streamed chat, and a streamed completion: three responses."""
-        api = self.client(version)
-        api.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=64)
-        for _ in api.chat.completions.create(
-            model=MODEL, messages=QUESTION, max_tokens=64, stream=True
-        ):
-            pass
-        for _ in api.completions.create(
-            model=MODEL, prompt="What is the capital of France?", max_tokens=64, stream=True
-        ):
-            pass
+        with self.client(version) as api:
+            api.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=64)
+            for _ in api.chat.completions.create(
+                model=MODEL, messages=QUESTION, max_tokens=64, stream=True
+            ):
+                pass
+            for _ in api.completions.create(
+                model=MODEL, prompt="What is the capital of France?", max_tokens=64, stream=True
+            ):
+                pass
 
     def metrics(self) -> str:
         return httpx.get(self.server.metrics_url + "/metrics").text

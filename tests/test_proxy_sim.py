@@ -7,7 +7,7 @@ Tokens the proxy charges must equal the simulator's own vLLM counters
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -58,12 +58,26 @@ def stack() -> Iterator[tuple[Any, Any, Any]]:
         yield parts
 
 
-def client(proxy: Any, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0, timeout=30)
+Client = Callable[[Any, str], openai.OpenAI]
+
+
+@pytest.fixture
+def client() -> Iterator[Client]:
+    """Makes a tenant's OpenAI client for a proxy; every one is closed when the test ends."""
+    made: list[openai.OpenAI] = []
+
+    def make(proxy: Any, key: str) -> openai.OpenAI:
+        made.append(openai.OpenAI(base_url=proxy.url + "/v1", api_key=key, max_retries=0,
+                                  timeout=30))  # fmt: skip
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.close()
 
 
 def test_openai_client_streamed_and_not_reconciles_with_the_engine(
-    stack: tuple[Any, Any, str],
+    stack: tuple[Any, Any, str], client: Client
 ) -> None:
     sim, proxy, loop = stack
     loop.run(proxy.app.reconcile_once)  # baseline before the traffic
@@ -115,7 +129,7 @@ def test_openai_client_streamed_and_not_reconciles_with_the_engine(
     )
 
 
-def test_openai_client_errors_are_clear(stack: tuple[Any, Any, str]) -> None:
+def test_openai_client_errors_are_clear(stack: tuple[Any, Any, str], client: Client) -> None:
     _, proxy, _ = stack
     with pytest.raises(openai.AuthenticationError, match="API key is not known"):
         client(proxy, "sk-nobody").chat.completions.create(
@@ -123,7 +137,7 @@ def test_openai_client_errors_are_clear(stack: tuple[Any, Any, str]) -> None:
         )
 
 
-def test_a_client_that_walks_away_is_still_charged() -> None:
+def test_a_client_that_walks_away_is_still_charged(client: Client) -> None:
     with _stack(speed=1) as (sim, proxy, _):  # real-time decoding: the stream outlives the client
         stream = client(proxy, "sk-acme").chat.completions.create(
             model=MODEL,

@@ -128,7 +128,8 @@ def advise(
     except PrometheusError as exc:
         raise BadInput(str(exc)) from None
     try:
-        seen = read(client, model, window, time.time())
+        with client:
+            seen = read(client, model, window, time.time())
     except PrometheusError as exc:
         raise CannotRun(str(exc)) from None
     refused = rules.refusal(seen, min_requests)

@@ -153,15 +153,11 @@ def canary(
         if sides[0] == sides[1]:
             raise selector.SelectorError("--baseline and --candidate select the same series")
         config = alert_config.load(config_path)
-        run = Analysis(
-            Prometheus(prometheus, deadline_s=timeout),
-            config,
-            *sides,
-            str(window),
-            at or time.time(),
-            Thresholds(**limits),
-        )
-        results = run.run()
+        with Prometheus(prometheus, deadline_s=timeout) as source:
+            run = Analysis(
+                source, config, *sides, str(window), at or time.time(), Thresholds(**limits)
+            )
+            results = run.run()
     except (
         selector.SelectorError,
         click.BadParameter,

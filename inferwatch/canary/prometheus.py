@@ -39,7 +39,19 @@ class Prometheus:
         self.url = url.rstrip("/")
         # identity: httpx inflates a compressed network chunk in one call, past any cap
         self._client = client or httpx.Client(headers={"Accept-Encoding": "identity"})
+        self._owned = client is None
         self.deadline = Deadline(deadline_s)
+
+    def close(self) -> None:
+        """Close the connections of the client made here (a caller's own client is theirs)."""
+        if self._owned:
+            self._client.close()
+
+    def __enter__(self) -> Prometheus:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def query(self, expr: str, at: float) -> list[Sample]:
         """The instant vector ``expr`` evaluates to at ``at`` (unix seconds)."""

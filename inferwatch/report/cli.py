@@ -157,9 +157,10 @@ def usage(
         drift = alert_config.load().alert("InferwatchReconciliationDrift").number("tokens")
         logged = int(footer["prompt_tokens"] + footer["completion_tokens"])
         try:
-            checked = reconcile(client, begin, finish, logged, drift_tokens=drift,
-                                scrape_interval_s=scrape_interval.seconds,
-                                tolerance=tolerance)  # fmt: skip
+            with client:
+                checked = reconcile(client, begin, finish, logged, drift_tokens=drift,
+                                    scrape_interval_s=scrape_interval.seconds,
+                                    tolerance=tolerance)  # fmt: skip
         except PrometheusError as exc:
             raise CannotRun(str(exc)) from None
     if fmt == "json":
