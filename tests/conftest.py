@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import threading
@@ -37,6 +38,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     marker = item.get_closest_marker("real_clock")
     if marker is not None and "libfaketime" in os.environ.get("LD_PRELOAD", ""):
         pytest.skip(f"under faketime: {marker.args[0]}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _leaks_reported_by_their_module() -> Iterator[None]:
+    """Collect the garbage when a module's tests end: a socket or file a module leaks is
+    reported then (an unclosed-resource warning is an error), as that module's, not in
+    whichever later test a garbage collection happens to run."""
+    yield
+    gc.collect()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
