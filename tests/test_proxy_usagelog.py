@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from inferwatch.cli import main
 from inferwatch.proxy import usagelog
 from inferwatch.proxy.config import ConfigError, parse
 from inferwatch.proxy.usagelog import UsageLog, files
-from support.proxy_stack import CHAT, Stack, auth
+from support.fleet import Fleet, flood
+from support.proxy_stack import CHAT, Engine, Stack, auth
+from support.redis import RedisServer
 from support.wait import wait_for
 
 pytestmark = pytest.mark.proc
@@ -61,6 +68,42 @@ def test_a_restart_continues_the_log_in_a_new_file_losing_nothing(tmp_path: Path
     assert len(files(tmp_path)) == 2
     assert [line["n"] for line in _lines(tmp_path)] == [1, 2]
 
+
+def test_a_proxy_process_stopped_mid_traffic_and_started_again_bills_every_answer_once(
+    redis_server: RedisServer, engine: Engine, tmp_path: Path
+) -> None:
+    """A real proxy stopped (SIGTERM, as a rollout stops its pod) with requests in flight and
+    started again: what it answered while draining is flushed before it exits, the new
+    process continues in a file of its own, and the report bills each answer once."""
+    usage = tmp_path / "usage"
+    fleet = Fleet(redis_server, engine.url, tmp_path, {"acme": {}, "globex": {}},
+                  usage_log={"dir": str(usage)})  # fmt: skip
+    try:
+        (proxy,) = fleet.add(1)
+        with ThreadPoolExecutor(1) as pool:
+            draining = pool.submit(flood, [proxy.url], "acme", 4, 8, 500, "drained")
+            wait_for(lambda: engine.engine.running.get("drained") == 4, "4 requests in flight")
+            proxy.stop()
+            before = draining.result()
+        proxy.start()
+        after = flood([proxy.url], "globex", per_proxy=3, max_tokens=8, delay_ms=0)
+    finally:
+        fleet.close()  # the second process, stopped: its lines flushed too
+    answered = [a for a in before + after if a.status_code == 200]
+    assert len(answered) == 7, [a.status_code for a in before + after]
+    assert len(files(usage)) == 2
+    now = time.time()
+    window = [datetime.fromtimestamp(now + hours * 3600, UTC).isoformat() for hours in (-1, 1)]
+    report = ["report", "usage", "--log-dir", str(usage), "--format", "json"]
+    result = CliRunner().invoke(main, [*report, "--from", window[0], "--to", window[1]])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    requests = {row["tenant"]: row["requests"] for row in document["rows"]}
+    assert requests == {"acme": 4, "globex": 3}
+    billed = document["totals"]["prompt_tokens"] + document["totals"]["completion_tokens"]
+    assert billed == sum(a.json()["usage"]["total_tokens"] for a in answered)
+
+
 def test_a_volume_that_refuses_writes_keeps_the_lines_until_it_takes_them(tmp_path: Path) -> None:
     volume = tmp_path / "usage"
     volume.write_text("a file where the log's folder should be")  # every append fails
@@ -91,7 +134,6 @@ def test_lines_past_the_buffer_bound_are_dropped_oldest_first_and_counted(
     log.flush()
     assert [line["n"] for line in _lines(volume)] == [2, 3, 4, 5]
     assert log.errors == {"write": 1, "dropped": 2}
-
 
 
 @pytest.mark.parametrize(

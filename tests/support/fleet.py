@@ -84,6 +84,7 @@ class Fleet:
     tenants: dict[str, Any]
     shared: dict[str, Any] = field(default_factory=dict)
     limits: dict[str, Any] = field(default_factory=dict)
+    usage_log: dict[str, Any] = field(default_factory=dict)  # the section, where one is kept
     proxies: list[Proxy] = field(default_factory=list)
 
     def add(self, count: int) -> list[Proxy]:
@@ -109,6 +110,8 @@ class Fleet:
                     **self.shared,
                 },
             }
+            if self.usage_log:
+                document["usage_log"] = self.usage_log
             config = directory / "proxy.yaml"
             config.write_text(json.dumps(document))
             proxy = Proxy(config, directory)
