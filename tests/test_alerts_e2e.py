@@ -308,7 +308,8 @@ def test_the_healthy_demos_chargeback_reconciles_with_its_engines_counters(
     """``inferwatch report usage --prometheus`` as the demo announces it, over the healthy
     run (a few scrapes in, to a second ago): every tenant that sends traffic is billed, and
     the billed tokens equal what the engines counted less the direct probes and warm-up,
-    within a tolerance well under the traffic (so that a lost or doubled charge shows)."""
+    within a tolerance well under the traffic (so that a lost or doubled charge shows), and
+    the GPUs' idle hours are billed to the rows of their models."""
     demo = healthy.demo
     command = demo.wait_line(r"^  chargeback: inferwatch report usage --log-dir (\S+) ", 5)[1]
     prometheus = demo.url("prometheus")
@@ -328,7 +329,7 @@ def test_the_healthy_demos_chargeback_reconciles_with_its_engines_counters(
     result = subprocess.run(
         [sys.executable, "-P", "-m", "inferwatch", "report", "usage", "--log-dir", command[1],
          "--from", iso[0], "--to", iso[1], "--prometheus", prometheus,
-         "--scrape-interval", topology.INTERVAL, "--format", "json"],
+         "--scrape-interval", topology.INTERVAL, "--gpu-hour-price", "2.5", "--format", "json"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
@@ -340,3 +341,8 @@ def test_the_healthy_demos_chargeback_reconciles_with_its_engines_counters(
     assert document["totals"]["skipped_lines"] == 0
     sending = {t.name for t in topology.TENANTS if t.share > 0}
     assert sending <= {row["tenant"] for row in document["rows"]}
+    # the simulated GPUs idle part of the time, and every model has tenants to bear it
+    idle = [row["idle_gpu_cost"] for row in document["rows"]]
+    assert all(cost > 0 for cost in idle), document["rows"]
+    assert document["totals"]["idle_gpu_cost"] == pytest.approx(sum(idle), abs=1e-6)
+    assert document["totals"]["idle_gpu_cost_unbilled"] == 0

@@ -25,7 +25,7 @@ WINDOW = ["--from", "2026-01-01T00:00:00Z", "--to", "2026-01-03T00:00:00Z"]
 
 
 def _line(
-    ts: float, tenant: str, prompt: int = 1000, price: float = 1.0, **extra: Any
+    ts: float, tenant: str, prompt: int = 1000, price: float = 1.0, busy: Any = 0.5, **extra: Any
 ) -> dict[str, Any]:
     return dict(
         ts=ts,
@@ -39,6 +39,7 @@ def _line(
         price_prompt=price,
         price_cached_prompt=price / 2,
         price_completion=2 * price,
+        busy_s=busy,
         **extra,
     )
 
@@ -90,6 +91,7 @@ def test_lines_outside_the_window_are_left_out_and_hours_split(tmp_path: Path) -
         b'{"ts": 1}\n',
         json.dumps(_line(DAY, "acme", prompt=-1)).encode() + b"\n",
         json.dumps(_line(DAY, "acme", price=-1.0)).encode() + b"\n",
+        json.dumps(_line(DAY, "acme", busy=True)).encode() + b"\n",
         b"[1, 2]\n",
         b"x" * 9000 + b"\n",
         json.dumps(_line(DAY, "acme")).encode()[:40],  # cut short at the end of the file
@@ -99,6 +101,7 @@ def test_lines_outside_the_window_are_left_out_and_hours_split(tmp_path: Path) -
         "fields-missing",
         "negative-tokens",
         "negative-price",
+        "busy-not-a-number",
         "not-object",
         "over-long",
         "cut-short",
@@ -164,8 +167,16 @@ class Engines:
     prometheus: StubPrometheus
     growth: dict[str, float] = field(default_factory=dict)
     rates: dict[str, float] = field(default_factory=dict)  # tokens/s, at both edges
+    idle: dict[str, float] = field(default_factory=dict)  # model -> idle GPU-hours a period
+    idle_ranges: list[str] = field(default_factory=list)  # the subquery range of each period
 
     def answer(self, path: str, query: str) -> tuple[int, bytes]:
+        idle = re.fullmatch(
+            r"sum by \(model\) \(sum_over_time\(.*\[(\d+s):15s\]\)\) \* 15 / 3600", query
+        )
+        if idle:
+            self.idle_ranges.append(idle[1])
+            return 200, vector(*(({"model": m}, str(h)) for m, h in self.idle.items()))
         match = re.fullmatch(r"sum\((increase|rate)\((\w+)\{(.*)\}\[(\d+)s\]\)\)", query)
         assert match, query
         kept = self.growth if match[1] == "increase" else self.rates
@@ -256,3 +267,40 @@ def test_a_prometheus_that_cannot_answer_exits_3_with_one_line(
     assert result.exit_code == 3, result.output
     (error,) = result.stderr.splitlines()
     assert error.startswith("Error: ")
+
+
+# ---------------------------------------------------------------- idle GPU cost (--gpu-hour-price)
+def test_idle_gpu_hours_are_billed_to_the_models_rows_by_busy_time_per_period(
+    tmp_path: Path, engines: Engines
+) -> None:
+    """Each UTC day the model's GPUs idle 2 hours (and another model's, which nobody used,
+    1 hour) at 10 a GPU-hour: acme and globex share the first day's 20 by their busy time
+    (1 s and 3 s), acme alone bears the second's; the other model's 10 a day is unbilled."""
+    _log(tmp_path, [_line(DAY + 10, "acme", busy=1.0), _line(DAY + 20, "globex", busy=3.0),
+                    _line(DAY + 86_400 + 10, "acme", busy=0.25)])  # fmt: skip
+    engines.idle.update({"m": 2.0, "unused": 1.0})
+    priced = ["--log-dir", str(tmp_path), *WINDOW, "--prometheus", engines.prometheus.url,
+              "--gpu-hour-price", "10", "--tolerance", "1e9"]  # fmt: skip
+    result = _run(*priced, "--format", "json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    idle = {(r["period"], r["tenant"]): r["idle_gpu_cost"] for r in document["rows"]}
+    assert idle == {
+        ("2026-01-01", "acme"): pytest.approx(5.0),
+        ("2026-01-01", "globex"): pytest.approx(15.0),
+        ("2026-01-02", "acme"): pytest.approx(20.0),
+    }
+    assert document["totals"]["idle_gpu_cost"] == pytest.approx(40.0)
+    assert document["totals"]["idle_gpu_cost_unbilled"] == pytest.approx(20.0)
+    assert engines.idle_ranges == ["86400s", "86400s"]  # one query per day, the day's range
+    csv_result = _run(*priced)
+    assert csv_result.stdout.splitlines()[0].endswith(",cost,idle_gpu_cost")
+    assert "idle_gpu_cost=40.0 idle_gpu_cost_unbilled=20.0" in csv_result.stdout
+
+
+def test_a_gpu_hour_price_without_prometheus_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = _run("--log-dir", str(tmp_path), *WINDOW, "--gpu-hour-price", "2.5")
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "Error: --gpu-hour-price needs --prometheus (the GPUs' utilization)"
+    ]

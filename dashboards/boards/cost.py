@@ -6,9 +6,9 @@ come from the tenancy proxies, which know the model and version but not the repl
 
 from __future__ import annotations
 
-from inferwatch.dashboards.panels import IDENTITY_KEY, Board, Ctx, Panel, Q, Scope, above, below
+from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above, below
 from inferwatch.mixin import recording
-from inferwatch.mixin.promql import seconds_text
+from inferwatch.mixin.promql import IDENTITY_KEY, seconds_text, with_model
 
 T, TO, C, MV = Scope.TENANT, Scope.TENANT_ONLY, Scope.CLUSTER, Scope.MODEL_VERSION
 REJECTED = 'outcome=~"rejected_.*"'
@@ -35,13 +35,7 @@ def _gpu_cost(ctx: Ctx, price: float) -> tuple[str, str, str]:
     output tokens. GPU series carry no model: each is joined to its replica's identity on
     the scrape target both come from, narrowed by model and version only."""
     c = ctx.config.cluster_label
-    identity = (
-        f"group by ({c}, instance, model, model_version) ({ctx.m(IDENTITY_KEY, MV)})"
-    )
-    utilization = (
-        f"({ctx.m('gpu_utilization', C)} * on ({c}, instance) "
-        f"group_left (model, model_version) {identity})"
-    )
+    utilization = with_model(ctx.config, ctx.m("gpu_utilization", C), ctx.m(IDENTITY_KEY, MV))
     busy = f"{price:g} * sum by ({c}, model) ({utilization})"
     idle = f"{price:g} * sum by ({c}, model) (1 - {utilization})"
     recorded = ctx.r(f"model_version:inferwatch_engine_generation_tokens:rate{ctx.w}", MV)

@@ -17,6 +17,7 @@ from inferwatch.config import Duration
 from inferwatch.mixin.config import Config
 
 __all__ = [
+    "IDENTITY_KEY",
     "MODEL",
     "MODEL_VERSION",
     "SOURCE_OF_COLLECTOR",
@@ -30,6 +31,7 @@ __all__ = [
     "quoted",
     "seconds_text",
     "snap",
+    "with_model",
 ]
 
 #: catalogue collector -> the config's selector for the process that serves it
@@ -72,6 +74,19 @@ def by(config: Config, labels: Sequence[str]) -> str:
 
 def on(config: Config, labels: Sequence[str]) -> str:
     return f"on ({', '.join((config.cluster_label, *labels))})"
+
+
+#: the series every replica's sidecar serves with the replica's full identity
+IDENTITY_KEY = "engine_up"
+
+
+def with_model(config: Config, gpu_series: str, identity_series: str) -> str:
+    """``gpu_series`` labelled with the model and model_version of its replica: GPU series
+    carry no model, so each is joined to the replica's identity (``identity_series``) on the
+    scrape target both come from (the cost board's GPU cost, the usage report's idle cost)."""
+    c = config.cluster_label
+    identity = f"group by ({c}, instance, model, model_version) ({identity_series})"
+    return f"({gpu_series} * on ({c}, instance) group_left (model, model_version) {identity})"
 
 
 def one_of(values: Sequence[str]) -> str:

@@ -15,6 +15,7 @@ from inferwatch.clikit import BadInput, CannotRun, Failed, FiniteFloat, promethe
 from inferwatch.config import Duration, DurationParam
 from inferwatch.mixin import config as alert_config
 from inferwatch.report import usage as ledger
+from inferwatch.report.idle import spread
 from inferwatch.report.reconcile import Reconciliation, reconcile
 from inferwatch.serving import prometheus_api
 
@@ -29,6 +30,8 @@ _COLUMNS = (
     "completion_tokens",
     "cost",
 )
+#: where the cost is among a row's fields (the token counts and requests before it)
+_COST = ledger.FIELDS.index("cost")
 
 
 def _instant(value: str, flag: str) -> float:
@@ -109,6 +112,13 @@ def report() -> None:
     help="Tokens the reconciliation may differ by.  [default: the tokens of the alert "
     "config's InferwatchReconciliationDrift plus the edges' allowance]",
 )
+@click.option(
+    "--gpu-hour-price",
+    type=FiniteFloat(min=0, min_open=True),
+    show_envvar=True,
+    help="What one GPU-hour costs: adds each row's share of its model's idle GPU cost (the "
+    "GPUs' unused hours, from Prometheus, spread by busy time). Needs --prometheus.",
+)
 @prometheus_api.timeout_option("Seconds all queries to Prometheus may take together (exit 3).")
 def usage(
     log_dir: Path,
@@ -119,17 +129,21 @@ def usage(
     prometheus: str | None,
     scrape_interval: Duration,
     tolerance: float | None,
+    gpu_hour_price: float | None,
     timeout: float,
 ) -> None:
     """Chargeback per tenant x model x model version x day or hour, from the usage log.
 
     Cost uses the prices logged with each request. Skipped lines are named on stderr. With
     --prometheus, a footer compares the tokens with the engines' counters over the window:
-    exit 1 when they do not reconcile, 3 when Prometheus cannot be read.
+    exit 1 when they do not reconcile, 3 when Prometheus cannot be read. With
+    --gpu-hour-price, each row also bears its share of its model's idle GPU cost.
     """
     begin, finish = _instant(start, "--from"), _instant(to, "--to")
     if finish <= begin:
         raise BadInput("--to must be after --from")
+    if gpu_hour_price is not None and prometheus is None:
+        raise BadInput("--gpu-hour-price needs --prometheus (the GPUs' utilization)")
     client = None
     if prometheus is not None:
         try:
@@ -137,40 +151,51 @@ def usage(
         except PrometheusError as exc:
             raise BadInput(f"--prometheus: {exc}") from None
     totals = ledger.report(str(log_dir), begin, finish, by)
-    keyed = sorted(totals.rows.items())
-    rows = [
-        dict(zip(_COLUMNS, [*key, *(int(n) for n in v[:4]), round(v[4], 9)], strict=True))
-        for key, v in keyed
-    ]
     for where in totals.skipped:
         click.echo(f"skipped {where}", err=True)
     if totals.skipped_lines > len(totals.skipped):
         click.echo(f"skipped {totals.skipped_lines - len(totals.skipped)} more lines", err=True)
-    sums = [sum(v[index] for _, v in keyed) for index in range(5)]
-    footer = {
-        **dict(zip(_COLUMNS[4:8], (int(n) for n in sums[:4]), strict=True)),
-        "cost": round(sums[4], 9),
+    keyed = sorted(totals.rows.items())
+    sums = [sum(v[index] for _, v in keyed) for index in range(_COST + 1)]
+    footer: dict[str, int | float] = {
+        **dict(zip(_COLUMNS[4:8], (int(n) for n in sums[:_COST]), strict=True)),
+        "cost": round(sums[_COST], 9),
         "skipped_lines": totals.skipped_lines,
     }
-    checked = None
+    checked, idle = None, None
     if client is not None:
         drift = alert_config.load().alert("InferwatchReconciliationDrift").number("tokens")
         logged = int(footer["prompt_tokens"] + footer["completion_tokens"])
+        step = max(1, round(scrape_interval.seconds))
         try:
             with client:
                 checked = reconcile(client, begin, finish, logged, drift_tokens=drift,
                                     scrape_interval_s=scrape_interval.seconds,
                                     tolerance=tolerance)  # fmt: skip
+                if gpu_hour_price is not None:
+                    idle = spread(client, totals, begin, finish, by, price=gpu_hour_price,
+                                  step_s=step)  # fmt: skip
         except PrometheusError as exc:
             raise CannotRun(str(exc)) from None
+    columns = [*_COLUMNS, "idle_gpu_cost"] if idle is not None else list(_COLUMNS)
+    rows = []
+    for key, v in keyed:
+        row = dict(zip(_COLUMNS, [*key, *(int(n) for n in v[:_COST]), round(v[_COST], 9)],
+                       strict=True))  # fmt: skip
+        if idle is not None:
+            row["idle_gpu_cost"] = round(idle.by_row.get(key, 0.0), 9)
+        rows.append(row)
+    if idle is not None:
+        footer["idle_gpu_cost"] = round(sum(idle.by_row.values()), 9)
+        footer["idle_gpu_cost_unbilled"] = round(idle.unbilled, 9)
     if fmt == "json":
-        document = {"rows": rows, "totals": footer, "skipped": totals.skipped}
+        document: dict[str, object] = {"rows": rows, "totals": footer, "skipped": totals.skipped}
         if checked is not None:
             document["reconciliation"] = checked.fields()
         click.echo(json.dumps(document))
     else:
         out = io.StringIO()
-        writer = csv.DictWriter(out, _COLUMNS, lineterminator="\n")
+        writer = csv.DictWriter(out, columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
         click.echo(out.getvalue(), nl=False)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeGuard
 
 from inferwatch.proxy.config import Price
 from inferwatch.proxy.usagelog import files
@@ -27,9 +28,13 @@ _FORMATS = {"day": "%Y-%m-%d", "hour": "%Y-%m-%dT%H:00Z"}
 Key = tuple[str, str, str, str]  # period, tenant, model, model version
 
 
+#: a row's fields, in order: requests, the three token kinds, cost, seconds the proxy held them
+FIELDS = ("requests", *_TOKENS, "cost", "busy_s")
+
+
 @dataclass
 class Totals:
-    rows: dict[Key, list[float]] = field(default_factory=dict)  # requests, 3 token kinds, cost
+    rows: dict[Key, list[float]] = field(default_factory=dict)  # FIELDS
     skipped: list[str] = field(default_factory=list)  # "file:line: why", the first MAX_NAMED
     skipped_lines: int = 0
 
@@ -39,7 +44,7 @@ class Totals:
             self.skipped.append(where)
 
 
-def _record(line: bytes) -> tuple[float, str, str, str, list[int], list[float]]:
+def _record(line: bytes) -> tuple[float, str, str, str, list[int], list[float], float]:
     fields = json.loads(line)
     if not isinstance(fields, dict):
         raise ValueError("not an object")
@@ -55,10 +60,17 @@ def _record(line: bytes) -> tuple[float, str, str, str, list[int], list[float]]:
     counts = [t for t in tokens if type(t) is int and t >= 0]
     if len(counts) != len(_TOKENS):
         raise ValueError("a token count is not a non-negative integer")
-    rates = [float(p) for p in prices if isinstance(p, int | float) and p >= 0]
+    rates = [float(p) for p in prices if _non_negative(p)]
     if len(rates) != len(_PRICES):
         raise ValueError("a price is not a non-negative number")
-    return float(ts), tenant, model, version, counts, rates
+    busy = fields.get("busy_s")
+    if not _non_negative(busy):
+        raise ValueError("busy_s missing or not a non-negative number")
+    return float(ts), tenant, model, version, counts, rates, float(busy)
+
+
+def _non_negative(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
 
 
 def total(paths: Iterable[Path], start: float, end: float, by: str) -> Totals:
@@ -72,7 +84,7 @@ def total(paths: Iterable[Path], start: float, end: float, by: str) -> Totals:
                 try:
                     if not line.endswith(b"\n"):
                         raise ValueError("cut short or over-long")
-                    ts, tenant, model, version, tokens, prices = _record(line)
+                    ts, tenant, model, version, tokens, prices, busy = _record(line)
                 except (ValueError, RecursionError) as exc:
                     out.skip(f"{path.name}:{number}: {str(exc)[:200]}")
                     while not line.endswith(b"\n") and (line := handle.readline(MAX_LINE_BYTES)):
@@ -84,9 +96,22 @@ def total(paths: Iterable[Path], start: float, end: float, by: str) -> Totals:
                 prompt, cached, completion = tokens
                 cost = Price(*prices).cost(prompt, cached, completion)
                 cached = min(cached, prompt)
-                row = out.rows.setdefault((period, tenant, model, version), [0, 0, 0, 0, 0.0])
-                for index, value in enumerate((1, prompt, cached, completion, cost)):
+                row = out.rows.setdefault((period, tenant, model, version), [0.0] * len(FIELDS))
+                for index, value in enumerate((1, prompt, cached, completion, cost, busy)):
                     row[index] += value
+    return out
+
+
+def periods(start: float, end: float, by: str) -> list[tuple[str, float, float]]:
+    """The UTC days or hours ``[start, end)`` touches: (the rows' period name, its start and
+    end, cut to the window)."""
+    size = 86400 if by == "day" else 3600
+    out = []
+    edge = start - start % size
+    while edge < end:
+        name = time.strftime(_FORMATS[by], time.gmtime(edge))
+        out.append((name, max(edge, start), min(edge + size, end)))
+        edge += size
     return out
 
 
