@@ -10,7 +10,7 @@ loaded but whose warm-up does not pass (``inferwatch_replica_startup_phase``) is
 
 from __future__ import annotations
 
-from inferwatch.canary import splits
+from inferwatch import wire
 from inferwatch.mixin import promql, recording
 from inferwatch.mixin.config import Config
 from inferwatch.mixin.model import Alert, Panel
@@ -222,7 +222,7 @@ def _readiness(config: Config) -> list[Alert]:
 def _fail_open(config: Config) -> list[Alert]:
     settings = config.alert("InferwatchFailingOpen")
     window = config.rate_window
-    opened = metric(config, "tenancy_requests", f'split="{splits.FAIL_OPEN}"')
+    opened = metric(config, "tenancy_requests", f'split="{wire.FAIL_OPEN}"')
     return [
         Alert(
             name="InferwatchFailingOpen",

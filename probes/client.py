@@ -23,10 +23,9 @@ import httpx
 from inferwatch import __version__
 from inferwatch.probes.golden import Golden
 from inferwatch.probes.reply import Reply, ToolCall
+from inferwatch.wire import PROBE_TENANT, TENANT_HEADER
 
 UNREADABLE: Final = "unreadable_reply"
-PROBE_TENANT: Final = "_probe"
-TENANT_HEADER: Final = "X-Inferwatch-Tenant"
 MAX_BODY_BYTES: Final = 1 << 20
 #: of an error answer: bytes read at most, characters kept of its message
 MAX_ERROR_BYTES: Final = 16 * 1024

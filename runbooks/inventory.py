@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from inferwatch.gateway.haproxy import backend_name
 from inferwatch.runbooks.haproxy_runtime import RuntimeApi, RuntimeApiError
 from inferwatch.runbooks.registry import MissingExtra
+from inferwatch.wire import backend_name
 
 Kind = Literal["replicas", "nodes", "gateway"]
 KINDS: tuple[Kind, ...] = ("replicas", "nodes", "gateway")

@@ -31,6 +31,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from inferwatch import wire
 from inferwatch.cli import main
 from inferwatch.clikit import BadInput, CannotRun
 from inferwatch.demo import (
@@ -966,7 +967,6 @@ def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: s
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from tempfile import TemporaryDirectory
 
-    from inferwatch.gateway import haproxy as gateway
 
     ready = threading.Event()
 
@@ -982,7 +982,7 @@ def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: s
     spare = topology.replica("primary-v1b")
     fleet = topology.fleet(SPARES)
     ports = topology.Ports.assign(None, fleet)
-    backend = gateway.backend_name(spare.model)
+    backend = wire.backend_name(spare.model)
     name = f"{spare.version}:{spare.name}"
     sidecar = ThreadingHTTPServer(("127.0.0.1", 0), Ready)
     threading.Thread(target=sidecar.serve_forever, args=(0.05,), daemon=True).start()

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from inferwatch.canary import splits
+from inferwatch import wire
 from inferwatch.gateway import haproxy as gateway
 from support.gateway_stubs import Stub
 from support.ports import launch
@@ -95,21 +95,21 @@ def test_weighted_traffic_is_marked_weight_on_both_versions(fleet: Any) -> None:
 
 def test_the_canary_header_and_a_listed_user_reach_the_canary_only(fleet: Any) -> None:
     url, _ = fleet
-    assert _ask(url, 20, **{splits.CANARY_HEADER: "true"}) == {("canary-1", "header"): 20}
-    assert _ask(url, 20, **{splits.USER_HEADER: "alice"}) == {("canary-1", "user"): 20}
-    assert {split for _, split in _ask(url, 40, **{splits.USER_HEADER: "mallory"})} == {"weight"}
+    assert _ask(url, 20, **{wire.CANARY_HEADER: "true"}) == {("canary-1", "header"): 20}
+    assert _ask(url, 20, **{wire.USER_HEADER: "alice"}) == {("canary-1", "user"): 20}
+    assert {split for _, split in _ask(url, 40, **{wire.USER_HEADER: "mallory"})} == {"weight"}
 
 
 def test_a_client_cannot_claim_a_split(fleet: Any) -> None:
     url, _ = fleet
-    seen = _ask(url, 40, **{splits.SPLIT_HEADER: "header"})
+    seen = _ask(url, 40, **{wire.SPLIT_HEADER: "header"})
     assert {split for _, split in seen} == {"weight"}, seen
     assert seen[("stable-1", "weight")] > 0  # and it is not routed as a header split either
 
 
 def test_an_unready_canary_sends_its_header_traffic_to_the_stable_version(fleet: Any) -> None:
     url, sidecars = fleet
-    header = {splits.CANARY_HEADER: "true"}
+    header = {wire.CANARY_HEADER: "true"}
     sidecars["canary-1"].ready = False
     wait_for(lambda: set(_ask(url, 5, **header)) == {("stable-1", "weight")},
              "the header split to fall back", DEADLINE, ignore=NOT_YET)  # fmt: skip

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inferwatch import wire
 from inferwatch.gateway import haproxy as gateway
 from inferwatch.runbooks.actions.base import ActionError, Alert, Step
 from inferwatch.runbooks.actions.haproxy import ShiftTraffic, _schedule
@@ -131,7 +132,7 @@ def _start(
             if process.poll() is not None and in_use(log.read_text()):
                 raise PortTaken(f"haproxy: port {listen} taken")
             assert process.poll() is None, log.read_text()
-            result.states(gateway.backend_name(BIG))  # raises until the API answers
+            result.states(wire.backend_name(BIG))  # raises until the API answers
             return True
 
         wait_for(answering, "haproxy's runtime API", DEADLINE, interval=0.05,
@@ -166,7 +167,7 @@ FLEET: list[ReplicaSpec] = [
     (BIG, "big-2", "v2", 25),
     (SMALL, "small-1", "v1", 100),
 ]
-B_BIG, B_SMALL = gateway.backend_name(BIG), gateway.backend_name(SMALL)
+B_BIG, B_SMALL = wire.backend_name(BIG), wire.backend_name(SMALL)
 
 
 def test_routes_by_model_header_then_body_then_default(start_gateway: Any) -> None:
@@ -462,13 +463,13 @@ def test_the_gateway_inventory_takes_only_a_backends_exact_model(start_gateway: 
 @given(st.lists(st.text(max_size=40), min_size=2, max_size=2, unique=True))
 def test_no_two_model_names_share_a_backend_name(models: list[str]) -> None:
     one, other = models
-    assert gateway.backend_name(one) != gateway.backend_name(other)
+    assert wire.backend_name(one) != wire.backend_name(other)
     for model in models:
-        for name in (gateway.backend_name(model), gateway.open_backend_name(model),
-                     gateway.canary_backend_name(model)):  # fmt: skip
+        for name in (wire.backend_name(model), wire.open_backend_name(model),
+                     wire.canary_backend_name(model)):  # fmt: skip
             assert valid_name(name) or len(name) > 200, name  # too long: refused, unsent
-    assert gateway.open_backend_name(one) != gateway.backend_name(other)
-    assert gateway.canary_backend_name(one) != gateway.backend_name(other)
+    assert wire.open_backend_name(one) != wire.backend_name(other)
+    assert wire.canary_backend_name(one) != wire.backend_name(other)
 
 
 @pytest.mark.parametrize("name", ["m_a;shutdown frontend gateway", "m a", "", "x" * 300])

@@ -23,11 +23,11 @@ import pytest
 import yaml
 
 from inferwatch import catalog
-from inferwatch.canary.splits import HEADER, USER, WEIGHT
 from inferwatch.k8s import kit as k8s
 from inferwatch.k8s.inject import NODE_AGENT_INGRESS, SIDECAR_LABEL
 from inferwatch.runbooks import kube_inventory, kube_state
 from inferwatch.runbooks.actions import kubernetes_api
+from inferwatch.wire import HEADER, USER, WEIGHT
 from support.k8s import KIT, render, validate
 from support.shared import REPO, tool
 

@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
+from inferwatch import wire
 from inferwatch.exporters.collector import MetricSource, ReadinessSource
 from inferwatch.probes import client, golden
 from inferwatch.probes.runner import ProbeRunner, Schedule, Target
@@ -101,7 +102,7 @@ class FakeEngine:
     async def handle(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
             return httpx.Response(200, json={"object": "list", "data": [{"id": self.model}]})
-        self.tenants.append(request.headers.get(client.TENANT_HEADER))
+        self.tenants.append(request.headers.get(wire.TENANT_HEADER))
         if self.fault == "http_503":
             return httpx.Response(503, json={"error": "overloaded"})
         self.in_flight += 1

@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from inferwatch.canary.splits import SPLITS
 from inferwatch.identity import UNKNOWN
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
@@ -18,6 +17,7 @@ from inferwatch.proxy.labels import OTHER, BoundedLabels, split_label
 from inferwatch.proxy.metrics import ProxyMetrics
 from inferwatch.proxy.tenants import TenantResolver, hash_key
 from inferwatch.proxy.usage import Usage
+from inferwatch.wire import SPLITS
 
 pytestmark = pytest.mark.unit
 

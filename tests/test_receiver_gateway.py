@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from inferwatch.gateway.haproxy import backend_name
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks import inventory
 from inferwatch.runbooks.actions.base import Alert
 from inferwatch.runbooks.actions.haproxy import ShiftTraffic
 from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.dispatch import Dispatcher
+from inferwatch.wire import backend_name
 
 pytestmark = pytest.mark.unit
 

@@ -11,8 +11,8 @@ the fail-open one), ``server`` is ``<version>:<replica>`` or ``fallback:<replica
 
 from __future__ import annotations
 
+from inferwatch import wire
 from inferwatch.dashboards.panels import Board, Ctx, Panel, Q, Scope, above
-from inferwatch.gateway import haproxy
 
 #: the HAProxy exporter series this board reads (HAProxy 2.6's names, addons/promex)
 HAPROXY = frozenset({
@@ -47,10 +47,10 @@ def board(ctx: Ctx) -> Board:
 
     backend, server = f"{c}, proxy", f"{c}, proxy, server"
     # the fail-open backends: every model's backend name with the fail-open suffix
-    suffix = haproxy.open_backend_name("m").removeprefix(haproxy.backend_name("m"))
+    suffix = wire.open_backend_name("m").removeprefix(wire.backend_name("m"))
     open_backends = f'proxy=~".+{suffix}"'
     five_xx, up = 'code="5xx"', 'state="UP"'
-    fallback_servers = f'server=~"{haproxy.FALLBACK}:.*"'
+    fallback_servers = f'server=~"{wire.FALLBACK}:.*"'
     fail_open = ctx.rate("tenancy_requests", Scope.CLUSTER, 'split="fail_open"')
     return Board(
         "gateway", "Inferwatch / Gateway",

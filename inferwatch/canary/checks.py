@@ -18,7 +18,7 @@ from typing import Literal
 from inferwatch import catalog
 from inferwatch.mixin.config import Config
 from inferwatch.mixin.promql import metric, number
-from inferwatch.probes.client import PROBE_TENANT
+from inferwatch.wire import PROBE_TENANT
 
 _NOT_ERROR = 'reason!="error"'
 _FAILED = 'result="fail"'

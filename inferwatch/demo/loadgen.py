@@ -24,7 +24,7 @@ from typing import Literal
 import httpx
 
 from inferwatch.demo.topology import Role, Tenant, owner
-from inferwatch.gateway.haproxy import SERVER_HEADER, parse_server_name
+from inferwatch.wire import SERVER_HEADER, parse_server_name
 
 _TEXT = (
     "latency throughput replica cache token batch schedule prompt answer request budget tenant "

@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from inferwatch import wire
 from inferwatch.demo import processes, topology
 from inferwatch.demo.processes import Component, StartError
 from inferwatch.demo.topology import Ports, Replica, Role
@@ -119,7 +120,7 @@ async def backends(
 ) -> dict[str, list[ServerState]]:
     """Every model's backend as HAProxy reports it, by model name."""
     models = {r.model for r in replicas}
-    return {model: await api.servers(gateway.backend_name(model)) for model in sorted(models)}
+    return {model: await api.servers(wire.backend_name(model)) for model in sorted(models)}
 
 
 def serving(states: Mapping[str, list[ServerState]], model: str) -> dict[str, int]:
@@ -148,7 +149,7 @@ def _usable(servers: list[ServerState]) -> dict[str, int]:
     usable: dict[str, int] = {}
     for server in servers:
         if server.up and server.weight > 0:
-            replica = topology.owner(gateway.parse_server_name(server.name)[1])
+            replica = topology.owner(wire.parse_server_name(server.name)[1])
             usable[replica] = usable.get(replica, 0) + server.weight
     return usable
 
@@ -187,7 +188,7 @@ async def wait_all_up(
                 s.name
                 for servers in states.values()
                 for s in servers
-                if not s.up and topology.owner(gateway.parse_server_name(s.name)[1]) in names
+                if not s.up and topology.owner(wire.parse_server_name(s.name)[1]) in names
             ]
             if not down:
                 return
@@ -207,7 +208,7 @@ async def enable(api: RuntimeApi, replica: Replica, ports: Ports, timeout_s: flo
     it takes traffic only once its sidecar's ``/readyz`` passes, as a new pod's endpoint
     joins a Service only once its readiness probe passes. Raises StartError.
     """
-    backend = gateway.backend_name(replica.model)
+    backend = wire.backend_name(replica.model)
     server = f"{backend}/{replica.version}:{replica.name}"
     deadline = time.monotonic() + timeout_s
     try:

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from inferwatch import wire
 from inferwatch.config import Duration
 from inferwatch.demo import automation, routing, topology
 from inferwatch.demo.loadgen import Completion, LoadGenerator
@@ -33,7 +34,6 @@ from inferwatch.demo.run import Demo
 from inferwatch.demo.scenario import Step
 from inferwatch.drill import books
 from inferwatch.drill.kubefake import FakeKube
-from inferwatch.gateway import haproxy as gateway
 
 #: seconds of healthy load before the first fault, during which nothing may fire or act
 CONTROL = 20.0
@@ -337,7 +337,7 @@ class Drill(Demo):
         for model, servers in states.items():
             for server in servers:
                 await self.gateway.set_weight(
-                    gateway.backend_name(model), server.name, server.initial_weight
+                    wire.backend_name(model), server.name, server.initial_weight
                 )
         return False
 

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from inferwatch import config as layer
-from inferwatch.canary import splits
+from inferwatch import wire
 from inferwatch.config import Duration
 from inferwatch.config.schema import Fail, Fields, matching_of
 from inferwatch.k8s import automation, autoscaling, inject
@@ -336,7 +336,7 @@ def proxy_headers(kit: Path) -> tuple[str, ...]:
 
 def _removed(headers: tuple[str, ...]) -> list[str]:
     """What a route rule removes: every header the proxy takes, but the split it sets."""
-    return [name for name in headers if name != splits.SPLIT_HEADER]
+    return [name for name in headers if name != wire.SPLIT_HEADER]
 
 
 def render_overlay(
@@ -626,7 +626,7 @@ def user_rule(
         "matches": [
             {
                 "path": {"type": "PathPrefix", "value": "/v1"},
-                "headers": [{"type": "Exact", "name": splits.USER_HEADER, "value": user}],
+                "headers": [{"type": "Exact", "name": wire.USER_HEADER, "value": user}],
             }
             for user in users
         ],
@@ -634,7 +634,7 @@ def user_rule(
             {
                 "type": "RequestHeaderModifier",
                 "requestHeaderModifier": {
-                    "set": [{"name": splits.SPLIT_HEADER, "value": splits.USER}],
+                    "set": [{"name": wire.SPLIT_HEADER, "value": wire.USER}],
                     "remove": _removed(headers),
                 },
             }

@@ -9,7 +9,6 @@ import time
 import uuid
 
 from inferwatch.logs import log_event
-from inferwatch.probes.client import PROBE_TENANT
 from inferwatch.probes.livesample import DegeneracySampler
 from inferwatch.proxy.accesslog import AccessLog
 from inferwatch.proxy.admission import Ledger
@@ -18,6 +17,7 @@ from inferwatch.proxy.exchange import Exchange
 from inferwatch.proxy.metrics import ProxyMetrics
 from inferwatch.proxy.sampling import TranscribingMeter
 from inferwatch.proxy.usagelog import UsageLog
+from inferwatch.wire import PROBE_TENANT
 
 logger = logging.getLogger("inferwatch.proxy")
 

@@ -32,7 +32,6 @@ from prometheus_client.core import Metric
 from inferwatch.config.schema import kind
 from inferwatch.identity import or_unknown
 from inferwatch.logs import log_event
-from inferwatch.probes.client import PROBE_TENANT
 from inferwatch.probes.livesample import DegeneracySampler
 from inferwatch.proxy import jsoncodec
 from inferwatch.proxy.accesslog import AccessLog
@@ -77,6 +76,7 @@ from inferwatch.proxy.usage import (
 from inferwatch.proxy.usagelog import UsageLog
 from inferwatch.serving import endpoints
 from inferwatch.serving.readiness import Condition
+from inferwatch.wire import PROBE_TENANT
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

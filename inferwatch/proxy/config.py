@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from inferwatch import config as layer
-from inferwatch.canary.splits import SPLIT_HEADER
 from inferwatch.config import schema as _schema
-from inferwatch.probes.client import PROBE_TENANT, TENANT_HEADER
 from inferwatch.proxy import routes, sharedconfig
 from inferwatch.proxy.sharedconfig import FailurePolicy, SharedState
+from inferwatch.wire import PROBE_TENANT, SPLIT_HEADER, TENANT_HEADER
 
 UnknownPolicy = Literal["reject", "attribute"]
 PRIORITIES = {"high": 0, "normal": 1, "low": 2}

@@ -13,16 +13,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from inferwatch.canary import splits
+from inferwatch import wire
 from inferwatch.identity import UNKNOWN
 
 OTHER = "other"
-_SPLIT_HEADER = splits.SPLIT_HEADER.encode()
-_SPLITS = {value.encode(): value for value in splits.SPLITS}
+_SPLIT_HEADER = wire.SPLIT_HEADER.encode()
+_SPLITS = {value.encode(): value for value in wire.SPLITS}
 
 
 def split_label(headers: Iterable[tuple[bytes, bytes]]) -> str:
-    """The gateway's split of a request (``inferwatch.canary.splits``): one of its few values,
+    """The gateway's split of a request (``inferwatch.wire``): one of its few values,
     ``other`` for anything else and ``unknown`` when no gateway set one (direct traffic), so
     that the label's values stay a fixed handful whatever a client sends."""
     for name, value in headers:

@@ -23,7 +23,6 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from inferwatch.gateway.haproxy import FALLBACK, backend_name, parse_server_name
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step
 from inferwatch.runbooks.actions.params import DEFAULT_INTERVAL, DEFAULT_STEPS, shift_steps
 from inferwatch.runbooks.haproxy_runtime import (
@@ -33,6 +32,7 @@ from inferwatch.runbooks.haproxy_runtime import (
     ServerState,
     valid_name,
 )
+from inferwatch.wire import FALLBACK, backend_name, parse_server_name
 
 MAX_WEIGHT = 256
 Weights = dict[str, int]

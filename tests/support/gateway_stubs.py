@@ -12,7 +12,7 @@ import json
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Literal
 
-from inferwatch.canary import splits
+from inferwatch import wire
 
 Role = Literal["replica", "sidecar"]
 
@@ -31,7 +31,7 @@ class _Handler(BaseHTTPRequestHandler):
         if server.role == "sidecar":
             status, body = (200 if server.ready else 503), b"{}"
         else:
-            every = self.headers.get_all(splits.SPLIT_HEADER) or []
+            every = self.headers.get_all(wire.SPLIT_HEADER) or []
             answer = {"replica": server.replica, "split": every[0] if every else None,
                       "splits": every}  # fmt: skip
             status, body = 200, json.dumps(answer).encode()
