@@ -31,6 +31,7 @@ from inferwatch.drill.kubefake import FakeKube, httproute_validator
 from inferwatch.k8s import autoscaling, kit
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks import inventory, lint, registry
+from inferwatch.runbooks.actions import httproute
 from inferwatch.runbooks.actions.base import Alert
 from inferwatch.runbooks.actions.gpu_reset_request import PREFIX
 from inferwatch.runbooks.actions.httproute import HTTPRouteShift
@@ -268,8 +269,11 @@ class Replica(SidecarUnderTest):
 )
 def test_the_kit_receiver_acts_on_each_mapped_alert_kind(
     rendered: tuple[dict[str, Any], ...], fake: FakeKube, kubeconfig: str, runbook_loop: Loop,
-    tmp_path: Path, alertname: str, case: int,
+    tmp_path: Path, alertname: str, case: int, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
+    # what the shift ends at is checked here, its steps in test_kube_actions: without the
+    # default 5 s between its three steps, a fallback case does not wait 10 s for nothing
+    monkeypatch.setattr(httproute, "DEFAULT_INTERVAL", 0.0)
     sidecar = Replica(runbook_loop)
     labels, rules = KINDS[alertname][case]
     fired = alert(alertname, **REPLICA, **labels)
