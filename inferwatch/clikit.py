@@ -87,6 +87,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "kubernetes": ("kubernetes",),
     "tokenizer": ("tokenizers",),
     "redis": ("redis",),
+    "parquet": ("pyarrow",),
 }
 
 #: command -> the extras it always needs (an extra one setting needs is checked where the

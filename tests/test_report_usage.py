@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -304,3 +305,87 @@ def test_a_gpu_hour_price_without_prometheus_is_one_line_and_exit_2(tmp_path: Pa
     assert result.stderr.strip().splitlines() == [
         "Error: --gpu-hour-price needs --prometheus (the GPUs' utilization)"
     ]
+
+
+# ---------------------------------------------------------------- files (--out, parquet)
+def test_a_parquet_report_holds_the_rows_typed_and_the_totals_in_its_metadata(
+    tmp_path: Path,
+) -> None:
+    import pyarrow.parquet as pq
+
+    logs, out = tmp_path / "logs", tmp_path / "usage.parquet"
+    logs.mkdir()
+    _log(logs, [_line(DAY + 10, "acme"), _line(DAY + 20, "globex", prompt=7)])
+    shown = _run("--log-dir", str(logs), *WINDOW, "--format", "json")
+    result = _run("--log-dir", str(logs), *WINDOW, "--format", "parquet", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    table = pq.read_table(out)
+    assert table.to_pylist() == json.loads(shown.stdout)["rows"]
+    types = {field.name: str(field.type) for field in table.schema}
+    assert types["tenant"] == "string" and types["prompt_tokens"] == "int64"
+    assert types["cost"] == "double"
+    metadata = table.schema.metadata
+    assert json.loads(metadata[b"inferwatch.totals"]) == json.loads(shown.stdout)["totals"]
+    assert json.loads(metadata[b"inferwatch.skipped"]) == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_an_empty_window_is_an_empty_parquet_table_of_the_same_columns(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "empty.parquet"
+    result = _run("--log-dir", str(tmp_path), *WINDOW, "--format", "parquet", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(out)
+    assert table.num_rows == 0
+    assert table.column_names[:2] == ["period", "tenant"] and "cost" in table.column_names
+
+
+def test_out_writes_a_csv_report_to_the_file_alone(tmp_path: Path) -> None:
+    logs, out = tmp_path / "logs", tmp_path / "usage.csv"
+    logs.mkdir()
+    _log(logs, [_line(DAY + 10, "acme")])
+    result = _run("--log-dir", str(logs), *WINDOW, "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    assert out.read_text().splitlines()[-1].startswith("# totals requests=1 ")
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (
+            ["--format", "parquet"],
+            2,
+            "Error: --format parquet needs --out FILE (Parquet is binary)",
+        ),
+        (
+            ["--out", "/nonexistent/dir/usage.csv"],
+            3,
+            "Error: cannot write /nonexistent/dir/usage.csv",
+        ),
+    ],
+    ids=["parquet-to-stdout", "unwritable"],
+)
+def test_a_report_that_cannot_be_written_where_asked_is_one_line(
+    tmp_path: Path, args: list[str], code: int, message: str
+) -> None:
+    result = _run("--log-dir", str(tmp_path), *WINDOW, *args)
+    assert result.exit_code == code, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(message)
+
+
+def test_parquet_without_its_extra_says_which_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # the core install: no pyarrow
+    out = tmp_path / "usage.parquet"
+    result = _run("--log-dir", str(tmp_path), *WINDOW, "--format", "parquet", "--out", str(out))
+    assert result.exit_code == 3, result.output
+    assert result.stderr.splitlines() == [
+        "Error: inferwatch report usage --format parquet needs inferwatch[parquet], which is "
+        "not installed: pip install 'inferwatch[parquet]'"
+    ]
+    assert not out.exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -14,9 +15,10 @@ from inferwatch.canary.prometheus import Prometheus, PrometheusError
 from inferwatch.clikit import BadInput, CannotRun, Failed, FiniteFloat, prometheus_option
 from inferwatch.config import Duration, DurationParam
 from inferwatch.mixin import config as alert_config
+from inferwatch.report import parquet
 from inferwatch.report import usage as ledger
 from inferwatch.report.idle import spread
-from inferwatch.report.reconcile import Reconciliation, reconcile
+from inferwatch.report.reconcile import reconcile
 from inferwatch.serving import prometheus_api
 
 _COLUMNS = (
@@ -85,11 +87,19 @@ def report() -> None:
     "--format",
     "fmt",
     envvar="INFERWATCH_REPORT_USAGE_FORMAT",
-    type=click.Choice(["csv", "json"]),
+    type=click.Choice(["csv", "json", "parquet"]),
     default="csv",
     show_envvar=True,
     show_default=True,
-    help="csv (a totals line starting with # at the end) or json.",
+    help="csv (a totals line starting with # at the end), json, or parquet (the totals in "
+    "the file's metadata; needs --out and inferwatch[parquet]).",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    show_envvar=True,
+    help="Write the report to this file instead of stdout (replaced whole, never half "
+    "written).  [required for parquet]",
 )
 @prometheus_option(
     required=False,
@@ -126,6 +136,7 @@ def usage(
     to: str,
     by: str,
     fmt: str,
+    out: Path | None,
     prometheus: str | None,
     scrape_interval: Duration,
     tolerance: float | None,
@@ -142,6 +153,8 @@ def usage(
     begin, finish = _instant(start, "--from"), _instant(to, "--to")
     if finish <= begin:
         raise BadInput("--to must be after --from")
+    if fmt == "parquet" and out is None:
+        raise BadInput("--format parquet needs --out FILE (Parquet is binary)")
     if gpu_hour_price is not None and prometheus is None:
         raise BadInput("--gpu-hour-price needs --prometheus (the GPUs' utilization)")
     client = None
@@ -188,26 +201,53 @@ def usage(
     if idle is not None:
         footer["idle_gpu_cost"] = round(sum(idle.by_row.values()), 9)
         footer["idle_gpu_cost_unbilled"] = round(idle.unbilled, 9)
-    if fmt == "json":
-        document: dict[str, object] = {"rows": rows, "totals": footer, "skipped": totals.skipped}
-        if checked is not None:
-            document["reconciliation"] = checked.fields()
-        click.echo(json.dumps(document))
-    else:
-        out = io.StringIO()
-        writer = csv.DictWriter(out, columns, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        click.echo(out.getvalue(), nl=False)
-        click.echo("# totals " + " ".join(f"{k}={v}" for k, v in footer.items()))
-        if checked is not None:
-            click.echo("# reconciliation " + _shown(checked))
+    document: dict[str, object] = {"totals": footer, "skipped": totals.skipped}
+    if checked is not None:
+        document["reconciliation"] = checked.fields()
+    try:
+        if fmt == "parquet":
+            assert out is not None
+            parquet.write(out, columns, rows, document)
+        else:
+            _emit(_json(rows, document) if fmt == "json" else _csv(columns, rows, document), out)
+    except OSError as exc:
+        raise CannotRun(f"cannot write {out}: {exc.strerror or exc}") from None
     if checked is not None and not checked.ok:
-        raise Failed(f"the report does not reconcile with the engines' counters: {_shown(checked)}")
+        raise Failed(
+            f"the report does not reconcile with the engines' counters: {_pairs(checked.fields())}"
+        )
 
 
-def _shown(checked: Reconciliation) -> str:
+def _json(rows: list[dict[str, object]], document: dict[str, object]) -> str:
+    return json.dumps({"rows": rows, **document}) + "\n"
+
+
+def _csv(columns: list[str], rows: list[dict[str, object]], document: dict[str, object]) -> str:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    footer = document["totals"]
+    assert isinstance(footer, dict)
+    text.write("# totals " + " ".join(f"{k}={v}" for k, v in footer.items()) + "\n")
+    checked = document.get("reconciliation")
+    if isinstance(checked, dict):
+        text.write("# reconciliation " + _pairs(checked) + "\n")
+    return text.getvalue()
+
+
+def _emit(text: str, out: Path | None) -> None:
+    """To stdout, or whole into ``out`` (written beside it, then moved into place)."""
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    partial = out.with_name(f".{out.name}.partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(out)
+
+
+def _pairs(fields: Mapping[str, object]) -> str:
+    """``key=value ...``, a flag as yes or no (the reconciliation's footer and error)."""
     return " ".join(
-        f"{k}={('yes' if v else 'no') if isinstance(v, bool) else v}"
-        for k, v in checked.fields().items()
+        f"{k}={('yes' if v else 'no') if isinstance(v, bool) else v}" for k, v in fields.items()
     )
