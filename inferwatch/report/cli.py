@@ -36,6 +36,11 @@ _COLUMNS = (
 _COST = ledger.FIELDS.index("cost")
 
 
+def _drift_tokens() -> float:
+    """The proxy's own drift tolerance, the reconciliation's base allowance."""
+    return alert_config.load().alert("InferwatchReconciliationDrift").number("tokens")
+
+
 def _instant(value: str, flag: str) -> float:
     """An ISO-8601 time with its offset (``Z`` too): a report never guesses a time zone."""
     try:
@@ -177,17 +182,15 @@ def usage(
     }
     checked, idle = None, None
     if client is not None:
-        drift = alert_config.load().alert("InferwatchReconciliationDrift").number("tokens")
         logged = int(footer["prompt_tokens"] + footer["completion_tokens"])
-        step = max(1, round(scrape_interval.seconds))
         try:
             with client:
-                checked = reconcile(client, begin, finish, logged, drift_tokens=drift,
+                checked = reconcile(client, begin, finish, logged, drift_tokens=_drift_tokens(),
                                     scrape_interval_s=scrape_interval.seconds,
                                     tolerance=tolerance)  # fmt: skip
                 if gpu_hour_price is not None:
                     idle = spread(client, totals, begin, finish, by, price=gpu_hour_price,
-                                  step_s=step)  # fmt: skip
+                                  step_s=max(1, round(scrape_interval.seconds)))  # fmt: skip
         except PrometheusError as exc:
             raise CannotRun(str(exc)) from None
     columns = [*_COLUMNS, "idle_gpu_cost"] if idle is not None else list(_COLUMNS)
@@ -229,7 +232,7 @@ def _csv(columns: list[str], rows: list[dict[str, object]], document: dict[str, 
     writer.writerows(rows)
     footer = document["totals"]
     assert isinstance(footer, dict)
-    text.write("# totals " + " ".join(f"{k}={v}" for k, v in footer.items()) + "\n")
+    text.write("# totals " + _pairs(footer) + "\n")
     checked = document.get("reconciliation")
     if isinstance(checked, dict):
         text.write("# reconciliation " + _pairs(checked) + "\n")
