@@ -34,9 +34,12 @@ def idle_gpu_hours(
 ) -> dict[str, float]:
     """Per model, the GPU-hours its GPUs stood idle over ``[start, end)``."""
     config = alert_config.load()
-    busy = with_model(config, metric(config, "gpu_utilization"), metric(config, IDENTITY_KEY))
+    utilization = with_model(
+        config, metric(config, "gpu_utilization"), metric(config, IDENTITY_KEY)
+    )
     seconds = max(step_s, round(end - start))
-    expr = f"sum by (model) (sum_over_time((1 - {busy})[{seconds}s:{step_s}s])) * {step_s} / 3600"
+    idle = f"sum_over_time((1 - {utilization})[{seconds}s:{step_s}s])"
+    expr = f"sum by (model) ({idle}) * {step_s} / 3600"
     hours: dict[str, float] = {}
     for labels, value in prometheus.query(expr, end):
         if "model" not in labels:
@@ -52,8 +55,11 @@ def spread(
     """The idle cost of each period's GPUs, shared among that period's rows of their model."""
     by_row: dict[Key, float] = {}
     unbilled = 0.0
+    in_period: dict[str, list[Key]] = defaultdict(list)
+    for key in totals.rows:
+        in_period[key[0]].append(key)
     for period, since, until in periods(start, end, by):
-        rows = [key for key in totals.rows if key[0] == period]
+        rows = in_period[period]
         busy: dict[str, float] = defaultdict(float)
         for key in rows:
             busy[key[2]] += totals.rows[key][BUSY]
