@@ -5,7 +5,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Mapping
+import os
+import tempfile
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -210,9 +212,13 @@ def usage(
     try:
         if fmt == "parquet":
             assert out is not None
-            parquet.write(out, columns, rows, document)
+            _whole(out, lambda path: parquet.write(path, columns, rows, document))
         else:
-            _emit(_json(rows, document) if fmt == "json" else _csv(columns, rows, document), out)
+            text = _json(rows, document) if fmt == "json" else _csv(columns, rows, document)
+            if out is None:
+                click.echo(text, nl=False)
+            else:
+                _whole(out, lambda path: path.write_text(text, encoding="utf-8"))
     except OSError as exc:
         raise CannotRun(f"cannot write {out}: {exc.strerror or exc}") from None
     if checked is not None and not checked.ok:
@@ -239,14 +245,17 @@ def _csv(columns: list[str], rows: list[dict[str, object]], document: dict[str, 
     return text.getvalue()
 
 
-def _emit(text: str, out: Path | None) -> None:
-    """To stdout, or whole into ``out`` (written beside it, then moved into place)."""
-    if out is None:
-        click.echo(text, nl=False)
-        return
-    partial = out.with_name(f".{out.name}.partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(out)
+def _whole(out: Path, write: Callable[[Path], object]) -> None:
+    """``write`` a file beside ``out``, then move it into place: a reader never sees half."""
+    handle, name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+    os.close(handle)
+    partial = Path(name)
+    try:
+        write(partial)
+        partial.replace(out)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def _pairs(fields: Mapping[str, object]) -> str:

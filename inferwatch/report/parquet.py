@@ -3,15 +3,12 @@
 One row per report row, with fixed column types (a period, tenant, model and version as
 strings, counts as 64-bit integers, costs as doubles) so that an empty report and a full
 one load into the same table; the totals, the skipped lines and the reconciliation travel in
-the file's key-value metadata (``inferwatch.totals`` and so on, JSON). The file is written
-beside its destination and moved into place, so a reader never sees half of it.
+the file's key-value metadata (``inferwatch.totals`` and so on, JSON).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,12 +40,4 @@ def write(
         [pa.field(column, kind(column)) for column in columns],
         metadata={f"inferwatch.{key}": json.dumps(value) for key, value in metadata.items()},
     )
-    table = pa.Table.from_pylist([dict(row) for row in rows], schema=schema)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(handle)
-    try:
-        pq.write_table(table, temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    pq.write_table(pa.Table.from_pylist([dict(row) for row in rows], schema=schema), path)
