@@ -16,7 +16,7 @@ from inferwatch.proxy.config import Price, ProxyConfig, Tenant
 from inferwatch.proxy.exchange import Exchange
 from inferwatch.proxy.metrics import ProxyMetrics
 from inferwatch.proxy.sampling import TranscribingMeter
-from inferwatch.proxy.usagelog import UsageLog
+from inferwatch.proxy.usagelog import Buffered
 from inferwatch.wire import PROBE_TENANT
 
 logger = logging.getLogger("inferwatch.proxy")
@@ -32,7 +32,7 @@ class Accounting:
         ledger: Ledger,
         sampler: DegeneracySampler,
         access_log: AccessLog,
-        usage_log: UsageLog | None = None,
+        usage_log: Buffered | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics
