@@ -83,6 +83,7 @@ if TYPE_CHECKING:
 
     from inferwatch.proxy.sharedstate import SharedLedger
     from inferwatch.proxy.tracing import RequestTracing
+    from inferwatch.proxy.usagestream import UsageStream
 
 #: the engine work a request may ask for is capped at this many choices (``n``, ``best_of``)
 MAX_CHOICES = 128
@@ -237,8 +238,26 @@ class ProxyApp:
             if config.usage_log_dir
             else None
         )
+        #: the usage log's Redis stream, where configured (then there are no files)
+        self.usage_stream: UsageStream | None = None
+        if config.usage_log_stream_maxlen:
+            from inferwatch.proxy.usagestream import UsageStream
+
+            assert self.shared is not None and config.shared_state is not None  # config's rule
+            self.usage_stream = UsageStream(
+                self.shared.client,
+                config.shared_state.key_prefix,
+                config.usage_log_stream_maxlen,
+                self.shared.call_bound_s,
+                errors=self.metrics.usage_log_errors,
+            )
         self.accounting = Accounting(
-            config, self.metrics, self.budgets, self.sampler, self.access_log, self.usage_log
+            config,
+            self.metrics,
+            self.budgets,
+            self.sampler,
+            self.access_log,
+            self.usage_log or self.usage_stream,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._ready: tuple[float, bool, str] = (0.0, False, "not checked yet")
@@ -294,6 +313,8 @@ class ProxyApp:
             self._tasks.append(asyncio.ensure_future(self._reconcile_loop()))
         if self.shared is not None:
             self._tasks.append(asyncio.ensure_future(self.shared.run()))
+        if self.usage_stream is not None:
+            self._tasks.append(asyncio.ensure_future(self.usage_stream.run()))
 
     async def stop_background(self) -> None:
         # handlers cancelled at the end of a shutdown still charge their tokens: wait for them
@@ -306,11 +327,13 @@ class ProxyApp:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self.usage_stream is not None:  # its last lines, before the client is closed
+            await self.usage_stream.close()
         if self.shared is not None:
             await self.shared.aclose()
         self.access_log.flush()
         if self.usage_log is not None:
-            self.usage_log.flush()
+            self.usage_log.close()
         self.pool.close()
         await self.direct_traffic.aclose()
         if self.tracer_provider is not None:  # export the spans still batched

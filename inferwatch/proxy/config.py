@@ -185,6 +185,8 @@ class ProxyConfig:
     usage_log_dir: str = ""
     usage_log_rotate_bytes: int = 64 << 20
     usage_log_retain_files: int = 100
+    #: lines the usage log's Redis stream keeps, about (0: no stream; see :mod:`.usagestream`)
+    usage_log_stream_maxlen: int = 0
 
     def price(self, model: str) -> Price:
         return self.prices.get(model, self.default_price)
@@ -306,6 +308,26 @@ def _rate_limits(reader: layer.Fields) -> RateLimits:
     return limits
 
 
+#: lines a usage stream keeps unless told (a few hundred bytes of Redis memory each)
+USAGE_STREAM_MAXLEN = 1_000_000
+
+
+def _usage_stream(reader: layer.Fields, shared: bool) -> int:
+    """``usage_log.stream: {maxlen}``: the lines it keeps; 0 where there is no stream."""
+    if "stream" not in reader.raw:
+        return 0
+    if not shared:
+        raise reader.error("stream", "needs shared_state: the stream is kept in its Redis")
+    for key in ("dir", "rotate_bytes", "retain_files"):
+        if key in reader.raw:
+            raise reader.error(
+                key, "is for files: give dir or stream, not both (stream.maxlen is its retention)"
+            )
+    stream = reader.child("stream")
+    stream.check_keys({"maxlen"})
+    return stream.integer("maxlen", USAGE_STREAM_MAXLEN, minimum=1000, maximum=10**9)
+
+
 #: Every default the parser falls back on is the dataclass's own.
 _DEFAULT = ProxyConfig()
 
@@ -329,7 +351,7 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
         }
     )
     usage_log = top.child("usage_log")
-    usage_log.check_keys({"dir", "rotate_bytes", "retain_files"})
+    usage_log.check_keys({"dir", "rotate_bytes", "retain_files", "stream"})
 
     upstream = top.child("upstream")
     upstream.check_keys(
@@ -510,6 +532,7 @@ def parse(document: Any, source: str = "<config>") -> ProxyConfig:
         usage_log_retain_files=usage_log.integer(
             "retain_files", _DEFAULT.usage_log_retain_files, minimum=1
         ),
+        usage_log_stream_maxlen=_usage_stream(usage_log, "shared_state" in top.raw),
     )
 
 
