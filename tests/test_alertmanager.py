@@ -350,7 +350,7 @@ def test_the_demo_observer_reports_alerts_firing_inhibited_and_resolved(
     async def observe(alertmanager_url: str) -> list[tuple[observer.FleetState, str]]:
         async with httpx.AsyncClient() as http:
             down = {r.name: "http://127.0.0.1:1" for r in replicas}  # no fleet, only alerts
-            watch = observer.Observer(http, replicas, (), down, down, None, alertmanager_url)
+            watch = observer.Observer(http, replicas, (), down, down, (), alertmanager_url)
             seen = []
 
             async def poll_until(done: Callable[[observer.FleetState], bool], what: str) -> None:

@@ -143,7 +143,7 @@ def test_history_spans_about_one_window() -> None:
 @pytest.mark.unit
 def test_a_sidecar_that_stops_answering_for_a_while_neither_hides_nor_invents_a_flip() -> None:
     replica = topology.REPLICAS[0]
-    observer = Observer(cast(httpx.AsyncClient, None), [replica], [], {}, {}, None)  # no reads
+    observer = Observer(cast(httpx.AsyncClient, None), [replica], [], {}, {}, ())  # no reads
 
     def events(ready: bool | None) -> list[str]:
         return observer._changes([ReplicaState(replica, reachable=ready is not None, ready=ready)])
@@ -300,7 +300,7 @@ def test_with_alerting_prometheus_scrapes_the_runbook_receiver_it_feeds() -> Non
 @pytest.mark.unit
 def test_a_started_replica_reports_each_cold_start_phase_once_in_order() -> None:
     spare = topology.replica("primary-v1b")
-    observer = Observer(cast(httpx.AsyncClient, None), [], [], {}, {}, None)  # no reads
+    observer = Observer(cast(httpx.AsyncClient, None), [], [], {}, {}, ())  # no reads
     observer.watch(spare, "http://sidecar", "http://proxy")
 
     def events(**phases: float) -> list[str]:

@@ -11,7 +11,7 @@ import click
 import httpx
 
 from inferwatch.clikit import BadInput, CannotRun, FiniteFloat, PortTaken
-from inferwatch.demo import alerting, routing, sharedstate, topology
+from inferwatch.demo import alerting, routing, sharedstate, topology, victoria
 from inferwatch.demo import engines as external
 from inferwatch.demo import scenario as scenarios
 from inferwatch.demo.processes import PortInUse
@@ -62,8 +62,23 @@ from inferwatch.mixin.config import ConfigError
     type=click.IntRange(1024, 65536 - topology.Ports.count()),
     show_envvar=True,
     help="Use consecutive ports from here (sims, sidecars, proxies, proxies' tenant metrics, "
-    "Prometheus, Alertmanager, runbook receiver, HAProxy, HAProxy's metrics).  "
+    "Redis, Prometheus (or VictoriaMetrics), Alertmanager, runbook receiver, HAProxy, HAProxy's "
+    "metrics; with --tsdb victoriametrics then each cluster's vmagent and vmalert).  "
     "[default: free ports]",
+)
+@click.option(
+    "--tsdb",
+    type=click.Choice(topology.TSDBS),
+    default="prometheus",
+    show_default=True,
+    show_envvar=True,
+    help="Where the series go and the rules run: one Prometheus scraping the fleet, or "
+    "VictoriaMetrics as at scale: the replicas split into two clusters (east: the primary "
+    "model, the gateway and the runbook receiver; west: the fallback model), each scraped by "
+    "its own vmagent with its cluster as external label, remote-writing to one single-node "
+    "VictoriaMetrics, and vmalert evaluating the generated rules there and sending to "
+    "Alertmanager (needs victoria-metrics, vmagent, vmalert: scripts/install-victoriametrics; "
+    "and Alertmanager).",
 )
 @click.option(
     "--prometheus/--no-prometheus",
@@ -118,6 +133,7 @@ def demo(
     speed: float,
     rate: float,
     base_port: int | None,
+    tsdb: topology.Tsdb,
     prometheus: bool,
     alertmanager: bool,
     alert_config: Path | None,
@@ -138,7 +154,9 @@ def demo(
     decides about them (dry-run unless --execute-runbooks). Without --scenario it plays
     xid-and-repair (a healthy start, one GPU fault and its repair); --scenario none runs
     quietly. With --engine-url the replicas are your engines and the run is quiet unless a
-    scenario of load steps is given. Stop with Ctrl-C.
+    scenario of load steps is given. With --tsdb victoriametrics, VictoriaMetrics (two
+    vmagents, one per simulated cluster, and vmalert) takes Prometheus's place. Stop with
+    Ctrl-C.
     """
     context = click.get_current_context()
     urls = [external.base_url(url) for url in engine_url]
@@ -172,16 +190,27 @@ def demo(
             f"{timeline.steps[0].at:g}s, then one fault and its repair ({steps}); "
             f"--scenario none for a quiet run"
         )
+    if tsdb == "victoriametrics":
+        _check_victoriametrics(context, base_port)
     with httpx.Client() as http:
         engines = tuple(external.discover(url, http) for url in urls)
     haproxy_bin = routing.binary()
     redis_bin = sharedstate.binary()
+    victoria_bins = None
+    if tsdb == "victoriametrics":
+        victoria_bins = victoria.binaries()
+        prometheus = False  # VictoriaMetrics takes its place
     prometheus_bin = shutil.which("prometheus") if prometheus else None
     if prometheus and prometheus_bin is None:
         click.echo("prometheus is not on PATH; running without it (Debian package: prometheus)")
     alertmanager_bin = None
-    if alertmanager and prometheus_bin:
+    if alertmanager and (prometheus_bin or victoria_bins):
         alertmanager_bin = shutil.which("alertmanager") or shutil.which("prometheus-alertmanager")
+        if alertmanager_bin is None and victoria_bins:
+            raise CannotRun(
+                "alertmanager is not on PATH: --tsdb victoriametrics needs it, vmalert does not "
+                "evaluate alerting rules without one (Debian package: prometheus-alertmanager)"
+            )
         if alertmanager_bin is None:
             click.echo(
                 "alertmanager is not on PATH; running without alerts "
@@ -202,6 +231,7 @@ def demo(
         haproxy=haproxy_bin,
         redis=redis_bin,
         execute_runbooks=execute_runbooks,
+        victoria=victoria_bins,
     )
     try:
         error = asyncio.run(Demo(options, sys.stdout, live=sys.stdout.isatty()).run())
@@ -209,3 +239,17 @@ def demo(
         raise PortTaken(str(exc)) from None
     if error:
         raise CannotRun(error)
+
+
+def _check_victoriametrics(context: click.Context, base_port: int | None) -> None:
+    """The flags that cannot go with --tsdb victoriametrics, and its ports past 65535."""
+    for flag, name in (("--no-prometheus", "prometheus"), ("--no-alertmanager", "alertmanager")):
+        if not context.params[name]:
+            raise BadInput(
+                f"{flag} cannot go with --tsdb victoriametrics, which runs VictoriaMetrics in "
+                f"Prometheus's place and needs Alertmanager (vmalert sends its alerts there)"
+            )
+    if base_port is not None:
+        last = base_port + topology.Ports.count(clusters=topology.CLUSTERS.values()) - 1
+        if last > 65535:
+            raise BadInput(f"--base-port {base_port}: the fleet's ports would run to {last}")

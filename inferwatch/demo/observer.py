@@ -1,7 +1,7 @@
 """What the demo shows, read the way an operator's tools read it: from the components' endpoints.
 
 Every poll scrapes each sidecar's ``/metrics`` and ``/readyz`` and each proxy's ``/metrics``
-on its tenant metrics listener (and Prometheus' target list and Alertmanager's alerts now and
+on its tenant metrics listener (and the scrapers' target lists and Alertmanager's alerts now and
 then), keeps the last few seconds of scrapes, and turns them into one :class:`FleetState`:
 rates from counter increases and latency quantiles from histogram bucket increases over that
 window. Changes an operator would want to hear about (readiness flips, probe verdicts, engine
@@ -31,7 +31,7 @@ from inferwatch.demo.topology import Replica, Tenant
 Failing = tuple[tuple[str, str], ...]
 #: seconds of scrapes that rates and quantiles are computed over
 WINDOW = 10.0
-_PROMETHEUS_EVERY = 5.0
+_TARGETS_EVERY = 5.0
 _ALERTS_EVERY = 2.0
 #: alerts read from Alertmanager per poll; a fleet in real trouble has more, the view shows few
 MAX_ALERTS = 200
@@ -233,7 +233,7 @@ class FleetState:
     tenants: list[TenantState]
     load: LoadStats
     rate: float
-    prometheus: tuple[int, int] | None = None  # targets up, targets
+    targets: tuple[int, int] | None = None  # scrape targets up, targets
     alerts: tuple[AlertState, ...] | None = None  # None: no Alertmanager, or no answer yet
     #: the runbook receiver's latest decisions, newest last; None: no receiver
     decisions: tuple[RunbookDecision, ...] | None = None
@@ -248,22 +248,23 @@ class Observer:
         tenants: Sequence[Tenant],
         sidecar_urls: Mapping[str, str],
         proxy_urls: Mapping[str, str],
-        prometheus_url: str | None,
+        scrapers: Sequence[str],
         alertmanager_url: str | None = None,
         audit_log: Path | None = None,
     ) -> None:
         self.http = http
         self.replicas = tuple(replicas)
         self.tenants = tuple(tenants)
-        self.prometheus_url = prometheus_url
+        #: what scrapes the fleet: Prometheus, or each cluster's vmagent (the same target API)
+        self.scrapers = tuple(scrapers)
         self.sidecar_urls = dict(sidecar_urls)
         self.proxy_urls = dict(proxy_urls)
         self._sidecars = {r.name: History(WINDOW) for r in replicas}
         #: by proxy (a replica may have two, :func:`~inferwatch.demo.topology.proxy_names`)
         self._proxies = {name: History(WINDOW) for name in self.proxy_urls}
         self._previous: dict[str, ReplicaState] = {}
-        self._prometheus: tuple[int, int] | None = None
-        self._prometheus_checked = 0.0
+        self._targets_seen: tuple[int, int] | None = None
+        self._targets_checked = 0.0
         self.alertmanager_url = alertmanager_url
         self._alerts: tuple[AlertState, ...] | None = None
         self._alerts_checked = 0.0
@@ -309,7 +310,7 @@ class Observer:
             tenants=[self._tenant(tenant) for tenant in self.tenants],
             load=load,
             rate=load_rate,
-            prometheus=self._prometheus,
+            targets=self._targets_seen,
             alerts=self._alerts,
             decisions=self._decisions if self._audit is not None else None,
             events=self._changes(replicas)
@@ -383,18 +384,21 @@ class Observer:
         return response.status_code == 200, failing
 
     async def _targets(self) -> None:
-        """Refresh Prometheus' target health every few seconds."""
+        """Refresh the scrapers' target health every few seconds, summed over them; unknown
+        while one does not answer."""
         now = time.monotonic()
-        if self.prometheus_url is None or now - self._prometheus_checked < _PROMETHEUS_EVERY:
+        if not self.scrapers or now - self._targets_checked < _TARGETS_EVERY:
             return
-        self._prometheus_checked = now
+        self._targets_checked = now
         try:
-            response = await self.http.get(self.prometheus_url + "/api/v1/targets", timeout=2.0)
-            targets = response.json()["data"]["activeTargets"]
+            answers = await asyncio.gather(
+                *(self.http.get(url + "/api/v1/targets", timeout=2.0) for url in self.scrapers)
+            )
+            targets = [t for answer in answers for t in answer.json()["data"]["activeTargets"]]
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            self._prometheus = None
+            self._targets_seen = None
             return
-        self._prometheus = (sum(t.get("health") == "up" for t in targets), len(targets))
+        self._targets_seen = (sum(t.get("health") == "up" for t in targets), len(targets))
 
     async def _read_alerts(self) -> None:
         """Refresh the alerts Alertmanager holds every few seconds; changes become events."""

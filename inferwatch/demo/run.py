@@ -33,11 +33,12 @@ import httpx
 from rich.console import Console
 from rich.live import Live
 
-from inferwatch.demo import alerting, automation, routing, sharedstate, topology
+from inferwatch.demo import alerting, automation, routing, sharedstate, topology, victoria
 from inferwatch.demo import engines as external
 from inferwatch.demo.loadgen import MAX_IN_FLIGHT, LoadGenerator
 from inferwatch.demo.observer import Observer
 from inferwatch.demo.processes import (
+    ATTEMPTS,
     INFERWATCH,
     Component,
     PortInUse,
@@ -79,6 +80,9 @@ class Options:
     execute_runbooks: bool = False  # the runbook receiver acts; else it only audits its plans
     #: engines the user runs, which replace the simulated replicas
     engines: tuple[external.Engine, ...] = ()
+    #: VictoriaMetrics's binaries, which take Prometheus's place (``--tsdb victoriametrics``):
+    #: the fleet is then two clusters, each scraped by its vmagent, the rules on vmalert
+    victoria: victoria.Binaries | None = None
 
 
 class Demo:
@@ -95,7 +99,10 @@ class Demo:
         spares = options.scenario.spares if options.scenario else ()
         self.fleet = topology.fleet(spares, self.replicas)
         self.tenants = external.fitted(topology.TENANTS, options.engines)
-        self.ports = Ports.assign(options.base_port, self.fleet)
+        #: the fleet by cluster: one, or two with VictoriaMetrics (one vmagent each)
+        self.clusters = topology.clusters(self.fleet, split=options.victoria is not None)
+        scrapers = self.clusters if options.victoria else ()
+        self.ports = Ports.assign(options.base_port, self.fleet, scrapers)
         self.started: list[str] = []  # the spares started so far, which Prometheus discovers
         self.observer: Observer | None = None  # set at t=0
         self.joining: list[asyncio.Task[None]] = []  # started spares coming up
@@ -108,6 +115,7 @@ class Demo:
             speed=None if options.engines else options.speed,
             prometheus_url=None,  # their addresses, once they are bound
             alertmanager_url=None,
+            tsdb="VictoriaMetrics" if options.victoria else "Prometheus",
             models="   ".join(
                 f"{role} {model}" for role, model in topology.models(self.replicas).items()
             ),
@@ -118,9 +126,14 @@ class Demo:
         self.console = Console(file=out, highlight=False)
 
     @property
+    def _tsdb(self) -> bool:
+        """Whether a Prometheus, or VictoriaMetrics in its place, stores the fleet's series."""
+        return bool(self.options.prometheus or self.options.victoria)
+
+    @property
     def _alerting(self) -> bool:
-        """Alertmanager runs only where a Prometheus sends it alerts."""
-        return bool(self.options.prometheus and self.options.alertmanager)
+        """Alertmanager runs only where a Prometheus (or vmalert) sends it alerts."""
+        return self._tsdb and bool(self.options.alertmanager)
 
     # --- output ---------------------------------------------------------------------------------
     def say(self, line: str) -> None:
@@ -195,7 +208,7 @@ class Demo:
                 for r in self.replicas
                 for name in topology.proxy_names(r)
             },
-            self.context.prometheus_url,
+            self._scrapers(),
             self.context.alertmanager_url,
             workdir / automation.AUDIT_LOG if self._alerting else None,
         )
@@ -352,8 +365,7 @@ class Demo:
             self.event(f"scale-out of {replica.name} failed: {exc}")
             return
         self.started.append(replica.name)
-        if self.options.prometheus:
-            topology.write_discovered(self.supervisor.log_dir / DISCOVERY, self.ports, self.started)
+        self._write_discovered()
         if self.observer is not None:
             self.observer.watch(
                 replica,
@@ -381,7 +393,60 @@ class Demo:
         if self.options.prometheus:
             prometheus = functools.partial(self._prometheus, workdir)
             await self._external(http, prometheus, self.ports.prometheus)
+        elif self.options.victoria:
+            await self._victoria(workdir, http, self.options.victoria)
+        if self._tsdb:
             self.context.prometheus_url = topology.url(self.ports.prometheus)
+
+    async def _victoria(
+        self, workdir: Path, http: httpx.AsyncClient, binaries: victoria.Binaries
+    ) -> None:
+        """VictoriaMetrics, then vmalert on the port VictoriaMetrics proxies ``/api/v1/rules``
+        to (both again on other ports when another process took that one meanwhile), then
+        each cluster's vmagent."""
+        rules = alerting.write_rules(workdir / "rules", self.options.alerts)
+        notifier = topology.url(self.ports.alertmanager)
+        storage = functools.partial(self._storage, workdir, binaries.victoria_metrics)
+
+        def rule_engine(port: list[int]) -> Component:
+            storage_url = topology.url(self.ports.prometheus)
+            return victoria.rule_engine(binaries.vmalert, port[0], rules, storage_url, notifier)
+
+        tries = 1 if self.ports.fixed else ATTEMPTS
+        while True:
+            await self._external(http, storage, self.ports.prometheus, self.ports.vmalert)
+            try:
+                await start_on_free_ports(self.supervisor, http, 1, rule_engine,
+                                          [self.ports.vmalert], START_TIMEOUT)  # fmt: skip
+                break
+            except PortInUse:
+                tries -= 1
+                if tries == 0:
+                    raise
+                stale = self.supervisor.find("victoria", "")
+                await self.supervisor.crash(stale)
+                self.supervisor.discard(stale)
+        for index, cluster in enumerate(self.clusters):
+            agent = functools.partial(self._vmagent, workdir, binaries.vmagent, cluster, index == 0)
+            await self._external(http, agent, self.ports.vmagent[cluster])
+
+    def _storage(self, workdir: Path, binary: str, port: int, vmalert: int) -> Component:
+        self.ports.prometheus, self.ports.vmalert = port, vmalert
+        return victoria.storage(binary, port, workdir, vmalert)
+
+    def _vmagent(
+        self, workdir: Path, binary: str, cluster: str, first: bool, port: int
+    ) -> Component:
+        """The vmagent of ``cluster``; the first cluster's also scrapes what serves the whole
+        fleet (HAProxy's exporter, the runbook receiver)."""
+        self.ports.vmagent[cluster] = port
+        config = workdir / f"vmagent-{cluster}.yml"
+        config.write_text(
+            topology.vmagent_config(self.ports, cluster, self.clusters[cluster],
+                                    self._discovery(cluster), first, first and self._alerting)
+        )  # fmt: skip
+        storage_url = topology.url(self.ports.prometheus)
+        return victoria.agent(binary, cluster, port, workdir, config, storage_url)
 
     async def _external(
         self, http: httpx.AsyncClient, build: Callable[..., Component], *ports: int
@@ -460,10 +525,7 @@ class Demo:
         self.ports.prometheus = port
         rules = alerting.write_rules(workdir / "rules", self.options.alerts)
         config = workdir / "prometheus.yml"
-        discovery = None
-        if len(self.fleet) > len(self.replicas):  # spares: discovered once they start
-            discovery = workdir / DISCOVERY
-            topology.write_discovered(discovery, self.ports, self.started)
+        discovery = self._discovery(topology.CLUSTER)  # spares: discovered once they start
         config.write_text(
             topology.prometheus_config(self.ports, rules, self._alerting, self.fleet, discovery)
         )
@@ -475,6 +537,29 @@ class Demo:
             "--log.level=warn",
         ]
         return Component("prometheus", "", topology.url(port), "/-/ready", argv)
+
+    def _discovery(self, cluster: str) -> Path | None:
+        """Where ``cluster``'s scraper reads its spares' targets once they start (file-based
+        discovery), written now with those started so far; None: the fleet has no spares."""
+        if len(self.fleet) == len(self.replicas):
+            return None
+        folder = self.supervisor.log_dir / DISCOVERY
+        folder = folder / cluster if self.options.victoria else folder
+        started = [r.name for r in self.clusters[cluster] if r.name in self.started]
+        topology.write_discovered(folder, self.ports, started, cluster)
+        return folder
+
+    def _write_discovered(self) -> None:
+        """Every cluster's discovery files, listing the spares started so far."""
+        if self._tsdb:
+            for cluster in self.clusters:
+                self._discovery(cluster)
+
+    def _scrapers(self) -> list[str]:
+        """Where the fleet's target health is read: Prometheus, or each cluster's vmagent."""
+        if self.options.victoria:
+            return [topology.url(port) for port in self.ports.vmagent.values()]
+        return [topology.url(self.ports.prometheus)] if self.options.prometheus else []
 
     def _alertmanager(self, workdir: Path, port: int) -> Component:
         assert self.options.alertmanager
@@ -577,6 +662,14 @@ class Demo:
              "--drain-grace", "1"],
         )  # fmt: skip
 
+    def _storage_summary(self) -> str:
+        """The banner's words for where the series go and the rules run."""
+        if self.options.victoria:
+            clusters = ", ".join(self.clusters)
+            return (f", {len(self.clusters)} clusters ({clusters}) each scraped by its vmagent "
+                    f"into VictoriaMetrics, vmalert with the generated rules")  # fmt: skip
+        return ", Prometheus with the generated rules" if self.options.prometheus else ""
+
     def _announce(self, supervisor: Supervisor, workdir: Path) -> None:
         """Where everything listens, so that a person can curl it or open it."""
         options = self.options
@@ -584,7 +677,7 @@ class Demo:
         self.say(
             f"inferwatch demo: {len(self.replicas)} replicas ({engine} + sidecar + tenancy "
             f"proxy each, two proxies per primary replica, budgets shared in Redis)"
-            f"{', Prometheus with the generated rules' if options.prometheus else ''}"
+            f"{self._storage_summary()}"
             f"{', Alertmanager' if self._alerting else ''}"
             f"{f', runbook receiver ({self.context.runbooks_mode})' if self._alerting else ''}; "
             f"load {options.rate:g} req/s"
@@ -597,6 +690,13 @@ class Demo:
             "proxy": "OpenAI API per tenant (base URL {url}/v1); tenant /metrics on its own port",
             "redis": "the proxies' shared budgets (shared_state url)",
             "prometheus": "web UI and API, /alerts",
+            "victoria": "VictoriaMetrics single node (victoria-metrics): every cluster's series, "
+            "its Prometheus-compatible API (/api/v1/query; --prometheus of snapshot, canary, "
+            "report usage), /vmui",
+            "vmagent": "scrapes its cluster's sidecars and proxies (/targets, /api/v1/targets), "
+            "remote-writes them with its cluster label",
+            "vmalert": "evaluates the generated rules against VictoriaMetrics, /api/v1/alerts "
+            "/api/v1/rules",
             "alertmanager": "web UI, /api/v2/alerts",
             "haproxy": "the gateway clients call: OpenAI API at {url}/v1, routed by model, "
             "checks on each sidecar's /readyz; its /metrics at {metrics}",
@@ -644,7 +744,7 @@ class Demo:
         chargeback = (
             f"inferwatch report usage --log-dir {workdir / USAGE_LOG} --from {since} --to <now>"
         )
-        if options.prometheus:
+        if self._tsdb:
             chargeback += f" --prometheus {topology.url(self.ports.prometheus)}"
         self.say(f"  chargeback: {chargeback}")
         self.say(f"  work dir {workdir} (removed on exit)")

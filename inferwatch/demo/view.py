@@ -43,13 +43,14 @@ class Context:
     """What the view shows besides the fleet: routing, scenario progress, recent events."""
 
     speed: float | None  # the simulators' clock; None: the replicas are real engines
-    prometheus_url: str | None
+    prometheus_url: str | None  # the query API: Prometheus's, or VictoriaMetrics's
     alertmanager_url: str | None = None
     models: str = ""
     scenario: str = ""
     next_step: str = ""
     routing: str = ""
     runbooks_mode: str = ""  # dry-run or execute; "": no runbook receiver
+    tsdb: str = "Prometheus"  # what answers at prometheus_url
     events: deque[str] = field(default_factory=lambda: deque(maxlen=EVENTS_SHOWN))
 
 
@@ -136,8 +137,8 @@ def render(state: FleetState, context: Context) -> RenderableType:
     )
     lines: list[RenderableType] = [header]
     if context.prometheus_url:
-        up = "-" if state.prometheus is None else f"{state.prometheus[0]}/{state.prometheus[1]}"
-        lines.append(Text(f"Prometheus {context.prometheus_url}   targets up {up}"))
+        up = "-" if state.targets is None else f"{state.targets[0]}/{state.targets[1]}"
+        lines.append(Text(f"{context.tsdb} {context.prometheus_url}   targets up {up}"))
     lines.append(Text(f"models    {context.models}"))
     lines.append(Text(f"routing   {context.routing}"))
     if context.scenario:
@@ -263,7 +264,7 @@ def alerts_summary(alerts: Sequence[AlertState]) -> str:
 # --- the plain summary -----------------------------------------------------------------------
 def summary(state: FleetState) -> list[str]:
     """Short lines with the key signals, each stamped: the load, one per replica, one per
-    tenant, then Prometheus, alerts and runbooks where they run. A log reader greps
+    tenant, then the scrape targets, alerts and runbooks where they run. A log reader greps
     ``] replica primary-v1 `` or ``] tenant acme `` for one series."""
     load = state.load
     head = (
@@ -289,8 +290,8 @@ def summary(state: FleetState) -> list[str]:
             f"tenant {t.tenant.name} {number(t.tokens, 0)} tok {money(t.cost)} "
             f"ok {t.ok:.0f} rejected {t.rejected:.0f} errors {t.errors:.0f}{left}"
         )
-    if state.prometheus is not None:
-        lines.append(f"prometheus {state.prometheus[0]}/{state.prometheus[1]} targets up")
+    if state.targets is not None:
+        lines.append(f"scrape targets {state.targets[0]}/{state.targets[1]} up")
     if state.alerts is not None:
         lines.append(alerts_summary(state.alerts))
     if state.decisions is not None:
