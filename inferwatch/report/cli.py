@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -14,9 +15,17 @@ from pathlib import Path
 import click
 
 from inferwatch.canary.prometheus import Prometheus, PrometheusError
-from inferwatch.clikit import BadInput, CannotRun, Failed, FiniteFloat, prometheus_option
-from inferwatch.config import Duration, DurationParam
+from inferwatch.clikit import (
+    BadInput,
+    CannotRun,
+    Failed,
+    FiniteFloat,
+    missing_extra,
+    prometheus_option,
+)
+from inferwatch.config import ConfigError, Duration, DurationParam, Fields
 from inferwatch.mixin import config as alert_config
+from inferwatch.proxy import sharedconfig
 from inferwatch.report import parquet
 from inferwatch.report import usage as ledger
 from inferwatch.report.idle import spread
@@ -36,6 +45,8 @@ _COLUMNS = (
 )
 #: where the cost is among a row's fields (the token counts and requests before it)
 _COST = ledger.FIELDS.index("cost")
+#: longest wait for one reply of Redis (a page of the usage stream)
+REDIS_TIMEOUT_S = 10.0
 
 
 def _drift_tokens() -> float:
@@ -62,10 +73,46 @@ def report() -> None:
 @report.command()
 @click.option(
     "--log-dir",
-    required=True,
     show_envvar=True,
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="The proxy's usage_log directory (every proxy's files, if they share it).",
+    help="The proxy's usage_log directory (every proxy's files, if they share it).  "
+    "[--log-dir, --redis, or both]",
+)
+@click.option(
+    "--redis",
+    show_envvar=True,
+    help="The proxies' shared_state Redis, whose usage stream (usage_log.stream) is read: "
+    "redis://host:port/db, rediss://..., unix:///path, redis+sentinel://... or "
+    "redis+cluster://..., as in the proxy config (no password in it).",
+)
+@click.option(
+    "--redis-key-prefix",
+    default="inferwatch",
+    show_envvar=True,
+    help="The proxies' shared_state.key_prefix: the stream read is <prefix>:usage:{log}.",
+)
+@click.option(
+    "--redis-password-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    show_envvar=True,
+    help="A file holding Redis's password.",
+)
+@click.option(
+    "--lateness",
+    type=DurationParam(Duration(0), Duration.of_seconds(7 * 86400)),
+    default="1h",
+    show_default=True,
+    show_envvar=True,
+    help="How long after --to a proxy may have appended a line of the window to the "
+    "stream (Redis down when it settled): lines appended later are not read.",
+)
+@click.option(
+    "--max-entries",
+    type=click.IntRange(1, 10**9),
+    default=10_000_000,
+    show_default=True,
+    show_envvar=True,
+    help="Most stream entries read around the window; past it the report stops (exit 2).",
 )
 @click.option(
     "--from",
@@ -138,7 +185,12 @@ def report() -> None:
 )
 @prometheus_api.timeout_option("Seconds all queries to Prometheus may take together (exit 3).")
 def usage(
-    log_dir: Path,
+    log_dir: Path | None,
+    redis: str | None,
+    redis_key_prefix: str,
+    redis_password_file: Path | None,
+    lateness: Duration,
+    max_entries: int,
     start: str,
     to: str,
     by: str,
@@ -152,7 +204,9 @@ def usage(
 ) -> None:
     """Chargeback per tenant x model x model version x day or hour, from the usage log.
 
-    Cost uses the prices logged with each request. Skipped lines are named on stderr. With
+    The log is the proxies' files (--log-dir), their Redis stream (--redis), or both added
+    together. Cost uses the prices logged with each request. Skipped lines are named on
+    stderr; exit 3 when Redis cannot be read. With
     --prometheus, a footer compares the tokens with the engines' counters over the window:
     exit 1 when they do not reconcile, 3 when Prometheus cannot be read. With
     --gpu-hour-price, each row also bears its share of its model's idle GPU cost.
@@ -164,13 +218,20 @@ def usage(
         raise BadInput("--format parquet needs --out FILE (Parquet is binary)")
     if gpu_hour_price is not None and prometheus is None:
         raise BadInput("--gpu-hour-price needs --prometheus (the GPUs' utilization)")
+    if log_dir is None and redis is None:
+        raise BadInput("give --log-dir, --redis, or both: where the usage log is")
+    shared = _shared_state(redis, redis_key_prefix, redis_password_file)
     client = None
     if prometheus is not None:
         try:
             client = Prometheus(prometheus, deadline_s=timeout)
         except PrometheusError as exc:
             raise BadInput(f"--prometheus: {exc}") from None
-    totals = ledger.report(str(log_dir), begin, finish, by)
+    totals = ledger.Totals(begin, finish, by)
+    if log_dir is not None:
+        ledger.report(str(log_dir), totals)
+    if shared is not None:
+        _read_stream(shared, totals, lateness.seconds, max_entries)
     for where in totals.skipped:
         click.echo(f"skipped {where}", err=True)
     if totals.skipped_lines > len(totals.skipped):
@@ -225,6 +286,56 @@ def usage(
         raise Failed(
             f"the report does not reconcile with the engines' counters: {_pairs(checked.fields())}"
         )
+
+
+_STREAM_ONLY = ("redis_key_prefix", "redis_password_file", "lateness", "max_entries")
+
+
+def _shared_state(
+    url: str | None, prefix: str, password_file: Path | None
+) -> sharedconfig.SharedState | None:
+    """``--redis`` and its options, checked as the proxy checks its ``shared_state``."""
+    if url is None:
+        context = click.get_current_context()
+        given = [
+            name
+            for name in _STREAM_ONLY
+            if context.get_parameter_source(name) != click.core.ParameterSource.DEFAULT
+        ]
+        if given:
+            raise BadInput(f"--{given[0].replace('_', '-')} needs --redis")
+        return None
+    from inferwatch.proxy import sharedstate
+
+    if not sharedstate.AVAILABLE:
+        raise missing_extra("report usage --redis", "redis")
+    if "@" in url:  # the proxy's own rule, worded for the flags
+        raise BadInput("--redis: no password in the URL: use --redis-password-file")
+    raw: dict[str, str] = {"url": url, "key_prefix": prefix}
+    if password_file is not None:
+        raw["password_file"] = str(password_file)
+    try:
+        shared = sharedconfig.parse(Fields("--redis", raw))
+    except ConfigError as exc:
+        raise BadInput(str(exc)) from None
+    return dataclasses.replace(shared, timeout_s=REDIS_TIMEOUT_S)
+
+
+def _read_stream(
+    shared: sharedconfig.SharedState, totals: ledger.Totals, lateness_s: float, most: int
+) -> None:
+    from redis.exceptions import RedisError
+
+    from inferwatch.report import stream
+
+    try:
+        stream.report(shared, totals, lateness_s, most)
+    except stream.TooManyEntries as exc:
+        raise BadInput(str(exc)) from None
+    except (RedisError, OSError, TimeoutError) as exc:
+        raise CannotRun(
+            f"cannot read the usage stream from {shared.url}: {exc or type(exc).__name__}"
+        ) from None
 
 
 def _json(rows: list[dict[str, object]], document: dict[str, object]) -> str:

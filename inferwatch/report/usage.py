@@ -4,6 +4,8 @@ Cost is computed from the prices on each line (those in force when the request s
 price change mid-window bills each request at its own price; a tenant is kept as logged, so a
 rename or deletion mid-window leaves earlier rows under the old name. A line that is not one
 of ours (bad JSON, a missing or mistyped field, over-long, cut short) is skipped and named.
+The lines come from the log's files (here) or its Redis stream (:mod:`.stream`); each is
+totalled by :meth:`Totals.add`, whatever it came from.
 """
 
 from __future__ import annotations
@@ -34,14 +36,36 @@ FIELDS = ("requests", *_TOKENS, "cost", "busy_s")
 
 @dataclass
 class Totals:
+    """The rows of the lines with ``start <= ts < end``, by ``by`` ("day" or "hour", UTC)."""
+
+    start: float
+    end: float
+    by: str
     rows: dict[Key, list[float]] = field(default_factory=dict)  # FIELDS
-    skipped: list[str] = field(default_factory=list)  # "file:line: why", the first MAX_NAMED
+    skipped: list[str] = field(default_factory=list)  # "where: why", the first MAX_NAMED
     skipped_lines: int = 0
 
     def skip(self, where: str) -> None:
         self.skipped_lines += 1
         if len(self.skipped) < MAX_NAMED:
             self.skipped.append(where)
+
+    def add(self, line: bytes, where: str) -> None:
+        """Total one line of the log, or skip it named by ``where`` (``file:line``, say)."""
+        try:
+            ts, tenant, model, version, tokens, prices, busy = _record(line)
+        except (ValueError, RecursionError) as exc:
+            self.skip(f"{where}: {str(exc)[:200]}")
+            return
+        if not self.start <= ts < self.end:
+            return
+        period = time.strftime(_FORMATS[self.by], time.gmtime(ts))
+        prompt, cached, completion = tokens
+        cost = Price(*prices).cost(prompt, cached, completion)
+        cached = min(cached, prompt)
+        row = self.rows.setdefault((period, tenant, model, version), [0.0] * len(FIELDS))
+        for index, value in enumerate((1, prompt, cached, completion, cost, busy)):
+            row[index] += value
 
 
 def _record(line: bytes) -> tuple[float, str, str, str, list[int], list[float], float]:
@@ -73,32 +97,19 @@ def _non_negative(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
 
 
-def total(paths: Iterable[Path], start: float, end: float, by: str) -> Totals:
-    """Totals of the lines with ``start <= ts < end``, by ``by`` ("day" or "hour", UTC)."""
-    out = Totals()
+def total(paths: Iterable[Path], out: Totals) -> Totals:
+    """``out`` with the lines of the files at ``paths`` added."""
     for path in paths:
         with path.open("rb") as handle:
             number = 0
             while line := handle.readline(MAX_LINE_BYTES + 1):
                 number += 1
-                try:
-                    if not line.endswith(b"\n"):
-                        raise ValueError("cut short or over-long")
-                    ts, tenant, model, version, tokens, prices, busy = _record(line)
-                except (ValueError, RecursionError) as exc:
-                    out.skip(f"{path.name}:{number}: {str(exc)[:200]}")
-                    while not line.endswith(b"\n") and (line := handle.readline(MAX_LINE_BYTES)):
-                        pass
+                if line.endswith(b"\n"):
+                    out.add(line, f"{path.name}:{number}")
                     continue
-                if not start <= ts < end:
-                    continue
-                period = time.strftime(_FORMATS[by], time.gmtime(ts))
-                prompt, cached, completion = tokens
-                cost = Price(*prices).cost(prompt, cached, completion)
-                cached = min(cached, prompt)
-                row = out.rows.setdefault((period, tenant, model, version), [0.0] * len(FIELDS))
-                for index, value in enumerate((1, prompt, cached, completion, cost, busy)):
-                    row[index] += value
+                out.skip(f"{path.name}:{number}: cut short or over-long")
+                while not line.endswith(b"\n") and (line := handle.readline(MAX_LINE_BYTES)):
+                    pass
     return out
 
 
@@ -115,5 +126,6 @@ def periods(start: float, end: float, by: str) -> list[tuple[str, float, float]]
     return out
 
 
-def report(directory: str, start: float, end: float, by: str) -> Totals:
-    return total(files(directory), start, end, by)
+def report(directory: str, out: Totals) -> Totals:
+    """``out`` with the lines of the usage-log files of ``directory`` added."""
+    return total(files(directory), out)
