@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from inferwatch.clikit import BadInput, CannotRun, Failed, FiniteFloat, PortTaken, cannot_write
-from inferwatch.demo import alerting, routing, sharedstate
+from inferwatch.demo import alerting, routing, sharedstate, topology, victoria
 from inferwatch.demo.processes import PortInUse
 from inferwatch.demo.run import Options
 from inferwatch.drill.run import SCENARIOS, Drill, Timeline
@@ -62,17 +62,44 @@ HELP = (
     help="Alert config the rules and routing are generated from, on top of the defaults.  "
     "[default: alerts/demo.yaml, short windows and for: durations]",
 )
-def drill(report: Path | None, speed: float, rate: float, alert_config: Path | None) -> None:
+@click.option(
+    "--tsdb",
+    type=click.Choice(topology.TSDBS),
+    default="prometheus",
+    show_default=True,
+    show_envvar=True,
+    help="As for the demo: Prometheus, or VictoriaMetrics with a vmagent per cluster and "
+    "vmalert doing the alerting.",
+)
+@click.option(
+    "--scenario",
+    "chosen",
+    multiple=True,
+    type=click.Choice([s.name for s in SCENARIOS]),
+    show_envvar=True,
+    help="Play only this scenario, after the control period; repeat it for more (played in "
+    "the drill's order).  [default: every one]",
+)
+def drill(
+    report: Path | None,
+    speed: float,
+    rate: float,
+    alert_config: Path | None,
+    tsdb: topology.Tsdb,
+    chosen: tuple[str, ...],
+) -> None:
     # the help is HELP, whose list of scenarios is made from the drill's own
     try:
         alerts = alerting.demo_config(alert_config)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
-    prometheus = shutil.which("prometheus")
+    binaries = victoria.binaries() if tsdb == "victoriametrics" else None
+    prometheus = None if binaries else shutil.which("prometheus")
     alertmanager = shutil.which("alertmanager") or shutil.which("prometheus-alertmanager")
-    if prometheus is None or alertmanager is None:
+    if (prometheus is None and binaries is None) or alertmanager is None:
+        needs = "alertmanager" if binaries else "prometheus and alertmanager"
         raise CannotRun(
-            "the drill needs prometheus and alertmanager on PATH "
+            f"the drill needs {needs} on PATH "
             "(Debian: prometheus prometheus-alertmanager; scripts/install-prometheus)"
         )
     options = Options(
@@ -89,6 +116,7 @@ def drill(report: Path | None, speed: float, rate: float, alert_config: Path | N
         haproxy=routing.binary(),
         redis=sharedstate.binary(),
         execute_runbooks=True,
+        victoria=binaries,
     )
     began = time.monotonic()
 
@@ -96,7 +124,8 @@ def drill(report: Path | None, speed: float, rate: float, alert_config: Path | N
         click.echo(f"[{time.monotonic() - began:6.1f}s] {line}")
         sys.stdout.flush()  # progress shows as it happens, also on a pipe
 
-    run = Drill(options, sys.stdout, live=False, progress=progress)
+    played = [s for s in SCENARIOS if not chosen or s.name in chosen]
+    run = Drill(options, sys.stdout, live=False, progress=progress, scenarios=played)
     try:
         error = asyncio.run(run.run())
     except PortInUse as exc:

@@ -1,7 +1,8 @@
 """The fault drill: the demo's stack with the receiver acting, faults in turn, each one timed.
 
 The stack is the demo's (:class:`inferwatch.demo.run.Demo`): simulated replicas, sidecars,
-proxies, probes, HAProxy, Prometheus with the generated rules, Alertmanager routed to the
+proxies, probes, HAProxy, Prometheus (or VictoriaMetrics's vmagents and vmalert, with
+``--tsdb victoriametrics``) with the generated rules, Alertmanager routed to the
 runbook receiver, which here executes its actions on the sidecars, HAProxy and a fake
 Kubernetes API (:mod:`inferwatch.drill.kubefake`, served in this process). After a healthy control
 period, each scenario injects its fault and waits, with a deadline, for each event of its
@@ -190,8 +191,15 @@ class Timeline:
 class Drill(Demo):
     """The demo with the receiver executing and :data:`SCENARIOS` played and checked."""
 
-    def __init__(self, *args: Any, progress: Callable[[str], None], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        progress: Callable[[str], None],
+        scenarios: Sequence[Scenario] = SCENARIOS,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.scenarios = tuple(scenarios)  # those played, in the drill's order
         self.kube = FakeKube()
         self.kube_url = ""
         self.progress = progress
@@ -236,7 +244,7 @@ class Drill(Demo):
         }
         self.progress(f"control period: {'quiet' if all(self.control_ok.values()) else 'NOT quiet'}"
                       f" (firing: {', '.join(sorted(firing)) or 'none'})")  # fmt: skip
-        for scenario in SCENARIOS:
+        for scenario in self.scenarios:
             dead = supervisor.exited()
             if dead is not None:
                 return f"{dead.label} exited unexpectedly: {dead.last_log_line()}"
@@ -511,11 +519,13 @@ class Drill(Demo):
             "ok": self.passed,
             "control": self.control_ok,
             "settings": {
+                "tsdb": "victoriametrics" if self.options.victoria else "prometheus",
                 "group_wait_automation": "0s",  # the automation route's (alerts.alertmanager)
                 "scrape_interval": topology.INTERVAL,
                 "evaluation_interval": topology.INTERVAL,
                 "for": {
-                    name: alerts.alert(name).for_ for name in sorted({s.alert for s in SCENARIOS})
+                    name: alerts.alert(name).for_
+                    for name in sorted({s.alert for s in self.scenarios})
                 },
             },
             "scenarios": [asdict(line) | {"ok": line.ok} for line in self.timelines],
@@ -526,6 +536,6 @@ class Drill(Demo):
         return (
             bool(self.control_ok)
             and all(self.control_ok.values())
-            and len(self.timelines) == len(SCENARIOS)
+            and len(self.timelines) == len(self.scenarios)
             and all(line.ok for line in self.timelines)
         )
