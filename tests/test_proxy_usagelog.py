@@ -143,3 +143,15 @@ def test_lines_past_the_buffer_bound_are_dropped_oldest_first_and_counted(
 def test_a_bad_usage_log_section_is_refused(section: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         parse({"usage_log": section}, "proxy.yaml")
+
+
+def test_lines_left_at_shutdown_with_the_volume_refusing_are_counted_dropped(
+    tmp_path: Path,
+) -> None:
+    volume = tmp_path / "usage"
+    volume.write_text("")  # every append fails
+    log = UsageLog(str(volume), max_lines=1000)
+    for n in range(3):
+        log.write({"n": n})
+    log.close()
+    assert log.errors == {"write": 1, "dropped": 3}

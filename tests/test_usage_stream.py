@@ -274,3 +274,16 @@ def test_a_usage_stream_section_is_read() -> None:
     assert parse({"shared_state": shared, "usage_log": {"stream": {}}}).usage_log_stream_maxlen
     config = parse({"shared_state": shared, "usage_log": {"stream": {"maxlen": 5000}}})
     assert (config.usage_log_stream_maxlen, config.usage_log_dir) == (5000, "")
+
+
+def test_lines_left_at_shutdown_with_redis_down_are_counted_dropped(unused_port: int) -> None:
+    async def go() -> dict[str, int]:
+        client, _ = connect(SharedState(url=f"redis://127.0.0.1:{unused_port}/0"))
+        stream = UsageStream(client, "inferwatch", 1000, 1.0)
+        for n in range(3):
+            stream.write({"n": n})
+        await stream.close()
+        await client.aclose()
+        return stream.errors
+
+    assert asyncio.run(go()) == {"write": 1, "dropped": 3}
