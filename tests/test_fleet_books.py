@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferwatch.proxy import config as proxy_config
-from inferwatch.proxy.sharedbooks import Books
+from inferwatch.proxy.ratelimit import Bucket
+from inferwatch.proxy.sharedbooks import Books, Reserved
 from inferwatch.proxy.sharedconfig import SharedState
 from inferwatch.proxy.sharedstate import SharedLedger, SharedReservation, connect
 from support.redis import RedisServer
@@ -302,6 +303,75 @@ def test_a_slow_redis_counts_as_down_and_a_late_reservation_does_not_leak(
                 return ledger.up and (await books.peek(tenant, HOUR_MS)).reserved == 100
 
             await wait_until(back_with_only_the_first, "Redis back, the late one gone", 2 + 5)
+        finally:
+            await ledger.aclose()
+
+    run(server, work)
+
+
+def test_the_reservation_checks_the_rate_buckets_in_the_same_script(server: RedisServer) -> None:
+    """The rate check inside the reservation: a request it lets in takes from its buckets
+    and holds its tokens; one let in and then refused its budget has still taken from
+    them (its settlement gives the tokens back, as a separate check's did); one it refuses
+    holds nothing, takes nothing and is told how long to wait."""
+    tenant = uuid.uuid4().hex
+    per_minute = ("requests:", 2, 1.0, 1.0)  # two requests a minute, one taken per request
+
+    async def work(books: Books) -> None:
+        def reserve(hold: str, cap: int) -> Awaitable[Reserved]:
+            return books.reserve(
+                tenant, hold, WINDOW_MS, 1000, 10, cap, 1, False, LEASE_MS, 0, [per_minute]
+            )
+
+        first = await reserve("a", 20)
+        assert first.admitted and first.rate_admitted
+        assert first.rate_levels == (pytest.approx(1, abs=0.05),)
+        over_budget = await reserve("b", 2000)
+        assert not over_budget.admitted and over_budget.rate_admitted
+        assert over_budget.rate_levels == (pytest.approx(0, abs=0.05),)
+        limited = await reserve("c", 20)
+        assert not limited.rate_admitted and not limited.admitted
+        assert 25 < limited.rate_wait_s <= 30  # a whole request at two a minute
+        window = await books.peek(tenant, WINDOW_MS)
+        assert (window.reserved, window.in_flight) == (30, 1)
+
+    run(server, work)
+
+
+def test_a_reservation_whose_request_left_gives_back_its_rate_tokens(server: RedisServer) -> None:
+    """The client left while the reservation's script was on its way (Redis paused): once
+    it answers, the hold is released and the tokens its rate check took go back."""
+    tenant = uuid.uuid4().hex
+    limits = {"tokens_per_minute": 60_000}  # the level Redis keeps is the one last taken to
+    document = {
+        "shared_state": {"url": server.url, "timeout": "1s"},
+        "tenants": {tenant: {"budget": {"tokens": 10_000}, "rate_limits": limits}},
+    }
+    config = proxy_config.parse(document, "p.yaml")
+    budget = config.tenants[tenant].budget
+    bucket = Bucket("", "tokens", 60_000)
+
+    async def work(test_books: Books) -> None:
+        ledger = SharedLedger(config)
+        books = Books(test_books.client, config.shared_state.key_prefix)
+        level_key = f"{config.shared_state.key_prefix}:{{{tenant}}}:rl:tokens:"
+        try:
+            await books.client.execute_command("CLIENT", "PAUSE", 300, "ALL")
+            left = asyncio.ensure_future(
+                ledger.reserve_rated(tenant, budget, 100, 400, rate=[bucket], rate_tokens=500)
+            )
+            await asyncio.sleep(0.05)
+            left.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await left
+
+            async def given_back() -> bool:
+                level = await books.client.hget(level_key, "level")
+                window = await books.peek(tenant, HOUR_MS)
+                return level is not None and float(level) > 60_000 - 100 and window.reserved == 0
+
+            await wait_until(given_back, "the hold released and its rate tokens back", 10)
+            assert ledger.up
         finally:
             await ledger.aclose()
 

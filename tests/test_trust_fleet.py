@@ -4,6 +4,7 @@ a tokens-per-minute limit, a planted journal, and a core install without redis-p
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -16,9 +17,10 @@ import httpx
 import pytest
 
 from inferwatch.exitcodes import ExitCode
+from inferwatch.proxy.sharedbooks import RATE, RESERVE, SETTLE
 from support.fleet import Fleet, flood
 from support.proxy_stack import KEYS, Engine, Stack, samples
-from support.redis import RedisServer, command
+from support.redis import RedisServer, command, monitored
 from support.wait import wait_for
 
 pytestmark = pytest.mark.proc
@@ -119,14 +121,15 @@ def spent(answers: list[httpx.Response]) -> int:
     return sum(int(a.json()["usage"]["total_tokens"]) for a in ok(answers))
 
 
-@pytest.mark.parametrize("where", ["local", "shared"])
+@pytest.mark.parametrize("where", ["local", "shared", "shared-with-budget"])
 def test_a_burst_takes_no_more_than_the_tokens_bucket_holds(
     where: str, redis_server: RedisServer, stack: Callable[..., Stack], tmp_path: Path,
     engine: Engine,
 ) -> None:  # fmt: skip
     """2,000 tokens per minute: a burst of 40 requests at once is let in only while the
     bucket holds their reservations, each taken at admission, so it spends at most the
-    bucket plus one request (before, every one of them saw a full bucket)."""
+    bucket plus one request (before, every one of them saw a full bucket). With a budget
+    too, the shared buckets are checked by the reservation's own script."""
     limits = {"tokens_per_minute": 2000}
     if where == "local":
         from inferwatch.proxy.tenants import hash_key
@@ -135,7 +138,10 @@ def test_a_burst_takes_no_more_than_the_tokens_bucket_holds(
                                         "rate_limits": limits}})  # fmt: skip
         answers = burst(proxy.url)
     else:
-        fleet = Fleet(redis_server, engine.url, tmp_path, {"acme": {"rate_limits": limits}})
+        spec: dict[str, Any] = {"rate_limits": limits}
+        if where == "shared-with-budget":
+            spec["budget"] = {"tokens": 10**6}
+        fleet = Fleet(redis_server, engine.url, tmp_path, {"acme": spec})
         try:
             answers = burst(fleet.add(1)[0].url)
         finally:
@@ -145,6 +151,37 @@ def test_a_burst_takes_no_more_than_the_tokens_bucket_holds(
     assert spent(answers) <= 2000 + 512, f"spent {spent(answers)} against 2000 a minute"
     last = ok(answers)[-1].headers
     assert int(last["x-ratelimit-remaining-tokens"]) < 2000
+
+
+def test_a_rate_limited_budgeted_request_is_admitted_by_one_script(
+    redis_server: RedisServer, engine: Engine, tmp_path: Path
+) -> None:
+    """A tenant with a budget and rate limits is admitted by one script, the reservation's,
+    which checks its rate buckets too: no rate script runs before it (the rate script runs
+    only to give back, with the settlement, the tokens the request did not use)."""
+    spec = {"budget": {"tokens": 10**6},
+            "rate_limits": {"requests_per_minute": 100, "tokens_per_minute": 100_000}}  # fmt: skip
+    fleet = Fleet(redis_server, engine.url, tmp_path, {"acme": spec}, {"lease": "30s"})
+    try:
+        (proxy,) = fleet.add(1)
+        assert ok(flood([proxy.url], "acme", per_proxy=1, max_tokens=5, delay_ms=0))
+        with monitored(redis_server) as seen:
+            (answer,) = flood([proxy.url], "acme", per_proxy=1, max_tokens=50, delay_ms=0)
+            settled = f"EVALSHA {sharedbooks_sha(SETTLE)}"
+            wait_for(lambda: any(settled in line for line in seen), "the settlement", 10)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-ratelimit-remaining-requests"] == "98"
+        mine = [line.split() for line in seen if "{acme}" in line]
+        reserves = [words for words in mine if words[:2] == ["EVALSHA", sharedbooks_sha(RESERVE)]]
+        assert len(reserves) == 1 and "inferwatch:{acme}:rl:requests:" in reserves[0]
+        rates = [words for words in mine if words[:2] == ["EVALSHA", sharedbooks_sha(RATE)]]
+        assert all("charge" in words for words in rates), rates
+    finally:
+        fleet.close()
+
+
+def sharedbooks_sha(source: str) -> str:
+    return hashlib.sha1(source.encode()).hexdigest()
 
 
 # ---------------------------------------------------------------- the journal replayed

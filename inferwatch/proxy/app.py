@@ -54,7 +54,7 @@ from inferwatch.proxy.exchange import (
 )
 from inferwatch.proxy.labels import OTHER, BoundedLabels, split_label
 from inferwatch.proxy.metrics import IDENTITY_LABELS, ProxyMetrics
-from inferwatch.proxy.ratelimit import RateLimiter
+from inferwatch.proxy.ratelimit import Levels, RateLimiter
 from inferwatch.proxy.reconcile import (
     DirectTraffic,
     DirectTrafficError,
@@ -449,21 +449,38 @@ class ProxyApp:
             if prompt.tokens + cap * choices > self.budgets.room(exchange.tenant, budget):
                 await self._recount(exchange, body, prompt)  # a bound must not refuse or clamp
                 cap, engine_applies = await self._reserved_cap(exchange, body, requested, prompt)
-        if self.rates is not None and self.rates.limited(exchange.tenant):
-            # what it may spend is taken from its tokens buckets with the check itself
+        # what it may spend is taken from its tokens buckets with the check itself
+        spend = prompt.tokens + cap * choices
+        rated = self.rates is not None and self.rates.limited(exchange.tenant)
+        reserving = tenant is not None and (budget is not None or fleet_cap > 0)
+        # a reservation in Redis checks the shared buckets in its own script: one round trip
+        merged = rated and reserving and self.shared is not None and self.shared.up
+        if rated and not merged:
+            assert self.rates is not None
             limited, headers, exchange.rate_taken = await self.rates.admit(
-                exchange.tenant, exchange.model, prompt.tokens + cap * choices
+                exchange.tenant, exchange.model, spend
             )
             exchange.rate_headers = tuple(headers)
             if limited is not None:
                 exchange.meter = None
                 return limited, False
-        if tenant is not None and (budget is not None or fleet_cap):
+        if reserving:
             clamp = config.over_budget == "clamp"
             if self.shared is not None:
-                reserved = await self.shared.reserve(
-                    exchange.tenant, budget, prompt.tokens, cap, choices, clamp, fleet_cap
-                )
+                reserved, levels = await self.shared.reserve_rated(
+                    exchange.tenant, budget, prompt.tokens, cap, choices, clamp, fleet_cap,
+                    self.rates.buckets(exchange.tenant, exchange.model)
+                    if merged and self.rates is not None
+                    else (),
+                    spend,
+                )  # fmt: skip
+                if merged and (levels is not None or not isinstance(reserved, Refusal)):
+                    limited = self._rate_limited(exchange, spend, levels)
+                    if limited is not None:
+                        if not isinstance(reserved, Refusal):
+                            self.shared.cancel(reserved, budget)
+                        exchange.meter = None
+                        return limited, False
             else:
                 assert budget is not None  # without shared state only a budget reserves
                 reserved = self.ledger.reserve(
@@ -501,6 +518,18 @@ class ProxyApp:
             self.gate.enter_ungated()
             exchange.slot = "counted"
         return None, changed
+
+    def _rate_limited(
+        self, exchange: Exchange, spend: int, levels: Levels | None
+    ) -> Refusal | None:
+        """The rate limit's verdict on a request whose shared reservation checked its buckets
+        (``levels``; None: Redis could not, so this proxy's buckets decide)."""
+        assert self.rates is not None
+        limited, headers, exchange.rate_taken = self.rates.conclude(
+            exchange.tenant, exchange.model, spend, levels
+        )
+        exchange.rate_headers = tuple(headers)
+        return limited
 
     async def _recount(self, exchange: Exchange, body: dict[str, Any], prompt: Prompt) -> None:
         """Replace a prompt's upper bound by the engine's own count, where it can count it."""

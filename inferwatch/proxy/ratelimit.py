@@ -178,17 +178,32 @@ class RateLimiter:
     def limited(self, tenant: str) -> bool:
         return tenant in self.limits
 
+    def buckets(self, tenant: str, model: str) -> list[Bucket]:
+        """The buckets a request of ``tenant`` to ``model`` meets, at their fleet-wide size."""
+        return buckets(self.limits[tenant], model)
+
     async def admit(
         self, tenant: str, model: str, tokens: int
     ) -> tuple[Refusal | None, list[tuple[bytes, bytes]], Taken | None]:
         """Let in a request that may spend ``tokens``: the refusal (None: admitted), the
         headers, and what it took (to :meth:`settle` when it ends)."""
-        found = buckets(self.limits[tenant], model)
+        found = self.buckets(tenant, model)
         if not found:
             return None, [], None
         levels = await self.shared.take_rate(tenant, found, tokens) if self.shared else None
         if isinstance(levels, Refusal):
             return levels, [], None
+        return self.conclude(tenant, model, tokens, levels)
+
+    def conclude(
+        self, tenant: str, model: str, tokens: int, levels: Levels | None
+    ) -> tuple[Refusal | None, list[tuple[bytes, bytes]], Taken | None]:
+        """:meth:`admit`'s answer from the shared buckets' ``levels`` after the check (made
+        by the shared reservation's script, for one), or from this process's buckets where
+        the fleet's could not answer (None)."""
+        found = self.buckets(tenant, model)
+        if not found:
+            return None, [], None
         shared = levels is not None
         if levels is None:
             divide = self.shared.live_replicas() if self.shared else 1

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,13 +84,63 @@ end
 """
 )
 
+#: the token-bucket rule of :data:`RATE` and :data:`RESERVE`: the buckets are KEYS[first..],
+#: each with three ARGV from ``arg`` on (capacity, what it must hold, what it takes). Levels
+#: refill at capacity per minute, never above it; a bucket left alone for a minute is full,
+#: so it expires then. ``levels`` reads them (and the ms until every bucket holds what it
+#: must); ``take`` takes from each (``levels`` is what they held), returning their levels
+_BUCKETS = """
+local function levels(now, first, arg, check)
+  local found, wait = {}, 0
+  for i = first, #KEYS do
+    local a = arg + 3 * (i - first)
+    local capacity, needed = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+    local state = redis.call('HMGET', KEYS[i], 'level', 'at')
+    local level = tonumber(state[1]) or capacity
+    local at = tonumber(state[2]) or now
+    level = math.min(capacity, level + (now - at) * capacity / 60000)
+    found[#found + 1] = level
+    if check and level < needed then
+      wait = math.max(wait, (needed - level) * 60000 / capacity)
+    end
+  end
+  return found, wait
+end
+local function take(now, first, arg, found)
+  for i = first, #KEYS do
+    local a, n = arg + 3 * (i - first), i - first + 1
+    local capacity = tonumber(ARGV[a])
+    local level = math.min(capacity, found[n] - tonumber(ARGV[a + 2]))
+    redis.call('HSET', KEYS[i], 'level', level, 'at', now)
+    redis.call('PEXPIRE', KEYS[i], math.ceil((capacity - level) * 60000 / capacity) + 1000)
+    found[n] = level
+  end
+  return found
+end
+local function thousandths(reply, found)
+  for _, level in ipairs(found) do reply[#reply + 1] = math.floor(level * 1000) end
+  return reply
+end
+"""
+
 #: ARGV: id, window ms (0: no budget), limit (budget + tolerance), prompt, completion cap,
-#: choices, clamp (1/0), lease ms, concurrency cap (0: none). Returns {verdict (1 admitted,
-#: 0 over budget, 2 at the concurrency cap), used, reserved, window start, now, cap, requests
-#: in flight}.
+#: choices, clamp (1/0), lease ms, concurrency cap (0: none), then three per rate bucket in
+#: KEYS[5..] (see :data:`_BUCKETS`): the request's rate check made in the same step, first, so
+#: that a rate-limited tenant's admission is one round trip. Returns {verdict (1 admitted,
+#: 0 over budget, 2 at the concurrency cap, 3 over a rate limit), used, reserved, window
+#: start, now, cap, requests in flight, ms until the rate limit lets it in, bucket levels *
+#: 1000...}. Past the rate check its buckets are taken from whatever the budget says, as a
+#: request let in by the rate limit and then refused its budget gives back only its tokens.
 RESERVE = (
     _PRELUDE
+    + _BUCKETS
     + """
+local found, wait = levels(now, 5, 10, true)
+if wait > 0 then
+  return thousandths({3, used, reserved, start, now, 0, redis.call('ZCARD', KEYS[3]),
+    math.ceil(wait)}, found)
+end
+found = take(now, 5, 10, found)
 local limit, prompt = tonumber(ARGV[3]), tonumber(ARGV[4])
 local asked, choices = tonumber(ARGV[5]), tonumber(ARGV[6])
 local flight = redis.call('ZCARD', KEYS[3])
@@ -100,12 +151,12 @@ if window > 0 then
     cap = math.floor((room - prompt) / choices)
   end
   if cap < 0 or (cap == 0 and asked > 0) or prompt + cap * choices > room then
-    return {0, used, reserved, start, now, cap, flight}
+    return thousandths({0, used, reserved, start, now, cap, flight, 0}, found)
   end
 end
 local most = tonumber(ARGV[9])
 if most > 0 and flight >= most then
-  return {2, used, reserved, start, now, cap, flight}
+  return thousandths({2, used, reserved, start, now, cap, flight, 0}, found)
 end
 local tokens = 0
 if window > 0 then
@@ -115,7 +166,7 @@ if window > 0 then
 end
 redis.call('HSET', KEYS[2], ARGV[1], tokens)
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[8]), ARGV[1])
-return {1, used, reserved, start, now, cap, flight + 1}
+return thousandths({1, used, reserved, start, now, cap, flight + 1, 0}, found)
 """
 )
 
@@ -185,38 +236,20 @@ return redis.call('ZCARD', KEYS[1])
 
 #: KEYS: one hash per bucket. ARGV: mode ("take": let a request in if every bucket holds what
 #: it needs, and take what it takes in the same step; "charge": take what it takes whatever
-#: they hold, below 0 giving back), then per bucket its capacity, what it must hold, what it
-#: takes. Levels refill at capacity per minute, never above it; a bucket left alone for a
-#: minute is full, so it expires then. Returns {admitted, wait ms, level * 1000...}.
-RATE = """
+#: they hold, below 0 giving back), then three per bucket (see :data:`_BUCKETS`). Returns
+#: {admitted, wait ms, level * 1000...}.
+RATE = (
+    _BUCKETS
+    + """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local levels, wait = {}, 0
-for i, key in ipairs(KEYS) do
-  local capacity, needed = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
-  local state = redis.call('HMGET', key, 'level', 'at')
-  local level = tonumber(state[1]) or capacity
-  local at = tonumber(state[2]) or now
-  level = math.min(capacity, level + (now - at) * capacity / 60000)
-  levels[i] = level
-  if ARGV[1] == 'take' and level < needed then
-    wait = math.max(wait, (needed - level) * 60000 / capacity)
-  end
+local found, wait = levels(now, 1, 2, ARGV[1] == 'take')
+if wait > 0 then
+  return thousandths({0, math.ceil(wait)}, found)
 end
-local admitted = wait == 0 and 1 or 0
-local reply = {admitted, math.ceil(wait)}
-for i, key in ipairs(KEYS) do
-  local capacity, taken = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i + 1])
-  local level = levels[i]
-  if admitted == 1 then
-    level = math.min(capacity, level - taken)
-    redis.call('HSET', key, 'level', level, 'at', now)
-    redis.call('PEXPIRE', key, math.ceil((capacity - level) * 60000 / capacity) + 1000)
-  end
-  reply[#reply + 1] = math.floor(level * 1000)
-end
-return reply
+return thousandths({1, 0}, take(now, 1, 2, found))
 """
+)
 
 
 @dataclass(frozen=True)
@@ -239,6 +272,11 @@ class Reserved:
     cap: int  # completion cap per choice it holds (or would have, clamped)
     #: refused for the tenant's concurrency cap (not its budget)
     at_cap: bool = False
+    #: the rate check made with it: whether it let the request in, the seconds until it
+    #: would, and the buckets' levels after it (none asked: let in, no levels)
+    rate_admitted: bool = True
+    rate_wait_s: float = 0.0
+    rate_levels: tuple[float, ...] = ()
 
 
 class _Script:
@@ -358,15 +396,33 @@ class Books:
         clamp: bool,
         lease_ms: int,
         most: int = 0,
+        buckets: Sequence[tuple[str, int, float, float]] = (),
     ) -> Reserved:
         """Hold ``prompt + cap * choices`` (``window_ms`` 0: no budget, only a slot) unless
-        the tenant has ``most`` requests in flight already (0: no cap)."""
+        the tenant has ``most`` requests in flight already (0: no cap), after letting the
+        request in against (and taking from) the ``(name, capacity, need, take)`` rate
+        ``buckets`` in the same script."""
+        keys = self.keys(tenant) + self._bucket_keys(tenant, buckets)
         args = [hold, window_ms, limit, prompt, cap, choices, 1 if clamp else 0, lease_ms, most]
-        verdict, used, reserved, start, now, capped, flight = await self._call(
-            self._reserve, self.keys(tenant), args
+        for _, capacity, needed, taken in buckets:
+            args += [capacity, needed, taken]
+        verdict, used, reserved, start, now, capped, flight, wait, *levels = await self._call(
+            self._reserve, keys, args
         )
-        window = Window(used, reserved, start, now, flight)
-        return Reserved(verdict == 1, window, int(capped), at_cap=verdict == 2)
+        return Reserved(
+            verdict == 1,
+            Window(used, reserved, start, now, flight),
+            int(capped),
+            at_cap=verdict == 2,
+            rate_admitted=verdict != 3,
+            rate_wait_s=int(wait) / 1000,
+            rate_levels=tuple(level / 1000 for level in levels),
+        )
+
+    def _bucket_keys(
+        self, tenant: str, buckets: Sequence[tuple[str, int, float, float]]
+    ) -> list[str]:
+        return [f"{self.prefix}:{{{tenant}}}:rl:{name}" for name, *_ in buckets]
 
     async def settle(
         self,
@@ -401,7 +457,7 @@ class Books:
     ) -> tuple[bool, int, list[float]]:
         """Let in against (or, with ``charge``, take from) ``(name, capacity, need, take)``
         buckets: (admitted, ms to wait, levels after)."""
-        keys = [f"{self.prefix}:{{{tenant}}}:rl:{name}" for name, _, _, _ in buckets]
+        keys = self._bucket_keys(tenant, buckets)
         args: list[str | int | float] = ["charge" if charge else "take"]
         for _, capacity, needed, taken in buckets:
             args += [capacity, needed, taken]

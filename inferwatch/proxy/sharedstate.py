@@ -24,7 +24,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ from prometheus_client.core import Metric
 
 from inferwatch import catalog
 from inferwatch.logs import log_event
-from inferwatch.proxy import journal
+from inferwatch.proxy import journal, ratelimit
 from inferwatch.proxy.admission import BudgetLedger, Refusal, Reservation, budget_refusal
 from inferwatch.proxy.config import Budget, ProxyConfig
 from inferwatch.proxy.journal import Entry, Journal
@@ -228,11 +228,30 @@ class SharedLedger:
     ) -> Reservation | Refusal:
         """Reserve against the tenant's budget (if it has one) and, with ``most``, take one
         of its ``most`` concurrency slots, fleet-wide: one script, one round trip."""
+        reserved, _ = await self.reserve_rated(
+            tenant, budget, prompt, completion_cap, choices, clamp, most
+        )
+        return reserved
+
+    async def reserve_rated(
+        self,
+        tenant: str,
+        budget: Budget | None,
+        prompt: int,
+        completion_cap: int,
+        choices: int = 1,
+        clamp: bool = True,
+        most: int = 0,
+        rate: Sequence[Bucket] = (),
+        rate_tokens: int = 0,
+    ) -> tuple[Reservation | Refusal, Levels | None]:
+        """:meth:`reserve`, letting the request in against its shared ``rate`` buckets
+        first (taking ``rate_tokens`` from the tokens buckets) in the same script: a
+        rate-limited tenant's admission is still one round trip. Also returns the buckets'
+        levels, None where Redis did not read them (down, or the tenant's keys damaged)."""
         window_ms = round(budget.window_seconds * 1000) if budget is not None else 0
         if not self.up:
-            if budget is None:  # only a slot: this proxy's gate holds the cap meanwhile
-                return SharedReservation(tenant, 0.0, 0)
-            return self._reserve_down(tenant, budget, prompt, completion_cap, choices, clamp)
+            return self._reserve_down(tenant, budget, prompt, completion_cap, choices, clamp), None
         hold = f"{self.proxy}:{next(self._sequence)}"
         call = asyncio.ensure_future(
             self.books.reserve(
@@ -246,25 +265,31 @@ class SharedLedger:
                 clamp,
                 self.lease_ms,
                 most,
+                [(b.key(), b.capacity, need(b), take(b, rate_tokens)) for b in rate],
             )
         )
+
+        def give_back(done: asyncio.Future[Reserved]) -> None:
+            self._give_back(done, tenant, hold, window_ms, rate, rate_tokens)
+
         try:
             async with asyncio.timeout(self.call_bound_s):
                 reserved = await asyncio.shield(call)
         except asyncio.CancelledError:
-            call.add_done_callback(lambda done: self._give_back(done, tenant, hold, window_ms))
+            call.add_done_callback(give_back)
             raise
         except (RedisError, OSError, TimeoutError) as exc:
-            call.add_done_callback(lambda done: self._give_back(done, tenant, hold, window_ms))
+            call.add_done_callback(give_back)
             if damaged(exc):
-                return self._damaged(tenant, exc)
+                return self._damaged(tenant, exc), None
             self._down(exc)
-            if budget is None:
-                return SharedReservation(tenant, 0.0, 0)
-            return self._reserve_down(tenant, budget, prompt, completion_cap, choices, clamp)
+            return self._reserve_down(tenant, budget, prompt, completion_cap, choices, clamp), None
         window = reserved.window
         self._seen[tenant] = window
         self._broken.discard(tenant)
+        levels = Levels(reserved.rate_admitted, reserved.rate_levels, reserved.rate_wait_s)
+        if not levels.admitted:
+            return ratelimit.refusal(levels), levels
         if reserved.at_cap:
             return Refusal(
                 429,
@@ -272,7 +297,7 @@ class SharedLedger:
                 f"tenant already has {window.in_flight} requests in flight or queued across "
                 f"the fleet (limit {most})",
                 1,
-            )
+            ), levels
         if not reserved.admitted:
             assert budget is not None  # the only other refusal is the budget's
             retry_after = max(1, math.ceil((window.start_ms + window_ms - window.now_ms) / 1000))
@@ -283,7 +308,7 @@ class SharedLedger:
                 window.used,
                 window.reserved,
                 retry_after,
-            )
+            ), levels
         self._holds.setdefault(tenant, {})[hold] = time.monotonic()
         cap = reserved.cap
         return SharedReservation(
@@ -294,7 +319,7 @@ class SharedLedger:
             fleet_slot=most > 0,
             hold=hold,
             window_ms=window_ms,
-        )
+        ), levels
 
     def _damaged(self, tenant: str, exc: BaseException) -> Refusal:
         """Count (and log, once until it heals) a tenant whose keys a script cannot use: its
@@ -322,12 +347,15 @@ class SharedLedger:
     def _reserve_down(
         self,
         tenant: str,
-        budget: Budget,
+        budget: Budget | None,
         prompt: int,
         completion_cap: int,
         choices: int,
         clamp: bool,
     ) -> Reservation | Refusal:
+        """What the tenant's failure policy admits while Redis cannot answer."""
+        if budget is None:  # only a slot: this proxy's gate holds the cap meanwhile
+            return SharedReservation(tenant, 0.0, 0)
         if self.policy(tenant) == "fail_closed":
             return Refusal(
                 503,
@@ -389,6 +417,17 @@ class SharedLedger:
             return
         self._spawn(self._settle(entry))
 
+    def cancel(self, reservation: Reservation, budget: Budget | None) -> None:
+        """Give back, charging nothing, a reservation whose request was refused after all
+        (by a rate limit this proxy checked because Redis could not)."""
+        if not isinstance(reservation, SharedReservation):
+            raise TypeError("a shared ledger cancels only its own reservations")
+        if reservation.hold:
+            self._holds.get(reservation.tenant, {}).pop(reservation.hold, None)
+            self._spawn(self._release(reservation.tenant, reservation.hold, reservation.window_ms))
+        elif budget is not None:
+            self.local.settle(reservation, budget, 0)
+
     async def _settle(self, entry: Entry) -> None:
         """Settle in Redis (settlements of one turn of the loop share a round trip, see
         :class:`Books`); one whose reply is lost is journaled, and its replay, keyed by the
@@ -409,15 +448,24 @@ class SharedLedger:
             self._seen[entry.tenant] = window
 
     def _give_back(
-        self, call: asyncio.Future[Reserved], tenant: str, hold: str, window_ms: int
+        self,
+        call: asyncio.Future[Reserved],
+        tenant: str,
+        hold: str,
+        window_ms: int,
+        rate: Sequence[Bucket],
+        rate_tokens: int,
     ) -> None:
         """A reservation its request stopped waiting for (the client left, or Redis took
         too long) holds for nobody: release it. A call that failed may still have run on the
         server (a reply lost to a timeout), so it is released too; releasing a hold that
-        does not exist changes nothing."""
-        refused = not call.cancelled() and call.exception() is None and not call.result().admitted
-        if not refused:
+        does not exist changes nothing. The tokens its rate check took go back only when its
+        reply says it took them (giving back what was never taken would credit the tenant)."""
+        answered = not call.cancelled() and call.exception() is None
+        if not answered or call.result().admitted:
             self._spawn(self._release(tenant, hold, window_ms))
+        if rate and answered and call.result().rate_admitted:
+            self.charge_rate(tenant, list(rate), -rate_tokens)
 
     async def _release(self, tenant: str, hold: str, window_ms: int) -> None:
         """Give back a hold its request never used; if Redis is down, its lease will."""

@@ -7,10 +7,13 @@ production Redis with AOF does. ``scripts/install-redis`` installs Debian's pack
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
+import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -161,3 +164,37 @@ def command(server: RedisServer, *args: str | int) -> object:
         return client.execute_command(*args)
     finally:
         client.close()
+
+
+@contextlib.contextmanager
+def monitored(server: RedisServer) -> Iterator[list[str]]:
+    """Every command clients send ``server`` inside the block (not those its scripts run),
+    as ``MONITOR`` shows it (its arguments joined by spaces), in the list it yields,
+    complete when the block ends."""
+    import redis
+
+    seen: list[str] = []
+    started = threading.Event()
+    end = f"inferwatch-monitor-end-{uuid.uuid4().hex}"
+
+    def watch() -> None:
+        client = redis.Redis.from_url(server.url, socket_timeout=None)
+        try:
+            with client.monitor() as monitor:  # MONITOR is on once entered
+                started.set()
+                for event in monitor.listen():
+                    if end in event["command"]:
+                        return
+                    if event["client_type"] != "lua":
+                        seen.append(event["command"])
+        finally:
+            client.close()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    assert started.wait(10), "MONITOR did not start"
+    try:
+        yield seen
+    finally:
+        command(server, "ECHO", end)
+        thread.join(10)
