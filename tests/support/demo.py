@@ -67,8 +67,10 @@ class Demo:
     def up_at(self) -> float:
         return self.wait_line(r"^all \d+ processes answering", 60)[0]
 
-    def url(self, kind: str) -> str:
-        return self.wait_line(rf"^  {kind} +(http://127\.0\.0\.1:\d+) ", 30)[1][1]
+    def url(self, kind: str, name: str = "") -> str:
+        """The URL the banner gives the component ``kind`` (of replica or cluster ``name``)."""
+        pattern = rf"^  {kind} +{re.escape(name)} *(http://127\.0\.0\.1:\d+) "
+        return self.wait_line(pattern, 30)[1][1]
 
     @property
     def workdir(self) -> Path:

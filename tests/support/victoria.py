@@ -1,6 +1,7 @@
 """VictoriaMetrics on loopback, as the scale-out tests start it: the single-node server,
 vmagents sharing a scrape config, vmalert, each a real Debian binary on a port the test
-reserved (``support.ports.fixed_run``: below the range other tests' port-0 binds use).
+reserved (``support.ports.fixed_run``: below the range other tests' port-0 binds use), with
+the command lines the demo's ``--tsdb victoriametrics`` builds (:mod:`inferwatch.demo.victoria`).
 
 Each process is ready when it answers ``/health``; :meth:`Server.kill` is ``kill -9``, the
 way a node dies under a vmagent.
@@ -16,10 +17,12 @@ from typing import Any
 
 import httpx
 
+from inferwatch.config import Duration
+from inferwatch.demo import victoria
 from support.wait import wait_for
 
-#: the scrape and evaluation interval of every test stack, as the demo's (topology.INTERVAL)
-INTERVAL_S = 2.0
+#: the scrape and evaluation interval of every test stack, the demo's
+INTERVAL_S = Duration.parse(victoria.INTERVAL).seconds
 
 
 @dataclass
@@ -65,14 +68,10 @@ class Server:
 
 
 def victoria_metrics(binary: str, port: int, workdir: Path, vmalert_port: int = 0) -> Server:
-    """The single-node server: replicas' samples deduplicated per scrape interval (what
-    vmagent's replication needs), data visible a second after it lands (the default hides
-    the last 30 s), and with ``vmalert_port`` its ``/api/v1/rules`` answered by that vmalert."""
-    argv = [binary, f"-storageDataPath={workdir / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
-            f"-dedup.minScrapeInterval={INTERVAL_S:g}s", "-search.latencyOffset=1s",
-            "-loggerLevel=WARN"]  # fmt: skip
-    if vmalert_port:
-        argv.append(f"-vmalert.proxyURL=http://127.0.0.1:{vmalert_port}")
+    """The demo's single node (:mod:`inferwatch.demo.victoria`), replicas' samples
+    deduplicated per scrape interval (what vmagent's replication needs)."""
+    argv = victoria.victoria_metrics_argv(binary, port, workdir / "data", vmalert_port,
+                                          f"-dedup.minScrapeInterval={INTERVAL_S:g}s")  # fmt: skip
     return Server(argv, port, workdir / "victoria-metrics.log")
 
 
@@ -83,24 +82,19 @@ def vmagent(
     """Member ``member`` of two vmagents sharing ``config``'s targets, each target scraped by
     ``replication`` of them, remote-writing to ``storage``."""
     queue = workdir / f"vmagent-{member}-queue"
-    argv = [binary, f"-promscrape.config={config}", f"-httpListenAddr=127.0.0.1:{port}",
-            f"-remoteWrite.url={storage}/api/v1/write", f"-remoteWrite.tmpDataPath={queue}",
-            "-remoteWrite.flushInterval=1s", "-promscrape.cluster.membersCount=2",
-            f"-promscrape.cluster.memberNum={member}",
-            f"-promscrape.cluster.replicationFactor={replication}", "-loggerLevel=WARN",
-            *flags]  # fmt: skip
+    argv = victoria.vmagent_argv(binary, port, config, storage, queue,
+                                 "-promscrape.cluster.membersCount=2",
+                                 f"-promscrape.cluster.memberNum={member}",
+                                 f"-promscrape.cluster.replicationFactor={replication}",
+                                 *flags)  # fmt: skip
     return Server(argv, port, workdir / f"vmagent-{member}.log")
 
 
 def vmalert(
     binary: str, port: int, workdir: Path, rules: Sequence[Path], storage: str, notifier: str
 ) -> Server:
-    """vmalert evaluating ``rules`` against ``storage``, writing recording rules back to it
-    and sending alerts to the Alertmanager at ``notifier``."""
-    argv = [binary, *(f"-rule={path}" for path in rules), f"-datasource.url={storage}",
-            f"-remoteWrite.url={storage}", f"-notifier.url={notifier}",
-            f"-evaluationInterval={INTERVAL_S:g}s", f"-httpListenAddr=127.0.0.1:{port}",
-            "-remoteWrite.flushInterval=1s", "-loggerLevel=WARN"]  # fmt: skip
+    """The demo's vmalert: ``rules`` evaluated against ``storage``, alerts to ``notifier``."""
+    argv = victoria.vmalert_argv(binary, port, rules, storage, notifier)
     return Server(argv, port, workdir / "vmalert.log")
 
 
