@@ -24,6 +24,7 @@ import yaml
 
 from inferwatch import catalog
 from inferwatch.k8s import kit as k8s
+from inferwatch.k8s import victoria
 from inferwatch.k8s.inject import NODE_AGENT_INGRESS, SIDECAR_LABEL
 from inferwatch.runbooks import kube_inventory, kube_state
 from inferwatch.runbooks.actions import kubernetes_api
@@ -35,6 +36,13 @@ pytestmark = pytest.mark.proc
 
 OVERLAYS = sorted(p.parent.name for p in (KIT / "overlays").glob("*/kustomization.yaml"))
 SPLITS = (HEADER, WEIGHT, USER)  # the order of the route's rules
+#: the objects only the Prometheus operator path renders (a VictoriaMetrics site runs vmagent
+#: and vmalert instead: tests/test_k8s_victoria.py)
+OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule", "AlertmanagerConfig"}
+
+
+def on_operator(overlay: str) -> bool:
+    return k8s.load_site(KIT / "sites" / f"{overlay}.yaml").tsdb == victoria.OPERATOR
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +68,12 @@ def test_every_rendered_object_matches_its_schema(
     # the whole kit is there: a render that lost a base would still validate
     assert kinds >= {
         "Deployment", "DaemonSet", "Service", "ConfigMap", "ServiceAccount", "ClusterRole",
-        "ClusterRoleBinding", "PodDisruptionBudget", "NetworkPolicy",
-        "PodMonitor", "ServiceMonitor", "PrometheusRule", "AlertmanagerConfig", "Gateway",
-        "HTTPRoute",
+        "ClusterRoleBinding", "PodDisruptionBudget", "NetworkPolicy", "Gateway", "HTTPRoute",
     }  # fmt: skip
+    if on_operator(overlay):
+        assert kinds >= OPERATOR_KINDS
+    else:
+        assert not kinds & OPERATOR_KINDS and {"StatefulSet", "Role", "RoleBinding"} <= kinds
     for document in documents:
         try:
             validate(document)
@@ -130,7 +140,11 @@ def test_rbac_grants_only_the_receivers_verbs(
     and a Role (in the receiver's namespace) with exactly the state store's and the
     election's (their tests run against a fake API server that allows only these)."""
     _, documents = rendered
-    roles = {d["kind"]: d for d in documents if d["kind"] in ("Role", "ClusterRole")}
+    roles = {
+        d["kind"]: d
+        for d in documents
+        if d["kind"] in ("Role", "ClusterRole") and d["metadata"]["name"] == k8s.RECEIVER
+    }
     assert sorted(roles) == ["ClusterRole", "Role"]
     assert granted(roles["ClusterRole"]) == declared(kubernetes_api, kube_inventory)
     assert granted(roles["Role"]) == declared(kube_state)
@@ -145,14 +159,22 @@ def test_role_bindings_bind_only_the_receivers_account(
     rendered: tuple[str, list[dict[str, Any]]],
 ) -> None:
     _, documents = rendered
-    (account,) = [d for d in documents if d["kind"] == "ServiceAccount"]
+    # vmagent's account, on a VictoriaMetrics site, is checked in tests/test_k8s_victoria.py
+    (account,) = [
+        d for d in documents
+        if d["kind"] == "ServiceAccount" and d["metadata"]["name"] != victoria.VMAGENT
+    ]  # fmt: skip
     (receiver,) = [
         t
         for w, t in pods(documents)
         if t["spec"].get("serviceAccountName") == "inferwatch-receiver"
     ]
     assert receiver
-    bindings = [d for d in documents if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    bindings = [
+        d for d in documents
+        if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+        and d["metadata"]["name"] != victoria.VMAGENT
+    ]  # fmt: skip
     assert sorted(b["kind"] for b in bindings) == ["ClusterRoleBinding", "RoleBinding"]
     for binding in bindings:
         assert binding["subjects"] == [
@@ -172,7 +194,7 @@ SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_?KEY|CREDENTIAL", re.IGNORE
 
 
 def test_no_secret_value_is_inlined(rendered: tuple[str, list[dict[str, Any]]]) -> None:
-    _, documents = rendered
+    overlay, documents = rendered
     assert not [d for d in documents if d["kind"] == "Secret"]
     references = 0
     for _, template in pods(documents):
@@ -185,6 +207,8 @@ def test_no_secret_value_is_inlined(rendered: tuple[str, list[dict[str, Any]]]) 
             for arg in container.get("args", []):
                 assert not re.match(r"--[a-z-]*(token|secret|password)=", arg), arg
     assert references >= 1  # the receiver's webhook token
+    if not on_operator(overlay):
+        return  # no AlertmanagerConfig: the site's Alertmanager holds the webhook's route
     (config,) = [d for d in documents if d["kind"] == "AlertmanagerConfig"]
     (webhook,) = config["spec"]["receivers"][0]["webhookConfigs"]
     credentials = webhook["httpConfig"]["authorization"]["credentials"]
@@ -243,14 +267,16 @@ def test_monitors_scrape_named_ports_and_keep_discovery_labels(
     rendered: tuple[str, list[dict[str, Any]]],
 ) -> None:
     """Each monitor selects pods of the kit on ports they name; relabeling adds only node and
-    cluster, never a label the sidecar emits, and leaves pod and namespace to discovery."""
-    _, documents = rendered
+    cluster, never a label the sidecar emits, and leaves pod and namespace to discovery
+    (vmagent's jobs, on a VictoriaMetrics site, are these monitors' own:
+    tests/test_k8s_victoria.py)."""
+    overlay, documents = rendered
     emitted = {label for entry in catalog.load().values() for label in entry.label_names}
     assert {"model", "gpu_uuid"} <= emitted
     services = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Service"}
     templates = [t for _, t in pods(documents)]
     monitors = [d for d in documents if d["kind"] in ("PodMonitor", "ServiceMonitor")]
-    assert len(monitors) == 4
+    assert len(monitors) == (4 if on_operator(overlay) else 0)
     for monitor in monitors:
         selector = monitor["spec"]["selector"]["matchLabels"]
         if monitor["kind"] == "PodMonitor":
@@ -278,13 +304,18 @@ def test_admin_ports_open_only_to_prometheus_and_the_receiver(
     overlay, documents = rendered
     site = k8s.load_site(KIT / "sites" / f"{overlay}.yaml")
     policies = [d for d in documents if d["kind"] == "NetworkPolicy"]
-    allowed_peers = [
+    scraper = (
         {
             "namespaceSelector": {
                 "matchLabels": {"kubernetes.io/metadata.name": site.monitoring_namespace}
             },
             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
-        },
+        }
+        if site.tsdb == victoria.OPERATOR
+        else {"podSelector": {"matchLabels": {"app.kubernetes.io/name": victoria.VMAGENT}}}
+    )
+    allowed_peers = [
+        scraper,
         {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "inferwatch-receiver"}}},
     ]
     for _, template in pods(documents):
@@ -359,15 +390,16 @@ def test_the_site_sets_namespace_release_and_cluster(
         for endpoint in document.get("spec", {}).get("podMetricsEndpoints", []):
             (cluster,) = [r for r in endpoint["relabelings"] if r["targetLabel"] == "cluster"]
             assert cluster["replacement"] == site.cluster
-    (config,) = [d for d in documents if d["kind"] == "AlertmanagerConfig"]
-    url = config["spec"]["receivers"][0]["webhookConfigs"][0]["url"]
-    assert url == f"http://inferwatch-receiver.{site.namespace}.svc:9405/webhook"
+    if site.tsdb == victoria.OPERATOR:
+        (config,) = [d for d in documents if d["kind"] == "AlertmanagerConfig"]
+        url = config["spec"]["receivers"][0]["webhookConfigs"][0]["url"]
+        assert url == f"http://inferwatch-receiver.{site.namespace}.svc:9405/webhook"
     for _, template in pods(documents):
         for container in template["spec"]["containers"]:
             if container["image"].startswith("inferwatch"):
                 assert container["image"] == f"inferwatch:{site.image_tag}"
     values = KIT / "overlays" / overlay / "prometheus-values.yaml"
-    if site.cluster:
+    if site.cluster and site.tsdb == victoria.OPERATOR:
         spec = yaml.safe_load(values.read_text(encoding="utf-8"))["prometheus"]["prometheusSpec"]
         assert spec["externalLabels"] == {"cluster": site.cluster}
         assert [w["url"] for w in spec.get("remoteWrite", [])] == (
@@ -380,12 +412,21 @@ def test_the_site_sets_namespace_release_and_cluster(
 def test_rules_component_carries_the_generated_prometheus_rule(
     rendered: tuple[str, list[dict[str, Any]]],
 ) -> None:
-    _, documents = rendered
-    (rule,) = [d for d in documents if d["kind"] == "PrometheusRule"]
+    """On a VictoriaMetrics site, vmalert's rule file holds the same groups."""
+    overlay, documents = rendered
     source = yaml.safe_load(
         (REPO / "alerts" / "generated" / "kubernetes" / "prometheusrule.yaml").read_text()
     )
-    assert rule["spec"] == source["spec"]
+    if on_operator(overlay):
+        (rule,) = [d for d in documents if d["kind"] == "PrometheusRule"]
+        assert rule["spec"] == source["spec"]
+        return
+    (rules,) = [
+        d for d in documents
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith(f"{victoria.VMALERT}-")
+    ]  # fmt: skip
+    groups = yaml.safe_load(rules["data"][victoria.RULES_FILE])
+    assert groups == {"groups": source["spec"]["groups"]}
 
 
 def test_every_object_fits_kubectl_applys_annotation(

@@ -347,6 +347,15 @@ FULL_SITE = {
     "models": yaml.safe_load((KIT / "sites" / "single-cluster.yaml").read_text())["models"],
     "automation": {"gpu_node_selector": "nvidia.com/gpu.present=true", "gpu_reset": True},
     "tracing": {"otlp_endpoint": "http://collector.monitoring.svc:4318", "sampling_ratio": 0.1},
+    # read whichever tsdb is chosen (a remote write is the operator path's)
+    "tsdb": "prometheus-operator",
+    "victoriametrics": {
+        "url": "http://vminsert.monitoring.svc:8480/insert/0/prometheus",
+        "read_url": "http://vmselect.monitoring.svc:8481/select/0/prometheus",
+        "alertmanager_url": "http://alertmanager.monitoring.svc:9093",
+        "shards": 2,
+        "image_tag": "v1.102.1",
+    },
 }
 
 

@@ -21,6 +21,7 @@ import yaml
 from inferwatch.cli import main
 from inferwatch.exporters import gpu_reset
 from inferwatch.k8s import kit as k8s
+from inferwatch.k8s import victoria
 from support.k8s import KIT, render, validate
 from support.pss import pod_templates, violations
 from support.shared import tool
@@ -90,17 +91,18 @@ def test_sidecars_ask_the_agent_its_namespace_lets_in(kubectl: str, site: str) -
     agent_secret = _secret(agent_container, "INFERWATCH_NODE_AGENT_TOKEN")
     meta, port = service["metadata"], service["spec"]["ports"][0]["port"]
     url = f"--node-agent-url=http://{meta['name']}.{meta['namespace']}.svc:{port}"
-    sidecars, prometheus = policy["spec"]["ingress"][0]["from"]
+    sidecars, scraper = policy["spec"]["ingress"][0]["from"]
     allowed = sidecars
     config = k8s.load_site(KIT / "sites" / f"{site}.yaml")
-    assert prometheus["namespaceSelector"]["matchLabels"] == {
-        "kubernetes.io/metadata.name": config.monitoring_namespace
-    }
-    monitor = next(d for d in agent if d["kind"] == "PodMonitor")
-    assert monitor["metadata"]["labels"]["release"] == config.release
-    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == [
-        p["name"] for p in agent_container["ports"]
-    ]
+    space, labels = _scraper(config)
+    assert scraper == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": space}},
+                       "podSelector": {"matchLabels": labels}}  # fmt: skip
+    if config.tsdb == victoria.OPERATOR:  # vmagent's job: tests/test_k8s_victoria.py
+        monitor = next(d for d in agent if d["kind"] == "PodMonitor")
+        assert monitor["metadata"]["labels"]["release"] == config.release
+        assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == [
+            p["name"] for p in agent_container["ports"]
+        ]
     checked = 0
     for document in render(kubectl, site):
         for where, template in pod_templates(document):
@@ -121,6 +123,13 @@ def test_sidecars_ask_the_agent_its_namespace_lets_in(kubectl: str, site: str) -
 
 def _site(site: str) -> k8s.Site:
     return k8s.load_site(KIT / "sites" / f"{site}.yaml")
+
+
+def _scraper(site: k8s.Site) -> tuple[str, dict[str, str]]:
+    """The namespace and labels of the pods that scrape the site: Prometheus or vmagent."""
+    if site.tsdb == victoria.OPERATOR:
+        return site.monitoring_namespace, {"app.kubernetes.io/name": "prometheus"}
+    return site.namespace, {"app.kubernetes.io/name": victoria.VMAGENT}
 
 
 def _agent_pod(documents: tuple[dict[str, Any], ...]) -> dict[str, Any]:
@@ -242,9 +251,9 @@ def test_the_sidecars_port_admits_the_node_agent_after_the_overlays_replacements
         (policy,) = [p for p in policies if _selects(p["spec"]["podSelector"], labels)]
         assert admits(policy, 9400, space, agent) is wanted, (site, policy["metadata"]["name"])
         assert not admits(policy, 9402, space, agent), "tenant metrics stay closed to it"
-        # the replacement still points Prometheus at the site's monitoring namespace
-        prometheus = {"app.kubernetes.io/name": "prometheus"}
-        assert admits(policy, 9400, _site(site).monitoring_namespace, prometheus)
+        # the replacement still points Prometheus at the site's monitoring namespace (or
+        # the patches vmagent at its own)
+        assert admits(policy, 9400, *_scraper(_site(site)))
         assert not admits(policy, 9400, "elsewhere", agent)
 
 

@@ -34,7 +34,7 @@ from inferwatch import config as layer
 from inferwatch import wire
 from inferwatch.config import Duration
 from inferwatch.config.schema import Fail, Fields, matching_of
-from inferwatch.k8s import automation, autoscaling, inject
+from inferwatch.k8s import automation, autoscaling, inject, victoria
 from inferwatch.k8s import tracing as k8s_tracing
 from inferwatch.mixin import files as generated
 from inferwatch.mixin import validate
@@ -57,7 +57,11 @@ URL = re.compile(r"https?://[^\s/@]+(/[^\s@]*)?")
 #: the longest text value: a DNS name's
 MAX_TEXT = 253
 #: what each generated file is, for the checks run before any is written
-KINDS = {"components/rules/prometheusrule.yaml": validate.PROMETHEUS_RULE, "*.yaml": validate.YAML}
+KINDS = {
+    "components/rules/prometheusrule.yaml": validate.PROMETHEUS_RULE,
+    **victoria.KINDS,
+    "*.yaml": validate.YAML,
+}
 #: where base/node-agent runs: the sidecars' --node-agent-url names it
 NODE_AGENT_NAMESPACE = inject.NODE_AGENT_NAMESPACE
 
@@ -111,6 +115,11 @@ class Site:
     tracing: k8s_tracing.Tracing | None = None
     #: the node agent carries out the receiver's GPU reset requests (privileged, with API access)
     gpu_reset: bool = False
+    #: what scrapes and evaluates the rules: the Prometheus operator's objects, or vmagent and
+    #: vmalert (inferwatch/k8s/victoria.py)
+    tsdb: str = victoria.OPERATOR
+    #: the VictoriaMetrics store and Alertmanager (read when present, used with its tsdb)
+    victoriametrics: victoria.Victoria | None = None
 
 
 #: a Gateway API rule holds at most 64 matches, one per user
@@ -127,7 +136,7 @@ QUEUE = {
 SECTIONS = {
     "": {
         "namespace", "cluster", "image_tag", "monitoring", "gateway", "autoscaling", "models",
-        "automation", "tracing",
+        "automation", "tracing", "tsdb", "victoriametrics",
     },
     "monitoring": {"namespace", "release", "remote_write"},
     "monitoring.remote_write": {"url", *QUEUE, "batch_send_deadline"},
@@ -138,6 +147,7 @@ SECTIONS = {
     "autoscaling": {"mode", "min_replicas", "max_replicas"},
     "automation": {"gpu_node_selector", "gpu_reset"},
     "tracing": k8s_tracing.KEYS,
+    "victoriametrics": victoria.KEYS,
 }
 #: an equality-based label selector, as the receiver's node inventory reads it
 _REQUIREMENT = (
@@ -199,7 +209,22 @@ def load_site(path: Path) -> Site:
         tracing=k8s_tracing.load(top.child("tracing")) if "tracing" in top.raw else None,
         # the node agent resets the GPUs the receiver asks a reset of (off: nothing does)
         gpu_reset=acting.flag("gpu_reset", False),
+        tsdb=top.choice("tsdb", victoria.OPERATOR, victoria.TSDBS),
+        # checked whichever tsdb is chosen, so that switching is one line
+        victoriametrics=victoria.load(top.child("victoriametrics"))
+        if "victoriametrics" in top.raw
+        else None,
     )
+    if site.tsdb == victoria.VICTORIA and site.victoriametrics is None:
+        raise top.error(
+            "victoriametrics", "is required with tsdb: victoriametrics (the store's url and "
+            "the alertmanager_url)"
+        )  # fmt: skip
+    if site.tsdb == victoria.VICTORIA and site.remote_write:
+        raise monitoring.error(
+            "remote_write", "is Prometheus'; with tsdb: victoriametrics vmagent writes to "
+            "victoriametrics.url"
+        )  # fmt: skip
     if site.remote_write and not site.cluster:
         raise monitoring.error(
             "remote_write", "needs cluster: series from several clusters in one store "
@@ -343,9 +368,11 @@ def render_overlay(
     site: Site,
     scaled: autoscaling.Scaled,
     headers: tuple[str, ...] = DEFAULT_PROXY_HEADERS,
+    monitors: tuple[victoria.Monitor, ...] = (),
 ) -> dict[str, str]:
     """Relative path (under ``overlays/``) -> text, for one site (``scaled``: the kit's
-    model Deployment; ``headers``: what its proxy takes from a gateway)."""
+    model Deployment; ``headers``: what its proxy takes from a gateway; ``monitors``: the
+    base's, which a VictoriaMetrics site's vmagent scrapes as the operator would)."""
     literals = [
         f"namespace={site.namespace}",
         f"release={site.release}",
@@ -428,6 +455,9 @@ def render_overlay(
             "patch": json.dumps([{"op": "add", "path": "/spec/ingress/-",
                                   "value": inject.NODE_AGENT_INGRESS}]),
         })  # fmt: skip
+    agent = node_agent_overlay(site)
+    if site.victoriametrics and site.tsdb == victoria.VICTORIA:
+        files.update(_victoria_overlay(site, kustomization, agent, monitors))
     header = (
         MARKER + f"# from deploy/kubernetes/sites/{site.name}.yaml; render with\n"
         f"#   kubectl kustomize deploy/kubernetes/overlays/{site.name}\n"
@@ -446,10 +476,9 @@ def render_overlay(
     files[f"{site.name}/node-agent/kustomization.yaml"] = (
         MARKER + f"# from deploy/kubernetes/sites/{site.name}.yaml: the node agent, in its own\n"
         f"# namespace ({NODE_AGENT_NAMESPACE}); apply it before the site's overlay\n"
-        f"#   kubectl apply -k deploy/kubernetes/overlays/{site.name}/node-agent\n"
-        + _dump(node_agent_overlay(site))
+        f"#   kubectl apply -k deploy/kubernetes/overlays/{site.name}/node-agent\n" + _dump(agent)
     )
-    if site.cluster:
+    if site.cluster and site.tsdb == victoria.OPERATOR:
         files[f"{site.name}/prometheus-values.yaml"] = (
             MARKER
             + "# kube-prometheus-stack values for this cluster's Prometheus: the cluster label\n"
@@ -461,6 +490,28 @@ def render_overlay(
     return files
 
 
+def _victoria_overlay(
+    site: Site,
+    kustomization: dict[str, Any],
+    agent: dict[str, Any],
+    monitors: tuple[victoria.Monitor, ...],
+) -> dict[str, str]:
+    """Make the site's and its node agent's kustomizations the VictoriaMetrics ones; the
+    files they add. vmagent scrapes what the base's and the injected models' monitors
+    select."""
+    assert site.victoriametrics is not None
+    scraped = (*monitors, *victoria.split_monitors(_injected(site), site.namespace)[1])
+    added = victoria.overlay(
+        site.victoriametrics, kustomization, scraped, site.namespace, site.cluster,
+        site.monitoring_namespace, MARKER,
+    )  # fmt: skip
+    for name, text in victoria.node_agent(
+        agent, scraped, site.namespace, NODE_AGENT_NAMESPACE, MARKER
+    ).items():
+        added[f"node-agent/{name}"] = text
+    return {f"{site.name}/{name}": text for name, text in added.items()}
+
+
 def receiver_mapping(site: Site, scaled: autoscaling.Scaled) -> dict[str, Any]:
     """The mapping the site's receiver runs: its namespace, its models' pods and GPU nodes as
     the inventory, its fallback for the traffic shift."""
@@ -469,12 +520,26 @@ def receiver_mapping(site: Site, scaled: autoscaling.Scaled) -> dict[str, Any]:
     )
 
 
-def inject_component(site: Site) -> dict[str, str]:
-    """The site's injection Component (``inject/``), for the models its file names."""
-    rendered = inject.render_component(
+def _injection(site: Site) -> dict[str, Any]:
+    return inject.render_component(
         site.models, site.release, site.cluster, site.monitoring_namespace, site.namespace,
         site.image_tag, k8s_tracing.args(site.tracing) if site.tracing else (), site.gpu_reset,
     )  # fmt: skip
+
+
+def _injected(site: Site) -> list[dict[str, Any]]:
+    """The objects of the site's injection Component, its PodMonitors included."""
+    documents: list[dict[str, Any]] = _injection(site)["documents"]
+    return documents
+
+
+def inject_component(site: Site) -> dict[str, str]:
+    """The site's injection Component (``inject/``), for the models its file names (on a
+    VictoriaMetrics site without PodMonitors: its vmagent scrapes the models)."""
+    rendered = _injection(site)
+    documents = rendered["documents"]
+    if site.tsdb == victoria.VICTORIA:
+        documents = victoria.split_monitors(documents, site.namespace)[0]
     folder = f"deploy/kubernetes/overlays/{site.name}/inject"
     header = (
         MARKER + f"# from the models of deploy/kubernetes/sites/{site.name}.yaml: add it to the\n"
@@ -483,7 +548,7 @@ def inject_component(site: Site) -> dict[str, str]:
         f"#   helm install ... --post-renderer deploy/kubernetes/helm/inferwatch-post-renderer "
         f"--post-renderer-args {folder}\n"
     )
-    objects = "---\n".join(_dump(document) for document in rendered["documents"])
+    objects = "---\n".join(_dump(document) for document in documents)
     return {
         f"{site.name}/inject/kustomization.yaml": header + _dump(rendered["kustomization"]),
         f"{site.name}/inject/models.yaml": MARKER + objects,
@@ -651,7 +716,11 @@ def _autoscaling_overlay(
     from inferwatch.mixin import config as alert_config
 
     config = alert_config.load()
-    url = autoscaling.prometheus_url(site.release, site.monitoring_namespace)
+    url = (
+        site.victoriametrics.read_url
+        if site.victoriametrics and site.tsdb == victoria.VICTORIA
+        else autoscaling.prometheus_url(site.release, site.monitoring_namespace)
+    )
     component = autoscaling.COMPONENT[site.autoscaling]
     kustomization["components"].append(f"../../components/{component}")
     kustomization["patches"] += autoscaling.overlay_patches(
@@ -785,8 +854,9 @@ def render(kit: Path) -> dict[str, str]:
         where = kit / autoscaling.DEPLOYMENT_FILE
         raise SiteError(f"{where}: no model Deployment to scale ({exc!r})") from None
     headers = proxy_headers(kit)
+    monitors = victoria.kit_monitors(kit, NODE_AGENT_NAMESPACE)
     for path in sites:
-        for name, text in render_overlay(load_site(path), scaled, headers).items():
+        for name, text in render_overlay(load_site(path), scaled, headers, monitors).items():
             files[f"overlays/{name}"] = text
     for name, text in autoscaling.render_components(alert_config.load(), scaled).items():
         files[f"components/{name}"] = MARKER + text
@@ -794,6 +864,9 @@ def render(kit: Path) -> dict[str, str]:
     rules = writer.default_out() / "kubernetes" / "prometheusrule.yaml"
     for name, text in render_components(rules, generated_dashboards).items():
         files[f"components/{name}"] = text
+    if rules.is_file():
+        for name, text in victoria.rules_component(rules, MARKER).items():
+            files[f"components/{name}"] = text
     return files
 
 
