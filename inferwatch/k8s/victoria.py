@@ -527,7 +527,8 @@ def node_agent(
 def rules_component(prometheus_rule: Path, marker: str) -> dict[str, str]:
     """``components/vmalert-rules``: the generated PrometheusRule's groups as vmalert's rule
     file, in a ConfigMap whose hashed name rolls vmalert when a rule changes."""
-    document = yaml.safe_load(prometheus_rule.read_text(encoding="utf-8"))
+    source = str(prometheus_rule)
+    document = layer.parse(layer.read_text(prometheus_rule, source), source)
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1alpha1",
         "kind": "Component",
