@@ -159,6 +159,8 @@ def demo(
     Ctrl-C.
     """
     context = click.get_current_context()
+    if tsdb == "victoriametrics":
+        _check_victoriametrics(context, base_port)
     urls = [external.base_url(url) for url in engine_url]
     if urls and context.get_parameter_source("speed") != click.core.ParameterSource.DEFAULT:
         raise BadInput(
@@ -190,8 +192,6 @@ def demo(
             f"{timeline.steps[0].at:g}s, then one fault and its repair ({steps}); "
             f"--scenario none for a quiet run"
         )
-    if tsdb == "victoriametrics":
-        _check_victoriametrics(context, base_port)
     with httpx.Client() as http:
         engines = tuple(external.discover(url, http) for url in urls)
     haproxy_bin = routing.binary()

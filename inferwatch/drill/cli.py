@@ -73,7 +73,6 @@ HELP = (
 )
 @click.option(
     "--scenario",
-    "chosen",
     multiple=True,
     type=click.Choice([s.name for s in SCENARIOS]),
     show_envvar=True,
@@ -86,7 +85,7 @@ def drill(
     rate: float,
     alert_config: Path | None,
     tsdb: topology.Tsdb,
-    chosen: tuple[str, ...],
+    scenario: tuple[str, ...],
 ) -> None:
     # the help is HELP, whose list of scenarios is made from the drill's own
     try:
@@ -124,7 +123,7 @@ def drill(
         click.echo(f"[{time.monotonic() - began:6.1f}s] {line}")
         sys.stdout.flush()  # progress shows as it happens, also on a pipe
 
-    played = [s for s in SCENARIOS if not chosen or s.name in chosen]
+    played = [s for s in SCENARIOS if not scenario or s.name in scenario]
     run = Drill(options, sys.stdout, live=False, progress=progress, scenarios=played)
     try:
         error = asyncio.run(run.run())
