@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from inferwatch.cli import main
@@ -115,6 +116,51 @@ def test_vmalert_sends_the_xid_alert_to_alertmanager(demo: Demo) -> None:
     response.raise_for_status()
     fired = xid(response.json()["data"]["alerts"])
     assert fired is not None and fired["state"] == "firing", fired
+
+
+@pytest.mark.unit
+def test_the_two_clusters_vmagents_scrape_prometheuss_targets_between_them() -> None:
+    """Every target Prometheus would scrape, each once: a cluster's replicas by its vmagent,
+    what serves the whole fleet by the first cluster's; each labelled with its cluster."""
+    clusters = topology.clusters(topology.REPLICAS, split=True)
+    assert list(clusters) == list(CLUSTERS)
+    ports = topology.Ports.assign(18000, topology.REPLICAS, clusters)
+    assert (list(ports.vmagent.values()), ports.vmalert) == ([18022, 18023], 18024)
+
+    def targets(document: dict[str, Any]) -> dict[str, str]:
+        return {target: group["labels"]["cluster"] for job in document["scrape_configs"]
+                for group in job["static_configs"] for target in group["targets"]}  # fmt: skip
+
+    scraped: dict[str, str] = {}
+    for index, (cluster, members) in enumerate(clusters.items()):
+        text = topology.vmagent_config(ports, cluster, members, None, index == 0, index == 0)
+        found = targets(yaml.safe_load(text))
+        assert set(found.values()) == {cluster}
+        assert not set(found) & set(scraped)
+        scraped |= found
+    everything = targets(yaml.safe_load(topology.prometheus_config(ports, (), True)))
+    assert set(scraped) == set(everything)
+
+
+@pytest.mark.proc
+def test_each_clusters_config_with_its_spares_discovery_files_passes_vmagents_check(
+    tmp_path: Path,
+) -> None:
+    """A scale-out scenario's configs: each job also reads a discovery file, as vmagent
+    1.79's strict parser takes it."""
+    vmagent = tool("vmagent")
+    fleet = topology.fleet(["primary-v1b"])
+    clusters = topology.clusters(fleet, split=True)
+    ports = topology.Ports.assign(18000, fleet, clusters)
+    for cluster, members in clusters.items():
+        folder = tmp_path / cluster
+        topology.write_discovered(folder, ports, [], cluster)
+        config = tmp_path / f"{cluster}.yml"
+        config.write_text(topology.vmagent_config(ports, cluster, members, folder))
+        assert "file_sd_configs" in config.read_text()
+        check = subprocess.run([vmagent, "-dryRun", f"-promscrape.config={config}"],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert check.returncode == 0, check.stderr
 
 
 @pytest.mark.unit

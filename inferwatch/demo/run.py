@@ -103,7 +103,7 @@ class Demo:
         self.clusters = topology.clusters(self.fleet, split=options.victoria is not None)
         scrapers = self.clusters if options.victoria else ()
         self.ports = Ports.assign(options.base_port, self.fleet, scrapers)
-        self.started: list[str] = []  # the spares started so far, which Prometheus discovers
+        self.started: list[str] = []  # the spares started so far, which the scrapers discover
         self.observer: Observer | None = None  # set at t=0
         self.joining: list[asyncio.Task[None]] = []  # started spares coming up
         self.admin_token = secrets.token_urlsafe(16)

@@ -330,6 +330,9 @@ def vmagent_config(
     with ``cluster`` as the external label of everything it remote-writes. Every vmagent of a
     cluster reads this same file; ``-promscrape.cluster.*`` flags share its targets out."""
     jobs = scrape_configs(ports, replicas, discovery, cluster, gateway, runbooks)
+    for job in jobs:  # vmagent (1.79) refuses the field: -promscrape.fileSDCheckInterval sets it
+        for files in job.get("file_sd_configs", ()):
+            del files["refresh_interval"]
     document: dict[str, Any] = {
         "global": {"scrape_interval": INTERVAL, "external_labels": {"cluster": cluster}},
         "scrape_configs": jobs,
@@ -349,8 +352,8 @@ def scrape_configs(
     the cluster, and HAProxy's built-in exporter (the gateway board's series, labelled with
     the cluster only: it serves every replica): one list, which Prometheus and vmagent read.
     With ``runbooks`` the runbook receiver Alertmanager feeds is scraped too (its webhooks,
-    actions and breakers). A cluster's scraper without ``gateway`` leaves HAProxy to the one
-    scraping the cluster it is counted in.
+    actions and breakers); without ``gateway`` HAProxy is not (another cluster's scraper
+    has it: what serves the whole fleet is scraped once).
 
     A spare's targets are not listed: with ``discovery`` (a folder), each job also reads its
     targets from a file there (file-based service discovery), which :func:`write_discovered`
