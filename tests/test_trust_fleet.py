@@ -43,6 +43,12 @@ def ok(answers: list[httpx.Response]) -> list[httpx.Response]:
     return [answer for answer in answers if answer.status_code == 200]
 
 
+def settled(server: RedisServer, tenant: str) -> bool:
+    """Whether no request of the tenant holds a reservation (its settlements, which follow
+    the answers, have all reached Redis)."""
+    return command(server, "HLEN", f"inferwatch:{{{tenant}}}:h") == 0
+
+
 # ---------------------------------------------------------------- one tenant's damaged keys
 @pytest.mark.parametrize(
     "planted",
@@ -198,6 +204,7 @@ def test_a_planted_journal_credits_nothing_and_writes_no_unknown_tenant(
     try:
         (proxy,) = fleet.add(1)
         assert ok(flood([proxy.url], "acme", per_proxy=1, max_tokens=50, delay_ms=0))
+        wait_for(lambda: settled(redis_server, "acme"), "the request's settlement")
         start = charged(redis_server, "acme")
         assert start > 0
         now_ms = int(time.time() * 1000)

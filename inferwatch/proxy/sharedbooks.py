@@ -44,6 +44,9 @@ def damaged(exc: BaseException) -> bool:
     return isinstance(exc, ResponseError) and _DAMAGED.search(str(exc)) is not None
 
 
+#: longest a settlement waits for an admission's round trip to ride along with (s)
+PATIENCE_S = 0.002
+
 #: a replayed journal entry, and the id of a hold whose lease expired, are remembered this
 #: long, so that a replay cut short is not charged twice and a late settlement still charges
 REPLAYED_TTL_S = 7 * 24 * 3600
@@ -309,6 +312,10 @@ class Books:
         self._keys: dict[str, list[str]] = {}
         self._queued: list[tuple[_Script, list[str], list[Any], asyncio.Future[Any]]] = []
         self._sending: set[asyncio.Task[None]] = set()
+        #: a send is due this turn of the loop (an urgent call is queued)
+        self._due = False
+        #: the send a queue of only patient calls waits for
+        self._later: asyncio.TimerHandle | None = None
 
     def keys(self, tenant: str) -> list[str]:
         """The tenant's window, holds, leases and expired holds (made once per tenant)."""
@@ -318,13 +325,23 @@ class Books:
             found = self._keys[tenant] = [f"{base}:w", f"{base}:h", f"{base}:l", f"{base}:x"]
         return found
 
-    async def _call(self, script: _Script, keys: list[str], args: list[Any]) -> Any:
+    async def _call(
+        self, script: _Script, keys: list[str], args: list[Any], patient: bool = False
+    ) -> Any:
+        """Run ``script``: in this turn's pipeline or, ``patient`` (a settlement, whose
+        request has its answer already), in the next urgent call's, at most
+        :data:`PATIENCE_S` later. Under load settlements then ride along with admissions
+        instead of costing both sides a round trip of their own."""
         if not self.pipelines:
             return await self._direct(script, keys, args)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
         self._queued.append((script, keys, args, future))
-        if len(self._queued) == 1:
-            asyncio.get_running_loop().call_soon(self._send)
+        if not patient and not self._due:
+            self._due = True
+            loop.call_soon(self._send)
+        elif self._later is None and not self._due:
+            self._later = loop.call_later(PATIENCE_S, self._send)
         return await future
 
     async def _direct(self, script: _Script, keys: list[str], args: list[Any]) -> Any:
@@ -335,6 +352,12 @@ class Books:
             return await self.client.evalsha(script.sha, len(keys), *keys, *args)
 
     def _send(self) -> None:
+        self._due = False
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
+        if not self._queued:
+            return
         calls, self._queued = self._queued, []
         task = asyncio.ensure_future(self._pipeline(calls))
         self._sending.add(task)
@@ -432,6 +455,7 @@ class Books:
         tokens: int,
         spent_in_ms: int = -1,
         entry: str = "",
+        patient: bool = False,
     ) -> Window | None:
         """Release ``hold`` and charge ``tokens``; None when it was settled already (or
         ``entry``, the journal entry of a request that held nothing, was replayed)."""
@@ -439,7 +463,7 @@ class Books:
         if entry:
             keys = [*keys, f"{self.prefix}:{{{tenant}}}:j:{entry}"]
         args = [hold, window_ms, tokens, spent_in_ms, REPLAYED_TTL_S]
-        charged, *window = await self._call(self._settle, keys, args)
+        charged, *window = await self._call(self._settle, keys, args, patient)
         return Window(*window) if charged == 1 else None
 
     async def renew(self, tenant: str, holds: list[str], lease_ms: int) -> int:
@@ -455,13 +479,14 @@ class Books:
     async def rate(
         self, tenant: str, buckets: list[tuple[str, int, float, float]], charge: bool
     ) -> tuple[bool, int, list[float]]:
-        """Let in against (or, with ``charge``, take from) ``(name, capacity, need, take)``
-        buckets: (admitted, ms to wait, levels after)."""
+        """Let in against (or, with ``charge``, take from: a patient call, see
+        :meth:`_call`) ``(name, capacity, need, take)`` buckets: (admitted, ms to wait,
+        levels after)."""
         keys = self._bucket_keys(tenant, buckets)
         args: list[str | int | float] = ["charge" if charge else "take"]
         for _, capacity, needed, taken in buckets:
             args += [capacity, needed, taken]
-        admitted, wait, *levels = await self._call(self._rate, keys, args)
+        admitted, wait, *levels = await self._call(self._rate, keys, args, patient=charge)
         return admitted == 1, int(wait), [level / 1000 for level in levels]
 
     async def total(self, tenant: str) -> int:
