@@ -2,8 +2,9 @@
 each scraped by its own vmagent into one single-node VictoriaMetrics, the generated rules on
 vmalert, which alone sends Alertmanager its alerts (no Prometheus runs).
 
-One demo plays the cheapest fault, an XID on primary-v1 one second in; its tests read what
-the demo's banner announces. The drill plays its shortest scenario (``reset-class-xid``).
+The drill plays its shortest scenario (``reset-class-xid``) first, then one demo plays the
+cheapest fault, an XID on primary-v1 one second in, and its tests read what the demo's
+banner announces: one stack at a time.
 """
 
 from __future__ import annotations
@@ -45,6 +46,27 @@ def binaries(haproxy_bin: str, alertmanager_bin: str) -> None:
     """Skipped locally (a failure under CI) unless all the stack's binaries are installed."""
     for name in ("victoria-metrics", "vmagent", "vmalert", "redis-server"):
         tool(name)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_the_drill_on_victoriametrics_passes_its_shortest_scenario(
+    binaries: None, tmp_path: Path
+) -> None:
+    report = tmp_path / "drill.json"
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "inferwatch", "drill", "--tsdb", "victoriametrics",
+         "--scenario", "reset-class-xid", "--report", str(report)],
+        capture_output=True, text=True, timeout=280, cwd=tmp_path,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "  vmalert " in output and "  prometheus " not in output, output
+    result = json.loads(report.read_text())
+    assert result["ok"] and result["settings"]["tsdb"] == "victoriametrics", result
+    (line,) = result["scenarios"]
+    assert line["scenario"] == "reset-class-xid" and line["checks"]["alert fired"], line
+    assert line["acted"]["isolate_replica"] == 1, line
 
 
 @pytest.fixture(scope="module")
@@ -169,24 +191,3 @@ def test_victoriametrics_takes_prometheuss_place_and_needs_alertmanager(flag: st
     result = CliRunner().invoke(main, ["demo", "--tsdb", "victoriametrics", flag])
     assert result.exit_code == 2, result.output
     assert f"{flag} cannot go with --tsdb victoriametrics" in result.output
-
-
-@pytest.mark.e2e
-@pytest.mark.timeout(300)
-def test_the_drill_on_victoriametrics_passes_its_shortest_scenario(
-    binaries: None, tmp_path: Path
-) -> None:
-    report = tmp_path / "drill.json"
-    done = subprocess.run(
-        [sys.executable, "-P", "-m", "inferwatch", "drill", "--tsdb", "victoriametrics",
-         "--scenario", "reset-class-xid", "--report", str(report)],
-        capture_output=True, text=True, timeout=280, cwd=tmp_path,
-    )  # fmt: skip
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
-    assert "  vmalert " in output and "  prometheus " not in output, output
-    result = json.loads(report.read_text())
-    assert result["ok"] and result["settings"]["tsdb"] == "victoriametrics", result
-    (line,) = result["scenarios"]
-    assert line["scenario"] == "reset-class-xid" and line["checks"]["alert fired"], line
-    assert line["acted"]["isolate_replica"] == 1, line
