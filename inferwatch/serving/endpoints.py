@@ -20,6 +20,7 @@ from prometheus_client.exposition import choose_encoder
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from inferwatch.serving.exposition import fast_encoder
 from inferwatch.serving.readiness import Condition
 
 __all__ = [
@@ -63,7 +64,11 @@ def encode_metrics(
 ) -> tuple[bytes, dict[str, str]]:
     """The /metrics body and headers for a scraper's ``Accept`` and ``Accept-Encoding``."""
     encoder, content_type = choose_encoder(accept)
-    body = encoder(Families(families).registry())
+    families = list(families)
+    fast = fast_encoder(encoder)
+    body = fast(families) if fast is not None else None
+    if body is None:
+        body = encoder(Families(families).registry())
     headers = {"Content-Type": content_type}
     if "gzip" in accept_encoding:
         body = gzip.compress(body, compresslevel=5)
