@@ -290,11 +290,11 @@ def test_a_slow_redis_counts_as_down_and_a_late_reservation_does_not_leak(
         ledger = SharedLedger(config)
         books = Books(test_books.client, config.shared_state.key_prefix)  # the proxy's keys
         try:
-            first = await ledger.reserve(tenant, budget, 0, 100, clamp=False)
+            first, _ = await ledger.reserve(tenant, budget, 0, 100, clamp=False)
             assert isinstance(first, SharedReservation) and first.hold
             # longer than a call may take (3 x 100 ms), shorter than the first one's lease
             await books.client.execute_command("CLIENT", "PAUSE", 700, "ALL")
-            late = await ledger.reserve(tenant, budget, 0, 200, clamp=False)
+            late, _ = await ledger.reserve(tenant, budget, 0, 200, clamp=False)
             assert not ledger.up and ledger.errors == {"timeout": 1}
             assert isinstance(late, SharedReservation) and not late.hold  # the local bound's
 
@@ -358,7 +358,7 @@ def test_a_reservation_whose_request_left_gives_back_its_rate_tokens(server: Red
         try:
             await books.client.execute_command("CLIENT", "PAUSE", 300, "ALL")
             left = asyncio.ensure_future(
-                ledger.reserve_rated(tenant, budget, 100, 400, rate=[bucket], rate_tokens=500)
+                ledger.reserve(tenant, budget, 100, 400, rate=[bucket], rate_tokens=500)
             )
             await asyncio.sleep(0.05)
             left.cancel()

@@ -38,7 +38,8 @@ def spend_the_budget(url: str, tmp_path: Path) -> list[Reservation | Refusal]:
     async def run() -> list[Reservation | Refusal]:
         ledger = SharedLedger(config)
         try:
-            results = [await ledger.reserve("acme", budget, 0, 40, clamp=False) for _ in range(6)]
+            reserved = [await ledger.reserve("acme", budget, 0, 40, clamp=False) for _ in range(6)]
+            results = [reservation for reservation, _ in reserved]
             assert ledger.up, ledger.errors
             return results
         finally:

@@ -5,18 +5,31 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 import httpx
 
-from inferwatch.clikit import BadInput, CannotRun, FiniteFloat, PortTaken
+from inferwatch.clikit import BadInput, CannotRun, F, FiniteFloat, PortTaken
 from inferwatch.demo import alerting, routing, sharedstate, topology, victoria
 from inferwatch.demo import engines as external
 from inferwatch.demo import scenario as scenarios
 from inferwatch.demo.processes import PortInUse
 from inferwatch.demo.run import Demo, Options
 from inferwatch.mixin.config import ConfigError
+
+
+def tsdb_option(help: str) -> Callable[[F], F]:
+    """``--tsdb``, the demo's and the drill's: where the series go and the rules run."""
+    return click.option(
+        "--tsdb",
+        type=click.Choice(topology.TSDBS),
+        default="prometheus",
+        show_default=True,
+        show_envvar=True,
+        help=help,
+    )
 
 
 @click.command()
@@ -66,12 +79,7 @@ from inferwatch.mixin.config import ConfigError
     "metrics; with --tsdb victoriametrics then each cluster's vmagent and vmalert).  "
     "[default: free ports]",
 )
-@click.option(
-    "--tsdb",
-    type=click.Choice(topology.TSDBS),
-    default="prometheus",
-    show_default=True,
-    show_envvar=True,
+@tsdb_option(
     help="Where the series go and the rules run: one Prometheus scraping the fleet, or "
     "VictoriaMetrics as at scale: the replicas split into two clusters (east: the primary "
     "model, the gateway and the runbook receiver; west: the fallback model), each scraped by "

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from inferwatch.clikit import BadInput, CannotRun, Failed, FiniteFloat, PortTaken, cannot_write
 from inferwatch.demo import alerting, routing, sharedstate, topology, victoria
+from inferwatch.demo.cli import tsdb_option
 from inferwatch.demo.processes import PortInUse
 from inferwatch.demo.run import Options
 from inferwatch.drill.run import SCENARIOS, Drill, Timeline
@@ -62,12 +63,7 @@ HELP = (
     help="Alert config the rules and routing are generated from, on top of the defaults.  "
     "[default: alerts/demo.yaml, short windows and for: durations]",
 )
-@click.option(
-    "--tsdb",
-    type=click.Choice(topology.TSDBS),
-    default="prometheus",
-    show_default=True,
-    show_envvar=True,
+@tsdb_option(
     help="As for the demo: Prometheus, or VictoriaMetrics with a vmagent per cluster and "
     "vmalert doing the alerting.",
 )

@@ -467,7 +467,7 @@ class ProxyApp:
         if reserving:
             clamp = config.over_budget == "clamp"
             if self.shared is not None:
-                reserved, levels = await self.shared.reserve_rated(
+                reserved, levels = await self.shared.reserve(
                     exchange.tenant, budget, prompt.tokens, cap, choices, clamp, fleet_cap,
                     self.rates.buckets(exchange.tenant, exchange.model)
                     if merged and self.rates is not None

@@ -225,30 +225,14 @@ class SharedLedger:
         choices: int = 1,
         clamp: bool = True,
         most: int = 0,
-    ) -> Reservation | Refusal:
-        """Reserve against the tenant's budget (if it has one) and, with ``most``, take one
-        of its ``most`` concurrency slots, fleet-wide: one script, one round trip."""
-        reserved, _ = await self.reserve_rated(
-            tenant, budget, prompt, completion_cap, choices, clamp, most
-        )
-        return reserved
-
-    async def reserve_rated(
-        self,
-        tenant: str,
-        budget: Budget | None,
-        prompt: int,
-        completion_cap: int,
-        choices: int = 1,
-        clamp: bool = True,
-        most: int = 0,
         rate: Sequence[Bucket] = (),
         rate_tokens: int = 0,
     ) -> tuple[Reservation | Refusal, Levels | None]:
-        """:meth:`reserve`, letting the request in against its shared ``rate`` buckets
-        first (taking ``rate_tokens`` from the tokens buckets) in the same script: a
-        rate-limited tenant's admission is still one round trip. Also returns the buckets'
-        levels, None where Redis did not read them (down, or the tenant's keys damaged)."""
+        """Reserve against the tenant's budget (if it has one) and, with ``most``, take one
+        of its ``most`` concurrency slots, fleet-wide, after letting the request in against
+        its shared ``rate`` buckets (taking ``rate_tokens`` from the tokens buckets): one
+        script, one round trip. Also returns the buckets' levels, None where Redis did not
+        read them (down, or the tenant's keys damaged)."""
         window_ms = round(budget.window_seconds * 1000) if budget is not None else 0
         if not self.up:
             return self._reserve_down(tenant, budget, prompt, completion_cap, choices, clamp), None
