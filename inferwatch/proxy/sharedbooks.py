@@ -44,9 +44,6 @@ def damaged(exc: BaseException) -> bool:
     return isinstance(exc, ResponseError) and _DAMAGED.search(str(exc)) is not None
 
 
-#: longest a settlement waits for an admission's round trip to ride along with (s)
-PATIENCE_S = 0.002
-
 #: a replayed journal entry, and the id of a hold whose lease expired, are remembered this
 #: long, so that a replay cut short is not charged twice and a late settlement still charges
 REPLAYED_TTL_S = 7 * 24 * 3600
@@ -291,6 +288,26 @@ class _Script:
         self.sha = client.register_script(source).sha
 
 
+@dataclass(frozen=True)
+class _Call:
+    """A script call waiting for its pipeline."""
+
+    script: _Script
+    keys: list[str]
+    args: list[Any]
+    future: asyncio.Future[Any]
+
+
+def _answer(future: asyncio.Future[Any], reply: Any) -> None:
+    """Hand ``reply`` (an exception: raise it) to a caller still waiting."""
+    if future.done():
+        return
+    if isinstance(reply, BaseException):
+        future.set_exception(reply)
+    else:
+        future.set_result(reply)
+
+
 class Books:
     """The scripts on a redis-py asyncio client (plain, Sentinel or Cluster).
 
@@ -310,12 +327,8 @@ class Books:
         self._peek = _Script(client, PEEK)
         self._rate = _Script(client, RATE)
         self._keys: dict[str, list[str]] = {}
-        self._queued: list[tuple[_Script, list[str], list[Any], asyncio.Future[Any]]] = []
+        self._queued: list[_Call] = []
         self._sending: set[asyncio.Task[None]] = set()
-        #: a send is due this turn of the loop (an urgent call is queued)
-        self._due = False
-        #: the send a queue of only patient calls waits for
-        self._later: asyncio.TimerHandle | None = None
 
     def keys(self, tenant: str) -> list[str]:
         """The tenant's window, holds, leases and expired holds (made once per tenant)."""
@@ -325,24 +338,16 @@ class Books:
             found = self._keys[tenant] = [f"{base}:w", f"{base}:h", f"{base}:l", f"{base}:x"]
         return found
 
-    async def _call(
-        self, script: _Script, keys: list[str], args: list[Any], patient: bool = False
-    ) -> Any:
-        """Run ``script``: in this turn's pipeline or, ``patient`` (a settlement, whose
-        request has its answer already), in the next urgent call's, at most
-        :data:`PATIENCE_S` later. Under load settlements then ride along with admissions
-        instead of costing both sides a round trip of their own."""
+    async def _call(self, script: _Script, keys: list[str], args: list[Any]) -> Any:
+        """Run ``script`` in the pipeline of this turn of the event loop."""
         if not self.pipelines:
             return await self._direct(script, keys, args)
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._queued.append((script, keys, args, future))
-        if not patient and not self._due:
-            self._due = True
+        call = _Call(script, keys, args, loop.create_future())
+        self._queued.append(call)
+        if len(self._queued) == 1:
             loop.call_soon(self._send)
-        elif self._later is None and not self._due:
-            self._later = loop.call_later(PATIENCE_S, self._send)
-        return await future
+        return await call.future
 
     async def _direct(self, script: _Script, keys: list[str], args: list[Any]) -> Any:
         try:
@@ -352,60 +357,45 @@ class Books:
             return await self.client.evalsha(script.sha, len(keys), *keys, *args)
 
     def _send(self) -> None:
-        self._due = False
-        if self._later is not None:
-            self._later.cancel()
-            self._later = None
-        if not self._queued:
-            return
         calls, self._queued = self._queued, []
         task = asyncio.ensure_future(self._pipeline(calls))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    async def _pipeline(
-        self, calls: list[tuple[_Script, list[str], list[Any], asyncio.Future[Any]]]
-    ) -> None:
-        """One round trip for every call queued, written and read on a pooled connection
-        (redis-py's Pipeline costs more per call than the scripts do); a NOSCRIPT (the
-        script never ran) is loaded and run again on its own."""
+    async def _pipeline(self, calls: list[_Call]) -> None:
+        """One round trip for every call queued, written in one write on a pooled
+        connection (redis-py's Pipeline costs more per call than the scripts do), each reply
+        handed to its caller as it is read (a script's error fails its call alone). Every
+        reply is read before the connection goes back to the pool, so it is never reused out
+        of step; one that failed part way is dropped. A NOSCRIPT (the script never ran) is
+        loaded and run again on its own."""
+        unloaded: list[_Call] = []
         try:
-            commands = [("EVALSHA", s.sha, len(keys), *keys, *args) for s, keys, args, _ in calls]
-            replies = await self._exchange(commands)
-            for (script, keys, args, future), reply in zip(calls, replies, strict=True):
-                if isinstance(reply, NoScriptError):
-                    reply = await self._direct(script, keys, args)
-                if future.done():
-                    continue
-                if isinstance(reply, Exception):
-                    future.set_exception(reply)
-                else:
-                    future.set_result(reply)
-        except (RedisError, OSError) as exc:  # a script's own error fails its call alone
-            for *_, future in calls:
-                if not future.done():
-                    future.set_exception(exc)
-
-    async def _exchange(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """Send ``commands`` in one write and read every reply (a script's error as its
-        reply), so that the connection goes back to the pool in step; a connection that
-        failed part way is dropped, never reused out of step."""
-        pool = self.client.connection_pool
-        connection = await pool.get_connection()
-        try:
-            await connection.send_packed_command(connection.pack_commands(commands))
-            replies: list[Any] = []
-            for _ in commands:
-                try:
-                    replies.append(await connection.read_response())
-                except ResponseError as error:
-                    replies.append(error)
-            return replies
-        except BaseException:
-            await connection.disconnect()
-            raise
-        finally:
-            await pool.release(connection)
+            pool = self.client.connection_pool
+            connection = await pool.get_connection()
+            try:
+                await connection.send_packed_command(
+                    connection.pack_commands(
+                        [("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args) for c in calls]
+                    )
+                )
+                for call in calls:
+                    try:
+                        _answer(call.future, await connection.read_response())
+                    except NoScriptError:
+                        unloaded.append(call)
+                    except ResponseError as error:
+                        _answer(call.future, error)
+            except BaseException:
+                await connection.disconnect()
+                raise
+            finally:
+                await pool.release(connection)
+            for call in unloaded:
+                _answer(call.future, await self._direct(call.script, call.keys, call.args))
+        except (RedisError, OSError) as exc:
+            for call in calls:
+                _answer(call.future, exc)
 
     async def reserve(
         self,
@@ -455,7 +445,6 @@ class Books:
         tokens: int,
         spent_in_ms: int = -1,
         entry: str = "",
-        patient: bool = False,
     ) -> Window | None:
         """Release ``hold`` and charge ``tokens``; None when it was settled already (or
         ``entry``, the journal entry of a request that held nothing, was replayed)."""
@@ -463,7 +452,7 @@ class Books:
         if entry:
             keys = [*keys, f"{self.prefix}:{{{tenant}}}:j:{entry}"]
         args = [hold, window_ms, tokens, spent_in_ms, REPLAYED_TTL_S]
-        charged, *window = await self._call(self._settle, keys, args, patient)
+        charged, *window = await self._call(self._settle, keys, args)
         return Window(*window) if charged == 1 else None
 
     async def renew(self, tenant: str, holds: list[str], lease_ms: int) -> int:
@@ -479,14 +468,13 @@ class Books:
     async def rate(
         self, tenant: str, buckets: list[tuple[str, int, float, float]], charge: bool
     ) -> tuple[bool, int, list[float]]:
-        """Let in against (or, with ``charge``, take from: a patient call, see
-        :meth:`_call`) ``(name, capacity, need, take)`` buckets: (admitted, ms to wait,
-        levels after)."""
+        """Let in against (or, with ``charge``, take from) ``(name, capacity, need, take)``
+        buckets: (admitted, ms to wait, levels after)."""
         keys = self._bucket_keys(tenant, buckets)
         args: list[str | int | float] = ["charge" if charge else "take"]
         for _, capacity, needed, taken in buckets:
             args += [capacity, needed, taken]
-        admitted, wait, *levels = await self._call(self._rate, keys, args, patient=charge)
+        admitted, wait, *levels = await self._call(self._rate, keys, args)
         return admitted == 1, int(wait), [level / 1000 for level in levels]
 
     async def total(self, tenant: str) -> int:

@@ -419,7 +419,7 @@ class SharedLedger:
         try:
             async with asyncio.timeout(self.call_bound_s):
                 window = await self.books.settle(
-                    entry.tenant, entry.hold, entry.window_ms, entry.tokens, patient=True
+                    entry.tenant, entry.hold, entry.window_ms, entry.tokens
                 )
         except (RedisError, OSError, TimeoutError) as exc:
             if damaged(exc):  # kept nowhere: its replay would fail on the same keys
