@@ -9,6 +9,7 @@ under site-packages changes while they run.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import os
 import re
@@ -22,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from inferwatch.proxy.usagelog import UsageLog
 from support.ports import ON_PORT_0, announced_url
 from support.shared import REPO
 
@@ -221,3 +223,33 @@ def test_the_deployment_commands_work_from_the_wheel_in_an_empty_folder(
         process.terminate()
         process.wait(timeout=20)
     assert tree_digest(install.site) == before, "site-packages changed while commands ran"
+
+
+def test_the_usage_report_works_from_the_wheel_in_an_empty_folder(
+    install: Install, tmp_path: Path
+) -> None:
+    """A core install totals the usage log a proxy writes (the proxy's own writer made it),
+    writes the report whole to a file, and names the extra a Parquet report needs."""
+    logs = tmp_path / "usage"
+    log = UsageLog(str(logs))
+    for tenant, prompt in (("acme", 1000), ("acme", 500), ("globex", 200)):
+        log.write(
+            dict(ts=1_767_225_600 + 60, tenant=tenant, model="m", model_version="v1",
+                 prompt_tokens=prompt, cached_prompt_tokens=0, completion_tokens=100,
+                 request_id="r", price_prompt=1.0, price_cached_prompt=0.5,
+                 price_completion=2.0, busy_s=0.5)
+        )  # fmt: skip
+    log.flush()
+    window = ["--from", "2026-01-01T00:00:00Z", "--to", "2026-01-02T00:00:00Z"]
+    done = run(install, "report", "usage", "--log-dir", str(logs), *window, "--out", "usage.csv")
+    assert done.returncode == 0, done.stderr
+    text = (install.work / "usage.csv").read_text()
+    table = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
+    rows = {row["tenant"]: row for row in table}
+    assert (rows["acme"]["prompt_tokens"], rows["globex"]["prompt_tokens"]) == ("1500", "200")
+    assert "# totals requests=3 " in text
+    parquet = run(install, "report", "usage", "--log-dir", str(logs), *window, "--format",
+                  "parquet", "--out", "usage.parquet")  # fmt: skip
+    assert parquet.returncode == 3, parquet.stderr
+    assert "inferwatch[parquet]" in parquet.stderr
+    assert not (install.work / "usage.parquet").exists()
