@@ -19,6 +19,7 @@ from inferwatch.proxy.ratelimit import Bucket
 from inferwatch.proxy.sharedbooks import Books, Reserved
 from inferwatch.proxy.sharedconfig import SharedState
 from inferwatch.proxy.sharedstate import SharedLedger, SharedReservation, connect
+from support.ports import pick_port
 from support.redis import RedisServer
 from support.wait import wait_until
 
@@ -376,3 +377,35 @@ def test_a_reservation_whose_request_left_gives_back_its_rate_tokens(server: Red
             await ledger.aclose()
 
     run(server, work)
+
+
+def test_a_reservation_refused_after_all_is_given_back_uncharged(tmp_path: Path) -> None:
+    """Redis unreachable mid-admission: the request holds the local bound's reservation;
+    when this proxy's rate limit then refuses it, cancelling gives that room back, charges
+    nothing and journals nothing."""
+    tenant = uuid.uuid4().hex
+    nobody = pick_port()  # nothing listens there
+    document = {
+        "shared_state": {"url": f"redis://127.0.0.1:{nobody}/0", "timeout": "100ms",
+                         "journal_dir": str(tmp_path)},
+        "tenants": {tenant: {"budget": {"tokens": 100_000}, "failure_policy": "fail_open"}},
+    }  # fmt: skip
+    config = proxy_config.parse(document, "p.yaml")
+    budget = config.tenants[tenant].budget
+    assert budget is not None
+
+    async def go() -> None:
+        ledger = SharedLedger(config)
+        try:
+            reserved, levels = await ledger.reserve(tenant, budget, 10, 100, clamp=False)
+            assert levels is None and not ledger.up
+            assert isinstance(reserved, SharedReservation) and not reserved.hold
+            assert ledger.local.reserved(tenant, budget) == 110
+            ledger.cancel(reserved, budget)
+            assert ledger.local.reserved(tenant, budget) == 0
+            assert ledger.local.room(tenant, budget) == budget.tokens + budget.tolerance
+            assert ledger.journal.pending == 0
+        finally:
+            await ledger.aclose()
+
+    asyncio.run(go())
