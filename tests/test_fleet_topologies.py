@@ -14,7 +14,7 @@ from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.admission import Refusal, Reservation
 from inferwatch.proxy.sharedstate import SharedLedger
 from support.ports import PortTaken, in_use, start_on_free_port
-from support.redis import RedisServer, _answers, pick_cluster_port
+from support.redis import RedisServer, _answers, cluster_url, redis_cluster
 from support.shared import tool
 from support.wait import wait_for
 
@@ -92,35 +92,8 @@ def test_a_budget_holds_through_sentinels_master(tmp_path: Path) -> None:
 
 def test_a_budget_holds_on_a_cluster_with_the_tenants_keys_in_one_slot(tmp_path: Path) -> None:
     cli = tool("redis-cli")
-    node = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-            "--masterauth", PASSWORD)  # fmt: skip
-    nodes: list[RedisServer] = []
-    try:
-        for index in range(3):
-            folder = tmp_path / f"node-{index}"
-            nodes.append(RedisServer(folder, PASSWORD, extra=node, pick=pick_cluster_port))
-        addresses = [f"127.0.0.1:{node.port}" for node in nodes]
-        subprocess.run(
-            [cli, "-a", PASSWORD, "--no-auth-warning", "--cluster", "create", *addresses,
-             "--cluster-replicas", "0", "--cluster-yes"],
-            check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
-
-        def cluster_ok() -> bool:
-            """Every node agrees the cluster covers every slot (each learns it by gossip)."""
-            return all(
-                "cluster_state:ok"
-                in subprocess.run(
-                    [cli, "-a", PASSWORD, "--no-auth-warning", "-p", str(node.port),
-                     "cluster", "info"],
-                    capture_output=True, text=True, timeout=10,
-                ).stdout
-                for node in nodes
-            )  # fmt: skip
-
-        wait_for(cluster_ok, "the cluster to cover every slot")
-        url = "redis+cluster://" + ",".join(addresses[:2])
-        results = spend_the_budget(url, tmp_path)
+    with redis_cluster(tmp_path, PASSWORD) as nodes:
+        results = spend_the_budget(cluster_url(nodes), tmp_path)
         assert [isinstance(r, Reservation) for r in results] == [True] * 5 + [False]
         slots = {
             subprocess.run(
@@ -131,6 +104,3 @@ def test_a_budget_holds_on_a_cluster_with_the_tenants_keys_in_one_slot(tmp_path:
             for key in ("inferwatch:{acme}:w", "inferwatch:{acme}:h", "inferwatch:{acme}:l")
         }  # fmt: skip
         assert len(slots) == 1
-    finally:
-        for node in nodes:
-            node.stop()

@@ -22,7 +22,7 @@ from inferwatch.proxy.sharedstate import connect
 from inferwatch.proxy.usagestream import UsageStream, stream_key
 from support.fleet import Fleet, flood
 from support.proxy_stack import CHAT, Engine, Stack, auth, samples
-from support.redis import RedisServer, command
+from support.redis import RedisServer, cluster_url, command, redis_cluster
 from support.wait import wait_for
 
 pytestmark = pytest.mark.proc
@@ -287,3 +287,36 @@ def test_lines_left_at_shutdown_with_redis_down_are_counted_dropped(unused_port:
         return stream.errors
 
     assert asyncio.run(go()) == {"write": 1, "dropped": 3}
+
+
+def usage_line(tenant: str) -> dict[str, Any]:
+    """A usage line with every field the report reads, settled now."""
+    return dict(ts=time.time(), tenant=tenant, model="m", model_version="v1", prompt_tokens=10,
+                cached_prompt_tokens=0, completion_tokens=5, request_id="r", price_prompt=1.0,
+                price_cached_prompt=0.5, price_completion=2.0, busy_s=0.1)  # fmt: skip
+
+
+def test_the_stream_works_on_a_redis_cluster(tmp_path: Path) -> None:
+    """On a real Cluster (its keys in one slot by their hash tag) the proxies' lines land in
+    the stream, and the report reads them back through a seed node, with the password."""
+    password = "stream-secret"
+    secret = tmp_path / "password"
+    secret.write_text(password + "\n")
+    with redis_cluster(tmp_path, password) as nodes:
+        url = cluster_url(nodes)
+
+        async def write() -> None:
+            client, others = connect(SharedState(url=url, password=password, timeout_s=1.0))
+            stream = UsageStream(client, "inferwatch", 1000, 2.0)
+            for tenant in ("acme", "acme", "globex"):
+                stream.write(usage_line(tenant))
+            await stream.close()
+            for closing in (client, *others):
+                await closing.aclose()
+
+        asyncio.run(write())
+        result = _report("--redis", url, "--redis-password-file", str(secret))
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    requests = {row["tenant"]: row["requests"] for row in report["rows"]}
+    assert requests == {"acme": 2, "globex": 1}

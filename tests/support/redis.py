@@ -21,6 +21,7 @@ import pytest
 
 from support.ports import PortTaken, in_use, pick_port, start_on_free_port
 from support.restartable import Restartable
+from support.shared import tool
 from support.wait import wait_for
 
 #: why a run under scripts/faketime-pytest starts no Redis
@@ -198,3 +199,47 @@ def monitored(server: RedisServer) -> Iterator[list[str]]:
     finally:
         command(server, "ECHO", end)
         thread.join(10)
+
+
+@contextlib.contextmanager
+def redis_cluster(folder: Path, password: str, size: int = 3) -> Iterator[list[RedisServer]]:
+    """A real Redis Cluster of ``size`` primaries (no replicas) under ``folder``, every slot
+    covered and every node agreeing so before the block starts; stopped when it ends."""
+    cli = tool("redis-cli")
+    node = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+            "--masterauth", password)  # fmt: skip
+    nodes: list[RedisServer] = []
+    try:
+        for index in range(size):
+            nodes.append(
+                RedisServer(folder / f"node-{index}", password, extra=node, pick=pick_cluster_port)
+            )
+        addresses = [f"127.0.0.1:{node.port}" for node in nodes]
+        subprocess.run(
+            [cli, "-a", password, "--no-auth-warning", "--cluster", "create", *addresses,
+             "--cluster-replicas", "0", "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+
+        def cluster_ok() -> bool:
+            """Every node agrees the cluster covers every slot (each learns it by gossip)."""
+            return all(
+                "cluster_state:ok"
+                in subprocess.run(
+                    [cli, "-a", password, "--no-auth-warning", "-p", str(node.port),
+                     "cluster", "info"],
+                    capture_output=True, text=True, timeout=10,
+                ).stdout
+                for node in nodes
+            )  # fmt: skip
+
+        wait_for(cluster_ok, "the cluster to cover every slot")
+        yield nodes
+    finally:
+        for started in nodes:
+            started.stop()
+
+
+def cluster_url(nodes: list[RedisServer]) -> str:
+    """The proxy config's URL of a cluster, naming two of its nodes as seeds."""
+    return "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in nodes[:2])
