@@ -62,27 +62,31 @@ def test_every_fleet_panel_spans_both_clusters_in_the_central_store(
         def complete() -> list[tuple[str, dict[str, dict[str, int]]]] | None:
             nonlocal missing
             rows = localfleet.panels_by_cluster(central, queries)
-            # a panel is complete when both clusters answer, together and alone
+            # a panel is complete when both clusters answer, together and alone, with as
+            # many series alone as together: series keep arriving from each cluster's
+            # Prometheus (a rate shows a series from its second sample on), so two queries a
+            # moment apart may count differently until they have all arrived
             missing = [
                 title
                 for title, counts in rows
                 if not all(counts["both"].get(c) for c in localfleet.CLUSTERS)
-                or not all(counts[c].get(c) for c in localfleet.CLUSTERS)
+                or not all(counts[c].get(c) == counts["both"][c] for c in localfleet.CLUSTERS)
             ]
             return None if missing else rows
 
         rows = wait_for(
             complete,
-            lambda: f"every panel to span both clusters; without: {missing}",
+            lambda: (
+                f"every panel to span both clusters alike, together and alone; not yet: {missing}"
+            ),
             DEADLINE_S,
             interval=1,
         )
         for title, counts in rows:
             assert set(counts["both"]) == set(localfleet.CLUSTERS), (title, counts)
             for cluster in localfleet.CLUSTERS:
-                # one cluster selected: that cluster's series only, as many as in both
+                # one cluster selected: that cluster's series only
                 assert set(counts[cluster]) == {cluster}, (title, counts)
-                assert counts[cluster][cluster] == counts["both"][cluster], (title, counts)
         groups = httpx.get(f"{central}/api/v1/rules", timeout=10).json()["data"]["groups"]
         assert {g["file"] for g in groups} == {str(p) for p in localfleet.RULE_FILES}
         broken = [
