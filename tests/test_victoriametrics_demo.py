@@ -10,6 +10,7 @@ banner announces: one stack at a time.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -120,6 +121,10 @@ def test_both_clusters_series_and_a_recording_rule_reach_victoriametrics(demo: D
         wait_for(lambda: clusters(record) == set(CLUSTERS),
                  f"{record}, recorded by vmalert, for both clusters", DATA_DEADLINE_S,
                  interval=0.5)  # fmt: skip
+        recorded = query(http, storage, record)
+    # each recorded series is one cluster's, with a number a rule computed
+    assert {s["metric"]["cluster"] for s in recorded} == set(CLUSTERS), recorded
+    assert all(math.isfinite(float(s["value"][1])) for s in recorded), recorded
 
 
 @pytest.mark.e2e
