@@ -14,7 +14,8 @@ import yaml
 from click.testing import CliRunner
 
 from inferwatch.cli import main
-from inferwatch.mixin import files, gotemplate, haproxycfg, validate
+from inferwatch.gateway import haproxycfg
+from inferwatch.mixin import files, gotemplate, validate
 
 pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_external_checkers")]
 
@@ -216,7 +217,7 @@ HAPROXY = (REPO / "deploy" / "haproxy" / "demo.cfg").read_text(encoding="utf-8")
 def test_haproxy_cfg_grammar_refuses_what_haproxy_would(old: str, new: str, reason: str) -> None:
     assert old in HAPROXY
     with pytest.raises(validate.Invalid, match=reason):
-        validate.check({"haproxy.cfg": HAPROXY.replace(old, new, 1)}, {"*": validate.HAPROXY})
+        validate.check({"haproxy.cfg": HAPROXY.replace(old, new, 1)}, {"*": haproxycfg.KIND})
 
 
 def test_every_committed_generated_file_passes_the_python_checks() -> None:
@@ -240,7 +241,7 @@ def test_every_committed_generated_file_passes_the_python_checks() -> None:
                  and not any(p.is_relative_to(other) for other in others)}  # fmt: skip
         assert found, folder
         validate.check(found, kinds)
-    assert validate.check({"demo.cfg": HAPROXY}, {"*": validate.HAPROXY}) == ["haproxy -c -f"]
+    assert validate.check({"demo.cfg": HAPROXY}, {"*": haproxycfg.KIND}) == ["haproxy -c -f"]
 
 
 @pytest.mark.parametrize(

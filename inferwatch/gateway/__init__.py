@@ -1,1 +1,2 @@
-"""The gateway in front of a fleet: its HAProxy config, written from the fleet's topology."""
+"""The gateway in front of a fleet: its HAProxy config, written from the fleet's topology and
+checked against the grammar HAProxy reads."""

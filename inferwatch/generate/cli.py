@@ -184,6 +184,7 @@ def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
     """Write the HAProxy gateway config (routes, health checks, weights, fallbacks)."""
     from inferwatch.demo import routing
     from inferwatch.gateway import haproxy as gw
+    from inferwatch.gateway import haproxycfg
 
     try:
         if topology_path is None:
@@ -192,7 +193,7 @@ def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
             text = gw.render(gw.load(topology_path))
     except gw.TopologyError as exc:
         raise BadInput(str(exc)) from None
-    _one_file("haproxy.cfg", text, out, check, validate.HAPROXY, "gateway")
+    _one_file("haproxy.cfg", text, out, check, haproxycfg.KIND, "gateway")
 
 
 def _one_file(

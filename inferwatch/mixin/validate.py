@@ -5,11 +5,11 @@ A generator hands its whole set of files (``relative path -> text``) and the kin
 config that would give Prometheus, Alertmanager, Grafana or HAProxy a file they refuse
 writes nothing at all. Python's checks always run: every YAML and JSON file parses, every
 PromQL expression parses (``promql-parser``, the Rust parser GreptimeDB maintains), every
-alert label and annotation parses as the Go template Prometheus expands, names and addresses
-are what their field allows, and haproxy.cfg follows the grammar the gateway writes. When
-``promtool``, ``amtool`` or ``haproxy`` are on PATH, each file of theirs is also checked by
-them, on a copy in a temporary folder; those that are not installed are returned, so the
-command can say which checks did not run.
+alert label and annotation parses as the Go template Prometheus expands, and names and
+addresses are what their field allows; a component declares the kinds of files only it writes
+(the gateway's haproxy.cfg). When a kind's tool (``promtool``, ``amtool``, ``haproxy``) is on
+PATH, each file of that kind is also checked by it, on a copy in a temporary folder; those that
+are not installed are returned, so the command can say which checks did not run.
 """
 
 from __future__ import annotations
@@ -31,12 +31,11 @@ import yaml
 from inferwatch import config as layer
 from inferwatch.config import Duration
 from inferwatch.config.schema import host_port
-from inferwatch.mixin import gotemplate, haproxycfg
+from inferwatch.mixin import gotemplate
 
 __all__ = [
     "ALERTMANAGER",
     "DASHBOARD",
-    "HAPROXY",
     "PROMETHEUS_RULE",
     "RULES",
     "SCRAPE_CONFIG",
@@ -44,6 +43,8 @@ __all__ = [
     "YAML",
     "Invalid",
     "Kind",
+    "Problem",
+    "Tool",
     "check",
     "promql_error",
     "unchecked_line",
@@ -91,7 +92,7 @@ class Kind:
     tool: Tool | None = None
 
 
-class _Problem(Exception):
+class Problem(Exception):
     """Raised by a check: where in the file, and why."""
 
     def __init__(self, where: str, reason: str) -> None:
@@ -115,7 +116,7 @@ def _promql(expression: str, where: str) -> None:
     filled = _MATCHER_PLACEHOLDER.sub('placeholder="x"', filled)
     reason = promql_error(filled)
     if reason is not None:
-        raise _Problem(where, reason)
+        raise Problem(where, reason)
 
 
 def _documents(text: str) -> list[Any]:
@@ -124,7 +125,7 @@ def _documents(text: str) -> list[Any]:
         return layer.parse_all(text, "")
     except layer.ConfigError as exc:
         where, _, reason = str(exc).removeprefix(": ").partition(": ")
-        raise _Problem(where, reason) from None
+        raise Problem(where, reason) from None
 
 
 def _walk(value: Any, where: str) -> Iterator[tuple[str, str, Any]]:
@@ -146,7 +147,7 @@ def _check_strings(document: Any) -> None:
     hold) in any value: a NUL or an escape sequence reaches whoever reads the file."""
     for path, _, value in _walk(document, ""):
         if isinstance(value, str) and any(not c.isprintable() and c not in "\n\t" for c in value):
-            raise _Problem(path, f"control character in {value!r}")
+            raise Problem(path, f"control character in {value!r}")
 
 
 def _yaml(text: str) -> None:
@@ -161,14 +162,14 @@ def _yaml(text: str) -> None:
 def _rule_groups(groups: Any, where: str) -> None:
     """Prometheus' rule-file format, as ``promtool check rules`` reads it."""
     if not isinstance(groups, list) or not groups:
-        raise _Problem(where, "expected a non-empty list of rule groups")
+        raise Problem(where, "expected a non-empty list of rule groups")
     names: set[str] = set()
     for g, group in enumerate(groups):
         at = f"{where}[{g}]"
         if not isinstance(group, Mapping) or not isinstance(group.get("name"), str):
-            raise _Problem(at, "expected a group with a name")
+            raise Problem(at, "expected a group with a name")
         if group["name"] in names:
-            raise _Problem(f"{at}.name", f"group {group['name']!r} is defined twice")
+            raise Problem(f"{at}.name", f"group {group['name']!r} is defined twice")
         names.add(group["name"])
         for r, rule in enumerate(group.get("rules") or []):
             _rule(rule, f"{at}.rules[{r}]")
@@ -176,36 +177,36 @@ def _rule_groups(groups: Any, where: str) -> None:
 
 def _rule(rule: Any, at: str) -> None:
     if not isinstance(rule, Mapping) or ("record" in rule) == ("alert" in rule):
-        raise _Problem(at, "expected exactly one of record or alert")
+        raise Problem(at, "expected exactly one of record or alert")
     name = rule.get("record", rule.get("alert"))
     if not isinstance(name, str) or not _METRIC_NAME.fullmatch(name):
-        raise _Problem(at, f"{name!r} is not a valid rule name")
+        raise Problem(at, f"{name!r} is not a valid rule name")
     if not isinstance(rule.get("expr"), str):
-        raise _Problem(f"{at}.expr", "expected a PromQL expression")
+        raise Problem(f"{at}.expr", "expected a PromQL expression")
     _promql(rule["expr"], f"{at}.expr")
     if "for" in rule:
         try:
             Duration.parse(str(rule["for"]))
         except ValueError as exc:
-            raise _Problem(f"{at}.for", str(exc)) from None
+            raise Problem(f"{at}.for", str(exc)) from None
     for field in ("labels", "annotations"):
         values = rule.get(field) or {}
         if not isinstance(values, Mapping):
-            raise _Problem(f"{at}.{field}", "expected a mapping")
+            raise Problem(f"{at}.{field}", "expected a mapping")
         for key, value in values.items():
             if not isinstance(key, str) or not _LABEL_NAME.fullmatch(key):
-                raise _Problem(f"{at}.{field}", f"{key!r} is not a valid label name")
+                raise Problem(f"{at}.{field}", f"{key!r} is not a valid label name")
             if not isinstance(value, str):
-                raise _Problem(f"{at}.{field}.{key}", "expected a string")
+                raise Problem(f"{at}.{field}.{key}", "expected a string")
             reason = gotemplate.error(value)
             if reason is not None:
-                raise _Problem(f"{at}.{field}.{key}", f"template does not parse: {reason}")
+                raise Problem(f"{at}.{field}.{key}", f"template does not parse: {reason}")
 
 
 def _rules_file(text: str) -> None:
     documents = _documents(text)
     if len(documents) != 1 or not isinstance(documents[0], Mapping):
-        raise _Problem("", "expected one mapping with groups")
+        raise Problem("", "expected one mapping with groups")
     _check_strings(documents[0])
     _rule_groups(documents[0].get("groups"), "groups")
 
@@ -213,7 +214,7 @@ def _rules_file(text: str) -> None:
 def _prometheus_rule(text: str) -> None:
     documents = _documents(text)
     if len(documents) != 1 or not isinstance(documents[0], Mapping):
-        raise _Problem("", "expected one PrometheusRule")
+        raise Problem("", "expected one PrometheusRule")
     _check_strings(documents[0])
     _rule_groups((documents[0].get("spec") or {}).get("groups"), "spec.groups")
     _yaml(text)
@@ -231,24 +232,24 @@ def _alertmanager(text: str) -> None:
     """The Alertmanager config we write: routes, matchers, receivers, webhook URLs."""
     documents = _documents(text)
     if len(documents) != 1 or not isinstance(documents[0], Mapping):
-        raise _Problem("", "expected one mapping")
+        raise Problem("", "expected one mapping")
     document = documents[0]
     _check_strings(document)
     receivers = [r.get("name") for r in document.get("receivers") or [] if isinstance(r, dict)]
     if len(set(receivers)) != len(receivers):
-        raise _Problem("receivers", "a receiver name is used twice")
+        raise Problem("receivers", "a receiver name is used twice")
     for path, key, value in _walk(document, ""):
         if key in ("matchers", "source_matchers", "target_matchers"):
             for index, matcher in enumerate(value or []):
                 if not isinstance(matcher, str) or not _MATCHER.fullmatch(matcher):
-                    raise _Problem(f"{path}[{index}]", f"not a matcher: {matcher!r}")
+                    raise Problem(f"{path}[{index}]", f"not a matcher: {matcher!r}")
         elif key == "receiver" and value not in receivers:
-            raise _Problem(path, f"no receiver named {value!r}")
+            raise Problem(path, f"no receiver named {value!r}")
         elif key in ("group_wait", "group_interval", "repeat_interval"):
             try:
                 Duration.parse(str(value))
             except ValueError as exc:
-                raise _Problem(path, str(exc)) from None
+                raise Problem(path, str(exc)) from None
         elif key == "url":
             _url(value, path)
 
@@ -256,11 +257,11 @@ def _alertmanager(text: str) -> None:
 def _url(value: Any, where: str) -> None:
     match = _URL.fullmatch(str(value))
     if match is None:
-        raise _Problem(where, f"not an http(s) URL: {value!r}")
+        raise Problem(where, f"not an http(s) URL: {value!r}")
     try:
         host_port(f"{match[1]}:{match[2] or 80}")
     except ValueError as exc:
-        raise _Problem(where, str(exc)) from None
+        raise Problem(where, str(exc)) from None
 
 
 def _dashboard(text: str) -> None:
@@ -268,7 +269,7 @@ def _dashboard(text: str) -> None:
     try:
         board = json.loads(text)
     except ValueError as exc:
-        raise _Problem("", f"not JSON: {exc}") from None
+        raise Problem("", f"not JSON: {exc}") from None
     for path, key, value in _walk(board, ""):
         if key == "targets" and isinstance(value, list):
             for index, target in enumerate(value):
@@ -281,7 +282,7 @@ def _text(text: str) -> None:
     """Pages such as the docs tables: text with no control characters beyond line breaks."""
     for number, line in enumerate(text.splitlines(), 1):
         if any(not c.isprintable() and c != "\t" for c in line):
-            raise _Problem(f"line {number}", "control character")
+            raise Problem(f"line {number}", "control character")
 
 
 #: a Prometheus rule file (promtool check rules)
@@ -298,24 +299,13 @@ DASHBOARD = Kind(_dashboard)
 TEXT = Kind(_text)
 
 
-def _haproxy(text: str) -> None:
-    reason = haproxycfg.error(text)
-    if reason is not None:
-        raise _Problem(*reason)
-
-
-#: an HAProxy config (haproxy -c -f; host names become 127.0.0.1 in its copy, since
-#: they resolve where HAProxy runs, not where the config is written)
-HAPROXY = Kind(_haproxy, Tool(("haproxy", "-c", "-f"), haproxycfg.resolvable))
-
-
 def _scrape_config(text: str) -> None:
     _yaml(text)
     documents = _documents(text)
     first = documents[0] if len(documents) == 1 else None
     jobs = first.get("scrape_configs") if isinstance(first, dict) else None
     if not isinstance(jobs, list) or not jobs:
-        raise _Problem("scrape_configs", "a list of scrape jobs is required")
+        raise Problem("scrape_configs", "a list of scrape jobs is required")
 
 
 #: a Prometheus-format scrape config as vmagent reads it (``vmagent -dryRun``: it parses and
@@ -338,7 +328,7 @@ def check(files: Mapping[str, str], kinds: Mapping[str, Kind]) -> list[str]:
     for name, text in files.items():
         try:
             typed[name].check(text)
-        except _Problem as problem:
+        except Problem as problem:
             raise Invalid(name, problem.where, problem.reason) from None
     tools = {kind.tool for kind in typed.values() if kind.tool is not None}
     missing = sorted({tool.name for tool in tools if shutil.which(tool.argv[0]) is None})

@@ -15,8 +15,9 @@ import re
 import shlex
 
 from inferwatch.config.schema import host_port
+from inferwatch.mixin import validate
 
-__all__ = ["error", "resolvable"]
+__all__ = ["KIND", "error", "resolvable"]
 
 #: HAProxy's identifier characters (proxies, servers)
 _IDENTIFIER = re.compile(r"[A-Za-z0-9._:-]+")
@@ -132,3 +133,14 @@ def resolvable(text: str) -> str:
                 line = word.sub(f"127.0.0.1:{port}", line, count=1)
         lines.append(line)
     return "\n".join(lines)
+
+
+def _check(text: str) -> None:
+    reason = error(text)
+    if reason is not None:
+        raise validate.Problem(*reason)
+
+
+#: an HAProxy config (haproxy -c -f; host names become 127.0.0.1 in its copy, since
+#: they resolve where HAProxy runs, not where the config is written)
+KIND = validate.Kind(_check, validate.Tool(("haproxy", "-c", "-f"), resolvable))
