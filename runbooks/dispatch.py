@@ -1,20 +1,13 @@
-"""From an accepted notification to audited decisions: the receiver's guard pipeline.
+"""From an accepted notification to audited decisions: the receiver's worker.
 
 Alerts are handled one at a time by a single worker, in arrival order, each on its own: a
 malformed alert, or one whose handling fails, is audited and costs only itself. For each
 firing alert and each rule that matches it, in order: inventory (the alert must name exactly
 one target the receiver trusts), namespace allow-list, plan, then one state transaction that
-checks idempotency, dry-run, cooldown and the circuit breaker and, when all pass, reserves the
-episode; then apply, verify, and record what the episode changed. Every outcome, each refusal
-included, is an audit line and a counted decision.
-
-An episode (fingerprint, startsAt, rule) holds the targets it wants out while it fires. Its
-rollback, once its alert has resolved and the rule's hold has passed, undoes only the targets
-it changed, and of those only the ones no other active episode holds: a held target passes to
-the holder, whose own rollback undoes it later. Episodes and pending rollbacks live in the
-state store, so a restarted receiver resumes them (audited), and a periodic read-back
-(``reassert_every``) and every redelivery re-assert an active episode's targets that lost
-their state (a restarted sidecar).
+checks idempotency, dry-run, cooldown and the circuit breaker and, when all pass, begins the
+episode; its :mod:`~inferwatch.runbooks.episodes` then applies, verifies and records what it
+changed. A ticker runs the rollbacks when due and the periodic read-backs. Every outcome, each
+refusal included, is an audit line and a counted decision.
 """
 
 from __future__ import annotations
@@ -22,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,22 +22,15 @@ from dataclasses import asdict
 from typing import Any, Protocol
 
 from inferwatch.logs import log_event
-from inferwatch.runbooks import breaker, payload
-from inferwatch.runbooks.actions.base import Action, ActionError, Alert, Outcome, Step
+from inferwatch.runbooks import breaker
+from inferwatch.runbooks.actions.base import Action, ActionError, Alert, Step
 from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.config import Config, Rule
+from inferwatch.runbooks.episodes import Attempt, Episodes, begin, cancel_rollback
 from inferwatch.runbooks.inventory import Inventory, Refused
 from inferwatch.runbooks.metrics import RunbookMetrics
 from inferwatch.runbooks.payload import Malformed, Notification
-from inferwatch.runbooks.state import (
-    MAX_EPISODES,
-    Episode,
-    MemoryStore,
-    State,
-    StateError,
-    StateStore,
-    episode_id,
-)
+from inferwatch.runbooks.state import MAX_EPISODES, MemoryStore, State, StateError, StateStore
 
 logger = logging.getLogger("inferwatch.runbooks")
 
@@ -75,11 +60,6 @@ def _failed(what: str, exc: Exception) -> None:
         log_event(logger, logging.ERROR, what, reason=str(exc)[:500])
     else:
         logger.exception(what)
-
-
-def key(fingerprint: str, starts_at: str, action: str) -> str:
-    """The idempotency key of one episode's action: each episode starts each action once."""
-    return hashlib.sha256(f"{fingerprint}|{starts_at}|{action}".encode()).hexdigest()[:32]
 
 
 class Dispatcher:
@@ -112,6 +92,7 @@ class Dispatcher:
         )
         self.max_backlog_bytes = max_backlog_bytes
         self.backlog_bytes = 0
+        self.episodes = Episodes(self.store, actions, self.metrics, clock, self._decide)
         self._wake = asyncio.Event()
         self._last_reassert = 0.0
 
@@ -145,7 +126,7 @@ class Dispatcher:
         if self.leader is not None:
             background.append(asyncio.create_task(self.leader.run()))
         try:
-            await self._resume()
+            await self.episodes.resume()
         except Exception as exc:  # the ticker still runs the pending rollbacks
             _failed("cannot read the pending rollbacks", exc)
         try:
@@ -198,8 +179,8 @@ class Dispatcher:
             record = {**base, "rule": rule.name, "action": rule.action, "params": rule.params}
             if alert.status == "firing":
                 await self._firing(alert, rule, record)
-            else:
-                await self._resolved(alert, rule, record)
+            elif await self.episodes.resolved(alert, rule, record):
+                self._wake.set()
 
     # -- firing ------------------------------------------------------------------------
 
@@ -229,217 +210,63 @@ class Dispatcher:
         if found is not None:
             steps = [dataclasses.replace(s, group=found[0].population) for s in steps]
         record["steps"] = [asdict(step) for step in steps]
-        done = key(alert.fingerprint, alert.starts_at, rule.action)
-        identity = episode_id(alert.fingerprint, alert.starts_at, rule.name)
-        now = self.clock()
-
-        def verdict(state: State) -> tuple[str, str]:
-            """What the guards that read the shared state say: ``act``, or why not."""
-            if done in state.seen:
-                episode = state.episodes.get(identity)
-                settled = episode is not None and episode.settled  # else: being applied now
-                return ("duplicate" if settled else "acting"), "this episode was acted on already"
-            if not self.execute:
-                return "dry_run", "dry-run: plan recorded, nothing changed"
-            for step in steps:
-                last = state.applied.get(f"{rule.action} {step.target}")
-                if last is not None and now - last < rule.cooldown:
-                    ago = f"{now - last:.0f}s ago (cooldown {rule.cooldown:g}s)"
-                    return "cooldown", f"{step.target} was acted on {ago}"
-            allowed = breaker.check(state, self.config.breaker, steps, populations, now)
-            if not allowed.allowed:
-                return "breaker", allowed.reason
-            if identity not in state.episodes and len(state.episodes) >= MAX_EPISODES:
-                return "state_full", f"{MAX_EPISODES} episodes are held already"
-            return "act", ""
-
-        def decide(state: State) -> tuple[str, str, bool]:
-            cancelled = _cancel_rollback(state, alert, rule)
-            outcome, reason = verdict(state)
-            if outcome != "act":
-                return outcome, reason, cancelled
-            state.remember(state.seen, done, now)  # reserved: no other replica acts on it
-            breaker.record(state, self.config.breaker, steps, now)
-            episode = state.episodes.setdefault(
-                identity,
-                Episode(alert.fingerprint, alert.starts_at, rule.name, rule.action, [], []),
-            )
-            for step in steps:
-                if not episode.holds(step.target):
-                    episode.steps.append(asdict(step))
-            episode.record = _short(record)
-            return "act", "", cancelled
-
-        outcome, reason, cancelled = await self.store.transact(decide)
+        attempt = Attempt(alert, rule, steps, populations, self.clock())
+        outcome, reason, cancelled = await self.store.transact(
+            lambda state: self._admit(state, attempt, record)
+        )
         if cancelled:
             why = "fired again before the rollback hold ended"
             await self._decide(record, rule.action, "skipped", "rollback_cancelled", reason=why)
-        if outcome == "duplicate":
-            await self._duplicate(action, steps, rule, record, reason, identity)
-        elif outcome == "acting":  # another receiver is applying it right now
+        if outcome == "act":
+            await self.episodes.apply(attempt, action, record)
+            return
+        lost = (
+            await self.episodes.lost(action, steps)
+            if outcome == "duplicate" and self.execute
+            else []
+        )
+        if lost:
+            await self.episodes.reassert(action, lost, record, attempt.episode_id)
+        elif outcome in ("duplicate", "acting"):  # acting: another receiver is applying it now
             await self._decide(record, rule.action, "skipped", "duplicate", reason=reason)
         elif outcome == "dry_run":
             await self._decide(record, rule.action, "dry_run", "dry_run", reason=reason)
-        elif outcome != "act":
+        else:
             await self._decide(record, rule.action, "skipped", outcome, reason=reason)
-        else:
-            await self._act(alert, rule, action, steps, record, done, now)
 
-    async def _act(
-        self,
-        alert: Alert,
-        rule: Rule,
-        action: Action,
-        steps: Sequence[Step],
-        record: dict[str, Any],
-        done: str,
-        reserved_at: float,
-    ) -> None:
-        started = time.perf_counter()
-        results, changed = [], []
-        identity = episode_id(alert.fingerprint, alert.starts_at, rule.name)
+    def _admit(
+        self, state: State, attempt: Attempt, record: Mapping[str, Any]
+    ) -> tuple[str, str, bool]:
+        """One transaction: a pending rollback taken over, then the guards and, when they all
+        pass, the episode begun."""
+        cancelled = cancel_rollback(state, attempt.alert, attempt.rule)
+        outcome, reason = self._verdict(state, attempt)
+        if outcome == "act":
+            begin(state, attempt, self.config.breaker, record)
+        return outcome, reason, cancelled
+
+    def _verdict(self, state: State, attempt: Attempt) -> tuple[str, str]:
+        """What the guards that read the shared state say: ``act``, or why not."""
+        rule, steps, now = attempt.rule, attempt.steps, attempt.now
+        if attempt.idempotency_key in state.seen:
+            episode = state.episodes.get(attempt.episode_id)
+            settled = episode is not None and episode.settled  # else: being applied now
+            return ("duplicate" if settled else "acting"), "this episode was acted on already"
+        if not self.execute:
+            return "dry_run", "dry-run: plan recorded, nothing changed"
         for step in steps:
-            outcome = await _safely(action.apply, step)
-            results.append({"target": step.target, **_outcome(outcome)})
-            if outcome.changed:
-                changed.append(step.target)
-            if not outcome.ok:
-                await self.store.transact(
-                    lambda state: _unreserve(state, identity, done, steps, changed, reserved_at)
-                )
-                record["results"] = results
-                await self._decide(
-                    record,
-                    rule.action,
-                    "failed",
-                    "failed",
-                    reason=outcome.detail,
-                    duration_s=time.perf_counter() - started,
-                )
-                return
-        now = self.clock()
-        await self.store.transact(lambda state: _made(state, identity, rule.action, changed, now))
-        if changed:
-            self.metrics.observe_applied(rule.action, now - payload.epoch(alert.starts_at))
-        verification = [_outcome(await _safely(action.verify, step)) for step in steps]
-        record.update(
-            results=results, verification=verification, duration_s=time.perf_counter() - started
-        )
-        if not all(v["ok"] for v in verification):
-            await self._decide(
-                record,
-                rule.action,
-                "failed",
-                "verification_failed",
-                reason="applied, but the target does not read back as desired",
-            )
-        elif changed:
-            await self._decide(record, rule.action, "acted", "applied", reason="applied")
-        else:
-            await self._decide(
-                record, rule.action, "no_op", "no_op", reason="target already in the desired state"
-            )
+            last = state.applied.get(f"{rule.action} {step.target}")
+            if last is not None and now - last < rule.cooldown:
+                ago = f"{now - last:.0f}s ago (cooldown {rule.cooldown:g}s)"
+                return "cooldown", f"{step.target} was acted on {ago}"
+        allowed = breaker.check(state, self.config.breaker, steps, attempt.populations, now)
+        if not allowed.allowed:
+            return "breaker", allowed.reason
+        if attempt.episode_id not in state.episodes and len(state.episodes) >= MAX_EPISODES:
+            return "state_full", f"{MAX_EPISODES} episodes are held already"
+        return "act", ""
 
-    async def _duplicate(
-        self,
-        action: Action,
-        steps: Sequence[Step],
-        rule: Rule,
-        record: dict[str, Any],
-        why: str,
-        identity: str,
-    ) -> None:
-        """A redelivered episode: nothing new, unless a target lost its state (re-asserted)."""
-        if self.execute:
-            lost = [s for s in steps if not (await _safely(action.verify, s)).ok]
-            if lost:
-                await self._reassert(action, lost, record, identity)
-                return
-        await self._decide(record, rule.action, "skipped", "duplicate", reason=why)
-
-    async def _reassert(
-        self, action: Action, steps: Sequence[Step], record: Mapping[str, Any], identity: str
-    ) -> None:
-        """Apply again steps whose targets lost their state; what changed, episode
-        ``identity`` now has made (so that its rollback undoes it)."""
-        outcomes = [(s, await _safely(action.apply, s)) for s in steps]
-        changed = [s.target for s, outcome in outcomes if outcome.changed]
-        now = self.clock()
-        rule = record.get("rule", "")
-        await self.store.transact(lambda state: _made(state, identity, action.name, changed, now))
-        results = [{"target": s.target, **_outcome(outcome)} for s, outcome in outcomes]
-        ok = all(r["ok"] for r in results)
-        line = {**record, "rule": rule, "results": results}
-        reason = "a held target had lost its state; applied again"
-        await self._decide(
-            line,
-            action.name,
-            "acted" if ok else "failed",
-            "reasserted" if ok else "reassert_failed",
-            reason=reason,
-        )
-
-    # -- resolved and rollbacks --------------------------------------------------------
-
-    async def _resolved(self, alert: Alert, rule: Rule, record: dict[str, Any]) -> None:
-        identity = episode_id(alert.fingerprint, alert.starts_at, rule.name)
-        rolled = _rolled_back(alert.fingerprint, alert.starts_at, rule.name)
-        now = self.clock()
-
-        def resolve(state: State) -> str:
-            episode = state.episodes.get(identity)
-            if rolled in state.seen or (episode is not None and not episode.active):
-                return "again"  # a resolve redelivered during the hold or after it
-            if episode is None:
-                return "never_acted"
-            if rule.rollback_after is None:
-                del state.episodes[identity]
-                return "resolved"
-            episode.rollback_at = now + rule.rollback_after
-            episode.record = _short(record)
-            return "scheduled"
-
-        outcome = await self.store.transact(resolve)
-        if outcome == "never_acted":
-            await self._decide(
-                record,
-                rule.action,
-                "skipped",
-                "never_acted",
-                reason="this episode changed nothing, so it undoes nothing",
-            )
-        elif outcome == "resolved":
-            await self._decide(
-                record,
-                rule.action,
-                "skipped",
-                "resolved",
-                reason="resolved; the rule does not roll back",
-            )
-        elif outcome == "scheduled":
-            await self._decide(
-                record,
-                rule.action,
-                "scheduled",
-                "rollback_scheduled",
-                reason=f"rollback in {rule.rollback_after:g}s unless it fires again",
-            )
-            self._wake.set()
-
-    async def _resume(self) -> None:
-        """After a restart: audit the rollbacks still pending, which the ticker then runs."""
-        pending = await self.store.transact(
-            lambda state: [e for e in state.episodes.values() if not e.active]
-        )
-        for episode in pending:
-            await self._decide(
-                dict(episode.record),
-                episode.action,
-                "scheduled",
-                "rollback_resumed",
-                reason="pending across a receiver restart",
-                due=episode.rollback_at,
-            )
+    # -- the ticker: rollbacks and read-backs --------------------------------------------
 
     async def _ticker(self) -> None:
         while True:
@@ -460,64 +287,15 @@ class Dispatcher:
         if not self.leading():
             return every or IDLE_S
         now = self.clock()
-        due = await self.store.transact(lambda state: _take_due(state, now))
-        for episode, undo, kept in due:
-            await self._roll_back(episode, undo, kept)
+        await self.episodes.roll_back_due(now)
         if every is not None and now - self._last_reassert >= every:
             self._last_reassert = now
-            await self._read_back()
+            await self.episodes.read_back()
         pending = await self.store.transact(
             lambda state: [e.rollback_at for e in state.episodes.values() if e.rollback_at]
         )
         soonest = min([every or IDLE_S, *(at - now for at in pending)])
         return max(soonest, 0.01)
-
-    async def _roll_back(
-        self, episode: Episode, undo: Sequence[dict[str, Any]], kept: Mapping[str, str]
-    ) -> None:
-        record = dict(episode.record)
-        action = self.actions[episode.action]
-        if kept:
-            held = "; ".join(f"{target} held by {by}" for target, by in sorted(kept.items()))
-            await self._decide(
-                record, episode.action, "skipped", "rollback_held", reason=f"left out: {held}"
-            )
-        if not undo:
-            if not kept:
-                await self._decide(
-                    record,
-                    episode.action,
-                    "skipped",
-                    "never_acted",
-                    reason="this episode changed nothing, so it undoes nothing",
-                )
-            return
-        steps = [Step(**raw) for raw in undo]
-        results = [{"target": s.target, **_outcome(await _safely(action.revert, s))} for s in steps]
-        record.update(steps=list(undo), results=results)
-        if all(r["ok"] for r in results):
-            await self._decide(
-                record, episode.action, "reverted", "reverted", reason="resolved and held no longer"
-            )
-        else:
-            await self._decide(
-                record,
-                episode.action,
-                "failed",
-                "revert_failed",
-                reason="; ".join(r["detail"] for r in results if not r["ok"]),
-            )
-
-    async def _read_back(self) -> None:
-        """Re-assert every target an active episode holds that lost its state."""
-        held = await self.store.transact(_held_steps)
-        for episode, raw in held:
-            action = self.actions.get(episode.action)
-            if action is None:
-                continue
-            step = Step(**raw)
-            if not (await _safely(action.verify, step)).ok:
-                await self._reassert(action, [step], episode.record, episode.id)
 
     # -- the breaker, for the admin endpoints ------------------------------------------
 
@@ -568,123 +346,6 @@ class Dispatcher:
                 await close()
 
 
-def _cancel_rollback(state: State, alert: Alert, rule: Rule) -> bool:
-    """A re-fire of an alert whose rollback is pending: the firing episode takes it over."""
-    identity = episode_id(alert.fingerprint, alert.starts_at, rule.name)
-    pending = [
-        e
-        for e in state.episodes.values()
-        if e.fingerprint == alert.fingerprint and e.rule == rule.name and not e.active
-    ]
-    for old in pending:
-        del state.episodes[old.id]
-        episode = state.episodes.setdefault(identity, dataclasses.replace(old, rollback_at=None))
-        episode.starts_at = alert.starts_at
-        for step in old.steps:
-            if not episode.holds(step["target"]):
-                episode.steps.append(step)
-        episode.made = sorted(set(episode.made) | set(old.made))
-    return bool(pending)
-
-
-def _unreserve(
-    state: State,
-    identity: str,
-    done: str,
-    steps: Sequence[Step],
-    changed: Sequence[str],
-    reserved_at: float,
-) -> None:
-    """An apply failed: a redelivery may try again, and what did not go out is not counted."""
-    state.seen.pop(done, None)
-    breaker.forget(state, [s for s in steps if s.target not in changed], reserved_at)
-    episode = state.episodes.get(identity)
-    if episode is None:
-        return
-    episode.made = sorted(set(episode.made) | set(changed))
-    if not episode.made:
-        del state.episodes[identity]
-
-
-def _made(state: State, identity: str, action: str, changed: Sequence[str], now: float) -> None:
-    episode = state.episodes.get(identity)
-    if episode is not None:
-        episode.made = sorted(set(episode.made) | set(changed))
-        episode.settled = True
-    for target in changed:
-        state.remember(state.applied, f"{action} {target}", now)
-
-
-def _take_due(
-    state: State, now: float
-) -> list[tuple[Episode, list[dict[str, Any]], dict[str, str]]]:
-    """Remove the episodes whose rollback is due; per episode, the steps it undoes and the
-    targets it leaves to another active episode that holds them (which inherits them)."""
-    due = [e for e in state.episodes.values() if e.rollback_at is not None and e.rollback_at <= now]
-    out = []
-    for episode in due:
-        del state.episodes[episode.id]
-        state.remember(
-            state.seen, _rolled_back(episode.fingerprint, episode.starts_at, episode.rule), now
-        )
-        undo, kept = [], {}
-        for raw in episode.steps:
-            if raw["target"] not in episode.made:
-                continue
-            holder = next(
-                (
-                    e
-                    for e in state.episodes.values()
-                    if e.active and e.action == episode.action and e.holds(raw["target"])
-                ),
-                None,
-            )
-            if holder is None:
-                undo.append(raw)
-                continue
-            # the holder takes over the step as it was applied (unless it applied its own
-            # since), so that its rollback undoes what the target holds
-            if raw["target"] not in holder.made:
-                holder.steps = [s for s in holder.steps if s["target"] != raw["target"]] + [raw]
-                holder.made = sorted({*holder.made, raw["target"]})
-            kept[raw["target"]] = holder.record.get("alertname", "") + " " + holder.fingerprint
-        out.append((episode, undo, kept))
-    return out
-
-
-def _held_steps(state: State) -> list[tuple[Episode, dict[str, Any]]]:
-    """Each target active episodes hold, once, with the episode whose step re-asserts it:
-    the one that changed it, else the first holder."""
-    chosen: dict[str, tuple[Episode, dict[str, Any], bool]] = {}
-    for episode in state.episodes.values():
-        if not episode.active or not episode.settled:  # unsettled: still being applied
-            continue
-        for raw in episode.steps:
-            made = raw["target"] in episode.made
-            name = f"{episode.action} {raw['target']}"
-            if name not in chosen or (made and not chosen[name][2]):
-                chosen[name] = (episode, raw, made)
-    return [(episode, raw) for episode, raw, _ in chosen.values()]
-
-
-async def _safely(call: Callable[[Step], Any], step: Step) -> Outcome:
-    """An action's call, with any exception it lets out turned into a failed outcome."""
-    try:
-        outcome: Outcome = await call(step)
-    except Exception as exc:
-        return Outcome(False, False, f"{type(exc).__name__}: {exc}"[:300])
-    return outcome
-
-
-def _outcome(outcome: Outcome) -> dict[str, Any]:
-    return {
-        "ok": outcome.ok,
-        "changed": outcome.changed,
-        "detail": outcome.detail,
-        "observed": dict(outcome.observed),
-    }
-
-
 def _alert_fields(alert: Alert) -> dict[str, Any]:
     return {
         "alertname": alert.labels.get("alertname", ""),
@@ -693,15 +354,3 @@ def _alert_fields(alert: Alert) -> dict[str, Any]:
         "starts_at": alert.starts_at,
         "labels": dict(alert.labels),
     }
-
-
-def _short(record: Mapping[str, Any]) -> dict[str, Any]:
-    """What an episode keeps of its alert's audit fields, for its later lines."""
-    kept = ("alertname", "fingerprint", "starts_at", "rule", "action", "target")
-    return {k: record[k] for k in kept if k in record}
-
-
-def _rolled_back(fingerprint: str, starts_at: str, rule: str) -> str:
-    """The idempotency key of an episode's rollback: once it has run, a late redelivery of
-    the resolve does not schedule another."""
-    return key(fingerprint, starts_at, f"rollback {rule}")

@@ -118,7 +118,7 @@ class Fleet:
     async def restart_receiver(self) -> None:
         self.receiver.audit.close()
         self.receiver = self._start()
-        await self.receiver._resume()
+        await self.receiver.episodes.resume()
 
     async def deliver(self, *alerts: Alert) -> None:
         for one in alerts:

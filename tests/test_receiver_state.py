@@ -23,7 +23,8 @@ from inferwatch.runbooks.actions.base import Alert, Step, Unit
 from inferwatch.runbooks.actions.kubernetes_api import connect
 from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.config import Breaker
-from inferwatch.runbooks.dispatch import Dispatcher, key
+from inferwatch.runbooks.dispatch import Dispatcher
+from inferwatch.runbooks.episodes import key
 from inferwatch.runbooks.kube_state import ConfigMapStore
 from inferwatch.runbooks.server import Receiver
 from inferwatch.runbooks.state import (
