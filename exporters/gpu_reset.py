@@ -25,9 +25,9 @@ only logged). Every decision is one audit line (``gpu reset``, JSON when not on 
 A reset that fails, or a GPU that does not come back healthy, leaves the request in place
 and the replicas isolated: that is for a person.
 
-:data:`RBAC_RULES` is every Kubernetes API call the agent makes, nothing more: the kit's
-ClusterRole for the node agent (``inferwatch generate k8s``, ``automation.gpu_reset``) is
-generated from it.
+:data:`~inferwatch.exporters.kube_facts.GPU_RESET_RULES` is every Kubernetes API call the
+agent makes, nothing more: the kit's ClusterRole for the node agent (``inferwatch generate
+k8s``, ``automation.gpu_reset``) is generated from it.
 """
 
 from __future__ import annotations
@@ -53,11 +53,6 @@ REQUESTED = "inferwatch.io/gpu-reset-requested"
 MERGE_PATCH = "application/merge-patch+json"
 #: the label every pod with an inferwatch sidecar carries (inferwatch/k8s/inject.py, the kit)
 SIDECAR_LABEL = "inferwatch.io/sidecar"
-#: the node's requests (read, clear) and the pods on the node (the replicas to drain)
-RBAC_RULES: tuple[Mapping[str, Any], ...] = (
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-)
 #: seconds between two looks at the node's requests
 DEFAULT_INTERVAL_S = 10.0
 #: seconds before a GPU may be reset again, after any attempt

@@ -43,6 +43,7 @@ from inferwatch.exporters import gpu_reset
 from inferwatch.exporters.gpu.node_agent import allocation_path
 from inferwatch.exporters.gpu.podresources import Allocation, PodResourcesError
 from inferwatch.exporters.gpu.scope import KUBELET_SOCKET
+from inferwatch.exporters.kube_facts import SIDECAR_TOKEN_ENV
 from inferwatch.logs import log_event
 from inferwatch.serving import endpoints, uvicorn_server
 from inferwatch.serving.readiness import Condition
@@ -55,8 +56,6 @@ logger = logging.getLogger("inferwatch.node_agent")
 __all__ = ["Allocations", "app", "node_agent"]
 
 TOKEN_ENV = "INFERWATCH_NODE_AGENT_TOKEN"
-#: the sidecars' admin token, as the receiver reads it
-SIDECAR_ENV = "INFERWATCH_RUNBOOKS_SIDECAR_TOKEN"
 
 
 class Allocations(Protocol):
@@ -174,7 +173,7 @@ def app(
 )
 @token_file_option(
     "--sidecar-token-file",
-    f"File holding the sidecars' admin token, to drain a GPU's replicas (or ${SIDECAR_ENV}).",
+    f"File holding the sidecars' admin token, to drain a GPU's replicas (or ${SIDECAR_TOKEN_ENV}).",
 )
 def node_agent(
     listen: str,
@@ -225,11 +224,11 @@ def _reset_agent(
 ) -> ResetAgent:
     """The GPU reset agent, with this node's API access, NVML and the sidecars' token."""
     token = required_token(
-        os.environ.get(SIDECAR_ENV),
+        os.environ.get(SIDECAR_TOKEN_ENV),
         token_file,
         "--sidecar-token-file",
         what="sidecar token",
-        missing=f"--gpu-reset needs --sidecar-token-file or ${SIDECAR_ENV}",
+        missing=f"--gpu-reset needs --sidecar-token-file or ${SIDECAR_TOKEN_ENV}",
     )
     try:
         import kubernetes  # noqa: F401  the kubernetes extra

@@ -7,7 +7,8 @@ pods whose model label cannot hold the served name; else the model). A node is l
 it matches ``selector`` (for example ``nvidia.com/gpu.present=true``), so a control-plane node
 outside it is never a target; its pool is ``pool_label``'s value. Lists are read with
 ``limit`` :data:`~inferwatch.runbooks.inventory.MAX_ENTRIES` and refused when the server says
-there is more.
+there is more. What it may read is
+:data:`~inferwatch.runbooks.kube_facts.INVENTORY_RULES` (the receiver's ClusterRole).
 """
 
 from __future__ import annotations
@@ -20,9 +21,6 @@ from kubernetes import client
 
 from inferwatch.runbooks.actions.kubernetes_api import DEFAULT_TIMEOUT_S, body, client_for
 from inferwatch.runbooks.inventory import MAX_ENTRIES, Entry, Kind, Refused, entry
-
-#: what the inventory reads (for the receiver's Role: list pods and nodes)
-RBAC_RULES = ({"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["list"]},)
 
 
 class _Listing:

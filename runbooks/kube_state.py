@@ -10,6 +10,7 @@ no replica's change is lost or applied to a stale state. :class:`LeaseElector` h
 whole duration, timed on its own monotonic clock, since the holder's ``renewTime`` is another
 machine's clock; every write carries the ``resourceVersion`` read), and only the holder acts:
 the others answer 503 and fail ``/readyz``, so their Service sends Alertmanager to the leader.
+Both use :data:`~inferwatch.runbooks.kube_facts.STATE_RULES` (the receiver's Role).
 """
 
 from __future__ import annotations
@@ -33,15 +34,6 @@ logger = logging.getLogger("inferwatch.runbooks")
 T = TypeVar("T")
 #: the ConfigMap key holding the state
 KEY = "state.json"
-#: what the state store and the election use (for the receiver's Role, in its namespace)
-RBAC_RULES = (
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update"]},
-    {
-        "apiGroups": ["coordination.k8s.io"],
-        "resources": ["leases"],
-        "verbs": ["get", "create", "update"],
-    },
-)
 LEASE_SECONDS = 15
 #: the ``leaseDurationSeconds`` a record may claim; outside, this receiver's own duration holds
 LEASE_SECONDS_BOUNDS = (1, 300)

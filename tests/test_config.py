@@ -15,7 +15,7 @@ from inferwatch import config as layer
 from inferwatch.config import Duration, DurationParam, Fields, loader
 from inferwatch.config.schema import number_of
 from inferwatch.gateway import haproxy
-from inferwatch.k8s import kit
+from inferwatch.k8s.site import SiteError, load_site
 from inferwatch.mixin import config as alert_config
 from inferwatch.proxy import config as proxy_config
 from inferwatch.runbooks import config as runbooks_config
@@ -31,7 +31,7 @@ LOADERS: dict[str, tuple[Callable[[Path], Any], type[Exception]]] = {
     "runbooks": (runbooks_config.load, runbooks_config.ConfigError),
     "alerts": (alert_config.load, alert_config.ConfigError),
     "gateway topology": (haproxy.load, haproxy.TopologyError),
-    "k8s site": (kit.load_site, kit.SiteError),
+    "k8s site": (load_site, SiteError),
 }
 
 

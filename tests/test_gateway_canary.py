@@ -143,9 +143,9 @@ def test_bad_canary_specs_are_refused(canary: Any, reason: str) -> None:
     ["release-qa", ["a b"], [""], [7], ["u"] * 65, ["x" * 64]],
 )
 def test_bad_canary_users_of_a_site_are_refused(users: Any, tmp_path: Path) -> None:
-    from inferwatch.k8s import kit as k8s
+    from inferwatch.k8s.site import SiteError, load_site
 
     site = tmp_path / "site.yaml"
     site.write_text(json.dumps({"gateway": {"canary_users": users}}))
-    with pytest.raises(k8s.SiteError, match=r"gateway\.canary_users"):
-        k8s.load_site(site)
+    with pytest.raises(SiteError, match=r"gateway\.canary_users"):
+        load_site(site)

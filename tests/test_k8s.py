@@ -23,11 +23,12 @@ import pytest
 import yaml
 
 from inferwatch import catalog
-from inferwatch.k8s import kit as k8s
 from inferwatch.k8s import victoria
 from inferwatch.k8s.inject import NODE_AGENT_INGRESS, SIDECAR_LABEL
-from inferwatch.runbooks import kube_inventory, kube_state
-from inferwatch.runbooks.actions import kubernetes_api
+from inferwatch.k8s.overlay import prometheus_values
+from inferwatch.k8s.rbac import RECEIVER
+from inferwatch.k8s.site import QUEUE, load_site
+from inferwatch.runbooks import kube_facts
 from inferwatch.wire import HEADER, USER, WEIGHT
 from support.k8s import KIT, render, validate
 from support.shared import REPO, tool
@@ -42,7 +43,7 @@ OPERATOR_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule", "Alertmanage
 
 
 def on_operator(overlay: str) -> bool:
-    return k8s.load_site(KIT / "sites" / f"{overlay}.yaml").tsdb == victoria.OPERATOR
+    return load_site(KIT / "sites" / f"{overlay}.yaml").tsdb == victoria.OPERATOR
 
 
 @pytest.fixture(scope="module")
@@ -124,9 +125,9 @@ def granted(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
     return verbs
 
 
-def declared(*modules: Any) -> dict[tuple[str, str], set[str]]:
+def declared(*parts: tuple[Any, ...]) -> dict[tuple[str, str], set[str]]:
     verbs: dict[tuple[str, str], set[str]] = {}
-    for rule in (rule for module in modules for rule in module.RBAC_RULES):
+    for rule in (rule for rules in parts for rule in rules):
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 verbs.setdefault((group, resource), set()).update(rule["verbs"])
@@ -143,11 +144,12 @@ def test_rbac_grants_only_the_receivers_verbs(
     roles = {
         d["kind"]: d
         for d in documents
-        if d["kind"] in ("Role", "ClusterRole") and d["metadata"]["name"] == k8s.RECEIVER
+        if d["kind"] in ("Role", "ClusterRole") and d["metadata"]["name"] == RECEIVER
     }
     assert sorted(roles) == ["ClusterRole", "Role"]
-    assert granted(roles["ClusterRole"]) == declared(kubernetes_api, kube_inventory)
-    assert granted(roles["Role"]) == declared(kube_state)
+    cluster_wide = declared(kube_facts.ACTIONS_RULES, kube_facts.INVENTORY_RULES)
+    assert granted(roles["ClusterRole"]) == cluster_wide
+    assert granted(roles["Role"]) == declared(kube_facts.STATE_RULES)
     assert roles["Role"]["metadata"]["namespace"] == "inference"
     for role in roles.values():
         assert all("*" not in verbs for verbs in granted(role).values())
@@ -302,7 +304,7 @@ def test_admin_ports_open_only_to_prometheus_and_the_receiver(
     rendered: tuple[str, list[dict[str, Any]]],
 ) -> None:
     overlay, documents = rendered
-    site = k8s.load_site(KIT / "sites" / f"{overlay}.yaml")
+    site = load_site(KIT / "sites" / f"{overlay}.yaml")
     policies = [d for d in documents if d["kind"] == "NetworkPolicy"]
     scraper = (
         {
@@ -344,7 +346,7 @@ def test_the_canary_route_weighs_and_matches(
     rendered: tuple[str, list[dict[str, Any]]],
 ) -> None:
     overlay, documents = rendered
-    site = k8s.load_site(KIT / "sites" / f"{overlay}.yaml")
+    site = load_site(KIT / "sites" / f"{overlay}.yaml")
     (route,) = [d for d in documents if d["kind"] == "HTTPRoute"]
     (gateway,) = [d for d in documents if d["kind"] == "Gateway"]
     assert route["spec"]["parentRefs"][0]["name"] == gateway["metadata"]["name"]
@@ -381,7 +383,7 @@ def test_the_site_sets_namespace_release_and_cluster(
     rendered: tuple[str, list[dict[str, Any]]],
 ) -> None:
     overlay, documents = rendered
-    site = k8s.load_site(KIT / "sites" / f"{overlay}.yaml")
+    site = load_site(KIT / "sites" / f"{overlay}.yaml")
     for document in documents:
         if document["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert document["metadata"]["namespace"] == site.namespace
@@ -489,7 +491,7 @@ def test_remote_write_settings_at_the_schemas_edges_are_a_config_prometheus_acce
 ) -> None:
     """Whatever the site schema lets through, Prometheus accepts."""
     side = {"minimum": 0, "maximum": 1}[edge]
-    settings = {key: bounds[side] for key, bounds in k8s.QUEUE.items()}
+    settings = {key: bounds[side] for key, bounds in QUEUE.items()}
     site = tmp_path / "edge.yaml"
     site.write_text(yaml.safe_dump({
         "cluster": "edge",
@@ -497,7 +499,7 @@ def test_remote_write_settings_at_the_schemas_edges_are_a_config_prometheus_acce
             "url": "http://store:19291/api/v1/receive", "batch_send_deadline": "1m30s", **settings
         }},
     }))  # fmt: skip
-    spec = k8s.prometheus_values(k8s.load_site(site))["prometheus"]["prometheusSpec"]
+    spec = prometheus_values(load_site(site))["prometheus"]["prometheusSpec"]
     check_config(promtool, tmp_path, spec)
     with pytest.raises(KeyError):  # the check can fail: a misspelt field
         broken = copy.deepcopy(spec)

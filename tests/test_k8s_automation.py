@@ -28,7 +28,9 @@ import yaml
 from kubernetes.config import kube_config
 
 from inferwatch.drill.kubefake import FakeKube, httproute_validator
-from inferwatch.k8s import autoscaling, kit
+from inferwatch.k8s import autoscaling
+from inferwatch.k8s.overlay import receiver_mapping
+from inferwatch.k8s.site import SiteError, load_site
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks import inventory, lint, registry
 from inferwatch.runbooks.actions import httproute
@@ -413,8 +415,8 @@ def test_a_bad_automation_site_value_is_one_clear_line(
 ) -> None:
     path = tmp_path / "site.yaml"
     path.write_text(text)
-    with pytest.raises(kit.SiteError) as caught:
-        kit.load_site(path)
+    with pytest.raises(SiteError) as caught:
+        load_site(path)
     assert "\n" not in str(caught.value) and message in str(caught.value), caught.value
 
 
@@ -422,8 +424,8 @@ def test_a_site_names_the_gpu_nodes_the_receiver_may_act_on(tmp_path: Path) -> N
     path = tmp_path / "site.yaml"
     selector = "pool=h200,!node-role.kubernetes.io/control-plane"
     path.write_text(f"automation: {{gpu_node_selector: '{selector}'}}\n")
-    site = kit.load_site(path)
-    nodes = kit.receiver_mapping(site, autoscaling.scaled_model(KIT))["inventory"]["nodes"]
+    site = load_site(path)
+    nodes = receiver_mapping(site, autoscaling.scaled_model(KIT))["inventory"]["nodes"]
     assert nodes == {"kubernetes": {"selector": selector}}
 
 

@@ -19,7 +19,8 @@ import yaml
 
 from inferwatch.alerts import writer
 from inferwatch.k8s import autoscaling
-from inferwatch.k8s import kit as k8s
+from inferwatch.k8s.overlay import render_overlay
+from inferwatch.k8s.site import SiteError, load_site
 from inferwatch.mixin import config as alert_config
 from support.k8s import KIT, render, validate
 from support.shared import tool
@@ -59,7 +60,7 @@ def test_the_hpa_scales_on_the_recorded_signals_at_the_configured_targets(
     kubectl: str,
 ) -> None:
     documents = _documents(kubectl, "single-cluster")
-    site = k8s.load_site(KIT / "sites" / "single-cluster.yaml")
+    site = load_site(KIT / "sites" / "single-cluster.yaml")
     hpa = _one(documents, "HorizontalPodAutoscaler", "llama-8b")
     spec = hpa["spec"]
     target = spec["scaleTargetRef"]
@@ -129,7 +130,7 @@ def test_the_scaled_object_queries_the_sites_prometheus_at_the_configured_target
     kubectl: str,
 ) -> None:
     documents = _documents(kubectl, "multi-cluster-east")
-    site = k8s.load_site(KIT / "sites" / "multi-cluster-east.yaml")
+    site = load_site(KIT / "sites" / "multi-cluster-east.yaml")
     spec = _one(documents, "ScaledObject", "llama-8b")["spec"]
     assert spec["scaleTargetRef"]["name"] == "llama-8b"
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (
@@ -268,8 +269,8 @@ def test_a_bad_autoscaling_site_value_is_one_clear_line(
 ) -> None:
     path = tmp_path / "site.yaml"
     path.write_text(text)
-    with pytest.raises(k8s.SiteError) as caught:
-        k8s.load_site(path)
+    with pytest.raises(SiteError) as caught:
+        load_site(path)
     assert "\n" not in str(caught.value) and message in str(caught.value), caught.value
 
 
@@ -288,7 +289,7 @@ def test_the_prometheus_service_is_named_as_the_chart_names_it(release: str, url
 def test_a_site_without_autoscaling_renders_neither_component(tmp_path: Path) -> None:
     path = tmp_path / "plain.yaml"
     path.write_text("namespace: inference\n")
-    files = k8s.render_overlay(k8s.load_site(path), SCALED)
+    files = render_overlay(load_site(path), SCALED)
     kustomization = yaml.safe_load(files["plain/kustomization.yaml"])
     assert not any("autoscaling" in c for c in kustomization["components"])
     # no adapter values: the overlay, the receiver's mapping and the node agent's are all

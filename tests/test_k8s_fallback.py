@@ -19,7 +19,7 @@ import yaml
 from kubernetes import client
 
 from inferwatch.drill.kubefake import FakeKube, httproute_validator
-from inferwatch.k8s import kit as k8s
+from inferwatch.k8s.site import load_site
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks.actions.base import Alert, Outcome
 from inferwatch.runbooks.actions.httproute import HTTPRouteShift
@@ -78,7 +78,7 @@ def run(coro: Any) -> Outcome:
 
 
 def test_the_route_carries_the_sites_fallback_at_weight_zero(fake: FakeKube) -> None:
-    site = k8s.load_site(KIT / "sites" / f"{SITE}.yaml")
+    site = load_site(KIT / "sites" / f"{SITE}.yaml")
     assert weights(fake) == {"llama-8b": 95, "llama-8b-canary": 5, site.fallback: 0}
     assert {m.name for m in site.models} >= {"qwen3-32b"}
     assert site.fallback == "qwen3-32b-inferwatch", "the injected model's proxy Service"

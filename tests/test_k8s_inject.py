@@ -25,7 +25,8 @@ import yaml
 
 from inferwatch.cli import main
 from inferwatch.k8s import inject
-from inferwatch.k8s import kit as k8s
+from inferwatch.k8s.components import inject_component
+from inferwatch.k8s.site import SiteError, load_site
 from support.k8s import KIT, validate
 from support.pss import pod_templates, violations
 from support.shared import shared_path, tool
@@ -87,10 +88,10 @@ def component(tmp_path: Path, models: list[dict[str, Any]]) -> Path:
     site_file = tmp_path / "sites" / "injected.yaml"
     site_file.parent.mkdir(parents=True)
     site_file.write_text(yaml.safe_dump({"namespace": "inference", "models": models}))
-    site = k8s.load_site(site_file)
+    site = load_site(site_file)
     folder = tmp_path / "inject"
     folder.mkdir()
-    for name, text in k8s.inject_component(site).items():
+    for name, text in inject_component(site).items():
         (folder / Path(name).name).write_text(text)
     return folder
 
@@ -276,8 +277,8 @@ def test_a_bad_model_entry_is_one_line(
 ) -> None:
     site_file = tmp_path / "bad.yaml"
     site_file.write_text(yaml.safe_dump({"models": [model]}))
-    with pytest.raises(k8s.SiteError) as error:
-        k8s.load_site(site_file)
+    with pytest.raises(SiteError) as error:
+        load_site(site_file)
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
@@ -285,8 +286,8 @@ def test_two_models_of_one_name_are_refused(tmp_path: Path) -> None:
     site_file = tmp_path / "twice.yaml"
     entry = {"name": "x", "workload": "w"}
     site_file.write_text(yaml.safe_dump({"models": [entry, entry]}))
-    with pytest.raises(k8s.SiteError, match="named twice"):
-        k8s.load_site(site_file)
+    with pytest.raises(SiteError, match="named twice"):
+        load_site(site_file)
 
 
 def test_the_injected_ports_are_the_ones_the_policy_guards() -> None:
@@ -301,7 +302,7 @@ def test_a_sites_tracing_reaches_the_injected_proxy(tmp_path: Path) -> None:
         "models": [{"name": "m", "workload": "w", "kind": "Deployment"}],
         "tracing": {"otlp_endpoint": "http://collector:4318", "sampling_ratio": 0.25},
     }))  # fmt: skip
-    kustomization = yaml.safe_load(k8s.inject_component(k8s.load_site(site_file))[
+    kustomization = yaml.safe_load(inject_component(load_site(site_file))[
         "traced/inject/kustomization.yaml"])  # fmt: skip
     (patch,) = kustomization["patches"]
     added = [op["value"] for op in json.loads(patch["patch"]) if op["path"].endswith("/-")]

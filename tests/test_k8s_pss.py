@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from inferwatch.cli import main
-from inferwatch.exporters import gpu_reset
-from inferwatch.k8s import kit as k8s
-from inferwatch.k8s import victoria
+from inferwatch.exporters import kube_facts
+from inferwatch.k8s import inject, victoria
+from inferwatch.k8s.site import Site, load_site
 from support.k8s import KIT, render, validate
 from support.pss import pod_templates, violations
 from support.shared import tool
@@ -60,7 +60,7 @@ def test_only_the_node_agent_mounts_the_kubelets_socket(kubectl: str, site: str)
     ((where, template),) = [t for d in documents for t in pod_templates(d)]
     found = violations(template, "baseline")
     expected = ["hostPath volumes: volume pod-resources is a hostPath"]
-    if k8s.load_site(KIT / "sites" / f"{site}.yaml").gpu_reset:
+    if load_site(KIT / "sites" / f"{site}.yaml").gpu_reset:
         expected.append("privileged containers: containers[inferwatch-node-agent] is privileged")
     assert sorted(found) == sorted(expected), (where, found)
     (volume,) = template["spec"]["volumes"]
@@ -93,7 +93,7 @@ def test_sidecars_ask_the_agent_its_namespace_lets_in(kubectl: str, site: str) -
     url = f"--node-agent-url=http://{meta['name']}.{meta['namespace']}.svc:{port}"
     sidecars, scraper = policy["spec"]["ingress"][0]["from"]
     allowed = sidecars
-    config = k8s.load_site(KIT / "sites" / f"{site}.yaml")
+    config = load_site(KIT / "sites" / f"{site}.yaml")
     space, labels = _scraper(config)
     assert scraper == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": space}},
                        "podSelector": {"matchLabels": labels}}  # fmt: skip
@@ -121,11 +121,11 @@ def test_sidecars_ask_the_agent_its_namespace_lets_in(kubectl: str, site: str) -
     assert checked == 2, "the stable and canary sidecars ask the node agent"
 
 
-def _site(site: str) -> k8s.Site:
-    return k8s.load_site(KIT / "sites" / f"{site}.yaml")
+def _site(site: str) -> Site:
+    return load_site(KIT / "sites" / f"{site}.yaml")
 
 
-def _scraper(site: k8s.Site) -> tuple[str, dict[str, str]]:
+def _scraper(site: Site) -> tuple[str, dict[str, str]]:
     """The namespace and labels of the pods that scrape the site: Prometheus or vmagent."""
     if site.tsdb == victoria.OPERATOR:
         return site.monitoring_namespace, {"app.kubernetes.io/name": "prometheus"}
@@ -149,7 +149,7 @@ def _parsed(container: dict[str, Any]) -> dict[str, Any]:
 def test_the_node_agent_resets_gpus_only_where_the_site_asks_with_what_a_reset_needs(
     kubectl: str, site: str
 ) -> None:
-    """--gpu-reset, its own account bound to exactly the reset's RBAC_RULES, every GPU of the
+    """--gpu-reset, its own account bound to exactly the reset's rules, every GPU of the
     node with the NVIDIA runtime, privilege, and the admin token the sidecars check; a site
     without the switch gets the agent as before: no account, no API token, no privilege."""
     documents = render(kubectl, f"{site}/node-agent")
@@ -178,7 +178,7 @@ def test_the_node_agent_resets_gpus_only_where_the_site_asks_with_what_a_reset_n
     assert spec["automountServiceAccountToken"] is True
     role = next(d for d in roles if d["kind"] == "ClusterRole")
     binding = next(d for d in roles if d["kind"] == "ClusterRoleBinding")
-    assert role["rules"] == [dict(rule) for rule in gpu_reset.RBAC_RULES]
+    assert role["rules"] == [dict(rule) for rule in kube_facts.GPU_RESET_RULES]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
                                     "namespace": account["metadata"]["namespace"]}]  # fmt: skip
@@ -233,7 +233,7 @@ def test_the_sidecars_port_admits_the_node_agent_after_the_overlays_replacements
     run), and each injected model's let the node agent reach the sidecar's port, and only
     that port, where the site turns the GPU reset on; nowhere else."""
     agent = _agent_pod(render(kubectl, f"{site}/node-agent"))["metadata"]["labels"]
-    space = k8s.NODE_AGENT_NAMESPACE
+    space = inject.NODE_AGENT_NAMESPACE
     rendered = render(kubectl, site)
     policies = [d for d in rendered if d["kind"] == "NetworkPolicy"]
     pods = [t["metadata"]["labels"] for d in rendered for _, t in pod_templates(d)

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
+from inferwatch.k8s import inject, victoria
 from inferwatch.k8s import kit as k8s
-from inferwatch.k8s import victoria
+from inferwatch.k8s.site import SiteError, load_site
 from support.k8s import KIT, render
 from support.shared import tool
 
@@ -108,7 +109,7 @@ def test_vmalert_accepts_the_rendered_rules_with_the_manifests_flags(
 
 
 def test_the_site_sets_where_series_go_are_read_and_alerts_are_sent(kubectl: str) -> None:
-    site = k8s.load_site(KIT / "sites" / f"{SITE}.yaml")
+    site = load_site(KIT / "sites" / f"{SITE}.yaml")
     assert site.victoriametrics is not None and site.victoriametrics.shards > 1
     store = site.victoriametrics
     documents = render(kubectl, SITE)
@@ -148,7 +149,7 @@ def test_vmagent_may_list_and_watch_only_what_its_discovery_reads(kubectl: str) 
         ("Role", "inference", "", "pods"): ("list", "watch"),
         ("Role", "inference", "", "services"): ("list", "watch"),
         ("Role", "inference", "discovery.k8s.io", "endpointslices"): ("list", "watch"),
-        ("Role", k8s.NODE_AGENT_NAMESPACE, "", "pods"): ("list", "watch"),
+        ("Role", inject.NODE_AGENT_NAMESPACE, "", "pods"): ("list", "watch"),
     }
     bindings = [d for d in (*documents, *agent) if d["kind"] in ("RoleBinding",
                 "ClusterRoleBinding") and d["metadata"]["name"] == victoria.VMAGENT]  # fmt: skip
@@ -379,7 +380,7 @@ BAD_SITES = {
 def test_a_bad_tsdb_value_is_one_clear_line(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "site.yaml"
     path.write_text(text)
-    with pytest.raises(k8s.SiteError) as raised:
-        k8s.load_site(path)
+    with pytest.raises(SiteError) as raised:
+        load_site(path)
     (line,) = str(raised.value).splitlines()
     assert message in line, line

@@ -18,10 +18,11 @@ from inferwatch.exporters.gpu.xid import catalogue
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome
 from inferwatch.runbooks.actions.gpu_reset_request import PREFIX, REQUESTED, GpuResetRequest
 from inferwatch.runbooks.actions.httproute import HTTPRouteShift
-from inferwatch.runbooks.actions.kubernetes_api import RBAC_RULES, connect
+from inferwatch.runbooks.actions.kubernetes_api import connect
 from inferwatch.runbooks.actions.kubernetes_xid import REMEDIATION, XidRemediation
 from inferwatch.runbooks.actions.node_isolation import ISOLATION, TAINT_KEY, NodeIsolation
 from inferwatch.runbooks.actions.pod_restart import PodRestart
+from inferwatch.runbooks.kube_facts import ACTIONS_RULES
 from support.shared import shared_path
 
 pytestmark = pytest.mark.unit
@@ -564,7 +565,7 @@ def _exercise_every_action(fake: FakeKube, api: client.ApiClient) -> list[Outcom
 
 
 def test_rbac_rules_are_enough_for_every_action(fake, api) -> None:
-    fake.rules = RBAC_RULES
+    fake.rules = ACTIONS_RULES
     outcomes = _exercise_every_action(fake, api)
     assert all(o.ok for o in outcomes), [o.detail for o in outcomes if not o.ok]
     assert fake.count("GET", 403) + fake.count("PATCH", 403) + fake.count("DELETE", 403) == 0
@@ -572,12 +573,12 @@ def test_rbac_rules_are_enough_for_every_action(fake, api) -> None:
 
 @pytest.mark.parametrize(
     ("resource", "verb"),
-    [(r, v) for rule in RBAC_RULES for r in rule["resources"] for v in rule["verbs"]],
+    [(r, v) for rule in ACTIONS_RULES for r in rule["resources"] for v in rule["verbs"]],
 )
 def test_every_rbac_rule_is_needed(fake, api, resource, verb) -> None:
     fake.rules = [
         {**rule, "verbs": [v for v in rule["verbs"] if (r, v) != (resource, verb)]}
-        for rule in RBAC_RULES
+        for rule in ACTIONS_RULES
         for r in rule["resources"]
     ]
     outcomes = _exercise_every_action(fake, api)

@@ -31,7 +31,6 @@ from inferwatch.exporters.gpu.podresources import Allocation
 from inferwatch.exporters.gpu.recording import Recording
 from inferwatch.exporters.gpu_reset import (
     PREFIX,
-    RBAC_RULES,
     REQUESTED,
     Attempt,
     KubeletReplicas,
@@ -39,6 +38,7 @@ from inferwatch.exporters.gpu_reset import (
     NvmlGpus,
     ResetAgent,
 )
+from inferwatch.exporters.kube_facts import GPU_RESET_RULES
 from inferwatch.runbooks.actions.kubernetes_api import connect
 from support.runbooks_harness import SIDECAR_TOKEN, Loop, SidecarUnderTest
 from support.shared import shared_path
@@ -91,7 +91,7 @@ def request(fingerprint: str, at: str) -> str:
 @pytest.fixture
 def fake(nvml: FakeNvml) -> FakeKube:
     served = FakeKube()
-    served.rules = RBAC_RULES  # what the kit's ClusterRole grants the node agent, nothing more
+    served.rules = GPU_RESET_RULES  # what the kit's ClusterRole grants the node agent, nothing more
     served.add_node(
         NODE,
         labels={REQUESTED: "true"},

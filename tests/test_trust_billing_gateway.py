@@ -17,7 +17,8 @@ import yaml
 
 import support.k8s as k8s_support
 from inferwatch.gateway import haproxy as gateway
-from inferwatch.k8s import kit
+from inferwatch.k8s.overlay import proxy_headers
+from inferwatch.k8s.site import SiteError
 from support.ports import launch
 from support.proxy_stack import CHAT, Stack, auth, samples
 from support.shared import tool
@@ -124,7 +125,7 @@ def test_every_route_rule_removes_or_sets_what_the_kits_proxy_takes(overlay: str
     documents = k8s_support.render(tool("kubectl"), overlay)
     (route,) = [d for d in documents if d["kind"] == "HTTPRoute"]
     k8s_support.validate(route)  # `remove` is a field the CRD knows
-    taken = set(kit.proxy_headers(k8s_support.KIT))
+    taken = set(proxy_headers(k8s_support.KIT))
     assert {"x-inferwatch-tenant", "x-inferwatch-split", "x-model-version"} <= taken
     rules = route["spec"]["rules"]
     assert len(rules) >= 2
@@ -142,14 +143,14 @@ def test_the_kit_reads_renamed_headers_from_its_proxy_config(tmp_path: Path) -> 
     (folder / "vllm.yaml").write_text(
         yaml.safe_dump({"kind": "ConfigMap", "data": {"proxy.yaml": proxy_yaml}})
     )
-    assert kit.proxy_headers(tmp_path) == (
+    assert proxy_headers(tmp_path) == (
         "x-billed-to", "x-inferwatch-split", "x-model-version", "x-engine-version", "x-p",
     )  # fmt: skip
     (folder / "vllm.yaml").write_text(
         yaml.safe_dump({"kind": "ConfigMap", "data": {"proxy.yaml": "identity: {bogus: 1}\n"}})
     )
-    with pytest.raises(kit.SiteError, match=r"proxy\.yaml\): identity\.bogus: unknown field"):
-        kit.proxy_headers(tmp_path)
+    with pytest.raises(SiteError, match=r"proxy\.yaml\): identity\.bogus: unknown field"):
+        proxy_headers(tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,9 @@ and recompute, a bounded number of times), and API errors turned into a failed
 rule that is missing) instead of an exception. The client is synchronous, so calls run in a
 worker thread and never block the receiver's event loop.
 
-:data:`RBAC_RULES` is every permission these actions use, nothing more: the deployment's
-Role/ClusterRole is generated from it.
+Every permission these actions use, nothing more, is
+:data:`~inferwatch.runbooks.kube_facts.ACTIONS_RULES`: the deployment's ClusterRole is
+generated from it.
 """
 
 from __future__ import annotations
@@ -25,21 +26,6 @@ from kubernetes import client, config
 from urllib3.exceptions import HTTPError
 
 from inferwatch.runbooks.actions.base import ActionError, Alert, Outcome, Step, Unit
-
-# the one implementation of {label} templates, shared with the replica isolation action
-
-#: The verbs and resources the Kubernetes actions use (PolicyRule form, for a ClusterRole:
-#: nodes are cluster-scoped). Node isolation and GPU reset requests read and patch nodes;
-#: replica restart reads and deletes pods; route shifts read and patch HTTPRoutes.
-RBAC_RULES: tuple[Mapping[str, Any], ...] = (
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "delete"]},
-    {
-        "apiGroups": ["gateway.networking.k8s.io"],
-        "resources": ["httproutes"],
-        "verbs": ["get", "patch"],
-    },
-)
 
 MERGE_PATCH = "application/merge-patch+json"
 #: how often a conflicting write is re-read and retried before the step fails
@@ -223,7 +209,7 @@ def failure(exc: Exception, target: str) -> Outcome:
     if isinstance(exc, client.ApiException):
         message = _status_message(exc)
         hint = {
-            403: "forbidden (the service account lacks an RBAC rule; see RBAC_RULES)",
+            403: "forbidden (the service account lacks an RBAC rule; see runbooks/kube_facts.py)",
             404: "not found",
             409: "conflict",
             422: "rejected as invalid",
