@@ -22,7 +22,14 @@ from typing import Any
 import click
 import httpx
 
-from inferwatch.clikit import BadInput, CannotRun, cannot_write, prometheus_option
+from inferwatch.clikit import (
+    BadInput,
+    CannotRun,
+    cannot_write,
+    config_option,
+    out_file_option,
+    prometheus_option,
+)
 from inferwatch.config import Duration
 from inferwatch.dashboards import queries, writer
 from inferwatch.mixin import config as alert_config
@@ -437,13 +444,7 @@ def variable_values(dashboard: Mapping[str, Any], given: Sequence[str]) -> dict[
     show_envvar=True,
     help="How far back from now to draw (a Prometheus duration).",
 )
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    show_envvar=True,
-    help="PNG to write [default: <dashboard>.png].",
-)
+@out_file_option("PNG to write [default: <dashboard>.png].")
 @click.option(
     "--var",
     multiple=True,
@@ -456,15 +457,7 @@ def variable_values(dashboard: Mapping[str, Any], given: Sequence[str]) -> dict[
     show_envvar=True,
     help="Prometheus's scrape interval, for $__rate_interval as Grafana computes it.",
 )
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    envvar="INFERWATCH_SNAPSHOT_CONFIG",
-    show_envvar=True,
-    help="Alert config the boards are built from (thresholds, selectors).",
-)
+@config_option("snapshot", "Alert config the boards are built from (thresholds, selectors).")
 @prometheus_api.timeout_option(
     "Seconds all queries to Prometheus may take together (exit 3 past it)."
 )

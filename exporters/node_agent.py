@@ -34,6 +34,7 @@ from inferwatch.clikit import (
     CannotRun,
     FiniteFloat,
     bind,
+    downward_api_option,
     listen_option,
     parse_listen,
     required_token,
@@ -145,12 +146,11 @@ def app(
 @token_file_option(
     "--token-file", f"File holding the bearer token sidecars present (or ${TOKEN_ENV})."
 )
-@click.option(
+@downward_api_option(
     "--node",
-    default=lambda: os.environ.get("NODE_NAME", ""),
-    show_envvar=True,
-    help="This node's name, given in every answer so that sidecars refuse another node's.",
-    show_default="$NODE_NAME (Kubernetes downward API)",
+    "NODE_NAME",
+    "This node's name, given in every answer so that sidecars refuse another node's.",
+    say_where=True,
 )
 @click.option(
     "--gpu-reset/--no-gpu-reset",

@@ -21,6 +21,7 @@ from prometheus_client.core import Metric
 from inferwatch.clikit import (
     CannotRun,
     bind,
+    downward_api_option,
     listen_option,
     option_group,
     parse_listen,
@@ -66,27 +67,9 @@ logger = logging.getLogger("inferwatch.sidecar")
     show_envvar=True,
     help="Version label of the system prompt or template the replica serves with.",
 )
-@click.option(
-    "--pod",
-    default=lambda: os.environ.get("POD_NAME", ""),
-    show_envvar=True,
-    help="Pod label of every series.",
-    show_default="$POD_NAME (Kubernetes downward API)",
-)
-@click.option(
-    "--namespace",
-    default=lambda: os.environ.get("POD_NAMESPACE", ""),
-    show_envvar=True,
-    help="Namespace label of every series.",
-    show_default="$POD_NAMESPACE",
-)
-@click.option(
-    "--node",
-    default=lambda: os.environ.get("NODE_NAME", ""),
-    show_envvar=True,
-    help="Node label of every series.",
-    show_default="$NODE_NAME",
-)
+@downward_api_option("--pod", "POD_NAME", "Pod label of every series.", say_where=True)
+@downward_api_option("--namespace", "POD_NAMESPACE", "Namespace label of every series.")
+@downward_api_option("--node", "NODE_NAME", "Node label of every series.")
 @click.option(
     "--pod-labels",
     type=click.Choice(["auto", "emit", "omit"]),

@@ -36,11 +36,15 @@ __all__ = [
     "bind",
     "cannot_write",
     "check_option",
+    "config_option",
+    "downward_api_option",
+    "json_option",
     "listen_error",
     "listen_option",
     "missing_extra",
     "missing_extras",
     "option_group",
+    "out_file_option",
     "parse_listen",
     "prometheus_option",
     "require_extra",
@@ -228,6 +232,69 @@ def required_token(
     if token is None:
         raise click.UsageError(missing)
     return token
+
+
+def _twin(command: str, flag: str) -> str:
+    """The environment twin of ``flag`` of ``command`` (``runbooks serve``, ``--config``:
+    ``INFERWATCH_RUNBOOKS_SERVE_CONFIG``), for an option whose parameter is not named as its
+    flag: click would name the twin after the parameter."""
+    words = ("INFERWATCH", *command.split(), flag.removeprefix("--"))
+    return "_".join(words).upper().replace("-", "_")
+
+
+def json_option(command: str, help: str = "Print JSON instead of a table.") -> Callable[[F], F]:
+    """``--json`` of ``command``: its result as JSON (the parameter is ``as_json``, leaving the
+    name ``json`` to the module that writes it)."""
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        envvar=_twin(command, "--json"),
+        show_envvar=True,
+        help=help,
+    )
+
+
+def config_option(
+    command: str, help: str, *, show_default: str | None = None, path_type: type[Any] = Path
+) -> Callable[[F], F]:
+    """``--config`` of ``command``: the YAML file it reads (the parameter is ``config_path``);
+    ``path_type`` ``str`` keeps the path as given, for a loader that names it so."""
+    return click.option(
+        "--config",
+        "config_path",
+        envvar=_twin(command, "--config"),
+        type=click.Path(dir_okay=False, path_type=path_type),
+        default=None,
+        show_envvar=True,
+        show_default=show_default,
+        help=help,
+    )
+
+
+def out_file_option(help: str) -> Callable[[F], F]:
+    """``--out``: the one file a command writes; ``help`` says where it goes without one."""
+    return click.option(
+        "--out",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        show_envvar=True,
+        help=help,
+    )
+
+
+def downward_api_option(
+    flag: str, variable: str, help: str, *, say_where: bool = False
+) -> Callable[[F], F]:
+    """An option that defaults to the pod's ``variable``, read when the command runs (the
+    Kubernetes downward API sets it); ``say_where``: the help names the downward API."""
+    return click.option(
+        flag,
+        default=lambda: os.environ.get(variable, ""),
+        show_envvar=True,
+        help=help,
+        show_default=f"${variable}" + (" (Kubernetes downward API)" if say_where else ""),
+    )
 
 
 def check_option(what: str = "a file") -> Callable[[F], F]:

@@ -20,6 +20,7 @@ from inferwatch.clikit import (
     Failed,
     bind,
     cannot_write,
+    config_option,
     listen_option,
     parse_listen,
     required_token,
@@ -65,25 +66,18 @@ def _config(path: str | None) -> mapping.Config:
         raise BadInput(str(exc)) from None
 
 
-config_option = click.option(
-    "--config",
-    "config_path",
-    envvar="INFERWATCH_RUNBOOKS_SERVE_CONFIG",
-    type=click.Path(dir_okay=False),
-    default=None,
-    show_envvar=True,
-    show_default=DEFAULT_CONFIG,
-    help="Mapping config (YAML): rules from alert to action, guards, action settings.",
-)
-
-
 @click.group()
 def runbooks() -> None:
     """Act on Alertmanager alerts, safely: the runbook receiver."""
 
 
 @runbooks.command()
-@config_option
+@config_option(
+    "runbooks serve",
+    "Mapping config (YAML): rules from alert to action, guards, action settings.",
+    show_default=DEFAULT_CONFIG,
+    path_type=str,
+)
 @listen_option("127.0.0.1:9405")
 @click.option(
     "--execute/--dry-run",

@@ -22,7 +22,7 @@ from rich.table import Table
 from inferwatch.canary import analysis, selector
 from inferwatch.canary.analysis import EXIT_CODES, Analysis, Result, Thresholds
 from inferwatch.canary.prometheus import Prometheus, PrometheusError
-from inferwatch.clikit import CannotRun, FiniteFloat, prometheus_option
+from inferwatch.clikit import CannotRun, FiniteFloat, config_option, option_group, prometheus_option
 from inferwatch.config import Duration, DurationParam
 from inferwatch.exitcodes import ExitCode
 from inferwatch.mixin import config as alert_config
@@ -87,12 +87,6 @@ _HELP = {
 }
 
 
-def _with_thresholds(command: Any) -> Any:
-    for option in reversed(_threshold_options()):
-        command = option(command)
-    return command
-
-
 @click.command(cls=_Command)
 @prometheus_option()
 @click.option(
@@ -126,16 +120,8 @@ def _with_thresholds(command: Any) -> Any:
     "Seconds all queries to Prometheus may take together; past it the analysis "
     "could not run (exit 3)."
 )
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    envvar="INFERWATCH_CANARY_CONFIG",
-    show_envvar=True,
-    help="Alert config whose source selectors (job labels) the queries use.",
-)
-@_with_thresholds
+@config_option("canary", "Alert config whose source selectors (job labels) the queries use.")
+@option_group(*_threshold_options())
 def canary(
     prometheus: str,
     baseline: str,

@@ -14,25 +14,21 @@ from typing import TYPE_CHECKING
 import click
 
 from inferwatch import catalog
-from inferwatch.clikit import BadInput, F, Failed, cannot_write, check_option
+from inferwatch.clikit import (
+    BadInput,
+    F,
+    Failed,
+    cannot_write,
+    check_option,
+    config_option,
+    out_file_option,
+)
 from inferwatch.generate import docs
 from inferwatch.mixin import validate
 from inferwatch.mixin.files import Written
 
 if TYPE_CHECKING:
     from inferwatch.mixin.config import Config
-
-
-def _config_option(command: str, help: str) -> Callable[[F], F]:
-    return click.option(
-        "--config",
-        "config_path",
-        envvar=f"INFERWATCH_GENERATE_{command.upper()}_CONFIG",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        show_envvar=True,
-        help=help,
-    )
 
 
 def _out_dir_option(what: str, default: str, relative: bool = True) -> Callable[[F], F]:
@@ -122,8 +118,9 @@ def docs_pages(out: Path, check: bool) -> None:
 
 
 @generate.command()
-@_config_option(
-    "alerts", "Alert config read on top of the shipped defaults (inferwatch/mixin/config.yaml)."
+@config_option(
+    "generate alerts",
+    "Alert config read on top of the shipped defaults (inferwatch/mixin/config.yaml).",
 )
 @_out_dir_option("the rule files", "generated/alerts")
 @check_option("a file")
@@ -136,7 +133,9 @@ def alerts(config_path: Path | None, out: Path, check: bool) -> None:
 
 
 @generate.command()
-@_config_option("slo", "Alert config (its slo section) read on top of the shipped defaults.")
+@config_option(
+    "generate slo", "Alert config (its slo section) read on top of the shipped defaults."
+)
 @_out_dir_option("the SLO specs", "generated/slo")
 @check_option("a file")
 def slo(config_path: Path | None, out: Path, check: bool) -> None:
@@ -148,8 +147,8 @@ def slo(config_path: Path | None, out: Path, check: bool) -> None:
 
 
 @generate.command()
-@_config_option(
-    "dashboards",
+@config_option(
+    "generate dashboards",
     "Alert config (thresholds, selectors, cluster label) read on top of the defaults.",
 )
 @_out_dir_option("the dashboards", "generated/dashboards")
@@ -172,13 +171,7 @@ def dashboards(config_path: Path | None, out: Path, check: bool) -> None:
     help="Fleet topology YAML (models, replicas, ports) [default: the demo fleet at "
     "--base-port 18000].",
 )
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    show_envvar=True,
-    help="Where to write haproxy.cfg [default: standard output].",
-)
+@out_file_option("Where to write haproxy.cfg [default: standard output].")
 @check_option("--out")
 def gateway(topology_path: Path | None, out: Path | None, check: bool) -> None:
     """Write the HAProxy gateway config (routes, health checks, weights, fallbacks)."""
@@ -236,13 +229,7 @@ def _one_file(
     show_envvar=True,
     help="The external cluster label of everything the vmagents remote-write.",
 )
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    show_envvar=True,
-    help="Where to write the scrape config [default: standard output].",
-)
+@out_file_option("Where to write the scrape config [default: standard output].")
 @check_option("--out")
 def vmagent(base_port: int, cluster: str, out: Path | None, check: bool) -> None:
     """Write vmagent's -promscrape.config: the scrape jobs the demo's Prometheus runs, with
@@ -298,8 +285,9 @@ def k8s(out: Path, check: bool) -> None:
 
 
 @generate.command()
-@_config_option(
-    "canary", "Alert config whose source selectors the queries use, read on top of the defaults."
+@config_option(
+    "generate canary",
+    "Alert config whose source selectors the queries use, read on top of the defaults.",
 )
 @_out_dir_option("the templates", "deploy/canary", relative=False)
 @check_option("a file")

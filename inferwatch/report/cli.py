@@ -21,6 +21,7 @@ from inferwatch.clikit import (
     Failed,
     FiniteFloat,
     missing_extra,
+    out_file_option,
     prometheus_option,
 )
 from inferwatch.config import ConfigError, Duration, DurationParam, Fields
@@ -148,12 +149,9 @@ def report() -> None:
     help="csv (a totals line starting with # at the end), json, or parquet (the totals in "
     "the file's metadata; needs --out and inferwatch[parquet]).",
 )
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    show_envvar=True,
-    help="Write the report to this file instead of stdout (replaced whole, never half "
-    "written).  [required for parquet]",
+@out_file_option(
+    "Write the report to this file instead of stdout (replaced whole, never half written).  "
+    "[required for parquet]"
 )
 @prometheus_option(
     required=False,

@@ -11,18 +11,15 @@ deadline, an idle deadline, a connection cap), so that no slow client pins a ser
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 import uvicorn
 
-from inferwatch.clikit import FiniteFloat
+from inferwatch.clikit import F, FiniteFloat, option_group
 from inferwatch.serving.bounded_http import ServerLimits
 
 __all__ = ["config", "limit_options", "limits_from", "serve"]
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def config(app: Any, limits: ServerLimits | None = None, **settings: Any) -> uvicorn.Config:
@@ -53,7 +50,7 @@ def limit_options(function: F) -> F:
     """The client limits of a server command, as ``--header-timeout``, ``--idle-timeout``
     and ``--max-connections`` (each with its ``INFERWATCH_<COMMAND>_*`` twin)."""
     defaults = ServerLimits()
-    options = [
+    return option_group(
         click.option(
             "--header-timeout",
             type=FiniteFloat(0.1, 3600),
@@ -79,10 +76,7 @@ def limit_options(function: F) -> F:
             help="Open connections at most; past it the longest idle one is closed. "
             "0: half the soft file-descriptor limit, at most 4096.",
         ),
-    ]
-    for option in reversed(options):
-        function = option(function)
-    return function
+    )(function)
 
 
 def limits_from(options: dict[str, Any]) -> ServerLimits:
