@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -14,7 +15,15 @@ import click
 import httpx
 
 from inferwatch import tracing
-from inferwatch.clikit import CannotRun, FiniteFloat, bind, listen_option, parse_listen
+from inferwatch.clikit import (
+    CannotRun,
+    F,
+    FiniteFloat,
+    bind,
+    json_option,
+    listen_option,
+    parse_listen,
+)
 from inferwatch.exitcodes import ExitCode
 from inferwatch.logs import log_event
 from inferwatch.probes import client, golden
@@ -63,7 +72,24 @@ def _load_set(name_or_path: str) -> golden.GoldenSet:
         raise click.BadParameter(str(exc), param_hint="--goldens") from None
 
 
-_GOLDENS_HELP = f"Golden set: a shipped name ({', '.join(golden.builtin_names())}) or a YAML file."
+#: ``--goldens``, the probe runner's and the gate's
+goldens_option = click.option(
+    "--goldens",
+    default=golden.DEFAULT_SET,
+    show_envvar=True,
+    help=f"Golden set: a shipped name ({', '.join(golden.builtin_names())}) or a YAML file.",
+)
+
+
+def timeout_option(help: str) -> Callable[[F], F]:
+    """``--timeout``: the seconds one request to an endpoint may take."""
+    return click.option(
+        "--timeout",
+        type=FiniteFloat(min=0.1),
+        default=30.0,
+        show_envvar=True,
+        help=help,
+    )
 
 
 @click.command()
@@ -104,7 +130,7 @@ _GOLDENS_HELP = f"Golden set: a shipped name ({', '.join(golden.builtin_names())
     show_envvar=True,
     help="Bearer key for probe requests; map it to the tenant _probe in the proxy.",
 )
-@click.option("--goldens", default=golden.DEFAULT_SET, show_envvar=True, help=_GOLDENS_HELP)
+@goldens_option
 @listen_option(":9401")
 @click.option(
     "--cycle",
@@ -120,13 +146,7 @@ _GOLDENS_HELP = f"Golden set: a shipped name ({', '.join(golden.builtin_names())
     show_envvar=True,
     help="Relative random spread of the spacing between probes.",
 )
-@click.option(
-    "--timeout",
-    type=FiniteFloat(min=0.1),
-    default=30.0,
-    show_envvar=True,
-    help="Seconds allowed for one probe request.",
-)
+@timeout_option("Seconds allowed for one probe request.")
 @click.option(
     "--ttft-limit",
     type=FiniteFloat(min=0),
@@ -297,7 +317,7 @@ def probe(
     help="Model name at the candidate; discovered from /v1/models when empty.",
 )
 @click.option("--api-key", default="", show_envvar=True, help="Bearer key for both endpoints.")
-@click.option("--goldens", default=golden.DEFAULT_SET, show_envvar=True, help=_GOLDENS_HELP)
+@goldens_option
 @click.option(
     "--repeats",
     type=click.IntRange(min=1),
@@ -340,21 +360,8 @@ def probe(
     show_envvar=True,
     help="Relative slack for TTFT, TPOT and throughput noise.",
 )
-@click.option(
-    "--timeout",
-    type=FiniteFloat(min=0.1),
-    default=30.0,
-    show_envvar=True,
-    help="Seconds allowed for one request.",
-)
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    show_envvar=True,
-    envvar="INFERWATCH_GATE_JSON",
-    help="Print the report as JSON.",
-)
+@timeout_option("Seconds allowed for one request.")
+@json_option("gate", "Print the report as JSON.")
 def gate(
     baseline: str,
     candidate: str,

@@ -14,7 +14,15 @@ from inferwatch.advise.proposals import proposals
 from inferwatch.advise.window import Window, read
 from inferwatch.canary.prometheus import Prometheus, PrometheusError
 from inferwatch.capacity import planner as cap
-from inferwatch.clikit import BadInput, CannotRun, Failed, FiniteFloat, prometheus_option
+from inferwatch.capacity.cli import tensor_parallel_option
+from inferwatch.clikit import (
+    BadInput,
+    CannotRun,
+    Failed,
+    FiniteFloat,
+    json_option,
+    prometheus_option,
+)
 from inferwatch.config import Duration, DurationParam
 from inferwatch.mixin import config as alert_config
 from inferwatch.serving.prometheus_api import timeout_option
@@ -49,14 +57,7 @@ def _gpu(window: Window, name: str | None) -> cap.GPUSpec:
     show_envvar=True,
     help="GPU preset (" + ", ".join(cap.GPU_PRESETS) + "); default: the one the replicas report.",
 )
-@click.option(
-    "--tensor-parallel",
-    "-tp",
-    type=click.IntRange(min=1),
-    default=1,
-    show_envvar=True,
-    help="GPUs each replica splits the model over.",
-)
+@tensor_parallel_option
 @click.option(
     "--slo-ttft",
     type=FiniteFloat(min=0, min_open=True),
@@ -92,14 +93,7 @@ def _gpu(window: Window, name: str | None) -> cap.GPUSpec:
     "the tail room).",
 )
 @timeout_option("Seconds all queries to Prometheus may take together.")
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    envvar="INFERWATCH_ADVISE_JSON",
-    show_envvar=True,
-    help="Print JSON instead of a table.",
-)
+@json_option("advise")
 def advise(
     prometheus: str,
     model: str,

@@ -10,7 +10,7 @@ import click
 
 from inferwatch.capacity import planner as cap
 from inferwatch.capacity import sizing
-from inferwatch.clikit import BadInput, FiniteFloat, option_group
+from inferwatch.clikit import BadInput, FiniteFloat, json_option, option_group
 from inferwatch.exitcodes import ExitCode
 
 
@@ -131,6 +131,16 @@ def _estimate_dict(estimate: sizing.Estimate) -> dict[str, object]:
     }
 
 
+#: ``--tensor-parallel``: of the replicas `capacity` sizes, `sim` serves and `advise` plans for.
+tensor_parallel_option = click.option(
+    "--tensor-parallel",
+    "-tp",
+    type=click.IntRange(min=1),
+    default=1,
+    show_envvar=True,
+    help="GPUs each replica splits the model over (vLLM --tensor-parallel-size).",
+)
+
 #: Model, GPU and vLLM serving settings: what `capacity` computes from and `sim` serves with.
 serving_options = option_group(
     click.option(
@@ -145,14 +155,7 @@ serving_options = option_group(
         show_envvar=True,
         help="GPU preset: " + ", ".join(cap.GPU_PRESETS) + ".",
     ),
-    click.option(
-        "--tensor-parallel",
-        "-tp",
-        type=click.IntRange(min=1),
-        default=1,
-        show_envvar=True,
-        help="GPUs the model is split over (vLLM --tensor-parallel-size).",
-    ),
+    tensor_parallel_option,
     click.option(
         "--gpu-memory-utilization",
         type=FiniteFloat(0, 1, min_open=True),
@@ -252,14 +255,7 @@ serving_options = option_group(
     show_envvar=True,
     help="Mean time per output token to stay under, in seconds (with --rate).",
 )
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    envvar="INFERWATCH_CAPACITY_JSON",
-    show_envvar=True,
-    help="Print JSON instead of a table.",
-)
+@json_option("capacity")
 def capacity(
     model: str,
     gpu: str,

@@ -32,6 +32,17 @@ def tsdb_option(help: str) -> Callable[[F], F]:
     )
 
 
+#: ``--alert-config``, the demo's and the drill's (:func:`alerting.demo_config` reads it)
+alert_config_option = click.option(
+    "--alert-config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    show_envvar=True,
+    help="Alert config the rules and Alertmanager's routing are generated from, read on top "
+    "of the defaults (inferwatch/mixin/config.yaml).  [default: alerts/demo.yaml, short "
+    "windows and for: durations]",
+)
+
+
 @click.command()
 @click.option(
     "--engine-url",
@@ -102,14 +113,7 @@ def tsdb_option(help: str) -> Callable[[F], F]:
     help="Run an Alertmanager with the generated routing and inhibition, which Prometheus "
     "sends its alerts to (when the binary is on PATH; needs --prometheus).",
 )
-@click.option(
-    "--alert-config",
-    type=click.Path(dir_okay=False, path_type=Path),
-    show_envvar=True,
-    help="Alert config the rules and Alertmanager's routing are generated from, read on top "
-    "of the defaults (inferwatch/mixin/config.yaml).  [default: alerts/demo.yaml, short "
-    "windows and for: durations]",
-)
+@alert_config_option
 @click.option(
     "--execute-runbooks/--dry-run-runbooks",
     default=False,

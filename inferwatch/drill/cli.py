@@ -15,7 +15,7 @@ from rich.table import Table
 
 from inferwatch.clikit import BadInput, CannotRun, Failed, FiniteFloat, PortTaken, cannot_write
 from inferwatch.demo import alerting, routing, sharedstate, topology, victoria
-from inferwatch.demo.cli import tsdb_option
+from inferwatch.demo.cli import alert_config_option, tsdb_option
 from inferwatch.demo.processes import PortInUse
 from inferwatch.demo.run import Options
 from inferwatch.drill.run import SCENARIOS, Drill, Timeline
@@ -56,13 +56,7 @@ HELP = (
     show_envvar=True,
     help="Healthy load: requests per second over all tenants, through HAProxy.",
 )
-@click.option(
-    "--alert-config",
-    type=click.Path(dir_okay=False, path_type=Path),
-    show_envvar=True,
-    help="Alert config the rules and routing are generated from, on top of the defaults.  "
-    "[default: alerts/demo.yaml, short windows and for: durations]",
-)
+@alert_config_option
 @tsdb_option(
     help="As for the demo: Prometheus, or VictoriaMetrics with a vmagent per cluster and "
     "vmalert doing the alerting.",

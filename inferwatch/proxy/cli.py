@@ -12,7 +12,15 @@ from collections.abc import Callable
 import click
 
 from inferwatch import tracing
-from inferwatch.clikit import BadInput, FiniteFloat, bind, missing_extra, parse_listen
+from inferwatch.clikit import (
+    BadInput,
+    FiniteFloat,
+    bind,
+    config_option,
+    listen_option,
+    missing_extra,
+    parse_listen,
+)
 from inferwatch.logs import log_event
 from inferwatch.proxy.config import HTTP_URL, ConfigError, ProxyConfig, Serving, load
 
@@ -28,21 +36,8 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 @click.command()
-@click.option(
-    "--config",
-    "config_path",
-    envvar="INFERWATCH_PROXY_CONFIG",
-    type=click.Path(dir_okay=False),
-    default=None,
-    show_envvar=True,
-    help="YAML file: tenants, trusted sources, prices, limits.",
-)
-@click.option(
-    "--listen",
-    default=Serving.listen,
-    show_envvar=True,
-    help="HOST:PORT to serve on (clients call this instead of the engine).",
-)
+@config_option("proxy", "YAML file: tenants, trusted sources, prices, limits.", path_type=str)
+@listen_option(Serving.listen, "Clients call this instead of the engine.")
 @click.option(
     "--metrics-listen",
     default=Serving.metrics_listen,
