@@ -963,7 +963,10 @@ def test_the_drill_mapping_isolates_a_stalled_engine_by_pod_and_shifts_a_degener
 def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: str) -> None:
     """The real HAProxy: the spare's server stays in maintenance, :func:`routing.enable`
     points it at the spare's bound ports and returns only once a check has found it down
-    (its /readyz answers 503), and it is up once its /readyz answers 200."""
+    (its /readyz answers 503), and it is up once its /readyz answers 200. After each of
+    ``enable``'s commands the server is one HAProxy sends no request to (in maintenance or
+    drain, or down): a server taken out of maintenance straight to ready counted as up until
+    its first check, and a client request reached a replica still starting."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from tempfile import TemporaryDirectory
 
@@ -1003,11 +1006,31 @@ def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: s
                 servers = await api.servers(backend)
                 return next(s.op_state for s in servers if s.name == name)
 
-            async def in_maintenance() -> bool:
-                """The server's srv_admin_state has FMAINT (0x01), set by ``disabled``."""
+            async def admin_state() -> int:
                 rows = (await api.command(f"show servers state {backend}")).splitlines()
                 row = next(r.split() for r in rows if f" {name} " in r)
-                return int(row[6]) & 0x01 == 1
+                return int(row[6])
+
+            async def in_maintenance() -> bool:
+                """The server's srv_admin_state has FMAINT (0x01), set by ``disabled``."""
+                return await admin_state() & 0x01 == 1
+
+            class Watched:
+                """The Runtime API, checking the spare after each command ``enable`` sends."""
+
+                def __init__(self) -> None:
+                    self.commands: list[str] = []
+
+                async def command(self, line: str) -> str:
+                    answer = await api.command(line)
+                    self.commands.append(line)
+                    # maintenance (0x01) or drain (0x08) sends no new request, nor does down
+                    held = await admin_state() & 0x09 or await state() != 2
+                    assert held, f"{name} would take a request after {line!r}"
+                    return answer
+
+                async def servers(self, backend: str) -> list[ServerState]:
+                    return await api.servers(backend)
 
             async def parked() -> bool:
                 assert await state() == 0 and await in_maintenance()
@@ -1017,8 +1040,10 @@ def test_a_started_spare_takes_no_traffic_until_its_readyz_passes(haproxy_bin: s
                 await asyncio.sleep(2.5)  # checks ran meanwhile: still in maintenance
                 assert await state() == 0 and await in_maintenance()
                 assert spare.name not in routing.serving(await routing.backends(api), spare.model)
-                await routing.enable(api, spare, ports, 10)
-                assert not await in_maintenance()
+                watched = Watched()
+                await routing.enable(watched, spare, ports, 10)  # type: ignore[arg-type]
+                assert watched.commands[-1].endswith("state ready"), watched.commands
+                assert await admin_state() & 0x09 == 0  # in service: no maintenance, no drain
                 assert await state() != 2  # down: its /readyz does not pass yet
                 assert spare.name not in routing.serving(await routing.backends(api), spare.model)
 

@@ -202,11 +202,13 @@ async def enable(api: RuntimeApi, replica: Replica, ports: Ports, timeout_s: flo
     """Point a started spare replica's server at the ports its proxy and sidecar bound, and
     take it out of maintenance.
 
-    HAProxy counts a server that leaves maintenance as up until its first check (setting its
-    health down while in maintenance does not stick), so its health is set down at once
-    after, and this returns once a check has found it down: from then on
-    it takes traffic only once its sidecar's ``/readyz`` passes, as a new pod's endpoint
-    joins a Service only once its readiness probe passes. Raises StartError.
+    HAProxy counts a server that leaves maintenance as up until its first check, and setting
+    its health down while in maintenance does not stick. So it leaves maintenance for drain
+    (checked, sent no new request), its health is set down there, and it turns ready only
+    once a check has found it down: at no step between is it a server HAProxy would send a
+    request to. From then on it takes traffic only once its sidecar's ``/readyz`` passes, as
+    a new pod's endpoint joins a Service only once its readiness probe passes. Raises
+    StartError.
     """
     backend = wire.backend_name(replica.model)
     server = f"{backend}/{replica.version}:{replica.name}"
@@ -214,11 +216,12 @@ async def enable(api: RuntimeApi, replica: Replica, ports: Ports, timeout_s: flo
     try:
         await api.command(f"set server {server} addr 127.0.0.1 port {ports.proxy[replica.name]}")
         await api.command(f"set server {server} check-port {ports.sidecar[replica.name]}")
-        await api.command(f"set server {server} state ready")
+        await api.command(f"set server {server} state drain")
         await api.command(f"set server {server} health down")
         name = server.split("/", 1)[1]
         while time.monotonic() < deadline:
             if not any(s.up for s in await api.servers(backend) if s.name == name):
+                await api.command(f"set server {server} state ready")
                 return
             await asyncio.sleep(0.1)
     except RuntimeApiError as exc:
