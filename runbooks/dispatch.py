@@ -3,11 +3,12 @@
 Alerts are handled one at a time by a single worker, in arrival order, each on its own: a
 malformed alert, or one whose handling fails, is audited and costs only itself. For each
 firing alert and each rule that matches it, in order: inventory (the alert must name exactly
-one target the receiver trusts), namespace allow-list, plan, then one state transaction that
-checks idempotency, dry-run, cooldown and the circuit breaker and, when all pass, begins the
-episode; its :mod:`~inferwatch.runbooks.episodes` then applies, verifies and records what it
-changed. A ticker runs the rollbacks when due and the periodic read-backs. Every outcome, each
-refusal included, is an audit line and a counted decision.
+one target the receiver trusts), the namespace guard, plan, then one state transaction that
+runs the state's guards (idempotency, dry-run, cooldown, the circuit breaker, capacity; see
+:mod:`~inferwatch.runbooks.guards`) and, when all pass, begins the episode, which then
+applies, verifies and records what it changed (:mod:`~inferwatch.runbooks.episodes`). A
+ticker runs the rollbacks when due and the periodic read-backs. Every outcome, each refusal
+included, is an audit line and a counted decision.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from inferwatch.runbooks.actions.base import Action, ActionError, Alert, Step
 from inferwatch.runbooks.audit import AuditLog
 from inferwatch.runbooks.config import Config, Rule
 from inferwatch.runbooks.episodes import Attempt, Episodes, begin, cancel_rollback
+from inferwatch.runbooks.guards import Namespace, Reason, first_reason, pipeline
 from inferwatch.runbooks.inventory import Inventory, Refused
 from inferwatch.runbooks.metrics import RunbookMetrics
 from inferwatch.runbooks.payload import Malformed, Notification
-from inferwatch.runbooks.state import MAX_EPISODES, MemoryStore, State, StateError, StateStore
+from inferwatch.runbooks.state import MemoryStore, State, StateError, StateStore
 
 logger = logging.getLogger("inferwatch.runbooks")
 
@@ -92,6 +94,8 @@ class Dispatcher:
         )
         self.max_backlog_bytes = max_backlog_bytes
         self.backlog_bytes = 0
+        self.namespace = Namespace(config)
+        self.guards = pipeline(config, execute)
         self.episodes = Episodes(self.store, actions, self.metrics, clock, self._decide)
         self._wake = asyncio.Event()
         self._last_reassert = 0.0
@@ -198,10 +202,8 @@ class Dispatcher:
             alert = dataclasses.replace(alert, labels=trusted | dict(entry.labels))
             populations[entry.population] = size
             record["target"] = dict(entry.labels)
-        if not self.config.namespace_allowed(alert.labels):
-            namespace = alert.labels.get("namespace", "")
-            reason = f"namespace {namespace!r} is not allowed"
-            await self._decide(record, rule.action, "skipped", "namespace", reason=reason)
+        if (reason := self.namespace.check(alert.labels)) is not None:
+            await self._held_back(record, rule.action, reason)
             return
         action = self.actions[rule.action]
         steps = await self._plan(action, alert, rule, record)
@@ -211,60 +213,34 @@ class Dispatcher:
             steps = [dataclasses.replace(s, group=found[0].population) for s in steps]
         record["steps"] = [asdict(step) for step in steps]
         attempt = Attempt(alert, rule, steps, populations, self.clock())
-        outcome, reason, cancelled = await self.store.transact(
+        reason, cancelled = await self.store.transact(
             lambda state: self._admit(state, attempt, record)
         )
         if cancelled:
             why = "fired again before the rollback hold ended"
             await self._decide(record, rule.action, "skipped", "rollback_cancelled", reason=why)
-        if outcome == "act":
+        if reason is None:
             await self.episodes.apply(attempt, action, record)
             return
-        lost = (
-            await self.episodes.lost(action, steps)
-            if outcome == "duplicate" and self.execute
-            else []
-        )
+        lost = await self.episodes.lost(action, steps) if reason.read_back and self.execute else []
         if lost:
             await self.episodes.reassert(action, lost, record, attempt.episode_id)
-        elif outcome in ("duplicate", "acting"):  # acting: another receiver is applying it now
-            await self._decide(record, rule.action, "skipped", "duplicate", reason=reason)
-        elif outcome == "dry_run":
-            await self._decide(record, rule.action, "dry_run", "dry_run", reason=reason)
         else:
-            await self._decide(record, rule.action, "skipped", outcome, reason=reason)
+            await self._held_back(record, rule.action, reason)
 
     def _admit(
         self, state: State, attempt: Attempt, record: Mapping[str, Any]
-    ) -> tuple[str, str, bool]:
+    ) -> tuple[Reason | None, bool]:
         """One transaction: a pending rollback taken over, then the guards and, when they all
         pass, the episode begun."""
         cancelled = cancel_rollback(state, attempt.alert, attempt.rule)
-        outcome, reason = self._verdict(state, attempt)
-        if outcome == "act":
+        reason = first_reason(self.guards, attempt, state)
+        if reason is None:
             begin(state, attempt, self.config.breaker, record)
-        return outcome, reason, cancelled
+        return reason, cancelled
 
-    def _verdict(self, state: State, attempt: Attempt) -> tuple[str, str]:
-        """What the guards that read the shared state say: ``act``, or why not."""
-        rule, steps, now = attempt.rule, attempt.steps, attempt.now
-        if attempt.idempotency_key in state.seen:
-            episode = state.episodes.get(attempt.episode_id)
-            settled = episode is not None and episode.settled  # else: being applied now
-            return ("duplicate" if settled else "acting"), "this episode was acted on already"
-        if not self.execute:
-            return "dry_run", "dry-run: plan recorded, nothing changed"
-        for step in steps:
-            last = state.applied.get(f"{rule.action} {step.target}")
-            if last is not None and now - last < rule.cooldown:
-                ago = f"{now - last:.0f}s ago (cooldown {rule.cooldown:g}s)"
-                return "cooldown", f"{step.target} was acted on {ago}"
-        allowed = breaker.check(state, self.config.breaker, steps, attempt.populations, now)
-        if not allowed.allowed:
-            return "breaker", allowed.reason
-        if attempt.episode_id not in state.episodes and len(state.episodes) >= MAX_EPISODES:
-            return "state_full", f"{MAX_EPISODES} episodes are held already"
-        return "act", ""
+    async def _held_back(self, record: Mapping[str, Any], action: str, reason: Reason) -> None:
+        await self._decide(record, action, reason.decision, reason.outcome, reason=reason.text)
 
     # -- the ticker: rollbacks and read-backs --------------------------------------------
 
