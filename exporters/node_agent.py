@@ -43,8 +43,8 @@ from inferwatch.clikit import (
 from inferwatch.exporters import gpu_reset
 from inferwatch.exporters.gpu.node_agent import allocation_path
 from inferwatch.exporters.gpu.podresources import Allocation, PodResourcesError
-from inferwatch.exporters.gpu.scope import KUBELET_SOCKET
 from inferwatch.exporters.kube_facts import SIDECAR_TOKEN_ENV
+from inferwatch.exporters.sources.gpu import kubelet_socket_option
 from inferwatch.logs import log_event
 from inferwatch.serving import endpoints, uvicorn_server
 from inferwatch.serving.readiness import Condition
@@ -136,13 +136,7 @@ def app(
 
 @click.command("node-agent")
 @listen_option(":9406")
-@click.option(
-    "--kubelet-socket",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=KUBELET_SOCKET,
-    show_envvar=True,
-    help="The kubelet's PodResources socket (mount its directory read-only).",
-)
+@kubelet_socket_option("read-only")
 @token_file_option(
     "--token-file", f"File holding the bearer token sidecars present (or ${TOKEN_ENV})."
 )

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import click
 
-from inferwatch.clikit import required_token, token_file_option
+from inferwatch.clikit import F, required_token, token_file_option
 from inferwatch.exporters import gpu
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.gpu import GpuTelemetry, scope
@@ -91,6 +91,19 @@ AGENT_TOKEN_ENV = "INFERWATCH_SIDECAR_NODE_AGENT_TOKEN"
 AGENT_URL = r"https?://[^\s/@]+(/[^\s@]*)?"
 
 
+def kubelet_socket_option(mount: str) -> Callable[[F], F]:
+    """``--kubelet-socket``: the sidecar's (``--gpu-scope kubelet``) and the node agent's;
+    ``mount`` says how the pod mounts the socket's directory."""
+    return click.option(
+        "--kubelet-socket",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=scope.KUBELET_SOCKET,
+        show_envvar=True,
+        show_default=True,
+        help=f"The kubelet's PodResources socket (mount its directory {mount}).",
+    )
+
+
 def _agent_url(ctx: click.Context, param: click.Parameter, value: str) -> str:
     if value and not re.fullmatch(AGENT_URL, value):
         raise click.BadParameter(f"{value!r} is not an http(s) URL without user:password@")
@@ -134,14 +147,7 @@ REGISTRATION = Registration(
             "--node-agent-token-file",
             "File holding the node agent's bearer token (a mounted Secret).",
         ),
-        click.option(
-            "--kubelet-socket",
-            type=click.Path(dir_okay=False, path_type=Path),
-            default=scope.KUBELET_SOCKET,
-            show_envvar=True,
-            show_default=True,
-            help="The kubelet's PodResources socket (mount its directory into the sidecar).",
-        ),
+        kubelet_socket_option("into the sidecar"),
     ],
     build=build,
 )

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 import httpx
 
-from inferwatch.clikit import BadInput, CannotRun, F, FiniteFloat, PortTaken
+from inferwatch.clikit import BadInput, CannotRun, F, FiniteFloat, PortTaken, option_group
 from inferwatch.demo import alerting, routing, sharedstate, topology, victoria
 from inferwatch.demo import engines as external
 from inferwatch.demo import scenario as scenarios
@@ -29,6 +29,29 @@ def tsdb_option(help: str) -> Callable[[F], F]:
         show_default=True,
         show_envvar=True,
         help=help,
+    )
+
+
+def load_options(
+    *, speed: float, min_speed: float, rate: float, min_rate: float
+) -> Callable[[F], F]:
+    """``--speed`` and ``--rate``, the demo's and the drill's: the simulated replicas' clock
+    and the tenants' load (both go into :class:`~inferwatch.demo.run.Options`)."""
+    return option_group(
+        click.option(
+            "--speed",
+            type=FiniteFloat(min=min_speed),
+            default=speed,
+            show_envvar=True,
+            help="Simulated seconds per wall-clock second in every simulated replica.",
+        ),
+        click.option(
+            "--rate",
+            type=FiniteFloat(min=min_rate),
+            default=rate,
+            show_envvar=True,
+            help="Load: requests per second over all tenants, through HAProxy.",
+        ),
     )
 
 
@@ -67,20 +90,7 @@ alert_config_option = click.option(
     + ", ".join(scenarios.shipped())
     + "), a YAML file, or none for a quiet run.",
 )
-@click.option(
-    "--speed",
-    type=FiniteFloat(min=0.01),
-    default=1.0,
-    show_envvar=True,
-    help="Simulated seconds per wall-clock second in every simulated replica.",
-)
-@click.option(
-    "--rate",
-    type=FiniteFloat(min=0),
-    default=3.0,
-    show_envvar=True,
-    help="Load: requests per second over all tenants.",
-)
+@load_options(speed=1.0, min_speed=0.01, rate=3.0, min_rate=0)
 @click.option(
     "--base-port",
     type=click.IntRange(1024, 65536 - topology.Ports.count()),

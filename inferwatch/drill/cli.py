@@ -13,9 +13,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from inferwatch.clikit import BadInput, CannotRun, Failed, FiniteFloat, PortTaken, cannot_write
+from inferwatch.clikit import BadInput, CannotRun, Failed, PortTaken, cannot_write
 from inferwatch.demo import alerting, routing, sharedstate, topology, victoria
-from inferwatch.demo.cli import alert_config_option, tsdb_option
+from inferwatch.demo.cli import alert_config_option, load_options, tsdb_option
 from inferwatch.demo.processes import PortInUse
 from inferwatch.demo.run import Options
 from inferwatch.drill.run import SCENARIOS, Drill, Timeline
@@ -42,20 +42,7 @@ HELP = (
     show_envvar=True,
     help="Write the timeline and the checks as JSON here.",
 )
-@click.option(
-    "--speed",
-    type=FiniteFloat(min=1),
-    default=20.0,
-    show_envvar=True,
-    help="Simulated seconds per wall-clock second in every replica.",
-)
-@click.option(
-    "--rate",
-    type=FiniteFloat(min=1),
-    default=4.0,
-    show_envvar=True,
-    help="Healthy load: requests per second over all tenants, through HAProxy.",
-)
+@load_options(speed=20.0, min_speed=1, rate=4.0, min_rate=1)
 @alert_config_option
 @tsdb_option(
     help="As for the demo: Prometheus, or VictoriaMetrics with a vmagent per cluster and "
