@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 
 
 def _rule_resource(cfg: config.Config) -> dict[str, object]:
-    document = alerts.prometheus_rule(cfg)
+    document = yaml.safe_load(alerts.render(cfg)[alerts.PROMETHEUS_RULE])
     assert isinstance(document, dict)
     return document
 
@@ -62,12 +62,13 @@ def test_labels_from_the_config_reach_the_rule_and_the_config_maps(tmp_path: Pat
     labels = _rule_resource(cfg)["metadata"]["labels"]  # type: ignore[index]
     assert labels["release"] == "monitoring" and labels["team.example.com/owner"] == "sre"
     assert labels["app.kubernetes.io/name"] == "inferwatch"
-    maps = list(dashboards.config_maps(cfg).values())
+    files = dashboards.render(cfg)
+    maps = [yaml.safe_load(text) for name, text in files.items() if name.startswith("kubernetes/")]
     assert maps
     for config_map in maps:
         assert config_map["metadata"]["labels"]["grafana_folder_team"] == "sre"
         assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
-    text = yaml.safe_dump(alerts.prometheus_rule(cfg))
+    text = alerts.render(cfg)[alerts.PROMETHEUS_RULE]
     assert "https://runbooks.example.com/r/InferwatchEngineDown" in text
 
 
