@@ -37,6 +37,10 @@ from inferwatch.runbooks.state import MemoryStore, State, StateError, StateStore
 logger = logging.getLogger("inferwatch.runbooks")
 
 QUEUE_SIZE = 1000
+#: notification bytes read or queued at once, at most (then 429 with Retry-After)
+MAX_BACKLOG_BYTES = 8 * 1024 * 1024
+#: how long the ticker sleeps with nothing due (a new schedule wakes it at once)
+IDLE_S = 60.0
 
 
 class Leader(Protocol):
@@ -49,12 +53,6 @@ class Leader(Protocol):
         ...
 
 
-#: how long the ticker sleeps with nothing due (a new schedule wakes it at once)
-IDLE_S = 60.0
-#: notification bytes read or queued at once, at most (then 429 with Retry-After)
-MAX_BACKLOG_BYTES = 8 * 1024 * 1024
-
-
 def _failed(what: str, exc: Exception) -> None:
     """A store that cannot be read or written says where and why in its one line; anything
     else is a bug, logged with its traceback."""
@@ -65,6 +63,9 @@ def _failed(what: str, exc: Exception) -> None:
 
 
 class Dispatcher:
+    """The receiver's one worker: what the server accepted, decided in arrival order, and a
+    ticker for what falls due later."""
+
     def __init__(
         self,
         config: Config,
