@@ -21,7 +21,7 @@ names also require the labels they match on to be present on the target: a GPU f
 silences a model-wide alert, which has no ``instance`` label.
 
 The receivers are webhooks whose URLs (and bearer token files) come from the ``alertmanager``
-section of the alerts config (checked by :mod:`inferwatch.mixin.routing`); by default only the
+section of the alerts config (declared and checked by :mod:`.routing`); by default only the
 automation has one, the local ``inferwatch runbooks serve``.
 """
 
@@ -30,8 +30,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from inferwatch.mixin.config import Config
-from inferwatch.mixin.routing import Settings
+from inferwatch.alerts import routing
+from inferwatch.alerts.routing import Settings
+from inferwatch.mixin.config import Config, ConfigError
 
 RECEIVERS = ("page", "ticket", "automation")
 #: the labels a notification group is keyed on
@@ -69,9 +70,11 @@ LATENCY_ALERTS = ("InferwatchTTFTHigh", "InferwatchTPOTHigh", "InferwatchE2ELate
 #: every alert name the routing and inhibition rules spell (checked against the rule files)
 NAMED_ALERTS = tuple(dict.fromkeys((*GPU_FAULTS, *REPLICA_SYMPTOMS, *LATENCY_ALERTS)))
 
+
 def settings(config: Config) -> Settings:
-    """The receivers and intervals the alerts config chose (checked when it was loaded)."""
-    return config.routing
+    """The receivers and intervals the alerts config chose; raises ConfigError (the loader
+    calls it, so that a config it accepts always gives a file Alertmanager accepts)."""
+    return routing.settings(config.section("alertmanager"), config.source, ConfigError)
 
 
 def _matchers(**labels: str | Sequence[str]) -> list[str]:

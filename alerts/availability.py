@@ -10,11 +10,35 @@ loaded but whose warm-up does not pass (``inferwatch_replica_startup_phase``) is
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from inferwatch import wire
 from inferwatch.mixin import promql, recording
 from inferwatch.mixin.config import Config
 from inferwatch.mixin.model import Alert, Panel
 from inferwatch.mixin.promql import MODEL, MODEL_VERSION, by, metric, on
+
+#: each alert's defaults (alerts.<name> in the config, where a user's file overrides them):
+#: ``for`` and its own thresholds
+SETTINGS: Mapping[str, Mapping[str, Any]] = {
+    "InferwatchEngineDown": {"for": "1m"},
+    # requests held and no token generated (a hung engine that still answers its scrapes)
+    "InferwatchEngineStalled": {"for": "2m"},
+    "InferwatchSidecarDown": {"for": "2m"},
+    "InferwatchScrapeErrors": {"for": "10m", "min_errors": 3},
+    "InferwatchErrorRatioHigh": {"for": "5m", "warning": 0.01, "critical": 0.05, "min_rate": 0.05},
+    # share of one route's answers that are 4xx, with at least min_rate of them per second
+    "InferwatchEngineClientErrorsSurging": {"for": "10m", "share": 0.2, "min_rate": 0.1},
+    "InferwatchReplicaNotReady": {"for": "2m"},
+    # model loaded (phase engine_healthy) but the warm-up gate not passed for this long
+    "InferwatchReplicaStuckInWarmup": {"for": "10m"},
+    # share of a model's replicas not ready above which the model pages
+    "InferwatchModelReplicasNotReady": {"for": "1m", "share": 0.5},
+    # any request the gateway sent regardless of readiness (fail-open: no ready replica of the
+    # model or its fallback)
+    "InferwatchFailingOpen": {"for": "0s"},
+}
 
 
 def alerts(config: Config) -> list[Alert]:

@@ -8,12 +8,34 @@ of ratios).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from inferwatch.mixin import promql, recording
 from inferwatch.mixin.config import Config
 from inferwatch.mixin.model import Alert, Panel
 from inferwatch.mixin.promql import MODEL_VERSION, by, metric, one_of
 
 COST = "cost"
+#: each alert's defaults (alerts.<name> in the config, where a user's file overrides them):
+#: ``for`` and its own thresholds
+SETTINGS: Mapping[str, Mapping[str, Any]] = {
+    "InferwatchTenantBudgetExhaustionPredicted": {"for": "10m", "lookback": "30m", "horizon": "1h"},
+    # cost per 1k tokens above (1 + drift) x its baseline: the per-model `baselines` (currency
+    # per 1k tokens) where given, else its own average over `baseline_window`
+    "InferwatchCostPer1kTokensDrift": {
+        "for": "30m",
+        "drift": 0.25,
+        "baseline_window": "1d",
+        "baselines": {},
+    },
+    # share of a tenant's requests the proxy refused (400 too long / bad request, 429 budget,
+    # concurrency, queue timeout)
+    "InferwatchAdmissionRejectionsRising": {"for": "10m", "ratio": 0.1, "min_rate": 0.01},
+    "InferwatchReconciliationDrift": {"for": "15m", "tokens": 1000.0},
+    # a proxy that cannot reach the fleet's Redis (shared_state) for this long
+    "InferwatchSharedStateDown": {"for": "3m"},
+}
 #: request outcomes that are the proxy refusing a request at admission (400 and 429)
 REJECTIONS = (
     "rejected_bad_request",

@@ -9,12 +9,60 @@ label summed away, so a change of reason never restarts a ``for:`` timer.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from inferwatch.mixin import promql, recording
 from inferwatch.mixin.config import Config
 from inferwatch.mixin.model import Alert, Panel
 from inferwatch.mixin.promql import metric, one_of
 
 GPU = "gpu"
+#: each alert's defaults (alerts.<name> in the config, where a user's file overrides them):
+#: ``for`` and its own thresholds
+SETTINGS: Mapping[str, Mapping[str, Any]] = {
+    "InferwatchGPUXidErrors": {
+        "for": "0s",
+        "window": "10m",
+        "critical_actions": ["reset_gpu", "reboot_node"],
+        "warning_actions": [
+            "restart_app",
+            "check_app",
+            "check_hardware",
+            "contact_support",
+            "unknown",
+        ],
+    },
+    "InferwatchGPUEccUncorrectable": {"for": "0s", "window": "10m"},
+    "InferwatchGPURowRemapFailure": {"for": "0s"},
+    "InferwatchGPURowRemapPending": {"for": "15m"},
+    # link-level retries and errors counted over `window`, at least `min_errors` of them: a
+    # degrading PCIe slot or riser, an NVLink lane or NVSwitch port going bad
+    "InferwatchGPUPCIeReplays": {"for": "0s", "window": "10m", "min_errors": 100},
+    "InferwatchGPUNVLinkErrors": {"for": "0s", "window": "10m", "min_errors": 10},
+    "InferwatchGPUUnhealthy": {"for": "0s"},
+    "InferwatchGPUTemperatureNearSlowdown": {"for": "5m", "margin": 5.0},
+    "InferwatchGPUClocksThrottled": {
+        "for": "15m",
+        "warning_reasons": ["hw_slowdown", "hw_thermal", "sw_thermal", "hw_power_brake"],
+        "info_reasons": ["power_cap"],
+    },
+    "InferwatchKVCacheSaturated": {"for": "5m", "usage": 0.9, "min_waiting": 1.0},
+    # preempted requests per finished request
+    "InferwatchPreemptionStorm": {"for": "5m", "ratio": 0.1},
+    # a model's output tokens per second (all its replicas) below the floor while at least
+    # `min_waiting` requests queue for it: demand is there, the fleet delivers too little
+    "InferwatchThroughputBelowFloor": {"for": "10m", "tokens_per_second": 10, "min_waiting": 1.0},
+    # `gpu_hour_price`: what one GPU-hour costs (the currency of the proxy's prices), for the
+    # cost board's busy and idle GPU cost; the default is a placeholder, set your own
+    "InferwatchGPUIdleWaste": {
+        "for": "30m",
+        "window": "1h",
+        "utilization": 0.1,
+        "gpu_hour_price": 2.5,
+    },
+    "InferwatchGPUTelemetryDown": {"for": "5m"},
+}
 
 
 def grew(selector: str, window: str) -> str:

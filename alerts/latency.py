@@ -8,10 +8,22 @@ while the critical fires).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from inferwatch.alerts import slo
 from inferwatch.mixin import promql, recording
 from inferwatch.mixin.config import Config
 from inferwatch.mixin.model import Alert, Panel
+
+#: each alert's defaults (alerts.<name> in the config, where a user's file overrides them):
+#: ``for`` and its own thresholds
+SETTINGS: Mapping[str, Mapping[str, Any]] = {
+    "InferwatchTTFTHigh": {"for": "10m"},
+    "InferwatchTPOTHigh": {"for": "10m"},
+    "InferwatchE2ELatencyHigh": {"for": "10m"},
+    **slo.SETTINGS,
+}
 
 #: alert name, signal, what it measures, panel id on the latency board
 THRESHOLD_ALERTS = (

@@ -7,12 +7,23 @@ probed directly is already out of /readyz and goes to a ticket.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from inferwatch.mixin import promql
 from inferwatch.mixin.config import Config
 from inferwatch.mixin.model import Alert, Panel
 from inferwatch.mixin.promql import MODEL_VERSION, by, metric
 
 QUALITY = "quality"
+#: each alert's defaults (alerts.<name> in the config, where a user's file overrides them):
+#: ``for`` and its own thresholds
+SETTINGS: Mapping[str, Mapping[str, Any]] = {
+    "InferwatchProbeFailing": {"for": "1m"},
+    "InferwatchProbePassRateBelowBaseline": {"for": "10m", "margin": 0.1},
+    # degenerate share of screened live completions
+    "InferwatchDegenerateOutputRising": {"for": "10m", "ratio": 0.05, "min_rate": 0.01},
+}
 
 
 def alerts(config: Config) -> list[Alert]:

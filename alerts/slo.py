@@ -14,13 +14,24 @@ labels so a fast and a slow burn of the same model stay two alerts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from inferwatch.mixin import promql
 from inferwatch.mixin.config import Config
 from inferwatch.mixin.model import Alert, Panel
 from inferwatch.mixin.objectives import Objective, good_bound, objectives
 from inferwatch.mixin.promql import MODEL_VERSION, on
 
-__all__ = ["SLOS", "alerts", "burn_alerts"]
+__all__ = ["SETTINGS", "SLOS", "alerts", "burn_alerts"]
+
+#: each alert's defaults (alerts.<name> in the config, where a user's file overrides them):
+#: ``for`` and its own thresholds
+SETTINGS: Mapping[str, Mapping[str, Any]] = {
+    # each burn-rate window pair has its own ``for`` (slo.windows)
+    "InferwatchTTFTSLOBurn": {},
+    "InferwatchAvailabilitySLOBurn": {},
+}
 
 #: SLO -> (alert name, what a good event is, the latency board's burn-rate panel)
 SLOS = {

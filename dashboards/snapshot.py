@@ -22,6 +22,7 @@ from typing import Any
 import click
 import httpx
 
+from inferwatch.alerts import config as alert_config
 from inferwatch.clikit import (
     BadInput,
     CannotRun,
@@ -32,7 +33,6 @@ from inferwatch.clikit import (
 )
 from inferwatch.config import Duration
 from inferwatch.dashboards import queries, writer
-from inferwatch.mixin import config as alert_config
 from inferwatch.mixin import recording
 from inferwatch.mixin.model import Recording
 from inferwatch.serving import bounded_request, prometheus_api

@@ -21,10 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from inferwatch.alerts import alertmanager, build, writer
+from inferwatch.alerts import alertmanager, build, config, writer
 from inferwatch.demo import observer, topology, view
 from inferwatch.demo.loadgen import LoadStats
-from inferwatch.mixin import config
 from inferwatch.mixin import files as generated
 from support.ports import running
 from support.wait import wait_for, wait_until

@@ -15,11 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferwatch import catalog
-from inferwatch.alerts import build, writer
+from inferwatch.alerts import build, config, writer
 from inferwatch.cli import main
 from inferwatch.config import loader
-from inferwatch.mixin import config, promql
 from inferwatch.mixin import files as generated
+from inferwatch.mixin import promql
+from inferwatch.mixin.config import SEVERITIES
 from support.shared import shared_path
 
 pytestmark = pytest.mark.proc
@@ -122,7 +123,7 @@ def test_alerts_carry_severity_annotations_and_links(default_files: dict[str, st
             assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
             continue
         name = rule["alert"]
-        assert rule["labels"]["severity"] in config.SEVERITIES
+        assert rule["labels"]["severity"] in SEVERITIES
         annotations = rule["annotations"]
         assert annotations["summary"].endswith(".")
         assert "{{" in annotations["description"], f"{name}: description shows no value or label"
@@ -207,11 +208,12 @@ def test_prometheus_rule_resource_matches_the_operator_crd(default_files: dict[s
     crd_file = shared_path("fixtures/crds/monitoring.coreos.com_prometheusrules.yaml")
     crd = yaml.safe_load(crd_file.read_text(encoding="utf-8"))
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
-    resource = yaml.safe_load(default_files[writer.PROMETHEUS_RULE])
+    text = generated.dump(writer.prometheus_rule(config.load()))
+    resource = yaml.safe_load(text)
     # the CRD's patterns are Go regexes, so the schema is not re-checked as Python's
     validator = jsonschema.Draft7Validator(version["schema"]["openAPIV3Schema"])
     validator.validate(resource)
-    broken = yaml.safe_load(default_files[writer.PROMETHEUS_RULE])
+    broken = yaml.safe_load(text)
     del broken["spec"]["groups"][0]["rules"][0]["expr"]
     assert not validator.is_valid(broken)
     assert resource["kind"] == crd["spec"]["names"]["kind"]

@@ -27,10 +27,10 @@ import httpx
 import pytest
 import yaml
 
+from inferwatch.alerts import config as alert_config
 from inferwatch.dashboards import queries, writer
 from inferwatch.dashboards.snapshot import DRAWN_OVER_TIME
 from inferwatch.demo import topology
-from inferwatch.mixin import config as alert_config
 from support import panels
 from support.ports import fixed_run
 from support.wait import wait_for

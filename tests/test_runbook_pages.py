@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from inferwatch.alerts import writer
+from inferwatch.alerts import config, routing, writer
 from inferwatch.demo import automation
-from inferwatch.mixin import config
 from inferwatch.runbooks import local
 from support.shared import REPO
 
@@ -109,7 +108,7 @@ def problems(name: str, text: str, levels: set[str]) -> list[str]:
         if part.count("Undo:") < len(listed):
             found.append(f"{where}: an automated action without its undo")
     escalation = section(text, "## Escalation")
-    repeat = config.defaults()["alertmanager"]["repeat_interval"]
+    repeat = routing.DEFAULTS["repeat_interval"]
     for level in levels:
         if level in RECEIVER:
             receiver = RECEIVER[level]

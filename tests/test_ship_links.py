@@ -10,11 +10,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from inferwatch.alerts import config
 from inferwatch.alerts import writer as alerts
 from inferwatch.cli import main
 from inferwatch.dashboards import writer as dashboards
 from inferwatch.exitcodes import ExitCode
-from inferwatch.mixin import config
 from inferwatch.runbooks import pages
 from inferwatch.runbooks.cli import serve
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 
 
 def _rule_resource(cfg: config.Config) -> dict[str, object]:
-    document = yaml.safe_load(alerts.render(cfg)[alerts.PROMETHEUS_RULE])
+    document = alerts.prometheus_rule(cfg)
     assert isinstance(document, dict)
     return document
 
@@ -62,13 +62,12 @@ def test_labels_from_the_config_reach_the_rule_and_the_config_maps(tmp_path: Pat
     labels = _rule_resource(cfg)["metadata"]["labels"]  # type: ignore[index]
     assert labels["release"] == "monitoring" and labels["team.example.com/owner"] == "sre"
     assert labels["app.kubernetes.io/name"] == "inferwatch"
-    files = dashboards.render(cfg)
-    maps = [yaml.safe_load(text) for name, text in files.items() if name.startswith("kubernetes/")]
+    maps = list(dashboards.config_maps(cfg).values())
     assert maps
     for config_map in maps:
         assert config_map["metadata"]["labels"]["grafana_folder_team"] == "sre"
         assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
-    text = alerts.render(cfg)[alerts.PROMETHEUS_RULE]
+    text = yaml.safe_dump(alerts.prometheus_rule(cfg))
     assert "https://runbooks.example.com/r/InferwatchEngineDown" in text
 
 

@@ -17,11 +17,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch import catalog
+from inferwatch.alerts import config as alert_config
 from inferwatch.dashboards import writer
 from inferwatch.exporters import gpu
 from inferwatch.exporters.engine_collector import EngineCollector
 from inferwatch.exporters.sidecar import Sidecar
-from inferwatch.mixin import config as alert_config
 from inferwatch.probes import golden
 from inferwatch.probes.client import Endpoint
 from inferwatch.probes.runner import ProbeRunner, Schedule, Target

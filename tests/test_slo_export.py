@@ -15,11 +15,11 @@ import yaml
 from click.testing import CliRunner
 from referencing import Registry, Resource
 
-from inferwatch.alerts import slo, slo_specs, writer
+from inferwatch.alerts import config, slo, slo_specs, writer
 from inferwatch.cli import main
 from inferwatch.dashboards import queries
 from inferwatch.dashboards import writer as boards
-from inferwatch.mixin import config, objectives
+from inferwatch.mixin import objectives
 from support.shared import shared_path
 
 pytestmark = pytest.mark.unit

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from inferwatch.alerts import slo_specs, writer
-from inferwatch.mixin import config, recording
+from inferwatch.alerts import config, slo_specs, writer
+from inferwatch.mixin import recording
 from inferwatch.mixin.files import dump
 
 pytestmark = pytest.mark.proc

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
+from inferwatch.alerts import config as alert_config
 from inferwatch.cli import main
 from inferwatch.dashboards import writer
 from inferwatch.dashboards.snapshot import (
@@ -30,7 +31,6 @@ from inferwatch.dashboards.snapshot import (
     rules_mismatch,
     time_ticks,
 )
-from inferwatch.mixin import config as alert_config
 from inferwatch.mixin import recording
 
 pytestmark = pytest.mark.unit

@@ -232,8 +232,8 @@ def test_vmalert_fires_the_xid_and_slo_burn_alerts_into_alertmanager(stack: Stac
 def test_snapshot_reads_victoriametrics(stack: Stack, tmp_path: Path) -> None:
     """The fleet board from VictoriaMetrics's API, recording rules listed through its
     vmalert proxy; every panel has data."""
+    from inferwatch.alerts import config as alert_config
     from inferwatch.dashboards import queries, writer
-    from inferwatch.mixin import config as alert_config
 
     dashboard = writer.dashboards(alert_config.load())["fleet"]
     count = len(queries.panels(dashboard))
@@ -261,8 +261,8 @@ def test_snapshot_reads_victoriametrics(stack: Stack, tmp_path: Path) -> None:
 def test_every_panel_returns_data_from_victoriametrics(stack: Stack) -> None:
     """The no-dead-panel check of the dashboards test, against VictoriaMetrics: every panel
     of every board has data, recording rules evaluated by vmalert included."""
+    from inferwatch.alerts import config as alert_config
     from inferwatch.dashboards import writer
-    from inferwatch.mixin import config as alert_config
 
     boards = writer.dashboards(alert_config.load())
     source = panels.Source(stack.storage.url, stack.http)

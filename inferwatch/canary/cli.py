@@ -19,13 +19,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from inferwatch.alerts import config as alert_config
 from inferwatch.canary import analysis, selector
 from inferwatch.canary.analysis import EXIT_CODES, Analysis, Result, Thresholds
 from inferwatch.canary.prometheus import Prometheus, PrometheusError
 from inferwatch.clikit import CannotRun, FiniteFloat, config_option, option_group, prometheus_option
 from inferwatch.config import Duration, DurationParam
 from inferwatch.exitcodes import ExitCode
-from inferwatch.mixin import config as alert_config
 from inferwatch.serving.prometheus_api import timeout_option
 
 #: a window must hold a few scrapes for ``increase()`` to count anything: 10 s does at the

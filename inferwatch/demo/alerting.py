@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from inferwatch.alerts import alertmanager, writer
-from inferwatch.mixin import config, recording
+from inferwatch.alerts import alertmanager, config, writer
 from inferwatch.mixin import files as generated
+from inferwatch.mixin import recording
 from inferwatch.mixin.model import Group, Recording
 
 

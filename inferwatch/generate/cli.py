@@ -23,6 +23,7 @@ from inferwatch.clikit import (
     config_option,
     out_file_option,
 )
+from inferwatch.config import ConfigError
 from inferwatch.generate import docs
 from inferwatch.mixin import validate
 from inferwatch.mixin.files import Written
@@ -85,7 +86,7 @@ def _write_from_config(
 ) -> None:
     """The files ``render`` derives from the alert config (the shipped defaults, then
     ``config_path``), written or checked under ``out``; a bad config is bad input."""
-    from inferwatch.mixin import config
+    from inferwatch.alerts import config
     from inferwatch.mixin.files import stale, write
 
     try:
@@ -125,8 +126,8 @@ def docs_pages(out: Path, check: bool) -> None:
 @_out_dir_option("the rule files", "generated/alerts")
 @check_option("a file")
 def alerts(config_path: Path | None, out: Path, check: bool) -> None:
-    """Write the Prometheus rule files (one per layer, recording rules), a PrometheusRule and
-    the recommended Alertmanager config."""
+    """Write the Prometheus rule files (one per layer, recording rules) and the recommended
+    Alertmanager config (the PrometheusRule is the Kubernetes kit's: generate k8s)."""
     from inferwatch.alerts import writer
 
     _write_from_config(writer.render, writer.KINDS, config_path, out, check)
@@ -154,7 +155,8 @@ def slo(config_path: Path | None, out: Path, check: bool) -> None:
 @_out_dir_option("the dashboards", "generated/dashboards")
 @check_option("a file")
 def dashboards(config_path: Path | None, out: Path, check: bool) -> None:
-    """Write the Grafana dashboards (JSON), a ConfigMap per board and a provisioning file."""
+    """Write the Grafana dashboards (JSON) and a provisioning file (a ConfigMap per board is
+    the Kubernetes kit's: generate k8s)."""
     from inferwatch.dashboards import writer
 
     _write_from_config(writer.render, writer.KINDS, config_path, out, check)
@@ -251,6 +253,11 @@ MAX_CLUSTER = 128
 
 
 @generate.command()
+@config_option(
+    "generate k8s",
+    "Alert config the kit's PrometheusRule, dashboards and autoscalers are built from, read "
+    "on top of the shipped defaults.",
+)
 @click.option(
     "--out",
     "--dir",
@@ -260,11 +267,11 @@ MAX_CLUSTER = 128
     show_envvar=True,
     show_default="deploy/kubernetes/ in the current directory",
     help="The kit's folder: overlays/ are rendered from its sites/*.yaml, components/ from "
-    "the generated rules and dashboards. A folder without a kit is first given the shipped "
+    "the alert config's rules and dashboards. A folder without a kit is first given the shipped "
     "one (base/, example sites/); files already there are kept.",
 )
 @check_option("a generated file")
-def k8s(out: Path, check: bool) -> None:
+def k8s(config_path: Path | None, out: Path, check: bool) -> None:
     """Write the kustomize overlays (one per site file) and the rules/dashboards components."""
     from inferwatch.k8s import kit as kit_files
     from inferwatch.k8s import packaged
@@ -278,8 +285,8 @@ def k8s(out: Path, check: bool) -> None:
             raise cannot_write(exc) from None
         click.echo(f"{out}: {len(copied)} files of the shipped kit copied")
     try:
-        files = kit_files.render(out)
-    except kit_files.SiteError as exc:
+        files = kit_files.render(out, config_path)
+    except ConfigError as exc:  # a site file's or the alert config's
         raise BadInput(str(exc)) from None
     _write_or_check(out, files, check, kit_files.stale, kit_files.write)
 

@@ -1,10 +1,14 @@
 """The alert configuration: shipped defaults, a user's file on top, validated at load.
 
-The shipped ``config.yaml`` is the defaults, which users read as the commented list of what
-they can set, and it is the schema: a field is declared by writing its default, and its type
-is the default's. Written as code, the declaration would be ``fields.number("usage", 0.9)``
-for every one of the file's fields, repeating each default the file already holds; so the
-merge below walks the defaults and reads each field of a user's file with the
+The defaults are the schema: a field is declared by writing its default, and its type is the
+default's. The shipped ``config.yaml`` holds what components share (selectors, links, the
+recording rules' windows, latency thresholds, SLO objectives), which users read as the
+commented list of what they can set; a component declares its own sections beside the code
+that reads them (a :class:`Part`: the alerts component's per-alert settings and Alertmanager
+routing), and loading with it merges a user's file over both. Written as code, the
+declaration would be ``fields.number("usage", 0.9)`` for every field, repeating each default
+the defaults already hold; so the merge below walks the defaults and reads each field of a
+user's file with the
 :class:`~inferwatch.config.schema.Fields` read of its default's type (a duration where the
 key names one). Unknown keys and wrong types therefore read as in every other config. The
 few open mappings (per-model latency thresholds, SLO objectives and cost baselines,
@@ -17,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -26,7 +30,7 @@ from typing import Any
 from inferwatch import config as layer
 from inferwatch.config import Duration
 from inferwatch.config.schema import Fail, Fields, number_of, text_of
-from inferwatch.mixin import gotemplate, routing, validate
+from inferwatch.mixin import gotemplate, validate
 
 __all__ = [
     "ALERT_EXTRAS",
@@ -36,6 +40,7 @@ __all__ = [
     "BurnWindow",
     "Config",
     "ConfigError",
+    "Part",
     "defaults",
     "load",
 ]
@@ -66,15 +71,25 @@ class ConfigError(layer.ConfigError):
     """A user's alert config is wrong; the message is one line: file: field: reason."""
 
 
+@dataclass(frozen=True)
+class Part:
+    """A component's own top-level sections: their defaults, and the check of what the
+    merge cannot see (raising ConfigError), so that they live beside the code reading them."""
+
+    defaults: Mapping[str, Any]
+    check: Callable[[Config], object]
+
+
 @functools.cache
 def _defaults_text() -> str:
     return resources.files(__package__).joinpath("config.yaml").read_text(encoding="utf-8")
 
 
-def defaults() -> dict[str, Any]:
+def defaults(part: Part | None = None) -> dict[str, Any]:
+    """The shipped defaults, with ``part``'s own sections: what a user's file may set."""
     document = layer.parse(_defaults_text(), "inferwatch/mixin/config.yaml")
     assert isinstance(document, dict)
-    return document
+    return {**document, **(part.defaults if part else {})}
 
 
 def _merge(base: Mapping[str, Any], given: Fields) -> dict[str, Any]:
@@ -287,7 +302,6 @@ class Config:
         self.links: Mapping[str, str] = document["links"]
         #: extra metadata labels: prometheus_rule_labels, dashboard_labels
         self.kubernetes: Mapping[str, Mapping[str, str]] = document["kubernetes"]
-        self.routing = routing.settings(document["alertmanager"], source, ConfigError)
         self.rate_window: str = document["rate_window"]
         self.quantiles: list[float] = [float(q) for q in document["quantiles"]]
         self.latency: Mapping[str, Any] = document["latency"]
@@ -297,7 +311,15 @@ class Config:
             BurnWindow(w["severity"], w["long"], w["short"], float(w["factor"]), w["for"])
             for w in document["slo"]["windows"]
         ]
-        self._alerts: Mapping[str, Any] = document["alerts"]
+        #: absent unless a component's part declared alerts (a shared-only load)
+        self._alerts: Mapping[str, Any] = document.get("alerts", {})
+        self._document = document
+
+    def section(self, key: str) -> Mapping[str, Any]:
+        """A component's own section as merged, for the component to read (its part declared
+        it)."""
+        section: Mapping[str, Any] = self._document[key]
+        return section
 
     @property
     def alert_names(self) -> list[str]:
@@ -415,16 +437,19 @@ def _check_meaning(config: Config, fail: Any) -> None:
             )
 
 
-def load(path: Path | None = None) -> Config:
-    """The defaults, with ``path`` (if given) on top; raises ConfigError on any bad field."""
+def load(path: Path | None = None, part: Part | None = None) -> Config:
+    """The shared defaults and ``part``'s, with ``path`` (if given) on top; raises
+    ConfigError on any bad field. Without a part, a file may set only shared sections."""
     source = "inferwatch/mixin/config.yaml" if path is None else str(path)
     given = Fields(source, None if path is None else _read(path, source), error=ConfigError)
-    config = Config(_merge(defaults(), given), source)
+    config = Config(_merge(defaults(part), given), source)
 
     def fail(where: str, reason: str) -> None:
         raise given.error(where, reason)
 
     _check_meaning(config, fail)
+    if part is not None:
+        part.check(config)
     return config
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from inferwatch.alerts import config as alert_config
 from inferwatch.canary.prometheus import Prometheus, PrometheusError
 from inferwatch.clikit import (
     BadInput,
@@ -25,7 +26,6 @@ from inferwatch.clikit import (
     prometheus_option,
 )
 from inferwatch.config import ConfigError, Duration, DurationParam, Fields
-from inferwatch.mixin import config as alert_config
 from inferwatch.proxy import sharedconfig
 from inferwatch.report import parquet
 from inferwatch.report import usage as ledger

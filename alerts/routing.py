@@ -1,8 +1,9 @@
 """The ``alertmanager`` section of the alerts config: where notifications go, and how often.
 
-Checked at load for what the defaults-as-schema merge cannot say, so that a config the loader
-accepts always gives a file Alertmanager accepts: http(s) URLs its Go parser takes, durations
-that parse, intervals above zero. The routing built from it lives with the alerts component.
+Its defaults are declared here, beside the checks that the defaults-as-schema merge cannot
+make, so that a config the loader accepts always gives a file Alertmanager accepts: http(s)
+URLs its Go parser takes, durations that parse, intervals above zero. :mod:`.alertmanager`
+builds the routing from it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,28 @@ from typing import Any
 from inferwatch.config import ConfigError, Duration
 from inferwatch.config.schema import host_port
 
-__all__ = ["Settings", "settings"]
+#: The section's defaults (alerts/generated/alertmanager/alertmanager.yaml): webhook URLs per
+#: receiver (page: critical, ticket: warning, automation: the runbook automation, which sees
+#: both; an empty list keeps a receiver but sends nothing: give your pager's and tracker's
+#: webhooks) and the notification timing.
+DEFAULTS: Mapping[str, Any] = {
+    "receivers": {
+        "page": [],
+        "ticket": [],
+        "automation": ["http://127.0.0.1:9405/webhook"],  # inferwatch runbooks serve
+    },
+    # per receiver, an absolute path of the file with the bearer token its webhooks send ("":
+    # none); inferwatch runbooks serve refuses requests without its token
+    "bearer_token_file": {
+        "page": "",
+        "ticket": "",
+        "automation": "/etc/alertmanager/inferwatch-runbooks.token",
+    },
+    "group_wait": "30s",
+    "group_interval": "5m",
+    # how often a notification is repeated while its alerts keep firing
+    "repeat_interval": {"page": "4h", "ticket": "24h", "automation": "1h"},
+}
 
 #: the webhook URLs Alertmanager's (Go) URL parser takes: a host name or [IPv6] literal, a
 #: numeric port, and a path and query of URL characters with well-formed %-escapes
