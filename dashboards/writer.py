@@ -1,4 +1,5 @@
-"""Dashboards as files: classic JSON per board, a ConfigMap per board, a provisioning file.
+"""Dashboards as files: classic JSON per board and a provisioning file; a ConfigMap per
+board, which the Kubernetes kit carries (``inferwatch generate k8s``).
 
 The JSON is the SDK's encoding with sorted keys, so regenerating gives the same bytes; JSON
 has no comments, so the "generated, do not edit" marker sits in each dashboard's
@@ -41,26 +42,7 @@ def dashboards(config: Config) -> dict[str, dict[str, Any]]:
 
 def render(config: Config) -> dict[str, str]:
     """Relative path -> file text, for every file ``inferwatch generate dashboards`` writes."""
-    files: dict[str, str] = {}
-    for name in BOARDS:
-        text = encode(config, name)
-        files[f"{name}.json"] = text
-        config_map = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": f"inferwatch-dashboard-{name}",
-                "labels": {
-                    **config.kubernetes["dashboard_labels"],
-                    "grafana_dashboard": "1",
-                    "app.kubernetes.io/name": "inferwatch",
-                    "app.kubernetes.io/part-of": "inferwatch",
-                },
-                "annotations": {"grafana_folder": "Inferwatch"},
-            },
-            "data": {f"inferwatch-{name}.json": text},
-        }
-        files[f"kubernetes/{name}.yaml"] = YAML_MARKER + dump(config_map)
+    files = {f"{name}.json": encode(config, name) for name in BOARDS}
     provisioning = {
         "apiVersion": 1,
         "providers": [
@@ -77,6 +59,29 @@ def render(config: Config) -> dict[str, str]:
     }
     files["provisioning.yaml"] = YAML_MARKER + dump(provisioning)
     return files
+
+
+def config_maps(config: Config) -> dict[str, dict[str, Any]]:
+    """Board name -> a ConfigMap holding its JSON, which Grafana's sidecar (label
+    ``grafana_dashboard``) loads."""
+    return {
+        name: {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": f"inferwatch-dashboard-{name}",
+                "labels": {
+                    **config.kubernetes["dashboard_labels"],
+                    "grafana_dashboard": "1",
+                    "app.kubernetes.io/name": "inferwatch",
+                    "app.kubernetes.io/part-of": "inferwatch",
+                },
+                "annotations": {"grafana_folder": "Inferwatch"},
+            },
+            "data": {f"inferwatch-{name}.json": encode(config, name)},
+        }
+        for name in BOARDS
+    }
 
 
 def default_out() -> Path:

@@ -182,9 +182,10 @@ def test_the_deployment_commands_work_from_the_wheel_in_an_empty_folder(
     assert re.fullmatch(r"inferwatch \S+ \(commit [0-9a-f]{40}(-dirty)?\)\n", version.stdout)
 
     for command, out, expect in (
-        ("alerts", "rules", "kubernetes/prometheusrule.yaml"),
+        ("alerts", "rules", "alertmanager/alertmanager.yaml"),
         ("dashboards", "boards", "fleet.json"),
         ("k8s", "kit", "overlays/single-cluster/kustomization.yaml"),
+        ("k8s", "kit", "components/rules/prometheusrule.yaml"),
     ):
         result = run(install, "generate", command, "--out", out)
         assert result.returncode == 0, result.stderr

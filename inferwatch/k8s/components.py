@@ -6,34 +6,43 @@ VictoriaMetrics scrape and rules.
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferwatch.exporters.kube_facts import SIDECAR_TOKEN_ENV
 from inferwatch.k8s import autoscaling, inject, victoria
 from inferwatch.k8s import tracing as k8s_tracing
 from inferwatch.k8s.site import MARKER, Site, dump
+from inferwatch.mixin import files as generated
+
+if TYPE_CHECKING:
+    from inferwatch.mixin.config import Config
 
 
-def render_components(rules: Path, dashboards: Path) -> dict[str, str]:
-    """Relative path (under ``components/``) -> text: copies of the generated rules and
-    dashboards, each folder a kustomize Component that lists what it holds. A dashboards
-    folder that is absent yields an empty component, filled on the next run once it exists.
-    """
-    files: dict[str, str] = {}
-    sources = {
-        "rules": [rules] if rules.is_file() else [],
-        "dashboards": sorted(dashboards.glob("*.yaml")) if dashboards.is_dir() else [],
+def render_components(config: Config) -> dict[str, str]:
+    """Relative path (under ``components/``) -> text: the PrometheusRule of the alert rules
+    and a ConfigMap per dashboard, built from ``config``, each folder a kustomize Component
+    that lists what it holds. They are rendered here, not copied from the generators'
+    folders, so that the kit holds the only copy and needs no file outside its folder; the
+    PrometheusRule's groups also become vmalert's rules."""
+    from inferwatch.alerts import writer as rules
+    from inferwatch.dashboards import writer as boards
+
+    resources = {
+        "rules": {"prometheusrule.yaml": rules.prometheus_rule(config)},
+        "dashboards": {f"{name}.yaml": m for name, m in sorted(boards.config_maps(config).items())},
     }
-    for component, paths in sources.items():
-        kustomization: dict[str, Any] = {
+    files: dict[str, str] = {}
+    for component, documents in resources.items():
+        kustomization = {
             "apiVersion": "kustomize.config.k8s.io/v1alpha1",
             "kind": "Component",
-            "resources": [p.name for p in paths],
+            "resources": list(documents),
         }
         files[f"{component}/kustomization.yaml"] = MARKER + dump(kustomization)
-        for source in paths:
-            files[f"{component}/{source.name}"] = source.read_text(encoding="utf-8")
+        for name, document in documents.items():
+            files[f"{component}/{name}"] = MARKER + generated.dump(document)
+    rule = resources["rules"]["prometheusrule.yaml"]
+    files.update(victoria.rules_component(rule["spec"]["groups"], MARKER))
     return files
 
 
@@ -147,13 +156,14 @@ def node_agent_overlay(site: Site) -> dict[str, Any]:
 
 
 def autoscaling_overlay(
-    site: Site, scaled: autoscaling.Scaled, kustomization: dict[str, Any]
+    site: Site, scaled: autoscaling.Scaled, kustomization: dict[str, Any], config: Config | None
 ) -> dict[str, str]:
     """Add the site's autoscaling component and bounds to ``kustomization``; returns the
-    prometheus-adapter values file an HPA site also needs."""
+    prometheus-adapter values file an HPA site also needs (``config``: the alert config of
+    its targets, None for the shipped defaults)."""
     from inferwatch.mixin import config as alert_config
 
-    config = alert_config.load()
+    config = config or alert_config.load()
     url = (
         site.victoriametrics.read_url
         if site.victoriametrics and site.tsdb == victoria.VICTORIA

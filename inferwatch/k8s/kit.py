@@ -11,7 +11,6 @@ needs no access outside the kit's folder, and the autoscalers
 from __future__ import annotations
 
 from collections.abc import Mapping
-from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -32,14 +31,16 @@ KINDS = {
 }
 
 
-def render(kit: Path) -> dict[str, str]:
-    """Relative path (under the kit's folder) -> text, for every file this module writes."""
-    from inferwatch.alerts import writer
+def render(kit: Path, config_path: Path | None = None) -> dict[str, str]:
+    """Relative path (under the kit's folder) -> text, for every file this module writes;
+    the rules, the dashboards and the autoscalers come from the alert config (the shipped
+    defaults, then ``config_path``)."""
     from inferwatch.mixin import config as alert_config
 
     sites = site_files(kit)
     if not sites:
         raise SiteError(f"{kit / 'sites'}: no site files (*.yaml)")
+    config = alert_config.load(config_path)
     files: dict[str, str] = {"base/receiver/rbac.yaml": receiver_rbac()}
     try:
         scaled = autoscaling.scaled_model(kit)
@@ -50,17 +51,12 @@ def render(kit: Path) -> dict[str, str]:
     monitors = victoria.kit_monitors(kit, inject.NODE_AGENT_NAMESPACE)
     for path in sites:
         site = load_site(path)
-        for name, text in overlay.render_overlay(site, scaled, headers, monitors).items():
+        for name, text in overlay.render_overlay(site, scaled, headers, monitors, config).items():
             files[f"overlays/{name}"] = text
-    for name, text in autoscaling.render_components(alert_config.load(), scaled).items():
+    for name, text in autoscaling.render_components(config, scaled).items():
         files[f"components/{name}"] = MARKER + text
-    dashboards = Path(str(resources.files("inferwatch.dashboards")), "generated", "kubernetes")
-    rules = writer.default_out() / "kubernetes" / "prometheusrule.yaml"
-    for name, text in components.render_components(rules, dashboards).items():
+    for name, text in components.render_components(config).items():
         files[f"components/{name}"] = text
-    if rules.is_file():
-        for name, text in victoria.rules_component(rules, MARKER).items():
-            files[f"components/{name}"] = text
     return files
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferwatch import config as layer
 from inferwatch import wire
@@ -21,6 +21,9 @@ from inferwatch.k8s import tracing as k8s_tracing
 from inferwatch.k8s.rbac import gpu_reset_rbac
 from inferwatch.k8s.site import MARKER, Site, SiteError, dump
 from inferwatch.proxy import config as proxy_config
+
+if TYPE_CHECKING:
+    from inferwatch.mixin.config import Config
 
 #: the name of the ConfigMap that carries site values to kustomize's replacements; its
 #: local-config annotation keeps it out of the rendered output
@@ -140,10 +143,13 @@ def render_overlay(
     scaled: autoscaling.Scaled,
     headers: tuple[str, ...] = DEFAULT_PROXY_HEADERS,
     monitors: tuple[victoria.Monitor, ...] = (),
+    config: Config | None = None,
 ) -> dict[str, str]:
     """Relative path (under ``overlays/``) -> text, for one site (``scaled``: the kit's
     model Deployment; ``headers``: what its proxy takes from a gateway; ``monitors``: the
-    base's, which a VictoriaMetrics site's vmagent scrapes as the operator would)."""
+    base's, which a VictoriaMetrics site's vmagent scrapes as the operator would;
+    ``config``: the alert config its autoscaler's targets come from, None for the shipped
+    defaults)."""
     literals = [
         f"namespace={site.namespace}",
         f"release={site.release}",
@@ -234,7 +240,7 @@ def render_overlay(
         f"#   kubectl kustomize deploy/kubernetes/overlays/{site.name}\n"
     )
     if site.autoscaling != "none":
-        files.update(components.autoscaling_overlay(site, scaled, kustomization))
+        files.update(components.autoscaling_overlay(site, scaled, kustomization, config))
     files[f"{site.name}/kustomization.yaml"] = header + dump(kustomization)
     files[f"{site.name}/{automation.FILE}"] = (
         MARKER + f"# from deploy/kubernetes/sites/{site.name}.yaml: the receiver's mapping "

@@ -524,11 +524,9 @@ def node_agent(
     }
 
 
-def rules_component(prometheus_rule: Path, marker: str) -> dict[str, str]:
+def rules_component(groups: list[dict[str, Any]], marker: str) -> dict[str, str]:
     """``components/vmalert-rules``: the generated PrometheusRule's groups as vmalert's rule
     file, in a ConfigMap whose hashed name rolls vmalert when a rule changes."""
-    source = str(prometheus_rule)
-    document = layer.parse(layer.read_text(prometheus_rule, source), source)
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1alpha1",
         "kind": "Component",
@@ -538,7 +536,7 @@ def rules_component(prometheus_rule: Path, marker: str) -> dict[str, str]:
         f"{RULES_COMPONENT}/kustomization.yaml": marker + _dump(kustomization),
         f"{RULES_COMPONENT}/{RULES_FILE}": marker + "# the groups of components/rules/"
         "prometheusrule.yaml, as vmalert's -rule file\n"
-        + _dump({"groups": document["spec"]["groups"]}),
+        + _dump({"groups": groups}),
     }
 
 
