@@ -42,6 +42,11 @@ sidecar_logger = logging.getLogger("inferwatch.sidecar")
 #: identity labels the engine itself can tell us (read from its version endpoint)
 DISCOVERABLE = ("engine_version", "model")
 VERSION_RETRY_SECONDS = 60.0
+#: how often the settings the engine's JSON endpoints tell are read again (a restart with
+#: other flags shows within this)
+SETTINGS_SECONDS = 60.0
+#: ``reason`` of ``inferwatch_engine_scrape_dropped_series_total`` for a garbage setting
+BAD_SETTING = "bad_setting"
 
 
 class EngineCollector:
@@ -72,6 +77,10 @@ class EngineCollector:
         self._version_task: asyncio.Task[None] | None = None
         self._version_checked_at = -VERSION_RETRY_SECONDS
         self._identified = False  # the first answer waited for the version endpoint
+        #: the settings the engine's JSON endpoints told last (engines.read_settings)
+        self.told: dict[str, float] = {}
+        self._settings_task: asyncio.Task[None] | None = None
+        self._settings_read_at = -SETTINGS_SECONDS
         self.engine: str | None = engine
         self.up = False
         #: the engine's sleep state when it is not awake (vLLM's sleep mode), else ""
@@ -162,6 +171,7 @@ class EngineCollector:
             self._record_failure(scrape, internal)
             raise internal from exc
         self._maybe_discover_version(self.engine or "")
+        self._maybe_read_settings(self.engine or "")
         if scrape is not self._counted:  # else a waiter's deadline passed first: a timeout
             self.up = True
             self.last_error = ""
@@ -181,6 +191,7 @@ class EngineCollector:
             self.resets.clear()
             if self.engine is not None:
                 self._discovered.clear()
+            self.told = {}
         self.engine = engine
         return exposition
 
@@ -191,6 +202,9 @@ class EngineCollector:
         self.resets.apply(exposition, self.checks.apply(exposition, wanted))
         families = engines.normalize(exposition, engine, self.identity)
         self._learn_model(families)
+        setting = self._settings_family(exposition, engine, families)
+        if setting is not None:
+            families.append(setting)
         self.sleep_state = _sleep_state(families)
         return families
 
@@ -208,6 +222,47 @@ class EngineCollector:
         models -= {"", UNKNOWN}
         if len(models) == 1:
             self._discovered["model"] = models.pop()
+
+    def _settings_family(
+        self, exposition: textformat.Exposition, engine: str, families: list[Metric]
+    ) -> Metric | None:
+        """``inferwatch_engine_setting`` from the page and what the endpoints told last,
+        labelled with the model the page's series name; None when the engine tells none."""
+        found, bad = engines.page_settings(exposition, engine)
+        if bad:
+            self.checks.dropped[BAD_SETTING] += bad
+        told = {**self.told, **found}
+        if not told:
+            return None
+        cat = catalog.load()
+        spec = cat["engine_setting"]
+        labels = self.identity
+        models = {f.samples[0].labels.get("model") for f in families if f.samples}
+        if len(models) == 1 and (model := models.pop()):
+            labels["model"] = model
+        family = cat.family("engine_setting")
+        for setting in sorted(told):
+            family.add_metric([labels[label] for label in spec.identity] + [setting], told[setting])
+        built: Metric = family
+        return built
+
+    def _maybe_read_settings(self, engine: str) -> None:
+        """Read the settings the engine's JSON endpoints tell, in the background, every
+        ``SETTINGS_SECONDS``."""
+        if self._settings_task is not None and not self._settings_task.done():
+            return
+        now = time.monotonic()
+        if now - self._settings_read_at < SETTINGS_SECONDS:
+            return
+        self._settings_read_at = now
+        self._settings_task = asyncio.create_task(self._read_settings(engine))
+
+    async def _read_settings(self, engine: str) -> None:
+        told, bad = await engines.read_settings(self.scraper.client, self.base_url, engine)
+        if bad:
+            self.checks.dropped[BAD_SETTING] += bad
+        if engine == self.engine:
+            self.told = told
 
     def _read(self, body: bytes) -> tuple[textformat.Exposition, str]:
         """Parse the page and name its engine.
@@ -364,7 +419,7 @@ class EngineCollector:
             await self.collect()
 
     async def aclose(self) -> None:
-        for task in (self._version_task, self._in_flight):
+        for task in (self._version_task, self._settings_task, self._in_flight):
             if task is not None:
                 task.cancel()
         await self.scraper.aclose()

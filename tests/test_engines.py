@@ -743,6 +743,7 @@ def test_every_engine_signal_has_a_source() -> None:
     for engine in engines.ENGINES:
         fed |= {spec.key for spec in CAT.by_collector("engine") if engine in spec.sources}
         fed |= set(engines._ADAPTERS[engine].derived)
+        fed |= {"engine_setting"} if engines._ADAPTERS[engine].settings else set()
     assert fed == ENGINE_KEYS
 
 

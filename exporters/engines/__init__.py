@@ -15,8 +15,8 @@ import httpx
 from prometheus_client.core import Metric
 
 from inferwatch import catalog
-from inferwatch.exporters.engines import llamacpp, mapping, sglang, tgi, triton, vllm
-from inferwatch.exporters.engines.adapter import Adapter, Derivation
+from inferwatch.exporters.engines import llamacpp, mapping, settings, sglang, tgi, triton, vllm
+from inferwatch.exporters.engines.adapter import Adapter, Derivation, SettingSource
 from inferwatch.serving.page_fetch import ScrapeFailure, read_bounded
 from inferwatch.serving.textformat import Exposition
 
@@ -100,7 +100,11 @@ def hosted_in(exposition: Exposition, engine: str) -> str | None:
 def wanted(engine: str) -> Callable[[str], bool]:
     """Family-name filter for ``textformat.parse(wanted=...)``: the families ``normalize``
     reads on this engine's pages (with the engine known, the rest need not be parsed)."""
-    return _plan(engine).family_filter()
+    reads = _plan(engine).family_filter()
+    told = settings.page_families(_adapter(engine))
+    if not told:
+        return reads
+    return lambda name: reads(name) or mapping.fold(name) in told
 
 
 def derivations(engine: str) -> Mapping[str, Derivation | tuple[Derivation, ...]]:
@@ -109,8 +113,20 @@ def derivations(engine: str) -> Mapping[str, Derivation | tuple[Derivation, ...]
 
 
 def signals(engine: str) -> frozenset[str]:
-    """Catalogue keys this engine's pages can feed, through aliases or derivations."""
-    return frozenset(step.spec.key for step in _plan(engine).steps)
+    """Catalogue keys this engine's pages and endpoints can feed, through aliases,
+    derivations or the settings it tells."""
+    keys = frozenset(step.spec.key for step in _plan(engine).steps)
+    return keys | {"engine_setting"} if _adapter(engine).settings else keys
+
+
+def page_settings(exposition: Exposition, engine: str) -> tuple[dict[str, float], int]:
+    """The settings this engine's page tells, and how many label values were garbage."""
+    return settings.from_page(exposition, _adapter(engine))
+
+
+def told_settings(engine: str) -> Mapping[str, tuple[SettingSource, ...]]:
+    """Where this engine tells each setting it tells (for docs)."""
+    return _adapter(engine).settings
 
 
 @functools.cache
@@ -136,22 +152,45 @@ async def read_version(client: httpx.AsyncClient, base_url: str, engine: str) ->
     is over ``VERSION_MAX_BYTES`` once inflated) or a connection failure all give {};
     endpoints are tried in the adapter's order.
     """
-    adapter = _ADAPTERS.get(engine)
-    if adapter is None:
+    known = _ADAPTERS.get(engine)
+    if known is None:
         return {}
-    for endpoint in adapter.version_endpoints:
-        try:
-            async with client.stream("GET", base_url.rstrip("/") + endpoint.path) as response:
-                if response.status_code != 200:
-                    continue
-                document = json.loads(await read_bounded(response, VERSION_MAX_BYTES))
-        except (httpx.HTTPError, httpx.InvalidURL, ScrapeFailure, ValueError, RecursionError):
-            continue
+    for endpoint in known.version_endpoints:
+        document = await _document(client, base_url, endpoint.path)
         if isinstance(document, dict):
             found = _fields(document, endpoint.fields)
             if found:
                 return found
     return {}
+
+
+async def read_settings(
+    client: httpx.AsyncClient, base_url: str, engine: str
+) -> tuple[dict[str, float], int]:
+    """The settings the engine's JSON endpoints tell, and how many of their fields were
+    garbage (:mod:`settings`); an endpoint that does not answer tells nothing."""
+    known = _ADAPTERS.get(engine)
+    if known is None:
+        return {}, 0
+    documents = {}
+    for path in settings.endpoints(known):
+        document = await _document(client, base_url, path)
+        if document is not None:
+            documents[path] = document
+    return settings.from_documents(documents, known)
+
+
+async def _document(client: httpx.AsyncClient, base_url: str, path: str) -> object | None:
+    """The JSON document at ``path``: None for an error status, a body over
+    ``VERSION_MAX_BYTES`` once inflated, one that is not JSON, or no answer."""
+    try:
+        async with client.stream("GET", base_url.rstrip("/") + path) as response:
+            if response.status_code != 200:
+                return None
+            document: object = json.loads(await read_bounded(response, VERSION_MAX_BYTES))
+    except (httpx.HTTPError, httpx.InvalidURL, ScrapeFailure, ValueError, RecursionError):
+        return None
+    return document
 
 
 def _fields(

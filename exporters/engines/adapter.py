@@ -49,6 +49,20 @@ Derivation = LabelValue | Total | SumCount
 
 
 @dataclass(frozen=True)
+class JsonField:
+    """A value in a JSON document the engine serves: ``path``, then the keys (and list
+    indexes) that lead to it (``/v1/models``, ``("data", 0, "max_model_len")``)."""
+
+    path: str
+    keys: tuple[str | int, ...]
+
+
+#: where an engine tells one of its own settings: a label of an info gauge on its page, or a
+#: field of a JSON endpoint
+SettingSource = LabelValue | JsonField
+
+
+@dataclass(frozen=True)
 class VersionEndpoint:
     """A JSON endpoint that tells the engine's version or model: our key -> its fields."""
 
@@ -88,5 +102,8 @@ class Adapter:
     derived: Mapping[str, Derivation | tuple[Derivation, ...]] = field(default_factory=dict)
     #: tried in order by read_version
     version_endpoints: tuple[VersionEndpoint, ...] = ()
+    #: setting (``inferwatch_engine_setting``'s label) -> where the engine tells it, tried
+    #: in order; a setting the engine does not tell is not listed
+    settings: Mapping[str, tuple[SettingSource, ...]] = field(default_factory=dict)
     #: servers the engine may be hosted in, checked in order; the first one found wins
     hosts: tuple[Host, ...] = ()

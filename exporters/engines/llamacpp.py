@@ -8,12 +8,20 @@ queried tokens (computed + cached) and hit tokens (cached). Inter-token latency 
 as a mean: decode seconds (``tokens_predicted_seconds_total``, summed per slot, i.e. per
 request clock) over decoded tokens, written as a sum-and-count histogram. There is no
 time-to-first-token, end-to-end latency, KV-cache gauge (removed in 2025) or error counter.
+``GET /props`` tells the slots (``--parallel``: the batch limit) and each slot's context
+(``n_ctx``: the longest request).
 """
 
 from __future__ import annotations
 
 from inferwatch.catalog import Alias
-from inferwatch.exporters.engines.adapter import Adapter, SumCount, Total, VersionEndpoint
+from inferwatch.exporters.engines.adapter import (
+    Adapter,
+    JsonField,
+    SumCount,
+    Total,
+    VersionEndpoint,
+)
 
 _COMPUTED = Alias("llamacpp:prompt_tokens")
 _CACHED = Alias("llamacpp:prompt_tokens_cached")
@@ -34,4 +42,8 @@ ADAPTER = Adapter(
             "/props", {"engine_version": ("build_info",), "model": ("model_alias", "model_path")}
         ),
     ),
+    settings={
+        "max_num_seqs": (JsonField("/props", ("total_slots",)),),
+        "max_model_len": (JsonField("/props", ("default_generation_settings", "n_ctx")),),
+    },
 )

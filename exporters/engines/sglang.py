@@ -6,12 +6,13 @@ Scheduler series carry ``tp_rank``, ``pp_rank`` and ``moe_ep_rank`` (plus ``dp_r
 ``--enable-metrics-for-all-schedulers`` every tensor/pipeline/expert-parallel rank reports the
 same batch, so those three labels are treated as replicas (collapsed by max) while data-parallel
 ranks and request partitions are summed. The KV-cache geometry is published as labels of
-``sglang:cache_config_info`` (``page_size``, ``num_pages``).
+``sglang:cache_config_info`` (``page_size``, ``num_pages``). ``GET /get_server_info`` returns
+the server arguments, the settings among them (null where the launcher left one unset).
 """
 
 from __future__ import annotations
 
-from inferwatch.exporters.engines.adapter import Adapter, LabelValue, VersionEndpoint
+from inferwatch.exporters.engines.adapter import Adapter, JsonField, LabelValue, VersionEndpoint
 
 ADAPTER = Adapter(
     name="sglang",
@@ -29,4 +30,10 @@ ADAPTER = Adapter(
         ),
         VersionEndpoint("/version", {"engine_version": ("version",)}),
     ),
+    settings={
+        "gpu_memory_utilization": (JsonField("/get_server_info", ("mem_fraction_static",)),),
+        "max_num_seqs": (JsonField("/get_server_info", ("max_running_requests",)),),
+        "max_num_batched_tokens": (JsonField("/get_server_info", ("chunked_prefill_size",)),),
+        "max_model_len": (JsonField("/get_server_info", ("context_length",)),),
+    },
 )

@@ -21,12 +21,14 @@ the distribution of a sum is not determined by its two parts' distributions, and
 that moves with the data would make bucket counters decrease between scrapes, which
 Prometheus reads as counter resets. Quantile queries on this series return NaN, which is
 honest; mean-based panels and alerts work.
+
+``GET /info`` tells the router's limits: ``max_concurrent_requests`` and ``max_total_tokens``.
 """
 
 from __future__ import annotations
 
 from inferwatch.catalog import Alias
-from inferwatch.exporters.engines.adapter import Adapter, SumCount, VersionEndpoint
+from inferwatch.exporters.engines.adapter import Adapter, JsonField, SumCount, VersionEndpoint
 
 ADAPTER = Adapter(
     name="tgi",
@@ -42,4 +44,8 @@ ADAPTER = Adapter(
     version_endpoints=(
         VersionEndpoint("/info", {"engine_version": ("version",), "model": ("model_id",)}),
     ),
+    settings={
+        "max_num_seqs": (JsonField("/info", ("max_concurrent_requests",)),),
+        "max_model_len": (JsonField("/info", ("max_total_tokens",)),),
+    },
 )

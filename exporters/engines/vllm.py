@@ -9,7 +9,9 @@ between releases (``gpu_cache_usage_perc`` -> ``kv_cache_usage_perc``,
 catalogue. The cache geometry exists only as labels of the info gauge
 ``vllm:cache_config_info`` (one series per rank, without ``model_name``): block size is the
 same on every rank, GPU blocks add up across ranks, and the model is the one the page's
-other series name.
+other series name. Of the settings ``inferwatch advise`` proposes, the page tells only
+``gpu_memory_utilization`` (a label of the same gauge); ``GET /v1/models`` tells
+``max_model_len``; the batch limits are told nowhere.
 
 As a Triton backend (Triton's vLLM backend), vLLM's families are served on Triton's page
 labelled Triton's way: ``model`` and ``version`` (the Triton model and its version) instead
@@ -19,7 +21,13 @@ of ``model_name``; they become our ``model`` and ``model_version``. The labels o
 
 from __future__ import annotations
 
-from inferwatch.exporters.engines.adapter import Adapter, Host, LabelValue, VersionEndpoint
+from inferwatch.exporters.engines.adapter import (
+    Adapter,
+    Host,
+    JsonField,
+    LabelValue,
+    VersionEndpoint,
+)
 
 ADAPTER = Adapter(
     name="vllm",
@@ -30,5 +38,9 @@ ADAPTER = Adapter(
         "engine_kv_cache_blocks": LabelValue("vllm:cache_config_info", "num_gpu_blocks"),
     },
     version_endpoints=(VersionEndpoint("/version", {"engine_version": ("version",)}),),
+    settings={
+        "gpu_memory_utilization": (LabelValue("vllm:cache_config_info", "gpu_memory_utilization"),),
+        "max_model_len": (JsonField("/v1/models", ("data", 0, "max_model_len")),),
+    },
     hosts=(Host("triton", identity_labels={"model": "model", "model_version": "version"}),),
 )

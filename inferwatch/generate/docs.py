@@ -94,6 +94,12 @@ def porting_table(cat: catalog.Catalog) -> str:
             rows = [(_alias(alias), ours(alias)) for alias in spec.sources.get(source, ())]
             if spec.key in derived:
                 rows.append((derived[spec.key], ""))
+            if spec.key == "engine_setting" and source in engines.ENGINES:
+                told = engines.told_settings(source)
+                rows += [
+                    (", else ".join(map(_derivation, told[setting])), f'{{setting="{setting}"}}')
+                    for setting in told
+                ]
             for spelling, selector in rows:
                 name = f"`{spec.name}{selector}`"
                 lines.append(f"| {source} | {spelling} | {name} | {semconv} |")
@@ -120,6 +126,9 @@ def _derivation(derivation: Any) -> str:
         return ", else ".join(_derivation(one) for one in derivation)
     if isinstance(derivation, adapter.LabelValue):
         return f"label `{derivation.label}` of `{derivation.metric}`"
+    if isinstance(derivation, adapter.JsonField):
+        where = ".".join(map(str, derivation.keys))
+        return f"field `{where}` of `GET {derivation.path}`"
     if isinstance(derivation, adapter.Total):
         parts = [*derivation.required, *derivation.optional]
         return " + ".join(_alias(alias) for alias in parts)
