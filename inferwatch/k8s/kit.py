@@ -35,7 +35,7 @@ def render(kit: Path, config_path: Path | None = None) -> dict[str, str]:
     """Relative path (under the kit's folder) -> text, for every file this module writes;
     the rules, the dashboards and the autoscalers come from the alert config (the shipped
     defaults, then ``config_path``)."""
-    from inferwatch.mixin import config as alert_config
+    from inferwatch.alerts import config as alert_config
 
     sites = site_files(kit)
     if not sites:
