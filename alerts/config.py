@@ -10,13 +10,12 @@ an alert's settings (rules, boards drawing its threshold, reports) loads through
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from inferwatch.alerts import alertmanager, availability, cost, gpu, latency, quality, routing
 from inferwatch.mixin import config
 from inferwatch.mixin.config import Config, ConfigError
 
-__all__ = ["PART", "Config", "ConfigError", "defaults", "load"]
+__all__ = ["PART", "Config", "ConfigError", "load"]
 
 #: the layers in the order of their rule files
 LAYERS = (latency, availability, gpu, cost, quality)
@@ -28,11 +27,6 @@ PART = config.Part(
     },
     check=alertmanager.settings,
 )
-
-
-def defaults() -> dict[str, Any]:
-    """Every default, the shared ones and this component's: what a user's file may set."""
-    return config.defaults(PART)
 
 
 def load(path: Path | None = None) -> Config:
