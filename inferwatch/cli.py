@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("inferwatch.generate.cli", "generate"),
     "capacity": ("inferwatch.capacity.cli", "capacity"),
     "advise": ("inferwatch.advise.cli", "advise"),
+    "advisor": ("inferwatch.advise.serve", "advisor"),
     "canary": ("inferwatch.canary.cli", "canary"),
     "sim": ("inferwatch.sim.cli", "sim"),
     "demo": ("inferwatch.demo", "demo"),

@@ -17,9 +17,9 @@ from inferwatch.capacity import planner as cap
 from inferwatch.capacity import sizing
 from inferwatch.cli import main
 from inferwatch.exitcodes import ExitCode
-from support.advise import H100, MODEL, window
+from support.advise import MODEL, answering, window
 from support.ports import refused_port
-from support.stub_prometheus import StubPrometheus, stub_prometheus, vector
+from support.stub_prometheus import StubPrometheus, stub_prometheus
 
 pytestmark = pytest.mark.unit
 
@@ -130,27 +130,6 @@ def test_an_slo_below_the_floor_is_unmeetable() -> None:
 
 
 # --- the command against fixed answers ---------------------------------------------------------
-
-
-def answering(prometheus: StubPrometheus, seen: Window) -> None:
-    """Answer each of advise's queries with ``seen``'s value; a series exists unless it is
-    one of ``seen.unexported``; the replicas run vLLM on an H100."""
-    values = {reading.expr: reading.value for reading in seen.readings.values()}
-
-    def answer(path: str, query: str) -> tuple[int, bytes]:
-        if query in values:
-            value = values[query]
-            return 200, vector() if value is None else vector(({}, str(value)))
-        if query.startswith("count(last_over_time(("):
-            missing = any(seen.readings[s].series in query for s in seen.unexported)
-            return 200, vector() if missing else vector(({}, "1"))
-        if query.startswith("count by (engine)"):
-            return 200, vector(({"engine": "vllm"}, "1"))
-        if query.startswith("count by (name)"):
-            return 200, vector(({"name": H100}, "1"))
-        return 400, b'{"status": "error", "error": "unexpected query"}'
-
-    prometheus.answer = answer
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ import click
 
 from inferwatch.advise import plan as planning
 from inferwatch.advise import render, rules
-from inferwatch.advise.proposals import proposals
-from inferwatch.advise.window import Window, read
+from inferwatch.advise.evaluate import Refused, Request, evaluate, objectives
 from inferwatch.canary.prometheus import Prometheus, PrometheusError
 from inferwatch.capacity import planner as cap
 from inferwatch.capacity.cli import tensor_parallel_option
@@ -24,22 +23,13 @@ from inferwatch.clikit import (
     prometheus_option,
 )
 from inferwatch.config import Duration, DurationParam
-from inferwatch.mixin import config as alert_config
 from inferwatch.serving.prometheus_api import timeout_option
 
-
-def _gpu(window: Window, name: str | None) -> cap.GPUSpec:
-    """The GPU preset given, else the one whose product name the replicas report."""
-    try:
-        if name is not None:
-            return cap.gpu_preset(name)
-    except cap.CapacityError as exc:
-        raise BadInput(str(exc)) from None
-    for spec in cap.GPU_PRESETS.values():
-        if window.gpu_name and window.gpu_name == spec.model_name:
-            return spec
-    seen = f"they report {window.gpu_name!r}" if window.gpu_name else "they report none"
-    raise BadInput(f"no GPU preset matches the GPUs of {window.model} ({seen}): give --gpu")
+#: how each refusal ends the command (the rest are bad input, exit 2)
+_EXITS: dict[str, type[click.ClickException]] = {
+    "prometheus_error": CannotRun,
+    "no_setting_meets": Failed,
+}
 
 
 @click.command()
@@ -121,31 +111,15 @@ def advise(
         client = Prometheus(prometheus, deadline_s=timeout)
     except PrometheusError as exc:
         raise BadInput(str(exc)) from None
-    try:
-        with client:
-            seen = read(client, model, window, time.time())
-    except PrometheusError as exc:
-        raise CannotRun(str(exc)) from None
-    refused = rules.refusal(seen, min_requests)
-    if refused is not None:
-        raise BadInput(f"no advice: {refused}")
-    try:
-        spec = cap.model_preset(engine_model or model)
-    except cap.CapacityError as exc:
-        raise BadInput(f"{exc} (--engine-model)") from None
-    ttft = (
-        slo_ttft
-        if slo_ttft is not None
-        else float(alert_config.defaults()["slo"]["ttft"]["threshold"])
+    slo = objectives(slo_ttft, slo_tpot)
+    request = Request(
+        model, engine_model, gpu, tensor_parallel, slo, window, min_requests, headroom
     )
-    slo = planning.Objectives(ttft, slo_tpot)
     try:
-        chosen = planning.plan(seen, spec, _gpu(seen, gpu), tensor_parallel, slo, headroom)
-    except planning.Unmeetable as exc:
-        raise Failed(f"no setting meets the SLO: {exc}") from None
-    except cap.CapacityError as exc:
-        raise BadInput(str(exc)) from None
-    made = proposals(seen, chosen)
+        advice = evaluate(client, request, time.time())
+    except Refused as refused:
+        raise _EXITS.get(refused.outcome, BadInput)(str(refused)) from None
+    seen, chosen, made = advice.window, advice.plan, advice.proposals
     if as_json:
         click.echo(json.dumps(render.document(seen, chosen, slo, made), indent=2))
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from inferwatch.advise.window import Reading, Window, queries
 from inferwatch.config import Duration
+from support.stub_prometheus import StubPrometheus, vector
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -33,3 +34,24 @@ def window(unexported: tuple[str, ...] = (), **values: float | None) -> Window:
         for signal, (expr, series, _) in queries(MODEL, Duration.of_seconds(60)).items()
     }
     return Window(MODEL, 60.0, "vllm", H100, readings, unexported)
+
+
+def answering(prometheus: StubPrometheus, seen: Window) -> None:
+    """Answer each of advise's queries with ``seen``'s value; a series exists unless it is
+    one of ``seen.unexported``; the replicas run vLLM on an H100."""
+    values = {reading.expr: reading.value for reading in seen.readings.values()}
+
+    def answer(path: str, query: str) -> tuple[int, bytes]:
+        if query in values:
+            value = values[query]
+            return 200, vector() if value is None else vector(({}, str(value)))
+        if query.startswith("count(last_over_time(("):
+            missing = any(seen.readings[s].series in query for s in seen.unexported)
+            return 200, vector() if missing else vector(({}, "1"))
+        if query.startswith("count by (engine)"):
+            return 200, vector(({"engine": "vllm"}, "1"))
+        if query.startswith("count by (name)"):
+            return 200, vector(({"name": H100}, "1"))
+        return 400, b'{"status": "error", "error": "unexpected query"}'
+
+    prometheus.answer = answer
