@@ -24,6 +24,7 @@ def render_components(config: Config) -> dict[str, str]:
     that lists what it holds. They are rendered here, not copied from the generators'
     folders, so that the kit holds the only copy and needs no file outside its folder; the
     PrometheusRule's groups also become vmalert's rules."""
+    # here, not at the top: the boards import the Grafana SDK, which an overlay does not need
     from inferwatch.alerts import writer as rules
     from inferwatch.dashboards import writer as boards
 
