@@ -134,6 +134,15 @@ def test_alerts_carry_severity_annotations_and_links(default_files: dict[str, st
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}
 
 
+def test_each_alerts_settings_are_declared_by_the_module_that_builds_it() -> None:
+    """One home per alert: a layer's SETTINGS name exactly the alerts its builder makes, so a
+    setting cannot outlive its alert or sit in another layer's file."""
+    cfg = config.load()
+    for layer in config.LAYERS:
+        built = {alert.name for alert in layer.alerts(cfg)}
+        assert set(layer.SETTINGS) == built, layer.__name__
+
+
 def test_one_runbook_page_per_alert() -> None:
     names = set(build.alert_names(config.load()))
     pages = {p.stem for p in RUNBOOKS.glob("*.md")}
