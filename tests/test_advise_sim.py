@@ -28,7 +28,7 @@ from support.prometheus_process import running_prometheus
 from support.shared import REPO
 from support.wait import wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 INFERWATCH = Path(sys.executable).parent / "inferwatch"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -42,7 +42,7 @@ from inferwatch.demo import alerting, automation, scenario, topology
 from support.demo import REPLICAS, Demo, rules_loaded, running_demo
 from support.wait import wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 #: seconds after the fleet is up when a scenario's first step runs: long enough for the probes'
 #: baseline (three cycles) and for every counter to have been scraped before it moves

@@ -26,7 +26,7 @@ from inferwatch.mixin import promql, recording
 from support.demo import REPLICAS, rules_loaded, running_demo
 from support.wait import wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 #: the replica whose signals and SLO are read: the one taking most of the primary traffic
 SUBJECT = topology.replica("primary-v1")

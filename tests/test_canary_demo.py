@@ -31,7 +31,7 @@ from inferwatch.mixin import config as alert_config
 from support.demo import running_demo
 from support.wait import wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 SCENARIO = "canary-regression"
 #: the load generator's requests per second: twice the demo's default, so that the canary's

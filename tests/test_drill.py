@@ -20,6 +20,7 @@ from support.demo import alive, pids
 
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.long,
     pytest.mark.skipif(
         not (shutil.which("prometheus") and shutil.which("haproxy", path="/usr/sbin:/usr/bin")),
         reason="needs prometheus, alertmanager and haproxy (scripts/install-*)",

@@ -89,3 +89,20 @@ def test_on_two_workers_a_bare_module_imported_by_a_test_still_fails_the_run(
     assert "import-mapping guard: bare top-level modules were imported: ['alerts']" in (
         result.stdout.str()
     )
+
+
+def test_a_long_module_goes_out_first_within_its_tier(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Handed out in file order, the long module went last, and ran alone at the end."""
+    modules = {name: RECORDING.format(tier="e2e", name=name, count=2)
+               for name in ("test_e1", "test_e2")}  # fmt: skip
+    modules["test_e3"] = RECORDING.format(tier="e2e", name="test_e3", count=6).replace(
+        "pytestmark = pytest.mark.e2e", "pytestmark = [pytest.mark.e2e, pytest.mark.long]"
+    )
+    result, notes = run_on_two_workers(pytester, monkeypatch, **modules)
+    result.assert_outcomes(passed=10)
+    (worker,) = {ran_on for what, ran_on, _ in notes if what == "start test_e3"}
+    starts = [what for what, ran_on, _ in sorted(notes, key=lambda n: n[2])
+              if ran_on == worker and what.startswith("start ")]  # fmt: skip
+    assert starts[0] == "start test_e3", starts

@@ -23,7 +23,7 @@ from inferwatch.probes.verdict import Policy
 sim_server = pytest.importorskip("inferwatch.sim.server")
 simulator = pytest.importorskip("inferwatch.sim.simulator")
 
-pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.long]
 TOKEN = "probe-test"
 SPEED = 1000.0
 GOLDENS = golden.load()

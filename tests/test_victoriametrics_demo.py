@@ -41,6 +41,8 @@ CLUSTERS = ("east", "west")
 DATA_DEADLINE_S = 60.0
 ALERT_DEADLINE_S = 90.0
 
+pytestmark = pytest.mark.long
+
 
 @pytest.fixture(scope="module")
 def binaries(haproxy_bin: str, alertmanager_bin: str) -> None:

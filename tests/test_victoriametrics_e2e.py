@@ -37,7 +37,7 @@ from support.shared import tool
 from support.victoria import INTERVAL_S, Server, query, victoria_metrics, vmagent, vmalert
 from support.wait import wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 INFERWATCH = [sys.executable, "-P", "-m", "inferwatch"]
 CLUSTER = "east"

@@ -9,7 +9,10 @@ mark names any other set that must run one after another.
 The units go out in the tiers' order, cheapest first, but for the groups: they go out right
 after the unit tier. A group is the longest unit (the engines' start and every real-engine
 test, one after another); handed out last, as its tier would have it, it ran alone at the end
-while the other worker had long finished.
+while the other worker had long finished. For the same reason a module marked ``long`` (one
+that runs for a minute or more: a drill, a scenario played in real time) goes out first
+within its tier, and the short ones fill in after it, so that the two workers finish a tier
+together.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import Any
 
 import pytest
 from xdist.scheduler import LoadGroupScheduling
+
+from support.tiers import TIERS, tier_of
 
 #: the group of every real-engine test
 ENGINES = "realengine"
@@ -51,13 +56,17 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On a worker (the order it collects is the order the units go out): the groups right
-    after the unit tier, the rest in the order the tiers sorted it."""
+    after the unit tier, the rest in the order the tiers sorted it, ``long`` modules first
+    within their tier."""
     if not hasattr(config, "workerinput"):
         return
+    order = list(TIERS)
 
-    def place(item: pytest.Item) -> int:
+    def place(item: pytest.Item) -> tuple[int, int, bool]:
         if item.get_closest_marker("unit"):
-            return 0
-        return 1 if item.get_closest_marker("xdist_group") else 2
+            return 0, 0, False
+        if item.get_closest_marker("xdist_group"):
+            return 1, 0, False
+        return 2, order.index(tier_of(item)), item.get_closest_marker("long") is None
 
     items.sort(key=place)  # stable
