@@ -256,7 +256,8 @@ def test_a_spare_is_in_maintenance_at_the_gateway_and_no_scrape_target_until_it_
         "inferwatch-sidecar": REPLICAS,
         "inferwatch-proxy": list(map(topology.owner, proxies)),
     }
-    *replica_jobs, gateway = document["scrape_configs"]
+    *replica_jobs, gateway, advisor = document["scrape_configs"]
+    assert advisor["job_name"] == topology.ADVISOR_JOB
     # HAProxy serves every replica: its exporter is one target with the cluster label only
     assert gateway == {
         "job_name": topology.GATEWAY_JOB,
@@ -282,6 +283,32 @@ def test_a_spare_is_in_maintenance_at_the_gateway_and_no_scrape_target_until_it_
     ]
     plain = yaml.safe_load(topology.prometheus_config(topology.Ports.assign(None)))
     assert all("file_sd_configs" not in job for job in plain["scrape_configs"])
+
+
+@pytest.mark.unit
+def test_the_advisor_is_scraped_at_its_port_or_discovered_once_it_binds(tmp_path: Path) -> None:
+    """It reads the query API, so it starts after Prometheus: given ports (``--base-port``)
+    are its own, else Prometheus finds it in a file written once it said its port."""
+    targets = tmp_path / "advisor.json"
+    given = topology.Ports.assign(18000)
+    jobs = yaml.safe_load(topology.prometheus_config(given, advisor=targets))["scrape_configs"]
+    (advisor,) = [job for job in jobs if job["job_name"] == topology.ADVISOR_JOB]
+    assert advisor["static_configs"] == [
+        {"targets": [f"127.0.0.1:{given.advisor}"], "labels": {"cluster": topology.CLUSTER}}
+    ]
+    unbound = topology.prometheus_config(topology.Ports.assign(None), advisor=targets)
+    jobs = yaml.safe_load(unbound)["scrape_configs"]
+    (advisor,) = [job for job in jobs if job["job_name"] == topology.ADVISOR_JOB]
+    assert advisor["file_sd_configs"] == [
+        {"files": [str(targets)], "refresh_interval": topology.INTERVAL}
+    ]
+    topology.write_advisor(targets, 4321)
+    assert json.loads(targets.read_text()) == [
+        {"targets": ["127.0.0.1:4321"], "labels": {"cluster": topology.CLUSTER}}
+    ]
+    # a cluster whose scraper does not scrape what serves the whole fleet has no advisor job
+    other = yaml.safe_load(topology.vmagent_config(given, "west", gateway=False))
+    assert topology.ADVISOR_JOB not in [job["job_name"] for job in other["scrape_configs"]]
 
 
 @pytest.mark.unit
@@ -358,8 +385,8 @@ def test_engines_become_replicas_of_their_models_with_no_simulator_port(tmp_path
     assert {r.version for r in fleet} == {"unknown"}  # the deployment's to say, not the demo's
     ports = topology.Ports.assign(None, fleet)
     # a sidecar each, two proxies (client and metrics ports) per primary replica, one for the
-    # fallback, and the fleet-wide six (Redis among them)
-    assert ports.sim == {} and topology.Ports.count(fleet) == 3 + 2 * 5 + 6
+    # fallback, and the fleet-wide seven (Redis and the advisor among them)
+    assert ports.sim == {} and topology.Ports.count(fleet) == 3 + 2 * 5 + 7
     assert set(ports.sidecar) == {"engine-1", "engine-2", "engine-3"}
     assert set(ports.proxy) == {"engine-1", "engine-1.b", "engine-2", "engine-2.b", "engine-3"}
     # the simulated fleet keeps its layout (the committed HAProxy example is made from it)

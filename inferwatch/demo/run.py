@@ -61,6 +61,10 @@ CONNECTIONS = 2 * MAX_IN_FLIGHT + 64
 DISCOVERY = "discovered"
 #: the work directory's folder of the proxies' usage logs (chargeback)
 USAGE_LOG = "usage"
+#: the file the scrapers discover the advisor's target in, under the work directory
+ADVISOR_TARGETS = "advisor-targets.json"
+#: how often the demo's advisor evaluates each model's advice
+ADVISOR_EVERY = "10s"
 
 
 @dataclass(frozen=True)
@@ -380,6 +384,7 @@ class Demo:
         webhook), Alertmanager before Prometheus, the replicas before HAProxy (its servers),
         both before Prometheus (its targets: HAProxy's exporter is one)."""
         automation.write_tokens(workdir)
+        self._advisor_targets.write_text("[]", encoding="utf-8")  # discovered once it binds
         redis = functools.partial(self._redis, workdir)
         await self._external(http, redis, self.ports.redis)
         await self._start_replicas(self.replicas, workdir)
@@ -397,6 +402,11 @@ class Demo:
             await self._victoria(workdir, http, self.options.victoria)
         if self._tsdb:
             self.context.prometheus_url = topology.url(self.ports.prometheus)
+        if self._tsdb or self.ports.fixed:  # given ports: the user's Prometheus is expected
+            await self._started(self._advisor)
+            if not self.ports.fixed:
+                cluster = next(iter(self.clusters))
+                topology.write_advisor(self._advisor_targets, self.ports.advisor, cluster)
 
     async def _victoria(
         self, workdir: Path, http: httpx.AsyncClient, binaries: victoria.Binaries
@@ -443,7 +453,8 @@ class Demo:
         config = workdir / f"vmagent-{cluster}.yml"
         config.write_text(
             topology.vmagent_config(self.ports, cluster, self.clusters[cluster],
-                                    self._discovery(cluster), first, first and self._alerting)
+                                    self._discovery(cluster), first, first and self._alerting,
+                                    self._advisor_targets)
         )  # fmt: skip
         storage_url = topology.url(self.ports.prometheus)
         return victoria.agent(binary, cluster, port, workdir, config, storage_url)
@@ -506,10 +517,28 @@ class Demo:
         elif component.kind == "proxy":
             ports.proxy[name] = port_of(said["listen"])
             ports.proxy_metrics[name] = port_of(said["metrics_listen"])
+        elif component.kind == "advisor":
+            ports.advisor = port_of(said["listen"])
         else:
             ports.runbooks = port_of(said["listen"])
         fresh = rebuild()
         component.argv, component.url = fresh.argv, fresh.url
+
+    @property
+    def _advisor_targets(self) -> Path:
+        """The file the scrapers discover the advisor in (it starts after them)."""
+        return self.supervisor.log_dir / ADVISOR_TARGETS
+
+    def _advisor(self) -> Component:
+        """``inferwatch advisor`` for every model of the fleet, from the query API, often
+        enough that the fleet board's advice appears within a minute of load."""
+        port = self.ports.advisor
+        models = dict.fromkeys(topology.models(self.replicas).values())
+        argv = [*INFERWATCH, "advisor", "--prometheus", topology.url(self.ports.prometheus),
+                *(arg for model in models for arg in ("--model", model)),
+                "--every", ADVISOR_EVERY, "--window", "1m", "--timeout", "10",
+                "--listen", f"127.0.0.1:{port}"]  # fmt: skip
+        return Component("advisor", "", topology.url(port), "/healthz", argv)
 
     def _runbooks(self, workdir: Path) -> Component:
         settings = automation.Settings(
@@ -526,8 +555,11 @@ class Demo:
         rules = alerting.write_rules(workdir / "rules", self.options.alerts)
         config = workdir / "prometheus.yml"
         discovery = self._discovery(topology.CLUSTER)  # spares: discovered once they start
+        advisor = self._advisor_targets
         config.write_text(
-            topology.prometheus_config(self.ports, rules, self._alerting, self.fleet, discovery)
+            topology.prometheus_config(
+                self.ports, rules, self._alerting, self.fleet, discovery, advisor
+            )
         )
         argv = [
             self.options.prometheus,
@@ -702,6 +734,8 @@ class Demo:
             "checks on each sidecar's /readyz; its /metrics at {metrics}",
             "runbooks": f"/webhook (Alertmanager's automation receiver) /metrics; audit log "
             f"{workdir / automation.AUDIT_LOG}",
+            "advisor": f"inferwatch advise every {ADVISOR_EVERY} per model as /metrics "
+            "(the fleet board's advised vs running settings)",
         }
         for c in supervisor.components:
             # the gateway's row gives the URL clients call, where a person looks for it

@@ -172,6 +172,7 @@ class Ports:
     runbooks: int  # the runbook receiver (inferwatch runbooks serve)
     gateway: int  # HAProxy's client port: the load goes through it
     gateway_metrics: int  # HAProxy's own Prometheus page
+    advisor: int  # the tuning advice (inferwatch advisor), read from the query API
     #: every port was given (``--base-port``): none may be replaced by another
     fixed: bool = False
     #: each cluster's vmagent, by cluster, and the vmalert evaluating the rules (``--tsdb
@@ -185,7 +186,7 @@ class Ports:
         ``clusters`` (``--tsdb victoriametrics``): one vmagent each, and vmalert."""
         proxies = sum(len(proxy_names(r)) for r in replicas)
         scale_out = len(clusters) + 1 if clusters else 0
-        return len(replicas) + 2 * proxies + len(_simulated(replicas)) + 6 + scale_out
+        return len(replicas) + 2 * proxies + len(_simulated(replicas)) + 7 + scale_out
 
     @classmethod
     def assign(
@@ -208,6 +209,7 @@ class Ports:
             runbooks=next(ports),
             gateway=next(ports),
             gateway_metrics=next(ports),
+            advisor=next(ports),
             fixed=bool(base),
             vmagent={cluster: next(ports) for cluster in clusters},
             vmalert=next(ports) if clusters else 0,
@@ -294,11 +296,12 @@ def prometheus_config(
     alertmanager: bool = False,
     replicas: Sequence[Replica] = REPLICAS,
     discovery: Path | None = None,
+    advisor: Path | None = None,
 ) -> str:
     """Prometheus scraping the fleet (:func:`scrape_configs`); with ``alertmanager``, alerts
     go to the demo's Alertmanager and the runbook receiver it feeds is scraped too (its
     webhooks, actions and breakers)."""
-    jobs = scrape_configs(ports, replicas, discovery, runbooks=alertmanager)
+    jobs = scrape_configs(ports, replicas, discovery, runbooks=alertmanager, advisor=advisor)
     document: dict[str, Any] = {
         "global": {"scrape_interval": INTERVAL, "evaluation_interval": INTERVAL},
         "scrape_configs": jobs,
@@ -325,11 +328,12 @@ def vmagent_config(
     discovery: Path | None = None,
     gateway: bool = True,
     runbooks: bool = False,
+    advisor: Path | None = None,
 ) -> str:
     """vmagent's ``-promscrape.config``: the same jobs as Prometheus's (:func:`scrape_configs`),
     with ``cluster`` as the external label of everything it remote-writes. Every vmagent of a
     cluster reads this same file; ``-promscrape.cluster.*`` flags share its targets out."""
-    jobs = scrape_configs(ports, replicas, discovery, cluster, gateway, runbooks)
+    jobs = scrape_configs(ports, replicas, discovery, cluster, gateway, runbooks, advisor)
     for job in jobs:  # vmagent (1.79) refuses the field: -promscrape.fileSDCheckInterval sets it
         for files in job.get("file_sd_configs", ()):
             del files["refresh_interval"]
@@ -347,13 +351,16 @@ def scrape_configs(
     cluster: str = CLUSTER,
     gateway: bool = True,
     runbooks: bool = False,
+    advisor: Path | None = None,
 ) -> list[dict[str, Any]]:
     """The scrape jobs of every sidecar and proxy, each target labelled with its replica and
     the cluster, and HAProxy's built-in exporter (the gateway board's series, labelled with
     the cluster only: it serves every replica): one list, which Prometheus and vmagent read.
     With ``runbooks`` the runbook receiver Alertmanager feeds is scraped too (its webhooks,
     actions and breakers); without ``gateway`` HAProxy is not (another cluster's scraper
-    has it: what serves the whole fleet is scraped once).
+    has it: what serves the whole fleet is scraped once), nor the advisor. The advisor reads
+    the query API, so it starts after it: at its port when ports are given, else at the one
+    the file ``advisor`` lists once it is bound (:func:`write_advisor`).
 
     A spare's targets are not listed: with ``discovery`` (a folder), each job also reads its
     targets from a file there (file-based service discovery), which :func:`write_discovered`
@@ -376,15 +383,30 @@ def scrape_configs(
     fleet_wide = [(GATEWAY_JOB, ports.gateway_metrics)] if gateway else []
     if runbooks:
         fleet_wide.append((RUNBOOKS_JOB, ports.runbooks))
+    if gateway and ports.fixed and ports.advisor:
+        fleet_wide.append((ADVISOR_JOB, ports.advisor))
     for job, port in fleet_wide:
         group = {"targets": [f"127.0.0.1:{port}"], "labels": {"cluster": cluster}}
         jobs.append({"job_name": job, "static_configs": [group]})
+    if gateway and not ports.fixed and advisor is not None:
+        discovered = {"files": [str(advisor)], "refresh_interval": INTERVAL}
+        jobs.append({"job_name": ADVISOR_JOB, "file_sd_configs": [discovered]})
     return jobs
+
+
+def write_advisor(path: Path, port: int, cluster: str = CLUSTER) -> None:
+    """The advisor's target, for the scrapers that discover it (:func:`scrape_configs`);
+    written aside, then renamed, so that no scraper reads half a file."""
+    aside = path.with_name(f".{path.name}")
+    group = {"targets": [f"127.0.0.1:{port}"], "labels": {"cluster": cluster}}
+    aside.write_text(json.dumps([group]), encoding="utf-8")
+    aside.replace(path)
 
 
 SIDECAR_JOB = "inferwatch-sidecar"
 GATEWAY_JOB = "haproxy"
 RUNBOOKS_JOB = "inferwatch-runbooks"
+ADVISOR_JOB = "inferwatch-advisor"
 
 
 def scrape_jobs(ports: Ports) -> dict[str, Mapping[str, int]]:
