@@ -45,6 +45,7 @@ from grafana_foundation_sdk.models.dashboard import (
     DashboardCursorSync,
     DashboardLinkType,
     DataSourceRef,
+    DataTransformerConfig,
     GridPos,
     Threshold,
     ThresholdsMode,
@@ -78,6 +79,8 @@ class Scope(Enum):
     ENGINE = ("cluster", "namespace", "model", "model_version", "replica")
     MODEL_VERSION = ("cluster", "model", "model_version")
     TENANT = ("cluster", "model", "model_version", "tenant")
+    #: per-model series of no replica (the advisor's)
+    MODEL = ("cluster", "model")
     #: per-tenant series without the model (budgets)
     TENANT_ONLY = ("cluster", "tenant")
     #: probe series: the replica is the probe's ``target``
@@ -221,6 +224,9 @@ class Panel:
     states: tuple[str, str] = ("no", "yes")
     #: what the panel says when its queries return nothing, where that is the truth
     no_value: str | None = None
+    #: a table's column for each query's value, in query order: the queries' rows are merged
+    #: into one row per label set (Grafana's merge, then organize without the time column)
+    columns: tuple[str, ...] = ()
 
     def builder(self, pos: GridPos) -> PanelBuilder:
         targets = []
@@ -274,6 +280,16 @@ class Panel:
             panel = panel.data_links([DashboardLink(t).url(u) for t, u in self.links])
         if self.no_value is not None:
             panel = panel.no_value(self.no_value)
+        if self.columns:
+            names = {f"Value #{chr(ord('A') + i)}": name for i, name in enumerate(self.columns)}
+            panel = panel.with_transformation(
+                DataTransformerConfig(id_val="merge", options={})
+            ).with_transformation(
+                DataTransformerConfig(
+                    id_val="organize",
+                    options={"excludeByName": {"Time": True}, "renameByName": names},
+                )
+            )
         return panel
 
 

@@ -127,6 +127,11 @@ OPTIONS: dict[str, dict[str, tuple[tuple[int, int], str]]] = {
         "options.yAxis.unit": ((9, 0), V9_DOCS.format("heatmap") + " Y axes, unit"),
     },
 }
+#: transformation id -> (first Grafana version, where)
+TRANSFORMATIONS = {
+    "merge": ((9, 0), "Grafana 9.x docs, transformation functions: Merge"),
+    "organize": ((9, 0), "Grafana 9.x docs, transformation functions: Organize fields by name"),
+}
 #: options newer than 10.4 that the SDK always writes -> (type, version, where, the value to
 #: keep: what 10.4 does without the option)
 NEWER_DEFAULTS = {
@@ -181,6 +186,11 @@ def problems(name: str, dashboard: Mapping[str, Any]) -> list[str]:
             continue
         if panel["type"] == "row":
             continue
+        for transformation in panel.get("transformations", ()):
+            known = TRANSFORMATIONS.get(transformation["id"])
+            if known is None or known[0] > OLDEST:
+                found.append(f"{where}: transformation {transformation['id']} not in Grafana "
+                             f"{panels.GRAFANA}")  # fmt: skip
         for option, value in used_options(panel).items():
             newer = NEWER_DEFAULTS.get((panel["type"], option))
             known = OPTIONS[panel["type"]].get(option)
@@ -203,11 +213,14 @@ def test_the_check_refuses_what_the_oldest_grafana_lacks() -> None:
         {"id": 2, "type": "trend", "fieldConfig": {"defaults": defaults}},
         {"id": 3, "type": "timeseries", "fieldConfig": {"defaults": defaults},
          "options": {"legend": {"sortBy": "Max"}}},
+        {"id": 4, "type": "table", "fieldConfig": {"defaults": defaults},
+         "transformations": [{"id": "merge"}, {"id": "groupToNestedTable"}]},
     ]}  # fmt: skip
     assert problems("b", board) == [
         "b panel 1 (stat): options.percentChangeColorMode needs Grafana (11, 1) unless 'standard'",
         "b panel 2 (trend): type not in Grafana 10.4",
         "b panel 3 (timeseries): options.legend.sortBy not in Grafana 10.4",
+        "b panel 4 (table): transformation groupToNestedTable not in Grafana 10.4",
     ]
 
 

@@ -21,7 +21,7 @@ from inferwatch.dashboards.panels import (
 )
 from inferwatch.mixin import recording
 
-E, C = Scope.ENGINE, Scope.CLUSTER
+E, C, M = Scope.ENGINE, Scope.CLUSTER, Scope.MODEL
 
 
 def board(ctx: Ctx) -> Board:
@@ -298,6 +298,41 @@ def board(ctx: Ctx) -> Board:
                 no_value="No alert firing",
             ),
         )
+        .row("Tuning", _advised(ctx))
+    )
+
+
+def _advised(ctx: Ctx) -> Panel:
+    """Per model and setting, what the replicas run with beside what the advisor proposes."""
+    c = ctx.config.cluster_label
+    by = f"max by ({c}, model, setting)"
+    running_replicas = f"count by ({c}, model) ({ctx.m('engine_up', E)} == 1)"
+    advised_replicas = f"max by ({c}, model) ({ctx.m('advise_replicas', M)})"
+    return Panel(
+        20,
+        "Advised vs running settings",
+        "One row per model and setting: running is the largest value the model's replicas "
+        "report (inferwatch_engine_setting, as each engine tells it; a setting an engine does "
+        "not tell stays empty), and replicas the ones up; advised is what inferwatch advisor "
+        "proposed at its last evaluation that gave advice (docs/advise.md). Advised fewer "
+        "replicas or smaller limits: the model is over-provisioned for its load; more: it "
+        "misses its SLO as configured. Restart the engine with the advised flags to apply them.",
+        "short",
+        [
+            Q(
+                f"{by} ({ctx.m('engine_setting', E)}) or "
+                f'label_replace({running_replicas}, "setting", "replicas", "", "")',
+                instant=True,
+            ),
+            Q(
+                f"{by} ({ctx.m('advise_setting', M)}) or "
+                f'label_replace({advised_replicas}, "setting", "replicas", "", "")',
+                instant=True,
+            ),
+        ],
+        kind="table",
+        width=24,
+        columns=("running", "advised"),
     )
 
 

@@ -43,6 +43,7 @@ SOURCE_OF_COLLECTOR = {
     "dcgm": "sidecar",
     "tenancy": "proxy",
     "probes": "probes",
+    "advise": "advisor",
 }
 _REGEX_SPECIAL = re.compile(r"[.^$*+?()\[\]{}|\\]")
 #: label sets alerts group by
