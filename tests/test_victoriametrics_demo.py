@@ -154,7 +154,7 @@ def test_the_two_clusters_vmagents_scrape_prometheuss_targets_between_them() -> 
     clusters = topology.clusters(topology.REPLICAS, split=True)
     assert list(clusters) == list(CLUSTERS)
     ports = topology.Ports.assign(18000, topology.REPLICAS, clusters)
-    assert (list(ports.vmagent.values()), ports.vmalert) == ([18022, 18023], 18024)
+    assert (list(ports.vmagent.values()), ports.vmalert) == ([18023, 18024], 18025)
 
     def targets(document: dict[str, Any]) -> dict[str, str]:
         return {target: group["labels"]["cluster"] for job in document["scrape_configs"]
