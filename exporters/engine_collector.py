@@ -258,10 +258,12 @@ class EngineCollector:
         self._settings_task = asyncio.create_task(self._read_settings(engine))
 
     async def _read_settings(self, engine: str) -> None:
+        """A read that tells nothing (an endpoint that did not answer this once) keeps what
+        the last one told, so that a setting does not blink out of the board."""
         told, bad = await engines.read_settings(self.scraper.client, self.base_url, engine)
         if bad:
             self.checks.dropped[BAD_SETTING] += bad
-        if engine == self.engine:
+        if told and engine == self.engine:
             self.told = told
 
     def _read(self, body: bytes) -> tuple[textformat.Exposition, str]:

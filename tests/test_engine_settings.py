@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -195,15 +196,17 @@ def test_an_endpoint_that_does_not_answer_tells_nothing(answer: Any) -> None:
 
 def test_the_sidecar_serves_the_settings_and_counts_garbage() -> None:
     """One series per setting, labelled with the model the page names; the page's label and
-    the endpoint's field together; a garbage label counted as a dropped series."""
+    the endpoint's field together; a garbage label counted as a dropped series; an endpoint
+    that fails a read keeps what it told last."""
     pages = iter([_cache_info("0.9"), _cache_info("nan")])
-    current = {"page": ""}
+    current: dict[str, Any] = {"page": "", "models": httpx.Response(200, json=VLLM_MODELS)}
 
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/metrics":
             return httpx.Response(200, text=current["page"])
         if request.url.path == "/v1/models":
-            return httpx.Response(200, json=VLLM_MODELS)
+            answer: httpx.Response = current["models"]
+            return answer
         return httpx.Response(404)
 
     async def scrape() -> tuple[list[Any], list[Any], list[Any]]:
@@ -218,6 +221,10 @@ def test_the_sidecar_serves_the_settings_and_counts_garbage() -> None:
             await engine._settings_task
             first = list(await engine.collect())
             current["page"] = next(pages)
+            current["models"] = httpx.Response(503)
+            engine._settings_read_at = -math.inf  # the next read is due
+            await engine.collect()
+            await engine._settings_task
             second = list(await engine.collect())
             return first, second, engine.status_families()
         finally:
@@ -242,4 +249,4 @@ def test_the_sidecar_serves_the_settings_and_counts_garbage() -> None:
         for s in f.samples
         if s.name == "inferwatch_engine_scrape_dropped_series_total"
     }
-    assert dropped == {BAD_SETTING: 1}
+    assert dropped == {BAD_SETTING: 2}  # the second page's, scraped twice
