@@ -51,15 +51,24 @@ def binaries(haproxy_bin: str, alertmanager_bin: str) -> None:
         tool(name)
 
 
+#: the drill's scenarios played on VictoriaMetrics here: the two shortest, one replica's XID
+#: and the mass ECC fault the breaker must contain (every scenario passes on it too, in
+#: ~200 s: ``inferwatch drill --tsdb victoriametrics``; the Prometheus drill test plays them
+#: all). The mass GPU fault is no pair for the XID one: it is written to come minutes after,
+#: when primary-v1's XID alert has left its window, not while it still fires
+VM_SCENARIOS = ("reset-class-xid", "mass-ecc-fault")
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-def test_the_drill_on_victoriametrics_passes_its_shortest_scenario(
+def test_the_drill_on_victoriametrics_passes_its_shortest_scenarios(
     binaries: None, tmp_path: Path
 ) -> None:
     report = tmp_path / "drill.json"
+    played = [arg for name in VM_SCENARIOS for arg in ("--scenario", name)]
     done = subprocess.run(
         [sys.executable, "-P", "-m", "inferwatch", "drill", "--tsdb", "victoriametrics",
-         "--scenario", "reset-class-xid", "--report", str(report)],
+         *played, "--report", str(report)],
         capture_output=True, text=True, timeout=280, cwd=tmp_path,
     )  # fmt: skip
     output = done.stdout + done.stderr
@@ -67,9 +76,12 @@ def test_the_drill_on_victoriametrics_passes_its_shortest_scenario(
     assert "  vmalert " in output and "  prometheus " not in output, output
     result = json.loads(report.read_text())
     assert result["ok"] and result["settings"]["tsdb"] == "victoriametrics", result
-    (line,) = result["scenarios"]
-    assert line["scenario"] == "reset-class-xid" and line["checks"]["alert fired"], line
-    assert line["acted"]["isolate_replica"] == 1, line
+    lines = {line["scenario"]: line for line in result["scenarios"]}
+    assert list(lines) == list(VM_SCENARIOS), lines
+    assert lines["reset-class-xid"]["acted"]["isolate_replica"] == 1, lines
+    mass = lines["mass-ecc-fault"]
+    assert mass["refused_by_breaker"] > 0 and mass["acted"]["isolate_replica"] == 1, mass
+    assert all(line["ok"] and line["checks"]["alert fired"] for line in lines.values()), lines
 
 
 @pytest.fixture(scope="module")
