@@ -201,6 +201,8 @@ def test_the_app_serves_the_advice_and_is_ready_after_the_first_pass(
         (["--prometheus", "ftp://x", "--model", MODEL], "ftp"),
         (["--prometheus", "http://127.0.0.1:9", "--model", "=llama"], "names no model"),
         (["--prometheus", "http://127.0.0.1:9"], "--model"),
+        (["--prometheus", "http://127.0.0.1:9", "--model", MODEL, "--model", f"{MODEL}=x"],
+         "given twice"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(args: list[str], said: str) -> None:

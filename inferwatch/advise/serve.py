@@ -196,11 +196,13 @@ def advisor(models: tuple[str, ...], every: Duration, listen: str, **options: An
     except PrometheusError as exc:
         raise BadInput(str(exc)) from None
     slo = objectives(options.pop("slo_ttft"), options.pop("slo_tpot"))
-    requests = []
-    for given in dict.fromkeys(models):
+    requests: list[Request] = []
+    for given in models:
         model, _, preset = given.partition("=")
         if not model:
             raise click.BadParameter(f"{given!r} names no model", param_hint="--model")
+        if any(request.model == model for request in requests):
+            raise click.BadParameter(f"{model!r} is given twice", param_hint="--model")
         requests.append(
             Request(
                 model,
