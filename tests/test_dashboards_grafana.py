@@ -256,3 +256,27 @@ def test_every_board_marks_version_changes_and_firing_alerts() -> None:
         variables = {v["name"] for v in dashboard["templating"]["list"]}
         for mark in marks.values():
             queries.substitute(mark["expr"], {v: ".*" for v in variables})  # no foreign $var
+
+
+def test_advised_vs_running_is_one_table_of_both_queries_merged() -> None:
+    """A row per model and setting with the running and the advised value side by side: the
+    two instant queries' frames merged on their labels, the time column left out."""
+    fleet = {p["id"]: p for p in queries.panels(committed()["fleet"])}
+    panel = fleet[20]
+    assert panel["type"] == "table" and panel["title"] == "Advised vs running settings"
+    running, advised = panel["targets"]
+    assert "inferwatch_engine_setting{" in running["expr"]
+    assert "inferwatch_advise_setting{" in advised["expr"]
+    for target in (running, advised):
+        assert target["instant"] is True and target["format"] == "table"
+        assert target["expr"].startswith("max by (cluster, model, setting) (")
+        assert '"setting", "replicas"' in target["expr"]  # and the replicas as one more row
+    merge, organize = panel["transformations"]
+    assert merge["id"] == "merge"
+    assert organize == {
+        "id": "organize",
+        "options": {
+            "excludeByName": {"Time": True},
+            "renameByName": {"Value #A": "running", "Value #B": "advised"},
+        },
+    }
