@@ -21,7 +21,7 @@ from inferwatch.exitcodes import ExitCode
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sidecar": ("inferwatch.exporters.sidecar_cli", "sidecar"),
     "scrape": ("inferwatch.exporters.sidecar_cli", "scrape"),
-    "node-agent": ("inferwatch.exporters.node_agent", "node_agent"),
+    "node-agent": ("inferwatch.nodeagent.agent", "node_agent"),
     "generate": ("inferwatch.generate.cli", "generate"),
     "capacity": ("inferwatch.capacity.cli", "capacity"),
     "advise": ("inferwatch.advise.cli", "advise"),

@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from inferwatch.cli import main
-from inferwatch.exporters import kube_facts
 from inferwatch.k8s import inject, victoria
 from inferwatch.k8s.site import Site, load_site
+from inferwatch.nodeagent import kube_facts
 from support.k8s import KIT, render, validate
 from support.pss import pod_templates, violations
 from support.shared import tool

@@ -19,10 +19,10 @@ from starlette.testclient import TestClient
 
 from inferwatch.cli import main
 from inferwatch.exitcodes import ExitCode
-from inferwatch.exporters import node_agent
 from inferwatch.exporters.gpu.node_agent import MAX_BODY_BYTES, NodeAgentClient
 from inferwatch.exporters.gpu.podresources import Allocation, PodResourcesError
 from inferwatch.exporters.gpu.scope import FixedScope, KubeletScope, ScopeUnknown, resolve
+from inferwatch.nodeagent import agent as node_agent
 
 pytestmark = pytest.mark.unit
 

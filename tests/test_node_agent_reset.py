@@ -25,11 +25,11 @@ from starlette.testclient import TestClient
 
 from inferwatch.cli import main
 from inferwatch.drill.kubefake import FakeKube
-from inferwatch.exporters import node_agent
 from inferwatch.exporters.gpu.fake_nvml import FakeNvml
 from inferwatch.exporters.gpu.podresources import Allocation
 from inferwatch.exporters.gpu.recording import Recording
-from inferwatch.exporters.gpu_reset import (
+from inferwatch.nodeagent import agent as node_agent
+from inferwatch.nodeagent.gpu_reset import (
     PREFIX,
     REQUESTED,
     Attempt,
@@ -38,7 +38,7 @@ from inferwatch.exporters.gpu_reset import (
     NvmlGpus,
     ResetAgent,
 )
-from inferwatch.exporters.kube_facts import GPU_RESET_RULES
+from inferwatch.nodeagent.kube_facts import GPU_RESET_RULES
 from inferwatch.runbooks.actions.kubernetes_api import connect
 from support.runbooks_harness import SIDECAR_TOKEN, Loop, SidecarUnderTest
 from support.shared import shared_path

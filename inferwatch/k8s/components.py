@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from inferwatch.exporters.kube_facts import SIDECAR_TOKEN_ENV
 from inferwatch.k8s import autoscaling, inject, victoria
 from inferwatch.k8s import tracing as k8s_tracing
 from inferwatch.k8s.site import MARKER, Site, dump
 from inferwatch.mixin import files as generated
+from inferwatch.nodeagent.kube_facts import SIDECAR_TOKEN_ENV
 
 if TYPE_CHECKING:
     from inferwatch.mixin.config import Config

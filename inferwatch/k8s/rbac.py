@@ -1,18 +1,18 @@
 """The kit's RBAC: exactly the rules the receiver and the node agent declare they use.
 
 The rules come from the components' data modules (``runbooks/kube_facts.py``,
-``exporters/kube_facts.py``), which import nothing heavy, so rendering the kit needs neither
-the kubernetes client nor the exporters' dependencies, and a rule changed where it is used
-changes the kit's roles.
+``inferwatch/nodeagent/kube_facts.py``), which import nothing heavy, so rendering the kit
+needs neither the kubernetes client nor the node agent's dependencies, and a rule changed
+where it is used changes the kit's roles.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from inferwatch.exporters import kube_facts as agent_facts
 from inferwatch.k8s import inject
 from inferwatch.k8s.site import MARKER, dump
+from inferwatch.nodeagent import kube_facts as agent_facts
 from inferwatch.runbooks import kube_facts as receiver_facts
 
 #: the receiver's Service account, roles and bindings (base/receiver)
@@ -68,6 +68,6 @@ def gpu_reset_rbac() -> str:
     ]  # fmt: skip
     header = (
         MARKER + "# the node agent's GPU reset (automation.gpu_reset), from GPU_RESET_RULES in\n"
-        "# exporters/kube_facts.py: every API call it makes, nothing more\n"
+        "# inferwatch/nodeagent/kube_facts.py: every API call it makes, nothing more\n"
     )
     return header + "---\n".join(dump(document) for document in documents)

@@ -25,7 +25,7 @@ only logged). Every decision is one audit line (``gpu reset``, JSON when not on 
 A reset that fails, or a GPU that does not come back healthy, leaves the request in place
 and the replicas isolated: that is for a person.
 
-:data:`~inferwatch.exporters.kube_facts.GPU_RESET_RULES` is every Kubernetes API call the
+:data:`~inferwatch.nodeagent.kube_facts.GPU_RESET_RULES` is every Kubernetes API call the
 agent makes, nothing more: the kit's ClusterRole for the node agent (``inferwatch generate
 k8s``, ``automation.gpu_reset``) is generated from it.
 """

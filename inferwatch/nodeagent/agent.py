@@ -40,17 +40,17 @@ from inferwatch.clikit import (
     required_token,
     token_file_option,
 )
-from inferwatch.exporters import gpu_reset
 from inferwatch.exporters.gpu.node_agent import allocation_path
 from inferwatch.exporters.gpu.podresources import Allocation, PodResourcesError
-from inferwatch.exporters.kube_facts import SIDECAR_TOKEN_ENV
 from inferwatch.exporters.sources.gpu import kubelet_socket_option
 from inferwatch.logs import log_event
+from inferwatch.nodeagent import gpu_reset
+from inferwatch.nodeagent.kube_facts import SIDECAR_TOKEN_ENV
 from inferwatch.serving import endpoints, uvicorn_server
 from inferwatch.serving.readiness import Condition
 
 if TYPE_CHECKING:
-    from inferwatch.exporters.gpu_reset import ResetAgent
+    from inferwatch.nodeagent.gpu_reset import ResetAgent
 
 logger = logging.getLogger("inferwatch.node_agent")
 
