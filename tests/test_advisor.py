@@ -5,7 +5,6 @@ that answers fixed values."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from inferwatch.exitcodes import ExitCode
 from support.advise import MODEL, answering, window
 from support.ports import refused_port
 from support.stub_prometheus import StubPrometheus, stub_prometheus
+from support.wait import wait_for
 
 pytestmark = pytest.mark.unit
 
@@ -179,9 +179,8 @@ def test_the_app_serves_the_advice_and_is_ready_after_the_first_pass(
     answering(prometheus, window())
     advisor = serve.Advisor(prometheus.url, [REQUEST], timeout_s=10)
     with TestClient(serve.app(advisor, every_s=3600)) as client:
-        deadline = time.monotonic() + 20
-        while advisor.passes == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)  # the first pass runs in the app's worker thread
+        # the first pass runs in the app's worker thread
+        wait_for(lambda: advisor.passes, "the first pass over the models", 20)
         ready = client.get("/readyz")
         assert ready.status_code == 200, ready.text
         assert client.get("/healthz").status_code == 200
