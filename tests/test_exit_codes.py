@@ -68,6 +68,17 @@ CASES: dict[str, Case] = {
     "advise": Case(
         lambda tmp: ["--prometheus", "http://127.0.0.1:1", "--model", "m", "--window", "10s"]
     ),
+    "advisor": Case(
+        lambda tmp: ["--prometheus", "http://127.0.0.1:1", "--model", "m", "--every", "1s"],
+        port_taken=lambda tmp, port: [
+            "--prometheus",
+            "http://127.0.0.1:1",
+            "--model",
+            "m",
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+    ),
     "canary": Case(
         lambda tmp: [
             "--prometheus",
