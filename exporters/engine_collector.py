@@ -81,6 +81,9 @@ class EngineCollector:
         self.told: dict[str, float] = {}
         self._settings_task: asyncio.Task[None] | None = None
         self._settings_read_at = -SETTINGS_SECONDS
+        #: garbage settings the endpoints told: counted on the event loop, apart from
+        #: ``checks.dropped``, which the page's worker thread counts into
+        self.bad_told = 0
         self.engine: str | None = engine
         self.up = False
         #: the engine's sleep state when it is not awake (vLLM's sleep mode), else ""
@@ -261,8 +264,7 @@ class EngineCollector:
         """A read that tells nothing (an endpoint that did not answer this once) keeps what
         the last one told, so that a setting does not blink out of the board."""
         told, bad = await engines.read_settings(self.scraper.client, self.base_url, engine)
-        if bad:
-            self.checks.dropped[BAD_SETTING] += bad
+        self.bad_told += bad
         if told and engine == self.engine:
             self.told = told
 
@@ -388,7 +390,10 @@ class EngineCollector:
         for family, count in sorted(self.checks.misnamed.items()):
             malformed.add_metric([family], count)
         dropped = cat.family("engine_scrape_dropped_series")
-        for reason, count in sorted(self.checks.dropped.items()):
+        counts = dict(self.checks.dropped)
+        if self.bad_told:
+            counts[BAD_SETTING] = counts.get(BAD_SETTING, 0) + self.bad_told
+        for reason, count in sorted(counts.items()):
             dropped.add_metric([reason], count)
         size = cat.family("engine_scrape_size")
         size.add_metric([], self.page_size)
