@@ -250,3 +250,39 @@ def test_the_sidecar_serves_the_settings_and_counts_garbage() -> None:
         if s.name == "inferwatch_engine_scrape_dropped_series_total"
     }
     assert dropped == {BAD_SETTING: 2}  # the second page's, scraped twice
+
+
+def test_garbage_from_the_endpoint_and_from_the_page_both_count() -> None:
+    """The endpoint's garbage is counted on the event loop, the page's in the worker thread:
+    two counts, one series."""
+    models = {"data": [{"id": "m", "max_model_len": "four"}]}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=_cache_info("nan"))
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json=models)
+        return httpx.Response(404)
+
+    async def scrape() -> list[Any]:
+        client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        engine = EngineCollector(
+            EngineScraper("http://engine:8000/metrics", timeout_s=2.0, client=client), {}
+        )
+        try:
+            await engine.collect()
+            assert engine._settings_task is not None
+            await engine._settings_task
+            await engine.collect()
+            return engine.status_families()
+        finally:
+            await engine.aclose()
+
+    dropped = [
+        s.value
+        for f in asyncio.run(scrape())
+        for s in f.samples
+        if s.name == "inferwatch_engine_scrape_dropped_series_total"
+        and s.labels["reason"] == BAD_SETTING
+    ]
+    assert dropped == [3]  # the page's twice, the endpoint's once
