@@ -89,7 +89,7 @@ def splitlines_floor(text: str) -> list[str]:
 def vllm_adapter_rows() -> list[Row]:
     """parse + the vLLM engine adapter, with and without its family filter, when present."""
     try:
-        from inferwatch.exporters.engines import normalize, wanted
+        from inferwatch.exporters.engine.adapters import normalize, wanted
     except ImportError:
         return [("textformat.parse + engines.normalize", None)]
     vllm_families = wanted("vllm")

@@ -67,7 +67,7 @@ def test_every_catalogue_metric_has_a_row() -> None:
 
 
 def test_porting_table_has_a_row_for_every_source_spelling() -> None:
-    from inferwatch.exporters import engines
+    from inferwatch.exporters.engine import adapters as engines
 
     cat = catalog.load()
     table = docs.porting_table(cat)

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from inferwatch import catalog
-from inferwatch.exporters import engines
+from inferwatch.exporters.engine import adapters as engines
 from inferwatch.serving import textformat
 from support.ports import announced_url
 from support.prometheus_process import running_prometheus

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from inferwatch.exporters import engines
-from inferwatch.exporters.engine_collector import BAD_SETTING, EngineCollector
-from inferwatch.exporters.engines import settings
+from inferwatch.exporters.engine import adapters as engines
+from inferwatch.exporters.engine.adapters import settings
+from inferwatch.exporters.engine.collector import BAD_SETTING, EngineCollector
 from inferwatch.serving import textformat
 from inferwatch.serving.page_fetch import EngineScraper
 

@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch import catalog
 from inferwatch.catalog import Alias
-from inferwatch.exporters import engines
-from inferwatch.exporters.engines import adapter, mapping
+from inferwatch.exporters.engine import adapters as engines
+from inferwatch.exporters.engine.adapters import adapter, mapping
 from inferwatch.serving import textformat
 from support.shared import shared_path
 

@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from prometheus_client.core import Metric
 
 from inferwatch.cli import main
-from inferwatch.exporters import engines
-from inferwatch.exporters.engine_checks import PageChecks
-from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine import adapters as engines
+from inferwatch.exporters.engine.checks import PageChecks
+from inferwatch.exporters.engine.collector import EngineCollector
 from inferwatch.logs import JsonFormatter
 from inferwatch.serving import textformat
 from inferwatch.serving.page_fetch import EngineScraper

@@ -12,8 +12,8 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 
 from inferwatch import catalog
-from inferwatch.exporters import engines
-from inferwatch.exporters.engines import mapping
+from inferwatch.exporters.engine import adapters as engines
+from inferwatch.exporters.engine.adapters import mapping
 from inferwatch.serving import textformat
 
 pytestmark = pytest.mark.unit

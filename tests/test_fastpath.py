@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferwatch.exporters.engines import mapping
+from inferwatch.exporters.engine.adapters import mapping
 from inferwatch.serving import textformat
 from inferwatch.serving.fastpath import remember
 

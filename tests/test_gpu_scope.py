@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from prometheus_client.core import Metric
 
 from inferwatch.cli import main
-from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine.collector import EngineCollector
 from inferwatch.exporters.gpu.base import GpuTelemetry
 from inferwatch.exporters.gpu.dcgm import DcgmTelemetry
 from inferwatch.exporters.gpu.fake_nvml import FakeNvml

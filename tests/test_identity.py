@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine.collector import EngineCollector
 from inferwatch.identity import UNKNOWN
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import Exchange, ProxyApp

@@ -53,7 +53,7 @@ def test_admin_endpoint_refuses_missing_and_wrong_tokens(sidecar: h.SidecarUnder
 
 def test_admin_endpoint_is_disabled_without_a_token(runbook_loop: h.Loop, page_server: Any) -> None:
     async def build() -> Any:
-        from inferwatch.exporters.engine_collector import EngineCollector
+        from inferwatch.exporters.engine.collector import EngineCollector
         from inferwatch.exporters.sidecar import Sidecar
         from inferwatch.serving.page_fetch import EngineScraper
 

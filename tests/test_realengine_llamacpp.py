@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import support.scripted_engine as harness
 from inferwatch import identity
 from inferwatch.cli import main
-from inferwatch.exporters import engines as adapters
-from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine import adapters
+from inferwatch.exporters.engine.collector import EngineCollector
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.probes import golden
 from inferwatch.probes.client import Endpoint

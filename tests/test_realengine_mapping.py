@@ -7,8 +7,8 @@ import httpx
 import pytest
 
 from inferwatch import catalog, identity
-from inferwatch.exporters import engines as adapters
-from inferwatch.exporters.engines import mapping
+from inferwatch.exporters.engine import adapters
+from inferwatch.exporters.engine.adapters import mapping
 from inferwatch.serving import textformat
 from support.realengine import MODEL, Engines
 

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferwatch.exporters.warmup import Warmup, WarmupFailure, WarmupPlan
+from inferwatch.exporters.startup.warmup import Warmup, WarmupFailure, WarmupPlan
 from inferwatch.probes import golden
 from inferwatch.probes.client import Endpoint
 from inferwatch.probes.runner import ProbeRunner, Schedule, Target

@@ -7,7 +7,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch import identity
-from inferwatch.exporters import engines
+from inferwatch.exporters.engine import adapters as engines
 from inferwatch.serving import textformat
 from support.realengine import MODEL, Engines
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from inferwatch.exporters import gpu
-from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine.collector import EngineCollector
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.logs import JsonFormatter
 from inferwatch.serving.page_fetch import EngineScraper

@@ -28,8 +28,8 @@ import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferwatch.exporters.engine_checks import Limits
-from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine.checks import Limits
+from inferwatch.exporters.engine.collector import EngineCollector
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.serving.page_fetch import (
     INFLATE_STEP,

@@ -20,7 +20,7 @@ from inferwatch import catalog
 from inferwatch.alerts import config as alert_config
 from inferwatch.dashboards import writer
 from inferwatch.exporters import gpu
-from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine.collector import EngineCollector
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.probes import golden
 from inferwatch.probes.client import Endpoint

@@ -26,11 +26,11 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.cli import main
-from inferwatch.exporters import warmup as warmup_module
-from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine.collector import EngineCollector
 from inferwatch.exporters.sidecar import Sidecar
-from inferwatch.exporters.startup import PHASES, StartupTracker
-from inferwatch.exporters.warmup import Warmup, WarmupFailure, WarmupPlan
+from inferwatch.exporters.startup import warmup as warmup_module
+from inferwatch.exporters.startup.phases import PHASES, StartupTracker
+from inferwatch.exporters.startup.warmup import Warmup, WarmupFailure, WarmupPlan
 from inferwatch.proxy.reconcile import direct_tokens, engine_token_counters
 from inferwatch.serving.page_fetch import EngineScraper
 from inferwatch.sim.coldstart import capture_size

@@ -18,7 +18,7 @@ from prometheus_client.openmetrics import parser as om_parser
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from inferwatch.exporters import engines
+from inferwatch.exporters.engine import adapters as engines
 from inferwatch.serving import textformat
 from inferwatch.serving.textformat import Exposition, parse
 from support.shared import shared_path

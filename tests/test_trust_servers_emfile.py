@@ -14,9 +14,9 @@ import errno
 import httpx
 import pytest
 
-from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine.collector import EngineCollector
 from inferwatch.exporters.sidecar import Sidecar
-from inferwatch.exporters.startup import GONE, NO_ANSWER, StartupTracker
+from inferwatch.exporters.startup.phases import GONE, NO_ANSWER, StartupTracker
 from inferwatch.serving.page_fetch import EngineScraper, own_fault
 
 pytestmark = pytest.mark.unit

@@ -9,9 +9,9 @@ from urllib.parse import urlsplit
 import click
 
 from inferwatch.clikit import FiniteFloat, option_group
-from inferwatch.exporters import engines
-from inferwatch.exporters.engine_checks import Limits
-from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine import adapters as engines
+from inferwatch.exporters.engine.checks import Limits
+from inferwatch.exporters.engine.collector import EngineCollector
 from inferwatch.exporters.registry import Built, Registration, Setup
 from inferwatch.serving import page_fetch
 from inferwatch.serving.page_fetch import EngineScraper

@@ -12,7 +12,7 @@ import click
 
 from inferwatch.clikit import F, required_token, token_file_option
 from inferwatch.exporters import gpu
-from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine.collector import EngineCollector
 from inferwatch.exporters.gpu import GpuTelemetry, scope
 from inferwatch.exporters.gpu.node_agent import NodeAgentClient
 from inferwatch.exporters.gpu.scope import GpuScope

@@ -7,7 +7,7 @@ import click
 
 from inferwatch import tracing
 from inferwatch.clikit import FiniteFloat
-from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine.collector import EngineCollector
 from inferwatch.exporters.registry import Built, Registration, Setup
 from inferwatch.probes import golden
 from inferwatch.probes.client import Endpoint

@@ -7,10 +7,10 @@ from functools import partial
 import click
 
 from inferwatch.clikit import FiniteFloat
-from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine.collector import EngineCollector
 from inferwatch.exporters.registry import Built, Registration, Setup
-from inferwatch.exporters.startup import StartupTracker
-from inferwatch.exporters.warmup import Warmup, WarmupPlan
+from inferwatch.exporters.startup.phases import StartupTracker
+from inferwatch.exporters.startup.warmup import Warmup, WarmupPlan
 from inferwatch.probes.runner import ProbeRunner
 
 #: the largest warm-up batch (vLLM captures CUDA graphs up to 512) and prompt

@@ -35,7 +35,7 @@ labels change as [sidecar.md](sidecar.md#labels-that-join) describes.
 def ported() -> tuple[str, ...]:
     """The sources a porting table row is written for, in table order: every engine that has
     an adapter, then dcgm-exporter."""
-    from inferwatch.exporters import engines
+    from inferwatch.exporters.engine import adapters as engines
 
     return (*engines.ENGINES, GPU_SOURCE)
 
@@ -47,7 +47,7 @@ def metric_table(cat: catalog.Catalog) -> str:
     adapters produce it (by catalogue alias or by derivation), otherwise the catalogue's
     sources or the collector itself.
     """
-    from inferwatch.exporters import engines
+    from inferwatch.exporters.engine import adapters as engines
 
     fed_by = {
         key: [engine for engine in engines.ENGINES if key in engines.signals(engine)] for key in cat
@@ -74,7 +74,7 @@ def porting_table(cat: catalog.Catalog) -> str:
     signal an engine yields only through arithmetic), with the OpenTelemetry GenAI name
     where the catalogue records one.
     """
-    from inferwatch.exporters import engines
+    from inferwatch.exporters.engine import adapters as engines
 
     lines = [
         "| source | source metric | inferwatch metric | OpenTelemetry GenAI |",
@@ -120,7 +120,7 @@ def _alias(alias: catalog.Alias) -> str:
 
 def _derivation(derivation: Any) -> str:
     """How an adapter computes a signal, in a few words."""
-    from inferwatch.exporters.engines import adapter
+    from inferwatch.exporters.engine.adapters import adapter
 
     if isinstance(derivation, tuple):
         return ", else ".join(_derivation(one) for one in derivation)

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from inferwatch.exporters.engine_collector import EngineCollector
+from inferwatch.exporters.engine.collector import EngineCollector
 from inferwatch.exporters.sidecar import Sidecar
 from inferwatch.runbooks import config as mapping
 from inferwatch.runbooks.actions.isolate_replica import IsolateReplica

@@ -15,8 +15,8 @@ import math
 import re
 from collections.abc import Mapping
 
-from inferwatch.exporters.engines.adapter import Adapter, JsonField, LabelValue
-from inferwatch.exporters.engines.mapping import fold
+from inferwatch.exporters.engine.adapters.adapter import Adapter, JsonField, LabelValue
+from inferwatch.exporters.engine.adapters.mapping import fold
 from inferwatch.serving.textformat import Exposition
 
 #: the settings, named as ``inferwatch advise`` names them

@@ -24,10 +24,10 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from inferwatch import catalog
-from inferwatch.exporters import engines
 from inferwatch.exporters.collector import Job
-from inferwatch.exporters.counter_resets import ResetCompensation
-from inferwatch.exporters.engine_checks import Limits, PageChecks
+from inferwatch.exporters.engine import adapters as engines
+from inferwatch.exporters.engine.checks import Limits, PageChecks
+from inferwatch.exporters.engine.counter_resets import ResetCompensation
 from inferwatch.identity import KEYS as KNOWABLE
 from inferwatch.identity import UNKNOWN, or_unknown
 from inferwatch.logs import log_event

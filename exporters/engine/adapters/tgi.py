@@ -28,7 +28,12 @@ honest; mean-based panels and alerts work.
 from __future__ import annotations
 
 from inferwatch.catalog import Alias
-from inferwatch.exporters.engines.adapter import Adapter, JsonField, SumCount, VersionEndpoint
+from inferwatch.exporters.engine.adapters.adapter import (
+    Adapter,
+    JsonField,
+    SumCount,
+    VersionEndpoint,
+)
 
 ADAPTER = Adapter(
     name="tgi",

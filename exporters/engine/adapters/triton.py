@@ -25,7 +25,7 @@ The summaries come first where both are on: their count is that of the durations
 from __future__ import annotations
 
 from inferwatch.catalog import Alias
-from inferwatch.exporters.engines.adapter import Adapter, SumCount, VersionEndpoint
+from inferwatch.exporters.engine.adapters.adapter import Adapter, SumCount, VersionEndpoint
 
 MICROSECOND = 1e-6
 _SUCCESSES = Alias("nv_inference_request_success")

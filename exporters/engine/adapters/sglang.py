@@ -12,7 +12,12 @@ the server arguments, the settings among them (null where the launcher left one 
 
 from __future__ import annotations
 
-from inferwatch.exporters.engines.adapter import Adapter, JsonField, LabelValue, VersionEndpoint
+from inferwatch.exporters.engine.adapters.adapter import (
+    Adapter,
+    JsonField,
+    LabelValue,
+    VersionEndpoint,
+)
 
 ADAPTER = Adapter(
     name="sglang",

@@ -21,7 +21,7 @@ of ``model_name``; they become our ``model`` and ``model_version``. The labels o
 
 from __future__ import annotations
 
-from inferwatch.exporters.engines.adapter import (
+from inferwatch.exporters.engine.adapters.adapter import (
     Adapter,
     Host,
     JsonField,

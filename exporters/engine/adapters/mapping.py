@@ -28,7 +28,13 @@ from typing import Protocol, cast
 from prometheus_client.core import Metric
 
 from inferwatch.catalog import Alias, Catalog, MetricSpec
-from inferwatch.exporters.engines.adapter import Adapter, Derivation, Host, LabelValue, Total
+from inferwatch.exporters.engine.adapters.adapter import (
+    Adapter,
+    Derivation,
+    Host,
+    LabelValue,
+    Total,
+)
 from inferwatch.serving.fastpath import OutputSample, add_histogram, format_boundary, remember
 from inferwatch.serving.textformat import Exposition, Family, PageSample
 

@@ -9,7 +9,7 @@ gauge and one log line:
                       answer 503 while they load; vLLM answers nothing until it has
                       loaded, so for vLLM this and the next phase coincide)
 ``engine_healthy``    the health endpoint answered 200: the model is loaded
-``warmup_done``       the warm-up gate passed (:mod:`inferwatch.exporters.warmup`); at once
+``warmup_done``       the warm-up gate passed (:mod:`inferwatch.exporters.startup.warmup`); at once
                       after ``engine_healthy`` when no warm-up is configured
 ``serving``           the engine finished its first successful request that the sidecar did
                       not send itself
@@ -44,8 +44,8 @@ import httpx
 from prometheus_client.core import Metric
 
 from inferwatch import catalog
-from inferwatch.exporters.engine_collector import EngineCollector
-from inferwatch.exporters.warmup import Warmup
+from inferwatch.exporters.engine.collector import EngineCollector
+from inferwatch.exporters.startup.warmup import Warmup
 from inferwatch.logs import log_event
 from inferwatch.serving.page_fetch import ScrapeFailure, own_fault
 from inferwatch.serving.readiness import Condition

@@ -19,7 +19,7 @@ with its reason, and the next round follows after an exponential backoff. Every 
 bounded (the round's deadline, a cap on the response body read as it arrives, asynchronous
 I/O only) and counted in ``inferwatch_warmup_requests_total``, its tokens (from each answer's
 usage) in ``inferwatch_warmup_tokens_total``: warm-up spends GPU time and must not be taken
-for client traffic, neither by the phases (:mod:`inferwatch.exporters.startup`) nor by the
+for client traffic, neither by the phases (:mod:`inferwatch.exporters.startup.phases`) nor by the
 tenancy proxy's reconciliation with the engine's token counters.
 """
 

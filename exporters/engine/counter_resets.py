@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from inferwatch.exporters.engine_checks import SeriesKey as Labels
+from inferwatch.exporters.engine.checks import SeriesKey as Labels
 from inferwatch.serving.textformat import Exposition, Family, PageSample
 
 #: the cumulative samples of each family type (a counter's: all but ``_created``)

@@ -15,8 +15,16 @@ import httpx
 from prometheus_client.core import Metric
 
 from inferwatch import catalog
-from inferwatch.exporters.engines import llamacpp, mapping, settings, sglang, tgi, triton, vllm
-from inferwatch.exporters.engines.adapter import Adapter, Derivation, SettingSource
+from inferwatch.exporters.engine.adapters import (
+    llamacpp,
+    mapping,
+    settings,
+    sglang,
+    tgi,
+    triton,
+    vllm,
+)
+from inferwatch.exporters.engine.adapters.adapter import Adapter, Derivation, SettingSource
 from inferwatch.serving.page_fetch import ScrapeFailure, read_bounded
 from inferwatch.serving.textformat import Exposition
 

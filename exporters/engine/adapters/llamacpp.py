@@ -15,7 +15,7 @@ time-to-first-token, end-to-end latency, KV-cache gauge (removed in 2025) or err
 from __future__ import annotations
 
 from inferwatch.catalog import Alias
-from inferwatch.exporters.engines.adapter import (
+from inferwatch.exporters.engine.adapters.adapter import (
     Adapter,
     JsonField,
     SumCount,
