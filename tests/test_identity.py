@@ -12,6 +12,7 @@ from inferwatch.exporters.engine.collector import EngineCollector
 from inferwatch.identity import UNKNOWN
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import Exchange, ProxyApp
+from inferwatch.proxy.assembly import build
 from inferwatch.serving.page_fetch import EngineScraper
 
 pytestmark = pytest.mark.unit
@@ -42,7 +43,7 @@ def test_sidecar_series_say_unknown_for_what_no_flag_or_engine_told(page_server:
 
 
 def test_proxy_series_say_unknown_for_missing_versions_and_model() -> None:
-    app = ProxyApp(proxy_config.parse({}), access_log=False)
+    app = ProxyApp(build(proxy_config.parse({}), access_log=False))
     unlabelled = Exchange(start=0.0, path="/v1/completions")
     app._label(unlabelled, [])
     assert unlabelled.identity[1:] == (UNKNOWN,) * 5  # versions, model and split (no gateway)

@@ -14,11 +14,12 @@ PROGRAM = """
 import sys
 from inferwatch.proxy import cli
 from inferwatch.proxy.app import ProxyApp
+from inferwatch.proxy.assembly import build
 from inferwatch.proxy.config import ProxyConfig
 from inferwatch.proxy.metrics import ProxyMetrics
 metrics = ProxyMetrics()
 metrics.timing(("t", "m", "v", "e", "p", "s"), 0.1, 0.2)
-ProxyApp(ProxyConfig(), access_log=False).families()
+ProxyApp(build(ProxyConfig(), access_log=False)).families()
 loaded = sorted(name for name in sys.modules if name.startswith("opentelemetry"))
 print(" ".join(loaded) or "none")
 """

@@ -29,6 +29,7 @@ from inferwatch.probes.runner import ProbeRunner, Schedule, Target
 from inferwatch.probes.verdict import Verdicts
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
+from inferwatch.proxy.assembly import build
 from inferwatch.proxy.reconcile import Direct, Reconciler, direct_tokens
 from inferwatch.proxy.tenants import hash_key
 from inferwatch.proxy.usage import Usage
@@ -149,7 +150,7 @@ def pod(probe_metrics: bool) -> Iterator[tuple[Any, Any, Any, ProbeRunner]]:
             "prices": {"default": {"prompt": 1.0, "completion": 2.0}},
         }
     )
-    proxy = harness.ProxyServer(loop, ProxyApp(config))
+    proxy = harness.ProxyServer(loop, ProxyApp(build(config)))
     targets = [
         Target("replica-0", Endpoint(sim.url), "direct", "v1"),
         # the model named: a discovery request (/v1/models) is no engine request
@@ -248,14 +249,14 @@ def test_an_unreadable_probe_page_is_a_counted_error_not_a_wrong_drift(unused_po
             }
         }
     )
-    app = ProxyApp(config)
+    app = ProxyApp(build(config))
     try:
         loop.run(app.reconcile_once)
-        assert app.metrics.reconciliation_errors == {"probe_unreachable": 1}
-        app.direct_traffic.urls = (sim.url + "/metrics",)  # an engine page: no probe counters
+        assert app.parts.metrics.reconciliation_errors == {"probe_unreachable": 1}
+        app.parts.direct_traffic.urls = (sim.url + "/metrics",)  # an engine page: no probe counters
         loop.run(app.reconcile_once)
-        assert app.metrics.reconciliation_errors["no_probe_counters"] == 1
-        assert app.metrics.drift == {}  # never published from half the picture
+        assert app.parts.metrics.reconciliation_errors["no_probe_counters"] == 1
+        assert app.parts.metrics.drift == {}  # never published from half the picture
     finally:
         loop.run(app.stop_background)
         loop.close()

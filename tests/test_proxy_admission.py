@@ -33,7 +33,7 @@ def tokens_of(page: str, tenant: str) -> float:
 def finished(app: Any) -> None:
     """Wait until the proxy has settled every request (it does so after the last byte)."""
     wait_for(
-        lambda: not (app.gate.in_flight or app._handlers),
+        lambda: not (app.parts.admission.gate.in_flight or app._handlers),
         "every request settled",
         10,
         interval=0.002,
@@ -89,7 +89,9 @@ def test_concurrent_requests_never_overspend_the_budget(
     assert tenant.budget is not None
     limit = dataclasses.replace(tenant.budget, tokens=budget)
     app.config.tenants["acme"] = dataclasses.replace(tenant, budget=limit)  # type: ignore[index]
-    app.ledger = app.accounting.ledger = BudgetLedger()  # admission and settlement share it
+    app.parts.admission.ledger = app.parts.accounting.ledger = (
+        BudgetLedger()
+    )  # admission and settlement share it
     before = tokens_of(budgeted.metrics(), "acme")
 
     def send(item: tuple[str, int | None, bool, str]) -> int:
@@ -117,9 +119,9 @@ def test_concurrent_requests_never_overspend_the_budget(
         statuses = list(pool.map(send, mix))
     assert set(statuses) <= {200, 400, 429, 500, 502}
     finished(app)
-    spent = app.ledger.used("acme", limit)
+    spent = app.parts.admission.ledger.used("acme", limit)
     assert spent <= budget + TOLERANCE
-    assert app.ledger.reserved("acme", limit) == 0
+    assert app.parts.admission.ledger.reserved("acme", limit) == 0
     assert tokens_of(budgeted.metrics(), "acme") - before == spent
 
 
@@ -136,7 +138,7 @@ def test_a_request_without_max_tokens_is_sent_with_the_default_cap_clamped_to_th
     assert engine.engine.requests[-1]["max_tokens"] == 50  # the default cap, sent
     asked = {**body, "max_tokens": 10_000}
     assert proxy.client.post(CHAT, json=asked, headers=auth("acme")).status_code == 200
-    used = proxy.app.ledger.used("acme", proxy.app.config.tenants["acme"].budget)  # type: ignore[arg-type]
+    used = proxy.app.parts.admission.ledger.used("acme", proxy.app.config.tenants["acme"].budget)  # type: ignore[arg-type]
     sent = engine.engine.requests[-1]["max_tokens"]
     assert 0 < sent < 200 - 10  # clamped to what the prompt leaves of the remainder
     assert used <= 200
@@ -162,7 +164,7 @@ def test_choices_multiply_the_reservation(stack: MakeStack, engine: Engine) -> N
     )
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 30}
     assert proxy.client.post(CHAT, json=body, headers=auth("acme")).status_code == 200
-    proxy.app.ledger = proxy.app.accounting.ledger = BudgetLedger()
+    proxy.app.parts.admission.ledger = proxy.app.parts.accounting.ledger = BudgetLedger()
     many = proxy.client.post(CHAT, json={**body, "n": 4}, headers=auth("acme"))
     assert many.status_code == 429  # 4 choices of 30 tokens cannot fit in 100
 
@@ -295,7 +297,7 @@ def test_a_tenant_cap_holds_when_queued_requests_are_handed_slots(
 
     with ThreadPoolExecutor(6) as pool:
         hogs = [pool.submit(send, "globex", 400) for _ in range(2)]
-        gate = proxy.app.gate
+        gate = proxy.app.parts.admission.gate
         wait_for(lambda: gate.in_flight >= 2, "globex to hold both global slots", interval=0.005)
         acme = [pool.submit(send, "acme", 100) for _ in range(4)]
         results = [f.result() for f in acme]

@@ -32,7 +32,7 @@ SLOW = settings(
 def settle(proxy: Stack) -> None:
     app = proxy.app
     wait_for(
-        lambda: not (app.gate.in_flight or app._handlers),
+        lambda: not (app.parts.admission.gate.in_flight or app._handlers),
         "every request settled",
         10,
         interval=0.002,
@@ -203,7 +203,7 @@ def test_junk_model_and_version_values_release_their_slots_when_idle(
     assert samples(flooded, "inferwatch_tenancy_requests_total", model="other") == 3
     assert samples(flooded, "inferwatch_tenancy_value_label_folds_total", label="model") == 3
     total = samples(flooded, "inferwatch_tenancy_tokens_total")
-    slots = proxy.app.value_labels
+    slots = proxy.app.parts.value_labels
 
     async def idle_now() -> None:  # on the proxy's loop, as its housekeeping would
         for labels in slots:

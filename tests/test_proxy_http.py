@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import support.scripted_engine as se
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
+from inferwatch.proxy.assembly import build
 from inferwatch.proxy.tenants import hash_key
 from support.proxy_stack import CHAT, KEYS, auth, samples
 from support.wait import wait_for
@@ -57,7 +58,7 @@ class Stack:
                 document[section] = {**document[section], **values}
             else:
                 document[section] = values
-        self.app = ProxyApp(proxy_config.parse(document, "test.yaml"))
+        self.app = ProxyApp(build(proxy_config.parse(document, "test.yaml")))
         self.server = se.ProxyServer(loop, self.app)
         self.url = self.server.url
         self.engine = engine

@@ -13,6 +13,7 @@ from prometheus_client import generate_latest
 from inferwatch.identity import UNKNOWN
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
+from inferwatch.proxy.assembly import build
 from inferwatch.proxy.labels import OTHER, BoundedLabels, split_label
 from inferwatch.proxy.metrics import ProxyMetrics
 from inferwatch.proxy.tenants import TenantResolver, hash_key
@@ -38,7 +39,7 @@ def test_100k_distinct_tenants_from_a_trusted_header_keep_the_bound() -> None:
             "labels": {"max_tenants": 50},
         }
     )
-    app = ProxyApp(config, access_log=False)
+    app = ProxyApp(build(config, access_log=False))
     resolver = TenantResolver(config)
     rng = random.Random(7)
     charged = 0
@@ -46,16 +47,20 @@ def test_100k_distinct_tenants_from_a_trusted_header_keep_the_bound() -> None:
         tenant_id = "".join(rng.choices(string.ascii_lowercase, k=12)) + str(index)
         resolution = resolver.resolve([(b"x-inferwatch-tenant", tenant_id.encode())], "10.1.2.3")
         assert resolution.tenant == tenant_id
-        identity = (app.tenant_labels.label(tenant_id), "m", "", "", "", "")
-        app.metrics.charge(identity, Usage(prompt=3, completion=2), "reported", "complete", 0.0)
+        identity = (app.parts.tenant_labels.label(tenant_id), "m", "", "", "", "")
+        app.parts.metrics.charge(
+            identity, Usage(prompt=3, completion=2), "reported", "complete", 0.0
+        )
         charged += 5
-    app.metrics.charge(("acme", "m", "", "", "", ""), Usage(prompt=1), "reported", "complete", 0.0)
-    tenants = {identity[0] for identity, *_ in app.metrics.tokens}
+    app.parts.metrics.charge(
+        ("acme", "m", "", "", "", ""), Usage(prompt=1), "reported", "complete", 0.0
+    )
+    tenants = {identity[0] for identity, *_ in app.parts.metrics.tokens}
     assert len(tenants) == 50 + 2  # the 50 slots, the allow-listed tenant, and `other`
     assert {"acme", OTHER} <= tenants
-    assert app.tenant_labels.folded == 100_000 - 50
-    assert app.metrics.charged.total == charged + 1
-    assert sum(app.metrics.tokens.values()) == charged + 1
+    assert app.parts.tenant_labels.folded == 100_000 - 50
+    assert app.parts.metrics.charged.total == charged + 1
+    assert sum(app.parts.metrics.tokens.values()) == charged + 1
     page = generate_latest(app.registry()).decode()
     series = [line for line in page.splitlines() if line.startswith("inferwatch_tenancy_tokens")]
     assert len(series) == 2 * 51 + 1  # prompt and completion per label, prompt for acme

@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import support.scripted_engine as se
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
+from inferwatch.proxy.assembly import build
 from inferwatch.proxy.tenants import hash_key
 from inferwatch.proxy.usage import TEMPLATE_ALLOWANCE, estimate_prompt_tokens
 from support.wait import wait_for
@@ -78,7 +79,7 @@ def stack() -> Iterator[Stack]:
         "tenants": {name: {"key_sha256": [hash_key(key)]} for name, key in KEYS.items()},
         "limits": {"max_body_bytes": MAX_BODY},
     }
-    app = ProxyApp(proxy_config.parse(document, "test.yaml"), access_log=False)
+    app = ProxyApp(build(proxy_config.parse(document, "test.yaml"), access_log=False))
     proxy = se.ProxyServer(loop, app)
     client = httpx.Client(base_url=proxy.url, timeout=10)
     metrics = httpx.Client(base_url=proxy.metrics_url, timeout=10)

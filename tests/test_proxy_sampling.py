@@ -26,6 +26,7 @@ from inferwatch.probes import degeneracy, golden
 from inferwatch.probes.livesample import LIVE_SIGNALS
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
+from inferwatch.proxy.assembly import build
 from inferwatch.proxy.cli import proxy as proxy_command
 from inferwatch.proxy.sampling import TranscribingMeter, prompt_text
 from inferwatch.proxy.tenants import hash_key
@@ -58,7 +59,7 @@ class Stack:
             "quality_sampling": {"rate": rate},
             "prices": {"default": {"prompt": 1.0, "completion": 2.0}},
         }
-        self.server = harness.ProxyServer(loop, ProxyApp(proxy_config.parse(document)))
+        self.server = harness.ProxyServer(loop, ProxyApp(build(proxy_config.parse(document))))
         self.url = self.server.url
 
     def client(self, version: str) -> openai.OpenAI:

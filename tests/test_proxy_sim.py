@@ -17,6 +17,7 @@ import pytest
 import support.scripted_engine as harness
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
+from inferwatch.proxy.assembly import build
 from inferwatch.proxy.reconcile import engine_token_counters
 from inferwatch.proxy.tenants import hash_key
 from inferwatch.sim.server import run_in_thread
@@ -43,7 +44,7 @@ def _stack(speed: float) -> Iterator[tuple[Any, Any, Any]]:
             "versions": {"engine_version": "sim"},
         }
     )
-    proxy = harness.ProxyServer(loop, ProxyApp(config))
+    proxy = harness.ProxyServer(loop, ProxyApp(build(config)))
     try:
         yield sim, proxy, loop
     finally:
@@ -83,7 +84,7 @@ def test_openai_client_streamed_and_not_reconciles_with_the_engine(
     loop.run(proxy.app.reconcile_once)  # baseline before the traffic
     engine_before = engine_token_counters(httpx.get(sim.url + "/metrics").text)
     assert engine_before is not None
-    charged_before = proxy.app.metrics.charged.total
+    charged_before = proxy.app.parts.metrics.charged.total
     acme, globex = client(proxy, "sk-acme"), client(proxy, "sk-globex")
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     reply = acme.chat.completions.create(model=MODEL, messages=messages, max_tokens=12)
@@ -111,7 +112,7 @@ def test_openai_client_streamed_and_not_reconciles_with_the_engine(
     assert engine_after is not None
     engine_tokens = sum(engine_after.values()) - sum(engine_before.values())
     assert engine_tokens > 0
-    assert proxy.app.metrics.charged.total - charged_before == engine_tokens
+    assert proxy.app.parts.metrics.charged.total - charged_before == engine_tokens
     for token_type in ("prompt", "completion"):
         assert (
             samples(page, "inferwatch_tenancy_reconciliation_drift_tokens", token_type=token_type)

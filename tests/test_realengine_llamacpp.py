@@ -30,6 +30,7 @@ from inferwatch.probes.runner import ProbeRunner, Schedule, Target
 from inferwatch.probes.verdict import Policy
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
+from inferwatch.proxy.assembly import build
 from inferwatch.proxy.tenants import hash_key
 from inferwatch.serving import textformat
 from inferwatch.serving.page_fetch import EngineScraper
@@ -177,7 +178,7 @@ class Proxy:
             "limits": {"over_budget": "reject"},
         }
         self.loop = harness.LoopThread()
-        self.app = ProxyApp(proxy_config.parse(document, "test.yaml"), access_log=False)
+        self.app = ProxyApp(build(proxy_config.parse(document, "test.yaml"), access_log=False))
         self.server = harness.ProxyServer(self.loop, self.app)
         self.client = httpx.Client(base_url=self.server.url, timeout=60)
 
@@ -190,7 +191,7 @@ class Proxy:
 
     def reconcile(self) -> dict[str, float]:
         self.loop.run(self.app.reconcile_once, timeout=30)
-        return dict(self.app.metrics.drift)
+        return dict(self.app.parts.metrics.drift)
 
     def charged(self, tenant: str) -> dict[str, float]:
         page = self.page()

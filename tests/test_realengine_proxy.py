@@ -21,6 +21,7 @@ from inferwatch.probes.metrics import ProbeMetrics
 from inferwatch.probes.verdict import Verdicts
 from inferwatch.proxy import config as proxy_config
 from inferwatch.proxy.app import ProxyApp
+from inferwatch.proxy.assembly import build
 from inferwatch.proxy.reconcile import engine_token_counters
 from inferwatch.proxy.tenants import hash_key
 from inferwatch.serving.endpoints import encode_metrics
@@ -77,7 +78,7 @@ class RealStack:
         }
         self.loop = loop
         self.engine = engine
-        self.app = ProxyApp(proxy_config.parse(document, "test.yaml"), access_log=False)
+        self.app = ProxyApp(build(proxy_config.parse(document, "test.yaml"), access_log=False))
         self.server = se.ProxyServer(loop, self.app)
         self.client = httpx.Client(base_url=self.server.url, timeout=120)
         self.direct = httpx.Client(base_url=engine.url, timeout=120)
@@ -91,12 +92,12 @@ class RealStack:
         return counters
 
     def charged(self) -> dict[str, float]:
-        charged = self.app.metrics.charged
+        charged = self.app.parts.metrics.charged
         return {"prompt": charged.prompt, "completion": charged.completion}
 
     def reconcile(self) -> dict[str, float]:
         self.loop.run(self.app.reconcile_once, timeout=30)
-        return dict(self.app.metrics.drift)
+        return dict(self.app.parts.metrics.drift)
 
     def close(self) -> None:
         self.client.close()

@@ -198,7 +198,7 @@ def test_a_whole_reply_is_charged_at_least_its_texts_tokens(
     folder = tinymodel.write(tmp_path_factory.mktemp("model"))
     counted = stack(limits={"tokenizer": str(folder / "tokenizer.json")})
     text = "the quick brown fox jumps over the lazy dog " * 40
-    floor = counted.app.counter.floor(text)
+    floor = counted.app.parts.admission.counter.floor(text)
     assert floor > 40
     tokens, anomalies = charge(counted, whole(text, usage_object(21, 1)), max_tokens=2000)
     assert tokens == {"prompt": 21, "completion": floor}
@@ -363,7 +363,7 @@ def test_only_values_the_engine_served_take_a_label_slot(stack: MakeStack) -> No
         body = chat(model=f"junk-{index}")
         reply = proxy.client.post(CHAT, json=body, headers=auth("acme", **refused))
         assert reply.status_code == 404
-    assert len(proxy.app.value_labels[0]) == 0  # no slot taken
+    assert len(proxy.app.parts.value_labels[0]) == 0  # no slot taken
     page = proxy.metrics()
     assert samples(page, "inferwatch_tenancy_requests_total", model="other") == 300
     assert samples(page, "inferwatch_tenancy_value_label_folds_total", label="model") == 0

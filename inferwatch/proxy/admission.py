@@ -3,9 +3,9 @@
 Budgets are fixed windows aligned to the epoch (a 1h budget resets on the hour, so every
 replica of the proxy agrees on the window). Admission *reserves* what a request may spend:
 its prompt count plus its completion cap (``max_tokens`` times the choices asked for; see
-:mod:`app` for the cap of a request that sends none). A request fits while the tokens charged
-in the window, the reservations of requests still running and its own reservation stay
-within the budget plus its tolerance; one that does not fit is clamped (its completion cap
+:mod:`pipeline` for the cap of a request that sends none). A request fits while the tokens
+charged in the window, the reservations of requests still running and its own reservation
+stay within the budget plus its tolerance; one that does not fit is clamped (its completion cap
 lowered to what remains) or refused with the seconds until the window resets. When the
 request ends, however it ends, its reservation is released and its actual usage charged, so
 N concurrent requests cannot each see the whole remainder.
@@ -27,11 +27,14 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from inferwatch.proxy.config import MIN_CLASS_SHARE, Budget
+
+if TYPE_CHECKING:
+    from inferwatch.proxy.ratelimit import Bucket, Levels
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,39 @@ def budget_refusal(
 
 
 class Ledger(Protocol):
-    """What settling and the metrics read of a tenant's budget books, local or shared."""
+    """A tenant's budget books, this process's or the fleet's: admission reserves in them,
+    accounting settles, the metrics read what remains. Admission asks what they can do
+    (:attr:`holds_slots`, :attr:`checks_rates`) rather than which books they are."""
+
+    @property
+    def holds_slots(self) -> bool:
+        """Whether a reservation can hold one of its tenant's concurrency slots."""
+        ...
+
+    @property
+    def checks_rates(self) -> bool:
+        """Whether :meth:`reserve` can check the tenant's rate buckets now, in its own step."""
+        ...
+
+    async def reserve(
+        self,
+        tenant: str,
+        budget: Budget | None,
+        prompt: int,
+        completion_cap: int,
+        choices: int = 1,
+        clamp: bool = True,
+        most: int = 0,
+        rate: Sequence[Bucket] = (),
+        rate_tokens: int = 0,
+    ) -> tuple[Reservation | Refusal, Levels | None]:
+        """Reserve ``prompt + completion_cap * choices`` against ``budget`` (None: only a
+        slot, one of ``most``), after letting the request in against the ``rate`` buckets
+        (taking ``rate_tokens``); also the buckets' levels, None where none were read."""
+        ...
+
+    def cancel(self, reservation: Reservation, budget: Budget | None) -> None:
+        """Give back, charging nothing, a reservation whose request was refused after all."""
 
     def room(self, tenant: str, budget: Budget) -> int: ...
 
@@ -79,7 +114,11 @@ class Ledger(Protocol):
 
 
 class BudgetLedger:
-    """Tokens charged and reserved per tenant in the current window of its budget."""
+    """Tokens charged and reserved per tenant in the current window of its budget, in this
+    process: it holds no concurrency slot (the gate does) and checks no rate bucket."""
+
+    holds_slots = False
+    checks_rates = False
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
@@ -108,7 +147,24 @@ class BudgetLedger:
         used = self._in(self._used, tenant, start) + self._in(self._reserved, tenant, start)
         return budget.tokens + budget.tolerance - used
 
-    def reserve(
+    async def reserve(
+        self,
+        tenant: str,
+        budget: Budget | None,
+        prompt: int,
+        completion_cap: int,
+        choices: int = 1,
+        clamp: bool = True,
+        most: int = 0,
+        rate: Sequence[Bucket] = (),
+        rate_tokens: int = 0,
+    ) -> tuple[Reservation | Refusal, Levels | None]:
+        """:meth:`claim`, as admission awaits it of any ledger (never with a slot or rate
+        buckets: this ledger says it holds and checks neither)."""
+        assert budget is not None and not most and not rate
+        return self.claim(tenant, budget, prompt, completion_cap, choices, clamp), None
+
+    def claim(
         self,
         tenant: str,
         budget: Budget,
@@ -142,6 +198,10 @@ class BudgetLedger:
             reserved = self._in(self._reserved, reservation.tenant, start) - reservation.tokens
             self._reserved[reservation.tenant] = (start, max(reserved, 0))
         self.charge(reservation.tenant, budget, tokens)
+
+    def cancel(self, reservation: Reservation, budget: Budget | None) -> None:
+        """Release a reservation, charging nothing."""
+        self.settle(reservation, budget, 0)
 
     def charge(self, tenant: str, budget: Budget, tokens: int) -> None:
         _, start = self._window(budget)

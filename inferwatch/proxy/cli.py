@@ -91,6 +91,7 @@ def proxy(
 ) -> None:
     """Meter tokens and cost per tenant in front of an OpenAI-compatible engine."""
     from inferwatch.proxy.app import ProxyApp
+    from inferwatch.proxy.assembly import build
     from inferwatch.proxy.serving import serve
 
     address = parse_listen(listen)
@@ -113,7 +114,7 @@ def proxy(
             otlp_endpoint, otlp_sampling_ratio, otlp_caller_sampling, shutdown_s=drain_grace
         )  # the spans still batched get the drain's grace, no more
         provider = tracing.provider("inferwatch-proxy", trace)
-        app = ProxyApp(config, access_log=access_log, tracer_provider=provider)
+        app = ProxyApp(build(config, access_log=access_log, tracer_provider=provider))
     except (ConfigError, ValueError) as exc:
         raise BadInput(str(exc)) from None
     client_sock = bind(address)

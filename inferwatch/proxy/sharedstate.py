@@ -154,9 +154,11 @@ def _reason(exc: BaseException) -> str:
 class SharedLedger:
     """Budgets in Redis with a local fail-open bound (see the module docstring).
 
-    It offers what :class:`Accounting` and the metrics read of a :class:`BudgetLedger`
-    (``room``, ``settle``, ``remaining``, from what Redis last said) and an async
-    :meth:`reserve` that admission awaits."""
+    A :class:`~inferwatch.proxy.admission.Ledger`: ``room`` and ``remaining`` from what
+    Redis last said; :meth:`reserve` holds a tenant's fleet-wide concurrency slot too, and
+    checks its rate buckets in the same script while Redis answers."""
+
+    holds_slots = True
 
     def __init__(self, config: ProxyConfig) -> None:
         shared = config.shared_state
@@ -190,6 +192,11 @@ class SharedLedger:
         self._down_since = 0.0
 
     # ------------------------------------------------------------------ admission
+    @property
+    def checks_rates(self) -> bool:
+        """Redis checks the rate buckets in the reservation's script only while it answers."""
+        return self.up
+
     def policy(self, tenant: str) -> FailurePolicy:
         configured = self.tenants.get(tenant)
         own = configured.failure_policy if configured is not None else None
@@ -349,7 +356,7 @@ class SharedLedger:
                 1,
             )
         share = self.local_bound(tenant, budget)
-        reserved = self.local.reserve(tenant, share, prompt, completion_cap, choices, clamp)
+        reserved = self.local.claim(tenant, share, prompt, completion_cap, choices, clamp)
         if isinstance(reserved, Refusal):
             return reserved
         return SharedReservation(
