@@ -74,6 +74,9 @@ def _with_headers(send: Send, extra: tuple[tuple[bytes, bytes], ...]) -> Send:
 
 
 class ProxyApp:
+    """The ASGI entry: routes each request, and takes a metered one from its tenant through
+    admission and the relay to its charge (see the module docstring)."""
+
     def __init__(self, parts: Parts) -> None:
         """Serve requests with ``parts`` (see :func:`assembly.build`)."""
         self.parts = parts

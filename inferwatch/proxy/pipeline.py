@@ -118,6 +118,10 @@ class Admitted:
     changed: bool
 
 
+#: the two answers of an admitted request, made once rather than per request
+_AS_SENT, _CHANGED = Admitted(False), Admitted(True)
+
+
 @dataclass(slots=True)
 class Admitting:
     """One request on its way through the stages: what the stages before have found."""
@@ -203,7 +207,7 @@ class Admission:
             if refusal is not None:
                 exchange.meter = None
                 return refusal
-        return Admitted(request.changed)
+        return _CHANGED if request.changed else _AS_SENT
 
     def release(self, exchange: Exchange) -> None:
         """Give back the slot (or the count in flight) :func:`take_slot` took."""
