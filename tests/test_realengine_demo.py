@@ -81,7 +81,7 @@ def test_the_demo_stack_serves_a_real_vllm_and_prometheus_sees_its_model(
         demo.out.ended.wait(10)
     assert process.returncode == 0, demo.output
     # sidecar, the primary replica's two proxies, Redis, Prometheus, HAProxy, Alertmanager,
-    # receiver; never the user's engine
-    assert demo.wait_line(r"^stopped (\d+) processes", 5)[1][1] in ("6", "8"), demo.output
+    # receiver, the advisor (which reads Prometheus); never the user's engine
+    assert demo.wait_line(r"^stopped (\d+) processes", 5)[1][1] in ("7", "9"), demo.output
     assert engine.process.poll() is None
     assert finished_requests(engine.url) - before >= proxied > 0, demo.output
